@@ -1,0 +1,88 @@
+"""The work-queue interface shared by every service.
+
+Two implementations honour the same contract: Redis Streams with consumer groups (distributed mode)
+and an in-process queue (embedded mode). Semantics:
+
+- ``publish`` is idempotent by ``key``: publishing the same key twice to a stream stores one message.
+- When a stream holds ``max_len`` unacknowledged-or-unread messages, ``publish`` waits up to its
+  ``timeout_s`` for room and then raises ``QueueFull``; it never drops a message silently.
+- ``consume`` delivers each message to one consumer of a group; a message stays pending until
+  ``ack``; a pending message whose consumer went silent for ``claim_idle_ms`` is re-delivered to
+  another consumer of the group (its ``deliveries`` count grows).
+- Payloads are serialised protobuf messages from ``proto/spade/v1/queues.proto``; ``STREAMS`` maps
+  each stream to its message type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from google.protobuf.message import Message as ProtoMessage
+
+from spade.v1 import queues_pb2
+
+ENVS_READY = "envs.ready"
+SAMPLES_AGENT = "samples.agent"
+SAMPLES_DESIGNER = "samples.designer"
+WEIGHTS_PUBLISHED = "weights.published"
+
+STREAMS: dict[str, type[ProtoMessage]] = {
+    ENVS_READY: queues_pb2.EnvReady,
+    SAMPLES_AGENT: queues_pb2.AgentSample,
+    SAMPLES_DESIGNER: queues_pb2.DesignerSample,
+    WEIGHTS_PUBLISHED: queues_pb2.WeightsPublished,
+}
+
+
+class QueueError(Exception):
+    """Base class of queue failures."""
+
+
+class QueueFull(QueueError):
+    """The stream is at its bound and stayed full for the whole publish timeout."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One delivered message.
+
+    Attributes:
+        stream: Stream name.
+        message_id: Backend id, used to ``ack``.
+        key: The idempotency key given to ``publish``.
+        payload: Serialised protobuf message.
+        deliveries: How many times this message has been delivered (1 on first delivery).
+    """
+
+    stream: str
+    message_id: str
+    key: str
+    payload: bytes
+    deliveries: int
+
+
+class WorkQueue(Protocol):
+    """The queue contract (see the module docstring)."""
+
+    async def publish(self, stream: str, payload: bytes, *, key: str, timeout_s: float | None = None) -> str:
+        """Append a message (idempotent by ``key``); returns its message id."""
+        ...
+
+    async def consume(
+        self, stream: str, group: str, consumer: str, *, count: int = 1, block_ms: int = 1000
+    ) -> list[Delivery]:
+        """Deliver up to ``count`` messages to ``consumer`` (re-delivering stale pending ones first)."""
+        ...
+
+    async def ack(self, stream: str, group: str, message_id: str) -> None:
+        """Mark a delivered message done for ``group``."""
+        ...
+
+    async def pending(self, stream: str, group: str) -> int:
+        """Number of delivered but unacknowledged messages of ``group``."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
