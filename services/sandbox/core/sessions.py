@@ -1,0 +1,148 @@
+"""Live env sessions: ownership, TTL for abandoned sessions, a global cap, one step at a time each."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from services.sandbox.core.auth import Tenant
+from services.sandbox.core.errors import Forbidden, QuotaExceeded, SessionFinished, SessionNotFound
+from services.sandbox.core.quotas import Quotas
+
+
+class Outcome(Protocol):
+    """What a sandboxed session returns after reset or step (``spade.envs.StepOutcome``)."""
+
+    terminated: bool
+    truncated: bool
+    outcome: Any
+
+
+class LiveSession(Protocol):
+    """A session process in the sandbox."""
+
+    @property
+    def initial(self) -> Any: ...
+
+    async def step(self, action: str) -> Any: ...
+
+    async def close(self) -> None: ...
+
+
+Opener = Callable[[str, str, int], Awaitable[LiveSession]]
+
+
+@dataclass
+class _Entry:
+    tenant: Tenant
+    live: LiveSession
+    last_used: float
+    finished: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _is_final(outcome: Any) -> bool:
+    kind = getattr(getattr(outcome, "outcome", None), "value", getattr(outcome, "outcome", "ok"))
+    return bool(outcome.terminated or outcome.truncated or kind not in ("ok", None))
+
+
+class SessionManager:
+    """Owns every live session of this replica.
+
+    Args:
+        opener: Opens a sandboxed session from ``(code, setting, seed)``.
+        quotas: Per-tenant concurrent-session quota.
+        ttl_s: A session idle this long is closed by ``reap``.
+        max_sessions: Cap across all tenants (protects the host).
+        clock: Monotonic clock (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        opener: Opener,
+        quotas: Quotas,
+        *,
+        ttl_s: float,
+        max_sessions: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._opener = opener
+        self._quotas = quotas
+        self._ttl_s = ttl_s
+        self._max = max_sessions
+        self._clock = clock
+        self._sessions: dict[str, _Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    async def open(self, tenant: Tenant, code: str, setting: str, seed: int) -> tuple[str, Any]:
+        """Open a session; returns its id and the outcome of ``reset(seed)``."""
+        if len(self._sessions) >= self._max:
+            raise QuotaExceeded(f"the service holds its maximum of {self._max} sessions: retry shortly")
+        self._quotas.acquire_session(tenant)
+        try:
+            live = await self._opener(code, setting, seed)
+        except BaseException:
+            self._quotas.release_session(tenant)
+            raise
+        session_id = secrets.token_urlsafe(16)
+        entry = _Entry(tenant=tenant, live=live, last_used=self._clock())
+        entry.finished = _is_final(live.initial)
+        self._sessions[session_id] = entry
+        return session_id, live.initial
+
+    def _get(self, tenant: Tenant, session_id: str) -> _Entry:
+        entry = self._sessions.get(session_id)
+        if entry is None:
+            raise SessionNotFound(
+                f"no session {session_id[:64]!r}: it never existed, was closed, or expired after "
+                f"{self._ttl_s:.0f} s idle; open a new one"
+            )
+        if entry.tenant.name != tenant.name:
+            raise Forbidden(f"session {session_id[:64]!r} belongs to another tenant")
+        return entry
+
+    async def step(self, tenant: Tenant, session_id: str, action: str) -> Any:
+        """Send one action; steps are serialised per session."""
+        entry = self._get(tenant, session_id)
+        async with entry.lock:
+            if session_id not in self._sessions:
+                raise SessionNotFound(f"session {session_id[:64]!r} was closed while this step waited")
+            if entry.finished:
+                raise SessionFinished(
+                    f"session {session_id[:64]!r} has ended (terminated, truncated or failed): "
+                    "open a new session to play again"
+                )
+            entry.last_used = self._clock()
+            outcome = await entry.live.step(action)
+            entry.last_used = self._clock()
+            entry.finished = _is_final(outcome)
+            return outcome
+
+    async def close(self, tenant: Tenant, session_id: str) -> None:
+        self._get(tenant, session_id)
+        await self._drop(session_id)
+
+    async def _drop(self, session_id: str) -> None:
+        entry = self._sessions.pop(session_id, None)
+        if entry is None:
+            return
+        self._quotas.release_session(entry.tenant)
+        await entry.live.close()
+
+    async def reap(self) -> int:
+        """Close sessions idle longer than the TTL; returns how many were closed."""
+        now = self._clock()
+        stale = [sid for sid, e in self._sessions.items() if now - e.last_used > self._ttl_s and not e.lock.locked()]
+        for sid in stale:
+            await self._drop(sid)
+        return len(stale)
+
+    async def close_all(self) -> None:
+        for sid in list(self._sessions):
+            await self._drop(sid)

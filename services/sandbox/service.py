@@ -1,0 +1,160 @@
+"""The sandbox service's use cases, shared by the gRPC and REST adapters.
+
+Adapters translate wire objects into these calls and map ``SandboxServiceError`` to a status in one
+place each; everything else (input rules, auth, quotas, sessions, metrics) happens here once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from services.sandbox.core.auth import Authenticator, Tenant
+from services.sandbox.core.errors import SandboxServiceError
+from services.sandbox.core.quotas import Quotas
+from services.sandbox.core.requests import (
+    RequestLimits,
+    check_action,
+    check_code,
+    check_execution,
+    check_seed,
+    check_setting,
+)
+from services.sandbox.core.sessions import LiveSession, SessionManager
+from services.sandbox.metrics import SandboxMetrics
+from spade.envs import CheckConfig, StepOutcome, ValidationReport
+
+
+class Backend(Protocol):
+    """What the isolation layer provides (``services.sandbox.isolation.SandboxPool``)."""
+
+    async def validate(self, code: str, setting: str, config: CheckConfig) -> ValidationReport: ...
+
+    async def execute(
+        self, code: str, stdin: bytes, files: dict[str, bytes], *, timeout_s: float | None, memory_mb: int | None
+    ) -> Any: ...
+
+    async def open_session(self, code: str, setting: str, seed: int, config: CheckConfig) -> LiveSession: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+
+class SandboxService:
+    """Validate, execute and play untrusted code for authenticated tenants."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        authenticator: Authenticator,
+        limits: RequestLimits,
+        checks: CheckConfig,
+        *,
+        session_ttl_s: float,
+        max_sessions: int,
+        metrics: SandboxMetrics | None = None,
+    ) -> None:
+        self.backend = backend
+        self.authenticator = authenticator
+        self.limits = limits
+        self.checks = checks
+        self.metrics = metrics or SandboxMetrics()
+        self.quotas = Quotas()
+        self.sessions = SessionManager(self._open_live, self.quotas, ttl_s=session_ttl_s, max_sessions=max_sessions)
+
+    async def _open_live(self, code: str, setting: str, seed: int) -> LiveSession:
+        return await self.backend.open_session(code, setting, seed, self.checks)
+
+    def authenticate(self, authorization: str | None) -> Tenant:
+        return self.authenticator.authenticate(authorization)
+
+    @contextlib.contextmanager
+    def _observe(self, op: str) -> Iterator[None]:
+        start = time.perf_counter()
+        code = "ok"
+        try:
+            yield
+        except SandboxServiceError as exc:
+            code = exc.code
+            raise
+        except Exception:
+            code = "internal"
+            raise
+        finally:
+            self.metrics.requests.labels(op, code).inc()
+            self.metrics.latency.labels(op).observe(time.perf_counter() - start)
+            self.metrics.sessions_open.set(len(self.sessions))
+
+    async def validate(self, tenant: Tenant, code: object, setting: object) -> ValidationReport:
+        with self._observe("validate"):
+            code_s = check_code(code, self.limits)
+            setting_s = check_setting(setting)
+            self.quotas.charge_run(tenant)
+            report = await self.backend.validate(code_s, setting_s, self.checks)
+            self.metrics.validations.labels(str(report.valid).lower()).inc()
+            for check in report.checks:
+                if not check.passed:
+                    self.metrics.failed_checks.labels(check.name).inc()
+            return report
+
+    async def execute(
+        self,
+        tenant: Tenant,
+        code: object,
+        stdin: bytes = b"",
+        files: dict[str, bytes] | None = None,
+        timeout_s: float = 0.0,
+        memory_mb: int = 0,
+    ) -> Any:
+        with self._observe("execute"):
+            code_s = check_code(code, self.limits)
+            files = files or {}
+            check_execution(stdin, files, timeout_s, memory_mb, self.limits)
+            self.quotas.charge_run(tenant)
+            result = await self.backend.execute(
+                code_s, stdin, files, timeout_s=timeout_s or None, memory_mb=memory_mb or None
+            )
+            self.metrics.executions.labels(str(getattr(result.status, "value", result.status))).inc()
+            return result
+
+    async def open_session(
+        self, tenant: Tenant, code: object, setting: object, seed: object
+    ) -> tuple[str, StepOutcome]:
+        with self._observe("open_session"):
+            code_s = check_code(code, self.limits)
+            setting_s = check_setting(setting)
+            seed_i = check_seed(seed)
+            session_id, outcome = await self.sessions.open(tenant, code_s, setting_s, seed_i)
+            self._count(outcome)
+            return session_id, outcome
+
+    async def step(self, tenant: Tenant, session_id: str, action: object) -> StepOutcome:
+        with self._observe("step"):
+            action_s = check_action(action, self.limits)
+            outcome: StepOutcome = await self.sessions.step(tenant, session_id, action_s)
+            self._count(outcome)
+            return outcome
+
+    async def close_session(self, tenant: Tenant, session_id: str) -> None:
+        with self._observe("close_session"):
+            await self.sessions.close(tenant, session_id)
+
+    def _count(self, outcome: StepOutcome) -> None:
+        self.metrics.step_outcomes.labels(str(getattr(outcome.outcome, "value", outcome.outcome))).inc()
+
+    async def reap_forever(self, interval_s: float) -> None:
+        """Close idle sessions every ``interval_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)
+            reaped = await self.sessions.reap()
+            if reaped:
+                self.metrics.sessions_reaped.inc(reaped)
+                self.metrics.sessions_open.set(len(self.sessions))
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "sessions": len(self.sessions), "sandbox": self.backend.health()}
+
+    async def shutdown(self) -> None:
+        await self.sessions.close_all()
