@@ -1,0 +1,49 @@
+"""Work queues: one contract (``base``), Redis Streams and in-process implementations, a factory.
+
+Typical use::
+
+    queue = make_queue(settings.queue)
+    await publish_proto(queue, ENVS_READY, queues_pb2.EnvReady(env_id=...), key=env_id)
+    for d in await queue.consume(ENVS_READY, "rollout", worker_id, count=8):
+        handle(decode(d)); await queue.ack(d.stream, "rollout", d.message_id)
+"""
+
+from spade.queues.base import (
+    ENVS_READY,
+    SAMPLES_AGENT,
+    SAMPLES_DESIGNER,
+    STREAMS,
+    WEIGHTS_PUBLISHED,
+    Delivery,
+    QueueError,
+    QueueFull,
+    WorkQueue,
+)
+from spade.queues.config import (
+    InProcessQueueConfig,
+    QueueConfig,
+    QueueConfigAdapter,
+    RedisQueueConfig,
+    make_queue,
+)
+from spade.queues.messages import decode, message_type, publish_proto
+
+__all__ = [
+    "ENVS_READY",
+    "SAMPLES_AGENT",
+    "SAMPLES_DESIGNER",
+    "STREAMS",
+    "WEIGHTS_PUBLISHED",
+    "Delivery",
+    "InProcessQueueConfig",
+    "QueueConfig",
+    "QueueConfigAdapter",
+    "QueueError",
+    "QueueFull",
+    "RedisQueueConfig",
+    "WorkQueue",
+    "decode",
+    "make_queue",
+    "message_type",
+    "publish_proto",
+]

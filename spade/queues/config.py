@@ -1,0 +1,111 @@
+"""Queue backends as a discriminated union, and the one factory that builds a queue from it.
+
+A service's settings hold a ``QueueConfig`` field; ``make_queue`` turns it into a ``WorkQueue``. The
+backend is chosen once, here, by the ``kind`` tag — nothing else in a service knows which one runs.
+
+>>> cfg = QueueConfigAdapter.validate_python({"kind": "inprocess", "max_len": 10})
+>>> type(cfg).__name__, cfg.max_len
+('InProcessQueueConfig', 10)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from spade.queues.base import WorkQueue
+
+
+class _CommonQueueConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_len: int = Field(
+        default=10_000,
+        ge=1,
+        le=10_000_000,
+        description="Back-pressure bound: the most unacknowledged-or-unread messages a stream holds.",
+    )
+    publish_timeout_s: float = Field(
+        default=30.0,
+        ge=0.0,
+        le=3600.0,
+        description="Default time a publish waits for room in a full stream before raising QueueFull.",
+    )
+    claim_idle_ms: int = Field(
+        default=60_000,
+        ge=1,
+        le=86_400_000,
+        description="A pending message idle this long (its consumer presumed dead) is re-delivered.",
+    )
+    idempotency_ttl_s: int = Field(
+        default=86_400,
+        ge=1,
+        le=30 * 86_400,
+        description="How long a publish key is remembered: a retried publish within it stores nothing new.",
+    )
+
+
+class RedisQueueConfig(_CommonQueueConfig):
+    """Redis Streams with consumer groups (distributed mode)."""
+
+    kind: Literal["redis"] = "redis"
+    url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL (redis:// or rediss://).")
+    prefix: str = Field(
+        default="spade:",
+        max_length=200,
+        description="Prefix of every Redis key this queue writes; distinct prefixes are distinct queues.",
+    )
+    reconnect_attempts: int = Field(
+        default=8, ge=0, le=100, description="Retries of one operation after a dropped connection before failing."
+    )
+    reconnect_backoff_s: float = Field(
+        default=0.05, gt=0.0, le=10.0, description="First back-off after a dropped connection; doubles per retry."
+    )
+
+
+class InProcessQueueConfig(_CommonQueueConfig):
+    """The asyncio in-process queue (embedded mode: one process runs every role)."""
+
+    kind: Literal["inprocess"] = "inprocess"
+
+
+QueueConfig = Annotated[RedisQueueConfig | InProcessQueueConfig, Field(discriminator="kind")]
+"""The queue backend of a service, tagged by ``kind`` (``redis`` or ``inprocess``)."""
+
+QueueConfigAdapter: TypeAdapter[RedisQueueConfig | InProcessQueueConfig] = TypeAdapter(QueueConfig)
+"""Validates a plain mapping (from YAML, env, CLI) into a ``QueueConfig`` variant."""
+
+
+def _make_redis(config: RedisQueueConfig | InProcessQueueConfig) -> WorkQueue:
+    from spade.queues.redis_streams import RedisStreamQueue
+
+    assert isinstance(config, RedisQueueConfig)
+    return RedisStreamQueue(config)
+
+
+def _make_inprocess(config: RedisQueueConfig | InProcessQueueConfig) -> WorkQueue:
+    from spade.queues.inprocess import InProcessQueue
+
+    assert isinstance(config, InProcessQueueConfig)
+    return InProcessQueue(config)
+
+
+_REGISTRY: dict[str, Callable[[RedisQueueConfig | InProcessQueueConfig], WorkQueue]] = {
+    "redis": _make_redis,
+    "inprocess": _make_inprocess,
+}
+
+
+def make_queue(config: RedisQueueConfig | InProcessQueueConfig) -> WorkQueue:
+    """Build the queue a config describes.
+
+    Args:
+        config: A ``RedisQueueConfig`` or ``InProcessQueueConfig`` (validate raw data with
+            ``QueueConfigAdapter`` first).
+
+    Returns:
+        A ``WorkQueue``; close it with ``await queue.close()``.
+    """
+    return _REGISTRY[config.kind](config)

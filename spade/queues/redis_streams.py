@@ -1,0 +1,266 @@
+"""The ``WorkQueue`` contract on Redis Streams (distributed mode).
+
+Layout in Redis, for a stream ``s`` under prefix ``p`` (the hash tag keeps a stream's keys in one
+cluster slot so the scripts below stay atomic):
+
+- ``p{s}`` — the stream; each entry has fields ``k`` (idempotency key) and ``d`` (payload);
+- ``p{s}:key:<key>`` — the id stored for a publish key, with a TTL (``idempotency_ttl_s``).
+
+Guarantees and how they are kept:
+
+- *Idempotent publish*: one Lua script checks the key, checks the bound, ``XADD``s and stores the
+  key — atomically, so a retried publish (say after a dropped connection) never duplicates work.
+- *Back-pressure*: an entry is deleted once every consumer group has acknowledged it (the ack script),
+  so ``XLEN`` counts exactly the unread-or-unacknowledged messages. A publish that finds
+  ``XLEN >= max_len`` waits with back-off up to its timeout, then raises ``QueueFull``. Nothing is
+  trimmed, so nothing is dropped.
+- *Re-delivery*: ``consume`` first ``XAUTOCLAIM``s entries pending longer than ``claim_idle_ms`` (their
+  consumer died or hung), then reads new ones with ``XREADGROUP``. Groups are created at id ``0`` so
+  messages published before the first consumer arrives are delivered too.
+- *Dropped connections*: every operation is retried on a fresh connection with exponential back-off.
+  A read whose reply was lost leaves its messages pending, and they are re-delivered after
+  ``claim_idle_ms``; a publish is safe to retry because it is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from spade.queues.base import Delivery, QueueError, QueueFull
+from spade.queues.config import RedisQueueConfig
+
+T = TypeVar("T")
+
+# Returns {0, id} when stored, {1, id} for a known key, {2, xlen} when the stream is full.
+_PUBLISH_LUA = """
+local known = redis.call('GET', KEYS[2])
+if known then return {1, known} end
+local n = redis.call('XLEN', KEYS[1])
+if n >= tonumber(ARGV[3]) then return {2, tostring(n)} end
+local id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[1], 'd', ARGV[2])
+redis.call('SET', KEYS[2], id, 'EX', tonumber(ARGV[4]))
+return {0, id}
+"""
+
+# XACK, then XDEL the entry when no group still needs it. Returns the XACK count.
+_ACK_LUA = """
+local acked = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+if acked == 0 then return 0 end
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local ims, iseq = parse(ARGV[2])
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local name, last
+  for i = 1, #g, 2 do
+    if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then last = g[i + 1] end
+  end
+  local lms, lseq = parse(last)
+  if lms < ims or (lms == ims and lseq < iseq) then return acked end
+  if #redis.call('XPENDING', KEYS[1], name, ARGV[2], ARGV[2], 1) > 0 then return acked end
+end
+redis.call('XDEL', KEYS[1], ARGV[2])
+return acked
+"""
+
+
+class RedisStreamQueue:
+    """A ``WorkQueue`` on Redis Streams with consumer groups.
+
+    Args:
+        config: Connection, key prefix, bounds and timings (see ``RedisQueueConfig``).
+        client: An existing asyncio Redis client to use instead of connecting to ``config.url``
+            (its responses must not be decoded).
+    """
+
+    def __init__(self, config: RedisQueueConfig, client: aioredis.Redis | None = None) -> None:
+        self._config = config
+        self.client_name = f"spade-queue-{uuid.uuid4().hex[:12]}"
+        self._redis: aioredis.Redis = client or aioredis.Redis.from_url(
+            config.url,
+            client_name=self.client_name,
+            decode_responses=False,
+            # Blocking reads outlive any fixed socket timeout; dead peers are found by keepalive.
+            socket_timeout=None,
+            socket_keepalive=True,
+            # Retries are ours (below), counted and backed off; the client must not retry on its own.
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._publish_script = self._redis.register_script(_PUBLISH_LUA)
+        self._ack_script = self._redis.register_script(_ACK_LUA)
+        self._groups: set[tuple[str, str]] = set()
+
+    def _stream_key(self, stream: str) -> str:
+        if not stream:
+            raise ValueError("stream name must be non-empty")
+        return f"{self._config.prefix}{{{stream}}}"
+
+    async def _retrying(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
+        delay = self._config.reconnect_backoff_s
+        for attempt in range(self._config.reconnect_attempts + 1):
+            try:
+                return await op()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if attempt == self._config.reconnect_attempts:
+                    raise QueueError(
+                        f"{what} failed: Redis at {self._config.url} unreachable after "
+                        f"{attempt + 1} attempts ({exc}); check the server or raise reconnect_attempts"
+                    ) from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable")
+
+    async def publish(self, stream: str, payload: bytes, *, key: str, timeout_s: float | None = None) -> str:
+        """Append a message unless ``key`` was already published to ``stream``; return its id.
+
+        Raises:
+            QueueFull: The stream stayed at ``max_len`` for ``timeout_s`` (default from config).
+            QueueError: Redis stayed unreachable through every reconnect attempt.
+            ValueError: Empty key or stream name.
+        """
+        if not key:
+            raise ValueError("publish needs a non-empty idempotency key")
+        skey = self._stream_key(stream)
+        keys = [skey, f"{skey}:key:{key}"]
+        args: list[bytes | str | int] = [key, payload, self._config.max_len, self._config.idempotency_ttl_s]
+        timeout = self._config.publish_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        wait = 0.005
+        while True:
+            status, value = await self._retrying(
+                f"publish to {stream!r}", lambda: self._publish_script(keys=keys, args=args)
+            )
+            if int(status) != 2:
+                return bytes(value).decode()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise QueueFull(
+                    f"stream {stream!r} holds {int(value)} unacknowledged messages (max_len "
+                    f"{self._config.max_len}) and stayed full for {timeout:.3g}s; consumers are not "
+                    "keeping up — add consumers, raise max_len or retry later"
+                )
+            await asyncio.sleep(min(wait, remaining))
+            wait = min(wait * 2, 0.25)
+
+    async def _ensure_group(self, skey: str, group: str) -> None:
+        if (skey, group) in self._groups:
+            return
+        try:
+            await self._redis.xgroup_create(skey, group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._groups.add((skey, group))
+
+    async def consume(
+        self, stream: str, group: str, consumer: str, *, count: int = 1, block_ms: int = 1000
+    ) -> list[Delivery]:
+        """Deliver up to ``count`` messages, stale pending ones (re-deliveries) first.
+
+        Blocks up to ``block_ms`` for new messages when none is available; returns ``[]`` then.
+        """
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        skey = self._stream_key(stream)
+
+        async def claim() -> list[Delivery]:
+            await self._ensure_group(skey, group)
+            return await self._claim_stale(stream, skey, group, consumer, count)
+
+        out = await self._retrying(f"consume from {stream!r}", claim)
+        if out:
+            return out
+
+        async def read() -> list[Delivery]:
+            await self._ensure_group(skey, group)
+            reply: Any = await self._redis.xreadgroup(group, consumer, {skey: ">"}, count=count, block=max(block_ms, 1))
+            return [self._delivery(stream, mid, fields, 1) for _, entries in reply or [] for mid, fields in entries]
+
+        try:
+            return await self._retrying(f"consume from {stream!r}", read)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # The stream was deleted under us (e.g. a test cleaning up); recreate on the next call.
+            self._groups.discard((skey, group))
+            return []
+
+    async def _claim_stale(self, stream: str, skey: str, group: str, consumer: str, count: int) -> list[Delivery]:
+        claimed: list[tuple[bytes, dict[bytes, bytes]]] = []
+        cursor: bytes | str = "0-0"
+        while len(claimed) < count:
+            reply: Any = await self._redis.xautoclaim(
+                skey, group, consumer, self._config.claim_idle_ms, start_id=cursor, count=count - len(claimed)
+            )
+            cursor, entries = reply[0], reply[1]
+            claimed.extend((mid, fields) for mid, fields in entries if fields)
+            if cursor in (b"0-0", "0-0"):
+                break
+        if not claimed:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for mid, _ in claimed:
+                pipe.xpending_range(skey, group, min=mid, max=mid, count=1)
+            infos = await pipe.execute()
+        return [
+            self._delivery(stream, mid, fields, int(info[0]["times_delivered"]) if info else 2)
+            for (mid, fields), info in zip(claimed, infos, strict=True)
+        ]
+
+    @staticmethod
+    def _delivery(stream: str, mid: bytes, fields: dict[bytes, bytes], deliveries: int) -> Delivery:
+        return Delivery(
+            stream=stream,
+            message_id=mid.decode() if isinstance(mid, bytes) else str(mid),
+            key=fields[b"k"].decode(),
+            payload=fields[b"d"],
+            deliveries=deliveries,
+        )
+
+    async def ack(self, stream: str, group: str, message_id: str) -> None:
+        """Acknowledge a delivered message; it is deleted once every group has acknowledged it."""
+        skey = self._stream_key(stream)
+        await self._retrying(f"ack on {stream!r}", lambda: self._ack_script(keys=[skey], args=[group, message_id]))
+
+    async def pending(self, stream: str, group: str) -> int:
+        """Number of delivered but unacknowledged messages of ``group``."""
+        skey = self._stream_key(stream)
+
+        async def op() -> int:
+            try:
+                info = await self._redis.xpending(skey, group)
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc):
+                    return 0
+                raise
+            return int(info["pending"])
+
+        return await self._retrying(f"pending on {stream!r}", op)
+
+    async def length(self, stream: str) -> int:
+        """Messages held by ``stream`` (unread by some group or unacknowledged)."""
+        skey = self._stream_key(stream)
+        return int(await self._retrying(f"length of {stream!r}", lambda: self._redis.xlen(skey)))
+
+    async def delete_all(self) -> int:
+        """Delete every key under this queue's prefix (tests and benchmarks); returns the count."""
+        n = 0
+        async for k in self._redis.scan_iter(match=f"{self._config.prefix}*", count=500):
+            n += int(await self._redis.delete(k))
+        return n
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        await self._redis.aclose()
