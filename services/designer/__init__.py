@@ -1,0 +1,1 @@
+"""The environment designer service: prompts, corpus, the design loop and its adapters."""

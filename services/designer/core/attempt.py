@@ -1,0 +1,135 @@
+"""One designer attempt, its explicit outcome, and its mapping to a ``DesignerSample``.
+
+Every attempt whose output the policy produced becomes a designer sample, valid or not: the learner
+scores invalid and malformed ones 0 and valid ones by regret + plateau once their window closes.
+Attempts that failed for reasons outside the designer's control (the inference server or the
+sandbox/memory/queue infrastructure) carry no trainable output and produce no sample: punishing the
+policy for an outage would teach it nothing true.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from spade.v1 import queues_pb2, sandbox_pb2
+
+DUPLICATE_CHECK = "duplicate"
+
+
+class AttemptOutcome(enum.Enum):
+    """How an attempt ended."""
+
+    VALID = "valid"
+    """Passed every check and was stored as a new environment."""
+    INVALID = "invalid"
+    """Well-formed answer whose environment failed a validation check."""
+    MALFORMED = "malformed"
+    """The answer lacks the code block or the hint section."""
+    DUPLICATE = "duplicate"
+    """Valid, but the memory already held an equivalent environment."""
+    GENERATION_FAILED = "generation_failed"
+    """The inference call failed: no output to train on."""
+    INFRA_FAILED = "infra_failed"
+    """The sandbox, memory or queue failed: not the designer's fault, no sample."""
+
+    @property
+    def trainable(self) -> bool:
+        """Whether the attempt yields a designer sample."""
+        return self not in (AttemptOutcome.GENERATION_FAILED, AttemptOutcome.INFRA_FAILED)
+
+
+@dataclass(frozen=True)
+class Check:
+    """A named check result (validation checks, plus the designer's ``output_format``/``duplicate``)."""
+
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """Everything one attempt produced.
+
+    Attributes:
+        sample_id: Id of its designer sample (also the queue idempotency key).
+        batch_id: The regeneration batch.
+        slot: Index of the environment slot within the batch.
+        attempt: 0-based attempt number within the slot.
+        setting: ``"game"`` or ``"tool"``.
+        skill: Target skill name.
+        outcome: How it ended.
+        prompt_ids: Chat-templated prompt token ids.
+        output_ids: Generated token ids (code + hint).
+        logprobs: Rollout logprob of each output token.
+        weight_version: Policy version that generated the output (-1 when nothing was generated).
+        finish_reason: The inference server's finish reason (``"stop"``, ``"length"``, ...).
+        checks: Check results in pipeline order.
+        env_id: Stored environment id (only for ``VALID``).
+        code: Extracted environment code (after repairs when validated), ``""`` when none.
+        hint: Parsed hint, ``""`` when none.
+        text: The raw generated text.
+        error: What failed, for ``GENERATION_FAILED``/``INFRA_FAILED``.
+        source: Corpus document metadata.
+    """
+
+    sample_id: str
+    batch_id: str
+    slot: int
+    attempt: int
+    setting: str
+    skill: str
+    outcome: AttemptOutcome
+    prompt_ids: Sequence[int] = ()
+    output_ids: Sequence[int] = ()
+    logprobs: Sequence[float] = ()
+    weight_version: int = -1
+    finish_reason: str = ""
+    checks: tuple[Check, ...] = ()
+    env_id: str = ""
+    code: str = ""
+    hint: str = ""
+    text: str = ""
+    error: str = ""
+    source: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def failed_check(self) -> str:
+        """Name of the first failing check, ``""`` when none failed."""
+        for check in self.checks:
+            if not check.passed:
+                return check.name
+        return ""
+
+
+def to_designer_sample(record: AttemptRecord) -> queues_pb2.DesignerSample:
+    """The ``samples.designer`` message for ``record``.
+
+    Raises:
+        ValueError: The attempt has no trainable output (``GENERATION_FAILED``/``INFRA_FAILED``), or
+            its token ids and logprobs differ in length.
+    """
+    if not record.outcome.trainable:
+        raise ValueError(f"attempt {record.sample_id} ended {record.outcome.value}: it has no designer sample")
+    if len(record.output_ids) != len(record.logprobs):
+        raise ValueError(
+            f"attempt {record.sample_id}: {len(record.output_ids)} output ids but {len(record.logprobs)} "
+            "logprobs; the inference server must return one logprob per generated token"
+        )
+    valid = record.outcome is AttemptOutcome.VALID
+    return queues_pb2.DesignerSample(
+        sample_id=record.sample_id,
+        env_id=record.env_id if valid else "",
+        setting=record.setting,
+        skill=record.skill,
+        prompt_ids=list(record.prompt_ids),
+        output_ids=list(record.output_ids),
+        output_logprobs=list(record.logprobs),
+        weight_version=record.weight_version,
+        valid=valid,
+        failed_check="" if valid else record.failed_check,
+        checks=[sandbox_pb2.CheckResult(name=c.name, passed=c.passed, detail=c.detail) for c in record.checks],
+        batch_id=record.batch_id,
+    )

@@ -1,0 +1,277 @@
+"""Designer prompts for both settings, fitted to a token budget.
+
+A prompt is built from (DESIGN §1, issue 6): the environment contract, one complete example
+environment with its hint (written in the exact answer format, so it doubles as a format
+demonstration), the target skill, one corpus document, memory positives and negatives (code excerpts
+with the reason they are shown), and difficulty guidance.
+
+Small models have small contexts (SmolLM2-135M: 8192 tokens), so ``fit_prompt`` shrinks the optional
+parts until the chat-templated prompt fits ``max_prompt_tokens``: first the document (halved down to
+a floor), then the memory examples (negatives first), then the document to nothing, and last the
+example code. It measures with the real tokenizer, never an estimate.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+from services.designer.core.parsing import HINT_MARKER
+from services.designer.core.ports import MemoryExample, MemoryExamples
+from services.designer.core.skills import Skill
+
+Messages = list[dict[str, str]]
+
+TRUNCATION_MARK = "[... truncated]"
+
+SYSTEM_PROMPT = (
+    "You are an environment designer. You write complete, executable Python environments that train "
+    "a reasoning agent, and a short privileged hint that helps the agent without giving the answer. "
+    f"You always answer with exactly one ```python code block, then a line '{HINT_MARKER}', then the hint."
+)
+
+GAME_CONTRACT = """\
+Write one game class whose name ends in `Env`:
+- `reset(self, seed=None)` returns `(observation: str, info: dict)`. Create all randomness with
+  `self.rng = random.Random(seed)`; never use the global `random` module. Different seeds must give
+  different instances; the same seed and the same actions must give the same observations.
+- `step(self, action: str)` returns `(observation: str, reward: float, terminated: bool,
+  truncated: bool, info: dict)`. The agent writes each command as `\\boxed{...}`; parse it and answer
+  malformed commands with a clear message, never an exception.
+- Reward 1.0 for a win, partial rewards in [0, 1]; the episode return is the final reward.
+- `solution(self)` returns the list of actions (each a `\\boxed{...}` string) that wins the instance
+  created by the last `reset()`.
+- `max_turns` (int attribute): the episode is truncated when it is reached.
+- Every observation shows the state, the result of the last action and the available commands.
+- Standard library only; no input(), files, network or printing."""
+
+TOOL_CONTRACT = """\
+Write one class whose name ends in `Env`, subclassing the framework's tool environment base class
+(already importable, as in the example). The base class owns `step()`:
+- declare the tools with OpenAI function schemas (nested object and array arguments allowed);
+- keep the simulated backend in `state`, built in `reset(seed)` from `random.Random(seed)` only;
+- give 3 to 5 user `instructions`, arriving one at a time, and one `criterion(state) -> bool` per
+  instruction; every criterion must be False right after `reset()`;
+- an instruction completes only when a call of its own solution flips its criterion to True;
+- `solution()` returns the tool calls that complete every instruction, in order.
+- Malformed calls must get a clear error message, never an exception. Standard library only."""
+
+CONTRACTS = {"game": GAME_CONTRACT, "tool": TOOL_CONTRACT}
+
+DIFFICULTY = {
+    "game": (
+        "Aim for the edge of the agent's ability: a careful player without the hint often fails, "
+        "the same player with the hint wins. Winning needs at least 3 meaningful actions and at least "
+        "2 different kinds of action; a random or do-nothing player must lose. Avoid guessing games, "
+        "linear search and one-shot answers. The game must use the concept of the document, not quote it."
+    ),
+    "tool": (
+        "Aim for the edge of the agent's ability: each instruction needs 2 or more dependent calls, "
+        "values the agent must look up rather than guess, and at least one enum argument. Add 1 or 2 "
+        "distractor tools. A call outside an instruction's solution must not complete it. Use the "
+        "document only as flavour for the domain."
+    ),
+}
+
+HINT_GUIDANCE = {
+    "game": "the key insight that makes the game solvable; never the answer or the action sequence",
+    "tool": "a step plan naming the tool roles in order (look up, then update, ...), with no argument values",
+}
+
+
+@dataclass(frozen=True)
+class ExampleEnv:
+    """One complete example environment shown in the prompt.
+
+    Attributes:
+        name: Its class or registry name.
+        code: Full source.
+        hint: Its hint, shown after the code in the answer format.
+    """
+
+    name: str
+    code: str
+    hint: str
+
+
+@dataclass(frozen=True)
+class PromptParts:
+    """Everything one designer prompt is built from.
+
+    Attributes:
+        setting: ``"game"`` or ``"tool"``.
+        skill: The target skill.
+        document: Corpus document text (already truncated to the configured word budget), or ``""``.
+        example: The example environment, or ``None`` to leave it out.
+        memory: Earlier environments to imitate and to avoid.
+        excerpt_chars: Memory code excerpts are cut to this many characters.
+    """
+
+    setting: str
+    skill: Skill
+    document: str = ""
+    example: ExampleEnv | None = None
+    memory: MemoryExamples = field(default_factory=MemoryExamples)
+    excerpt_chars: int = 1200
+
+
+@dataclass(frozen=True)
+class FittedPrompt:
+    """A prompt that fits the budget, with what was kept.
+
+    Attributes:
+        messages: Chat messages (system + user).
+        prompt_ids: Their chat-templated token ids (what the model is conditioned on and trained with).
+        parts: The parts actually used (after shrinking).
+    """
+
+    messages: Messages
+    prompt_ids: list[int]
+    parts: PromptParts
+
+
+class PromptTooLong(ValueError):
+    """Even the minimal prompt (contract, skill, instructions) exceeds the token budget."""
+
+
+def truncate_words(text: str, max_words: int) -> str:
+    """Keep the first ``max_words`` whitespace-separated words of ``text``, layout preserved.
+
+    A truncated text ends with ``[... truncated]`` on its own line.
+
+    >>> truncate_words("a b\\n  c d", 3)
+    'a b\\n  c\\n[... truncated]'
+    >>> truncate_words("a b", 5)
+    'a b'
+    """
+    if max_words <= 0:
+        return ""
+    for count, match in enumerate(re.finditer(r"\S+", text), start=1):
+        if count == max_words:
+            rest = text[match.end() :]
+            if rest.strip():
+                return text[: match.end()] + "\n" + TRUNCATION_MARK
+            return text
+    return text
+
+
+def _excerpt(code: str, limit: int) -> str:
+    code = code.strip()
+    if len(code) <= limit:
+        return code
+    cut = code[:limit]
+    # End on a whole line so the excerpt still reads as code.
+    if "\n" in cut:
+        cut = cut[: cut.rfind("\n")]
+    return cut + "\n# ... (truncated)"
+
+
+def _memory_block(title: str, examples: tuple[MemoryExample, ...], limit: int) -> str:
+    parts = [title]
+    for index, example in enumerate(examples, start=1):
+        parts.append(f"[{index}] {example.reason}\n```python\n{_excerpt(example.code, limit)}\n```")
+    return "\n".join(parts)
+
+
+def render_user_prompt(parts: PromptParts) -> str:
+    """The user message for ``parts`` (no budget applied)."""
+    if parts.setting not in CONTRACTS:
+        raise ValueError(f"unknown setting {parts.setting!r}: expected 'game' or 'tool'")
+    sections = [f"## Environment contract\n{CONTRACTS[parts.setting]}"]
+    if parts.example is not None:
+        sections.append(
+            "## Example answer (format and level of completeness; write a different environment)\n"
+            f"```python\n{parts.example.code.strip()}\n```\n{HINT_MARKER}\n{parts.example.hint.strip()}"
+        )
+    if parts.document.strip():
+        sections.append(
+            "## Reference document\nBuild the environment around a concept from this document.\n"
+            f"<REFERENCE_DOCUMENT>\n{parts.document.strip()}\n</REFERENCE_DOCUMENT>"
+        )
+    memory = []
+    if parts.memory.positives:
+        memory.append(
+            _memory_block(
+                "Earlier environments that trained the agent well (match their quality, "
+                "but write a DIFFERENT environment):",
+                parts.memory.positives,
+                parts.excerpt_chars,
+            )
+        )
+    if parts.memory.negatives:
+        memory.append(_memory_block("Avoid environments like these:", parts.memory.negatives, parts.excerpt_chars))
+    if memory:
+        sections.append("## Earlier environments\n" + "\n\n".join(memory))
+    sections.append(
+        "## Your task\n"
+        f"Target skill: {parts.skill.name} — {parts.skill.description}.\n"
+        f"Difficulty: {DIFFICULTY[parts.setting]}\n"
+        "Answer with exactly one ```python block containing the complete environment, then a line "
+        f"'{HINT_MARKER}', then the hint: {HINT_GUIDANCE[parts.setting]}."
+    )
+    return "\n\n".join(sections)
+
+
+def render_messages(parts: PromptParts) -> Messages:
+    """System and user messages for ``parts``."""
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": render_user_prompt(parts)},
+    ]
+
+
+def _shrink_ladder(parts: PromptParts, doc_min_words: int) -> Iterator[PromptParts]:
+    """Ever smaller variants of ``parts``, in the order the budget gives things up."""
+    yield parts
+    original = parts.document.removesuffix("\n" + TRUNCATION_MARK)
+    words = len(original.split())
+    while words // 2 >= max(doc_min_words, 1):
+        words //= 2
+        parts = replace(parts, document=truncate_words(original, words))
+        yield parts
+    memory = parts.memory
+    while memory.negatives or memory.positives:
+        if memory.negatives:
+            memory = MemoryExamples(memory.positives, memory.negatives[:-1])
+        else:
+            memory = MemoryExamples(memory.positives[:-1], ())
+        parts = replace(parts, memory=memory)
+        yield parts
+    while parts.document:
+        words //= 2
+        parts = replace(parts, document=truncate_words(original, words) if words else "")
+        yield parts
+    if parts.example is not None:
+        yield replace(parts, example=None)
+
+
+def fit_prompt(
+    parts: PromptParts,
+    tokenize: Callable[[Messages], list[int]],
+    *,
+    max_prompt_tokens: int,
+    doc_min_words: int = 100,
+) -> FittedPrompt:
+    """Render ``parts`` into messages whose chat-templated length is at most ``max_prompt_tokens``.
+
+    Args:
+        parts: The full prompt parts (document already cut to the configured maximum of words).
+        tokenize: Chat template + tokenizer of the policy (``PolicyLLM.apply_chat_template``).
+        max_prompt_tokens: The budget.
+        doc_min_words: The document is halved down to this many words before memory examples go.
+
+    Raises:
+        PromptTooLong: Even contract + task alone exceed the budget; raise ``max_prompt_tokens``.
+    """
+    smallest = 0
+    for candidate in _shrink_ladder(parts, doc_min_words):
+        messages = render_messages(candidate)
+        ids = tokenize(messages)
+        smallest = len(ids)
+        if len(ids) <= max_prompt_tokens:
+            return FittedPrompt(messages=messages, prompt_ids=ids, parts=candidate)
+    raise PromptTooLong(
+        f"the minimal {parts.setting} designer prompt is {smallest} tokens, over max_prompt_tokens="
+        f"{max_prompt_tokens}: raise SPADE_DESIGNER_MAX_PROMPT_TOKENS (and the model's context if needed)"
+    )
