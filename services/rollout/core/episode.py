@@ -1,0 +1,243 @@
+"""The episode loop: one play of one env seed, turn by turn, through a sandbox session.
+
+Game envs: each observation is a user turn (the first wrapped with the ``\\boxed{...}``
+instructions and, in hinted plays, the hint); the last boxed command of each reply is the action.
+Tool envs: the env's tools (``info["tools"]``) go to the chat template; each tool call in a reply is
+one env step whose result comes back as a ``tool`` message, and a new instruction from the env
+arrives as a new user turn; a reply without a call is sent to the env as a plain answer.
+
+Limits: turns per play, tokens per turn, total tokens per play. The return is the env's terminal
+reward (clamped to [0, 1]) when it terminates, else 0; the reason is a ``FinishReason``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from services.rollout.core.ports import (
+    ChatTemplate,
+    EnvSession,
+    EnvSpec,
+    FinishReason,
+    Generator,
+    SandboxFault,
+    SessionOpener,
+    StepResult,
+    TurnSampling,
+)
+from services.rollout.core.prompts import first_game_message, with_hint
+from services.rollout.core.trajectory import Trajectory, TrajectoryBuilder
+from spade.envs.actions import normalize_game_action, parse_tool_calls
+
+NextInstruction = Callable[[StepResult], str | None]
+"""Reads a new user instruction out of a tool env's step result (None when the step brought none)."""
+
+
+@dataclass(frozen=True)
+class PlayLimits:
+    """Budgets of one play and the sampling of its turns.
+
+    Attributes:
+        max_turns: Model turns per play.
+        max_tokens_per_turn: Tokens one turn may generate.
+        max_total_tokens: Length cap of the whole trajectory (prompt, turns, observations).
+        temperature: Sampling temperature.
+        top_p: Nucleus mass.
+        top_k: Top-k cut-off (-1: off).
+    """
+
+    max_turns: int = 8
+    max_tokens_per_turn: int = 512
+    max_total_tokens: int = 4096
+    temperature: float = 0.6
+    top_p: float = 1.0
+    top_k: int = -1
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1 or self.max_tokens_per_turn < 1 or self.max_total_tokens < 2:
+            raise ValueError(f"play limits must be positive, got {self}")
+
+
+@dataclass
+class Play:
+    """One finished play.
+
+    Attributes:
+        env_id: The env played.
+        seed: Its reset seed.
+        hinted: Whether the hint was shown.
+        trajectory: Token ids, logprobs, loss mask and weight versions.
+        episode_return: Terminal reward, 0 unless terminated.
+        turns: Model turns taken.
+        finish_reason: How it ended.
+    """
+
+    env_id: str
+    seed: int
+    hinted: bool
+    trajectory: Trajectory
+    episode_return: float
+    turns: int
+    finish_reason: FinishReason
+
+
+def outcome_kind(result: StepResult) -> str:
+    """The sandbox's verdict on a call (``ok``, ``env_error``, ``timeout``, ``limit``, ``sandbox_fault``)."""
+    value = getattr(result.outcome, "value", result.outcome)
+    return str(value) if value else "ok"
+
+
+# "limit" is the sandbox ending the episode at its max_turns cap: the env's own turn limit.
+_FAILURES = {"env_error": FinishReason.ENV_ERROR, "limit": FinishReason.TRUNCATED, "timeout": FinishReason.TIMEOUT}
+
+
+def _failure(result: StepResult) -> FinishReason | None:
+    kind = outcome_kind(result)
+    if kind == "ok":
+        return None
+    if kind == "sandbox_fault":
+        raise SandboxFault(f"the sandbox failed during a play: {result.observation[:200]!r}")
+    return _FAILURES.get(kind, FinishReason.ENV_ERROR)
+
+
+def _terminal_return(result: StepResult) -> float:
+    reward = float(result.reward)
+    if not math.isfinite(reward):
+        return 0.0
+    return min(1.0, max(0.0, reward))
+
+
+def info_instruction(result: StepResult) -> str | None:
+    """Default ``NextInstruction``: the ``new_instruction`` a tool env puts in ``info`` when one arrives."""
+    value = result.info.get("new_instruction") if isinstance(result.info, Mapping) else None
+    return value if isinstance(value, str) and value else None
+
+
+class EpisodeRunner:
+    """Plays env seeds with the current policy.
+
+    Args:
+        sessions: Opens sandbox sessions.
+        generator: Generates model turns token-in/token-out.
+        template: The policy's chat template and tokenizer.
+        limits: Budgets and sampling.
+        next_instruction: Reads a new instruction from a tool env's step result.
+    """
+
+    def __init__(
+        self,
+        sessions: SessionOpener,
+        generator: Generator,
+        template: ChatTemplate,
+        limits: PlayLimits,
+        *,
+        next_instruction: NextInstruction = info_instruction,
+    ) -> None:
+        self._sessions = sessions
+        self._generator = generator
+        self._template = template
+        self.limits = limits
+        self._next_instruction = next_instruction
+
+    async def play(self, env: EnvSpec, seed: int, *, hinted: bool) -> Play:
+        """Play ``env`` from ``reset(seed)`` until it ends or a limit is hit.
+
+        Raises:
+            SandboxFault: The sandbox (not the env) failed; the caller retries the play.
+        """
+        session = await self._sessions.open_session(env.code, env.setting, seed)
+        try:
+            return await self._play(session, env, seed, hinted)
+        finally:
+            await session.close()
+
+    async def _play(self, session: EnvSession, env: EnvSpec, seed: int, hinted: bool) -> Play:
+        hint = env.hint if hinted else None
+        initial = session.initial
+        tool_env = env.setting == "tool"
+        tools = initial.info.get("tools") if tool_env and isinstance(initial.info, Mapping) else None
+        builder = TrajectoryBuilder(self._template, tools)
+
+        def done(reason: FinishReason, ret: float = 0.0, turns: int = 0) -> Play:
+            return Play(env.env_id, seed, hinted, builder.trajectory, ret, turns, reason)
+
+        failure = _failure(initial)
+        if failure is not None:
+            return done(failure)
+        first = first_game_message(initial.observation, hint) if not tool_env else with_hint(initial.observation, hint)
+        builder.start([{"role": "user", "content": first}])
+        limits = self.limits
+        turns = 0
+        while True:
+            budget = limits.max_total_tokens - len(builder.trajectory)
+            if budget <= 0:
+                return done(FinishReason.TOKEN_LIMIT, turns=turns)
+            sampling = TurnSampling(
+                max_new_tokens=min(limits.max_tokens_per_turn, budget),
+                temperature=limits.temperature,
+                top_p=limits.top_p,
+                top_k=limits.top_k,
+            )
+            gen = await self._generator.generate(list(builder.trajectory.token_ids), sampling)
+            cut = _finish_type(gen.finish_reason) == "length"
+            builder.add_generation(gen.output_ids, gen.logprobs, gen.weight_version, cut=cut)
+            turns += 1
+            reply = self._template.decode_reply(gen.output_ids)
+            step = await (self._tool_turn(session, reply) if tool_env else self._game_turn(session, reply))
+            reason, ret, new_messages = step
+            if reason is not None:
+                return done(reason, ret, turns)
+            if turns >= limits.max_turns:
+                return done(FinishReason.TURN_LIMIT, turns=turns)
+            delta = builder.delta_ids(new_messages)
+            if len(builder.trajectory) + len(delta) >= limits.max_total_tokens:
+                return done(FinishReason.TOKEN_LIMIT, turns=turns)
+            builder.add_messages(new_messages)
+
+    async def _game_turn(
+        self, session: EnvSession, reply: str
+    ) -> tuple[FinishReason | None, float, list[dict[str, Any]]]:
+        result = await session.step(normalize_game_action(reply))
+        return _ending(result) or (None, 0.0, [{"role": "user", "content": result.observation}])
+
+    async def _tool_turn(
+        self, session: EnvSession, reply: str
+    ) -> tuple[FinishReason | None, float, list[dict[str, Any]]]:
+        calls = parse_tool_calls(reply).calls
+        if not calls:
+            result = await session.step(reply)
+            return _ending(result) or (None, 0.0, [{"role": "user", "content": result.observation}])
+        messages: list[dict[str, Any]] = []
+        for call in calls:
+            result = await session.step(call.to_text())
+            ending = _ending(result)
+            if ending is not None:
+                return ending
+            messages.append({"role": "tool", "name": call.name, "content": result.observation})
+            instruction = self._next_instruction(result)
+            if instruction is not None:
+                # Later calls of this reply were written for the previous instruction: drop them.
+                messages.append({"role": "user", "content": instruction})
+                break
+        return None, 0.0, messages
+
+
+def _ending(result: StepResult) -> tuple[FinishReason, float, list[dict[str, Any]]] | None:
+    failure = _failure(result)
+    if failure is not None:
+        return failure, 0.0, []
+    if result.terminated:
+        return FinishReason.TERMINATED, _terminal_return(result), []
+    if result.truncated:
+        return FinishReason.TRUNCATED, 0.0, []
+    return None
+
+
+def _finish_type(finish_reason: Any) -> str:
+    """SGLang reports ``{"type": "stop"|"length"|"abort", ...}``; clients may flatten it to the type."""
+    if isinstance(finish_reason, Mapping):
+        return str(finish_reason.get("type", ""))
+    return str(getattr(finish_reason, "value", finish_reason) or "")
