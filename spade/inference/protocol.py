@@ -1,0 +1,152 @@
+"""The subset of SGLang's HTTP API that SPADE uses, as typed wire models.
+
+Field names are SGLang 0.5.x's own (``sglang/srt/managers/io_struct.py``: ``GenerateReqInput``,
+``UpdateWeightFromDiskReqInput``/``Output``; ``sglang/srt/sampling/sampling_params.py``;
+``sglang/srt/entrypoints/http_server.py`` for ``/model_info`` and the response of ``/generate``).
+Both sides import these models: the client builds requests and reads responses with them, and the
+embedded server validates requests and builds responses with them, so the two cannot drift apart;
+``tests/unit/inference/test_contract.py`` pins the shapes against SGLang's.
+
+Response shape of ``POST /generate`` (non-streaming, one prompt)::
+
+    {"text": str, "output_ids": [int],
+     "meta_info": {"id": str, "finish_reason": {"type": "stop", "matched": int | str}
+                                              | {"type": "length", "length": int}
+                                              | {"type": "abort", "message": str, ...},
+                   "prompt_tokens": int, "completion_tokens": int, "cached_tokens": int,
+                   "weight_version": str, "e2e_latency": float,
+                   # only with return_logprob: one [logprob, token_id, text|None] per token
+                   "output_token_logprobs": [[float, int, None]], "input_token_logprobs": [...]}}
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: The SGLang release these shapes were read from.
+SGLANG_VERSION = "0.5.23"
+
+
+class SamplingParams(BaseModel):
+    """SGLang's ``sampling_params`` (the subset SPADE uses; unknown keys are ignored like SGLang).
+
+    ``temperature == 0`` means greedy decoding. ``top_k == -1`` (or any value ≥ the vocabulary)
+    disables top-k, as in SGLang.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    max_new_tokens: int = Field(default=128, ge=0, description="Most tokens to generate.")
+    temperature: float = Field(default=1.0, ge=0.0, description="Softmax temperature; 0 is greedy.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(default=-1, description="Keep the k most likely tokens; -1 keeps all.")
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="Drop tokens below min_p × the top probability.")
+    stop: str | list[str] | None = Field(default=None, description="Stop strings; the text is cut before them.")
+    stop_token_ids: list[int] | None = Field(default=None, description="Token ids that end generation (kept).")
+    ignore_eos: bool = Field(default=False, description="Keep generating past the model's EOS token.")
+    skip_special_tokens: bool = Field(default=True, description="Drop special tokens from the returned text.")
+    no_stop_trim: bool = Field(default=False, description="Keep the matched stop string in the text.")
+    sampling_seed: int | None = Field(default=None, description="Seed for this request's sampling (reproducible).")
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int) -> int:
+        if value == 0 or value < -1:
+            raise ValueError(f"top_k must be -1 (disabled) or a positive integer, got {value}")
+        return value
+
+    def stop_strings(self) -> list[str]:
+        """``stop`` as a list (SGLang accepts one string or a list)."""
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+
+class GenerateRequest(BaseModel):
+    """``POST /generate`` body (SGLang ``GenerateReqInput``), one prompt given as token ids."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input_ids: list[int] = Field(description="The prompt, already tokenised (chat template applied).")
+    sampling_params: SamplingParams = SamplingParams()  # pydantic copies mutable defaults
+    return_logprob: bool = Field(default=False, description="Return per-token logprobs in meta_info.")
+    logprob_start_len: int = Field(
+        default=-1, ge=-1, description="First prompt position to return input logprobs for; -1: none."
+    )
+    rid: str | None = Field(default=None, description="Request id, echoed as meta_info.id.")
+    stream: bool = Field(default=False, description="Streaming is not used by SPADE; must be false.")
+
+    @field_validator("input_ids")
+    @classmethod
+    def _input_ids(cls, value: list[int]) -> list[int]:
+        if not value:
+            raise ValueError("input_ids must hold at least one token id")
+        if any(t < 0 for t in value):
+            raise ValueError("input_ids must be non-negative token ids")
+        return value
+
+
+FinishType = Literal["stop", "length", "abort"]
+
+
+class GenerateMetaInfo(BaseModel):
+    """``meta_info`` of a ``/generate`` response."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    finish_reason: dict[str, Any] | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    weight_version: str | None = None
+    e2e_latency: float | None = None
+    output_token_logprobs: list[tuple[float, int, str | None]] | None = None
+    input_token_logprobs: list[tuple[float | None, int, str | None]] | None = None
+
+
+class GenerateResponse(BaseModel):
+    """``/generate`` response for one prompt."""
+
+    model_config = ConfigDict(extra="allow")
+
+    text: str
+    output_ids: list[int]
+    meta_info: GenerateMetaInfo
+
+
+class UpdateWeightsFromDiskRequest(BaseModel):
+    """``POST /update_weights_from_disk`` body (SGLang ``UpdateWeightFromDiskReqInput``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model_path: str = Field(description="Checkpoint directory with the new weights.")
+    load_format: str | None = Field(default=None, description="Accepted for compatibility; must be None or 'auto'.")
+    abort_all_requests: bool = Field(default=False, description="Abort in-flight requests instead of draining them.")
+    weight_version: str | None = Field(default=None, description="Version the server reports after the update.")
+    flush_cache: bool = Field(default=True, description="Accepted for compatibility (no prefix cache here).")
+
+
+class UpdateWeightsFromDiskResponse(BaseModel):
+    """Response of ``/update_weights_from_disk`` (HTTP 200 on success, 400 on failure)."""
+
+    success: bool
+    message: str
+    num_paused_requests: int = 0
+
+
+class ModelInfo(BaseModel):
+    """``GET /model_info`` (the fields SGLang returns that mean something here)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model_path: str
+    served_model_name: str | None = None
+    tokenizer_path: str | None = None
+    is_generation: bool = True
+    preferred_sampling_params: dict[str, Any] | None = None
+    weight_version: str | None = None
+    model_type: str | None = None
+    architectures: list[str] | None = None
