@@ -67,7 +67,8 @@ class AttemptRecord:
         weight_version: Policy version that generated the output (-1 when nothing was generated).
         finish_reason: The inference server's finish reason (``"stop"``, ``"length"``, ...).
         checks: Check results in pipeline order.
-        env_id: Stored environment id (only for ``VALID``).
+        env_id: Stored environment id: the new env for ``VALID``, the stored invalid one for
+            ``INVALID`` (kept with its report), ``""`` otherwise.
         code: Extracted environment code (after repairs when validated), ``""`` when none.
         hint: Parsed hint, ``""`` when none.
         text: The raw generated text.
@@ -121,7 +122,7 @@ def to_designer_sample(record: AttemptRecord) -> queues_pb2.DesignerSample:
     valid = record.outcome is AttemptOutcome.VALID
     return queues_pb2.DesignerSample(
         sample_id=record.sample_id,
-        env_id=record.env_id if valid else "",
+        env_id=record.env_id,
         setting=record.setting,
         skill=record.skill,
         prompt_ids=list(record.prompt_ids),

@@ -321,12 +321,11 @@ class Designer:
                 record, outcome=AttemptOutcome.INFRA_FAILED, error=f"validator: {type(error).__name__}: {error}"
             )
         checks = _checks_of(report)
+        if not report.valid and all(c.passed for c in checks):
+            checks = (*checks, Check("validation", False, "the validator rejected the code"))
         record = replace(record, code=report.repaired_code or record.code, checks=checks)
-        if not report.valid:
-            if all(c.passed for c in checks):
-                checks = (*checks, Check("validation", False, "the validator rejected the code"))
-            return await self._publish(replace(record, outcome=AttemptOutcome.INVALID, checks=checks))
         env = EnvironmentRecord(
+            valid=report.valid,
             setting=record.setting,
             skill=record.skill,
             code=record.code,
@@ -338,6 +337,15 @@ class Designer:
             batch_id=record.batch_id,
             source=record.source,
         )
+        if not report.valid:
+            # Invalid envs are kept with their report for inspection; failing to keep one loses
+            # nothing the learner needs (an invalid attempt scores 0), so the sample still goes out.
+            try:
+                stored = await self._memory.store(env)
+                record = replace(record, env_id="" if stored.duplicate else stored.env_id)
+            except Exception as error:
+                log.warning("storing invalid env of sample %s failed: %s", record.sample_id, error)
+            return await self._publish(replace(record, outcome=AttemptOutcome.INVALID))
         try:
             stored = await self._memory.store(env)
         except Exception as error:

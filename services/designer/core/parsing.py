@@ -25,7 +25,7 @@ HINT_MARKER = "### HINT"
 OUTPUT_FORMAT_CHECK = "output_format"
 
 # A marker line: "### HINT", "## Hint:", "**HINT**", "HINT:" (the latter may carry the hint on the same line).
-_MARKER = re.compile(r"^\s*(?:#{1,6}\s*|\*\*\s*)?hint\s*(?:\*\*)?\s*:?\s*(?:\*\*)?\s*(?P<rest>.*)$", re.IGNORECASE)
+_MARKER = re.compile(r"^\s*(?:#{1,6}\s*|\*\*\s*)?hint\b\s*(?:\*\*)?\s*:?\s*(?:\*\*)?\s*(?P<rest>.*)$", re.IGNORECASE)
 _FENCE = re.compile(r"^\s*(```|~~~)")
 
 
@@ -74,34 +74,38 @@ def split_hint(text: str) -> tuple[str, str] | None:
     """
     lines = text.splitlines(keepends=True)
     in_fence = False
-    unclosed_candidates: list[int] = []
+    closed_fences = 0
+    before_code: int | None = None  # a marker before any code block: used only if none follows
+    unclosed: list[int] = []
     for index, line in enumerate(lines):
         if _FENCE.match(line):
             in_fence = not in_fence
+            closed_fences += not in_fence
             continue
-        match = _MARKER.match(line)
-        if match is None:
+        if _MARKER.match(line) is None:
             continue
         if in_fence:
             # Inside a fence "### HINT" is a Python comment, unless the fence is never closed: small
             # models often drop the closing fence before the hint, handled below.
             if line.strip().rstrip(":").upper() == HINT_MARKER:
-                unclosed_candidates.append(index)
-            continue
-        return _cut(lines, index, match.group("rest"))
-    if in_fence and unclosed_candidates:
-        index = unclosed_candidates[-1]
-        match = _MARKER.match(lines[index])
-        assert match is not None
-        return _cut(lines, index, match.group("rest"))
+                unclosed.append(index)
+        elif closed_fences:
+            return _cut(lines, index)
+        elif before_code is None:
+            before_code = index
+    if in_fence and unclosed:
+        return _cut(lines, unclosed[-1])
+    if before_code is not None:
+        return _cut(lines, before_code)
     return None
 
 
-def _cut(lines: list[str], index: int, rest: str) -> tuple[str, str]:
-    before = "".join(lines[:index])
+def _cut(lines: list[str], index: int) -> tuple[str, str]:
+    match = _MARKER.match(lines[index])
+    rest = match.group("rest").strip() if match else ""
     after = "".join(lines[index + 1 :])
-    hint = (rest.strip() + "\n" + after).strip() if rest.strip() else after.strip()
-    return before, hint
+    hint = (rest + "\n" + after).strip() if rest else after.strip()
+    return "".join(lines[:index]), hint
 
 
 def parse_output(

@@ -123,21 +123,23 @@ class MemoryExamples:
 
 @dataclass(frozen=True)
 class EnvironmentRecord:
-    """A validated environment the designer asks the memory to store.
+    """An environment the designer asks the memory to store (valid, or invalid with its report).
 
     Attributes:
+        valid: Whether every validation check passed (invalid ones are kept for inspection).
         setting: ``"game"`` or ``"tool"``.
         skill: The skill it was designed for.
         code: The code after repairs (what sessions load).
         hint: The privileged hint from the designer's answer.
         env_class: Name of the environment class the validator found.
-        checks: The validation checks, all passed.
+        checks: The validation checks ``(name, passed, detail)`` in pipeline order.
         weight_version: Policy version that wrote it (its window starts here).
         designer_sample_id: The designer sample to score when its window closes.
         batch_id: The regeneration batch it belongs to.
         source: Metadata of the corpus document it was grounded in (never shown to the model).
     """
 
+    valid: bool
     setting: str
     skill: str
     code: str

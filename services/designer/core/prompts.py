@@ -47,15 +47,19 @@ Write one game class whose name ends in `Env`:
 - Standard library only; no input(), files, network or printing."""
 
 TOOL_CONTRACT = """\
-Write one class whose name ends in `Env`, subclassing the framework's tool environment base class
-(already importable, as in the example). The base class owns `step()`:
-- declare the tools with OpenAI function schemas (nested object and array arguments allowed);
-- keep the simulated backend in `state`, built in `reset(seed)` from `random.Random(seed)` only;
-- give 3 to 5 user `instructions`, arriving one at a time, and one `criterion(state) -> bool` per
-  instruction; every criterion must be False right after `reset()`;
-- an instruction completes only when a call of its own solution flips its criterion to True;
-- `solution()` returns the tool calls that complete every instruction, in order.
-- Malformed calls must get a clear error message, never an exception. Standard library only."""
+Write one class whose name ends in `Env` and subclasses `ToolEnv` (import it as the example does).
+`ToolEnv` owns `reset()` and `step()`; you write:
+- `tools`: a class attribute, a list of OpenAI function schemas `{"name", "description",
+  "parameters"}` (nested object and array arguments and `enum` allowed);
+- one method `tool_<name>(self, **arguments) -> str` per tool; raise or return a clear error
+  message for bad input (the agent sees it and can recover);
+- `setup(self, rng)`: build the backend `self.state`, 3 to 5 user requests in `self.instructions`
+  and one `criterion(state) -> bool` per request in `self.criteria`, using only `rng` for randomness.
+  Every criterion must be False right after setup;
+- `solution(self)`: per instruction, the list of calls `{"name": ..., "arguments": {...}}` that
+  complete it on this instance.
+An instruction completes only when a call of its own solution flips its criterion to True; the next
+instruction then arrives as a new user turn. Standard library only; no input(), files or network."""
 
 CONTRACTS = {"game": GAME_CONTRACT, "tool": TOOL_CONTRACT}
 
