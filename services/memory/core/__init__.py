@@ -1,0 +1,1 @@
+"""The memory's pure domain core: records, code normalisation, play scoring and the example policy."""

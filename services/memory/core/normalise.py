@@ -1,0 +1,45 @@
+"""Code normalisation for deduplication: the same program, however formatted, hashes the same.
+
+Comments, docstrings, blank lines and formatting are removed by a round trip through ``ast``:
+
+>>> a = "class E:\\n    'Doc.'\\n    x = 1  # one\\n"
+>>> b = "class E:\\n\\n    x   =   1\\n"
+>>> code_hash(a) == code_hash(b)
+True
+>>> code_hash(a) == code_hash("class E:\\n    x = 2\\n")
+False
+
+Code that does not parse (an invalid environment is stored too) falls back to dropping blank lines,
+``#`` comment lines and trailing whitespace, so trivially reformatted broken code still matches.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+
+_DOCSTRING_OWNERS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def normalise_code(code: str) -> str:
+    """Return ``code`` without comments, docstrings and formatting (see the module docstring)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        lines = (line.rstrip() for line in code.splitlines())
+        return "\n".join(line for line in lines if line.strip() and not line.lstrip().startswith("#"))
+    for node in ast.walk(tree):
+        if isinstance(node, _DOCSTRING_OWNERS) and node.body:
+            first = node.body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                node.body = node.body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
+
+
+def code_hash(code: str) -> str:
+    """SHA-256 (hex) of the normalised code: equal for programs that differ only in form."""
+    return hashlib.sha256(normalise_code(code).encode()).hexdigest()

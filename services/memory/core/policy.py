@@ -1,0 +1,140 @@
+"""Which earlier environments the designer sees: the memory policy (pure, deterministic per seed).
+
+Per setting and skill the store hands over the ``window`` most recent *scored* environments (those
+with a windowed win rate). From them:
+
+- **positives** are learnable — win rate in ``positive_band`` — ranked by regret (highest first;
+  unmeasured regret last). The top ``max(pool_factor · n, pool_min)`` form a pool and ``n`` are drawn
+  from it with ``random.Random(seed)``, then shown best first;
+- **negatives** are too easy (win rate above ``too_easy``) or too hard (below ``too_hard``); ``n`` are
+  drawn with the same generator, alternating easy and hard while both remain so one failure mode does
+  not crowd out the other.
+
+Every example carries a short code excerpt (starting at the environment class) and its reason with the
+numbers — the reference showed negatives by class name only, which teaches the designer nothing.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.memory.core.records import Environment, Example, Examples
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Bands, counts and sizes of the memory policy.
+
+    Attributes:
+        window: Most recent scored environments considered per setting and skill.
+        positive_band: Closed win-rate interval of learnable environments.
+        too_easy: Win rates strictly above this are negatives ("too easy").
+        too_hard: Win rates strictly below this are negatives ("too hard").
+        pool_factor: The positive pool is ``max(pool_factor * n, pool_min)`` top-regret candidates.
+        pool_min: See ``pool_factor``.
+        excerpt_chars: Longest code excerpt, cut at a line boundary.
+    """
+
+    window: int = 200
+    positive_band: tuple[float, float] = (0.15, 0.85)
+    too_easy: float = 0.9
+    too_hard: float = 0.1
+    pool_factor: int = 3
+    pool_min: int = 10
+    excerpt_chars: int = 1200
+
+    def __post_init__(self) -> None:
+        lo, hi = self.positive_band
+        if not 0.0 <= lo <= hi <= 1.0:
+            raise ValueError(f"positive_band {self.positive_band} must satisfy 0 <= low <= high <= 1")
+        if not 0.0 <= self.too_hard <= self.too_easy <= 1.0:
+            raise ValueError(
+                f"too_hard {self.too_hard} and too_easy {self.too_easy} must satisfy 0 <= hard <= easy <= 1"
+            )
+        if self.window < 1 or self.excerpt_chars < 80:
+            raise ValueError(f"window ({self.window}) must be >= 1 and excerpt_chars ({self.excerpt_chars}) >= 80")
+
+
+def excerpt(code: str, limit: int) -> str:
+    """Cut ``code`` to at most ``limit`` characters, starting at its first class, at a line boundary.
+
+    >>> excerpt("import random\\n\\nclass AEnv:\\n    x = 1\\n", 100)
+    'class AEnv:\\n    x = 1'
+    """
+    lines = code.strip("\n").splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("class ")), 0)
+    text = "\n".join(lines[start:]).rstrip()
+    if len(text) <= limit:
+        return text
+    marker = "\n    # ... (truncated)"
+    cut = text[: limit - len(marker)]
+    if "\n" in cut:
+        cut = cut[: cut.rindex("\n")]
+    return cut.rstrip() + marker
+
+
+def _fmt(x: float | None) -> str:
+    return "unmeasured" if x is None else f"{x:.2f}"
+
+
+def _example(env: Environment, reason: str, config: PolicyConfig) -> Example:
+    assert env.stats.win_rate is not None
+    return Example(
+        env_id=env.id,
+        skill=env.skill,
+        code=excerpt(env.code, config.excerpt_chars),
+        reason=reason,
+        win_rate=env.stats.win_rate,
+        regret=env.stats.regret,
+    )
+
+
+def select_examples(
+    window: Sequence[Environment], n_positive: int, n_negative: int, seed: int, config: PolicyConfig
+) -> Examples:
+    """Choose the designer's positive and negative examples from a window of scored environments.
+
+    Args:
+        window: Scored environments of one setting and skill (any order; unscored ones are ignored).
+        n_positive: Positives wanted (fewer when fewer qualify).
+        n_negative: Negatives wanted.
+        seed: Seeds the draw: the same window and seed give the same examples.
+        config: Bands and sizes.
+
+    Returns:
+        The examples, positives best regret first.
+    """
+    if n_positive < 0 or n_negative < 0:
+        raise ValueError(f"example counts must be >= 0, got {n_positive} positive, {n_negative} negative")
+    rng = random.Random(seed)
+    scored = sorted((e for e in window if e.stats.win_rate is not None), key=lambda e: -e.seq)[: config.window]
+    lo, hi = config.positive_band
+
+    def regret_key(e: Environment) -> tuple[bool, float, int]:
+        return (e.stats.regret is None, -(e.stats.regret or 0.0), -e.seq)
+
+    learnable = sorted((e for e in scored if lo <= (e.stats.win_rate or 0.0) <= hi), key=regret_key)
+    pool = learnable[: max(config.pool_factor * n_positive, config.pool_min)]
+    chosen = sorted(rng.sample(pool, min(n_positive, len(pool))), key=regret_key)
+    positives = tuple(
+        _example(e, f"learnable: win rate {_fmt(e.stats.win_rate)}, regret {_fmt(e.stats.regret)}", config)
+        for e in chosen
+    )
+
+    easy = [e for e in scored if (e.stats.win_rate or 0.0) > config.too_easy]
+    hard = [e for e in scored if (e.stats.win_rate or 0.0) < config.too_hard]
+    rng.shuffle(easy)
+    rng.shuffle(hard)
+    negatives: list[Example] = []
+    while len(negatives) < n_negative and (easy or hard):
+        for bucket, label in ((easy, "too easy"), (hard, "too hard")):
+            if bucket and len(negatives) < n_negative:
+                e = bucket.pop()
+                reason = (
+                    f"{label}: win rate {_fmt(e.stats.win_rate)} over {e.stats.window_plays} plays "
+                    f"without the hint, regret {_fmt(e.stats.regret)}"
+                )
+                negatives.append(_example(e, reason, config))
+    return Examples(positives=positives, negatives=tuple(negatives))
