@@ -1,0 +1,148 @@
+"""The memory's pure core: normalisation, scoring and the example policy."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from services.memory.core.normalise import code_hash, normalise_code
+from services.memory.core.policy import PolicyConfig, excerpt, select_examples
+from services.memory.core.records import Environment, EnvStats, EnvStatus, Play
+from services.memory.core.scoring import ScoringConfig, score
+
+
+def env(seq: int, win_rate: float | None, regret: float | None = 0.0, skill: str = "Optimization") -> Environment:
+    code = f"import random\n\nclass Env{seq}:\n" + "".join(f"    x{i} = {i}\n" for i in range(200))
+    return Environment(
+        id=f"e{seq}",
+        seq=seq,
+        setting="game",
+        skill=skill,
+        code=code,
+        code_hash=str(seq),
+        hint="",
+        validation_report={},
+        status=EnvStatus.VALID,
+        weight_version=0,
+        designer_sample_id="",
+        env_class=f"Env{seq}",
+        corpus_ref="",
+        batch_id="",
+        parent_ids=(),
+        created_at=datetime.now(UTC),
+        stats=EnvStats(plays=8, window_plays=8, win_rate=win_rate, regret=regret),
+    )
+
+
+# -- normalisation ------------------------------------------------------------------------------
+
+
+def test_normalisation_ignores_comments_docstrings_and_layout() -> None:
+    a = 'class AEnv:\n    """Doc."""\n    def step(self, a):  # act\n        return (a,\n  1)\n'
+    b = "class AEnv:\n\n    def step(self, a):\n        '''Other doc.'''\n        return (a, 1)\n"
+    b2 = "class AEnv:\n    def step(self, a):\n        return (a, 1)\n"
+    assert code_hash(a) == code_hash(b2) == code_hash(b)
+    assert code_hash(b2) != code_hash(b2.replace("1)", "2)"))
+
+
+def test_string_constants_that_are_not_docstrings_matter() -> None:
+    a = "class E:\n    x = 1\n    'not a docstring'\n"
+    assert code_hash(a) != code_hash("class E:\n    x = 1\n")
+
+
+def test_unparsable_code_still_normalises() -> None:
+    broken = "class E(:\n    # note\n\n    x = 1   \n"
+    assert normalise_code(broken) == "class E(:\n    x = 1"
+    assert code_hash(broken) == code_hash("class E(:\n    x = 1\n")
+
+
+# -- scoring ------------------------------------------------------------------------------------
+
+
+def P(seed: int, hinted: bool, ret: float, version: int = 0, i: int = 0) -> Play:
+    return Play("e", seed, hinted, ret, 2, version, f"{seed}-{hinted}-{version}-{i}")
+
+
+def test_regret_uses_only_shared_seeds_at_the_first_version() -> None:
+    plays = [P(1, False, 0.0), P(1, True, 1.0), P(2, True, 1.0), P(3, False, 0.0), P(1, True, 0.0, version=1)]
+    st = score(plays, 0, ScoringConfig())
+    assert st.regret == pytest.approx(1.0)  # only seed 1 is in both arms at version 0
+
+
+def test_regret_pairs_equal_counts_per_seed() -> None:
+    plays = [P(1, False, 0.0), P(1, True, 1.0, i=0), P(1, True, 1.0, i=1), P(1, True, 1.0, i=2)]
+    assert score(plays, 0, ScoringConfig()).regret == pytest.approx(1.0)
+    plays = [P(1, False, 1.0, i=0), P(1, False, 0.0, i=1), P(1, True, 1.0, i=0)]
+    assert score(plays, 0, ScoringConfig()).regret == pytest.approx(0.0)  # first unhinted pairs with the hinted
+
+
+def test_partial_returns_are_not_wins_and_window_bounds_hold() -> None:
+    plays = [P(1, False, 0.99, version=2), P(2, False, 1.0, version=3), P(3, False, 1.0, version=4)]
+    plays.append(P(4, False, 1.0, version=1))
+    st = score(plays, 2, ScoringConfig(window_versions=2))
+    assert (st.window_plays, st.win_rate) == (2, 0.5)  # versions 2 and 3 only; 0.99 is no win
+    assert st.regret is None
+
+
+def test_unscored_environment_is_not_learnable() -> None:
+    st = score([P(1, True, 1.0)], 0, ScoringConfig())
+    assert st.win_rate is None and not st.learnable
+
+
+# -- policy -------------------------------------------------------------------------------------
+
+
+def test_positives_are_learnable_and_ranked_by_regret() -> None:
+    window = [env(1, 0.15, 0.2), env(2, 0.85, 0.9), env(3, 0.5, 0.5), env(4, 0.86, 1.0), env(5, 0.14, 1.0)]
+    ex = select_examples(window, n_positive=3, n_negative=0, seed=0, config=PolicyConfig())
+    assert [e.env_id for e in ex.positives] == ["e2", "e3", "e1"]  # band edges included, outside excluded
+    assert ex.positives[0].reason == "learnable: win rate 0.85, regret 0.90"
+
+
+def test_positive_draw_comes_from_the_top_regret_pool_and_is_seeded() -> None:
+    window = [env(i, 0.5, regret=i / 100) for i in range(1, 41)]
+    top10 = {f"e{i}" for i in range(31, 41)}
+    draws = set()
+    for seed in range(20):
+        ex = select_examples(window, 2, 0, seed, PolicyConfig())
+        ids = [e.env_id for e in ex.positives]
+        assert set(ids) <= top10, "drew outside the top max(3n, 10) by regret"
+        assert ex.positives[0].regret >= ex.positives[1].regret  # type: ignore[operator]
+        assert ids == [e.env_id for e in select_examples(window, 2, 0, seed, PolicyConfig()).positives]
+        draws.add(tuple(ids))
+    assert len(draws) > 1, "the seed did not change the draw"
+
+
+def test_negatives_carry_code_and_reason_and_mix_both_failure_modes() -> None:
+    window = [env(1, 0.95), env(2, 0.97), env(3, 0.05), env(4, 0.9), env(5, 0.1), env(6, 0.5)]
+    ex = select_examples(window, 0, 2, seed=3, config=PolicyConfig(excerpt_chars=300))
+    reasons = sorted(e.reason.split(":")[0] for e in ex.negatives)
+    assert reasons == ["too easy", "too hard"]
+    hard = next(e for e in ex.negatives if e.reason.startswith("too hard"))
+    assert hard.env_id == "e3" and "win rate 0.05 over 8 plays" in hard.reason
+    assert hard.code.startswith("class Env3:") and "x0 = 0" in hard.code  # the code, not just a name
+    assert len(hard.code) <= 300 and hard.code.endswith("# ... (truncated)")
+    everything = select_examples(window, 0, 10, seed=3, config=PolicyConfig())
+    assert {e.env_id for e in everything.negatives} == {"e1", "e2", "e3"}  # 0.9 and 0.1 are not negatives
+
+
+def test_only_the_most_recent_window_counts_and_unscored_are_ignored() -> None:
+    window = [env(1, 0.5, regret=0.99), *(env(i, 0.5, 0.1) for i in range(2, 6)), env(9, None)]
+    ex = select_examples(window, 5, 5, 0, PolicyConfig(window=4))
+    assert {e.env_id for e in ex.positives} == {"e2", "e3", "e4", "e5"}
+
+
+def test_policy_config_and_counts_are_checked() -> None:
+    with pytest.raises(ValueError, match="positive_band"):
+        PolicyConfig(positive_band=(0.9, 0.1))
+    with pytest.raises(ValueError, match="too_hard"):
+        PolicyConfig(too_hard=0.95, too_easy=0.9)
+    with pytest.raises(ValueError, match=">= 0"):
+        select_examples([], -1, 0, 0, PolicyConfig())
+
+
+def test_excerpt_cuts_at_a_line() -> None:
+    code = "class A:\n" + "    y = 1\n" * 100
+    out = excerpt(code, 100)
+    assert len(out) <= 100 and all(line.startswith(("class", "    ")) for line in out.splitlines())
