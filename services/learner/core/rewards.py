@@ -4,8 +4,8 @@ The designer (ED) is rewarded for environments at the edge of the agent's abilit
 hint (high regret), neither trivial nor hopeless without it (plateau of the windowed win rate). The
 agent (RA) is rewarded by its episode return, turned into a z-score within its group.
 
->>> plateau(0.5), plateau(0.15), plateau(0.275)
-(1.0, 0.0, 0.5)
+>>> plateau(0.5), plateau(0.15), plateau(0.3)
+(1.0, 0.0, 0.6)
 >>> regret([(1, 1.0), (2, 1.0)], [(2, 0.0), (1, 0.5)])
 0.75
 """

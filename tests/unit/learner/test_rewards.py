@@ -133,5 +133,6 @@ def test_group_zscores_and_zero_variance():
     assert group_zscores([1.0, 1.0, 1.0]) is None
     assert group_zscores([0.3]) is None
     z = group_zscores([0.0, 0.5, 1.0])
+    assert z is not None
     assert sum(z) == pytest.approx(0.0)
     assert sum(v * v for v in z) / 3 == pytest.approx(1.0)
