@@ -2,9 +2,9 @@
 
 Game envs: each observation is a user turn (the first wrapped with the ``\\boxed{...}``
 instructions and, in hinted plays, the hint); the last boxed command of each reply is the action.
-Tool envs: the env's tools (``info["tools"]``) go to the chat template; each tool call in a reply is
-one env step whose result comes back as a ``tool`` message, and a new instruction from the env
-arrives as a new user turn; a reply without a call is sent to the env as a plain answer.
+Tool envs: the env's tools (``info["tools"]``) go to the chat template; each reply is one env step
+(the env's base class runs every tool call in it), each call's result comes back as a ``tool``
+message, and a new instruction (``info["new_instruction"]``) arrives as a new user turn.
 
 Limits: turns per play, tokens per turn, total tokens per play. The return is the env's terminal
 reward (clamped to [0, 1]) when it terminates, else 0; the reason is a ``FinishReason``.
@@ -13,7 +13,7 @@ reward (clamped to [0, 1]) when it terminates, else 0; the reason is a ``FinishR
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,10 +30,7 @@ from services.rollout.core.ports import (
 )
 from services.rollout.core.prompts import first_game_message, with_hint
 from services.rollout.core.trajectory import Trajectory, TrajectoryBuilder
-from spade.envs.actions import normalize_game_action, parse_tool_calls
-
-NextInstruction = Callable[[StepResult], str | None]
-"""Reads a new user instruction out of a tool env's step result (None when the step brought none)."""
+from spade.envs.actions import normalize_game_action
 
 
 @dataclass(frozen=True)
@@ -110,12 +107,6 @@ def _terminal_return(result: StepResult) -> float:
     return min(1.0, max(0.0, reward))
 
 
-def info_instruction(result: StepResult) -> str | None:
-    """Default ``NextInstruction``: the ``new_instruction`` a tool env puts in ``info`` when one arrives."""
-    value = result.info.get("new_instruction") if isinstance(result.info, Mapping) else None
-    return value if isinstance(value, str) and value else None
-
-
 class EpisodeRunner:
     """Plays env seeds with the current policy.
 
@@ -124,7 +115,6 @@ class EpisodeRunner:
         generator: Generates model turns token-in/token-out.
         template: The policy's chat template and tokenizer.
         limits: Budgets and sampling.
-        next_instruction: Reads a new instruction from a tool env's step result.
     """
 
     def __init__(
@@ -133,14 +123,11 @@ class EpisodeRunner:
         generator: Generator,
         template: ChatTemplate,
         limits: PlayLimits,
-        *,
-        next_instruction: NextInstruction = info_instruction,
     ) -> None:
         self._sessions = sessions
         self._generator = generator
         self._template = template
         self.limits = limits
-        self._next_instruction = next_instruction
 
     async def play(self, env: EnvSpec, seed: int, *, hinted: bool) -> Play:
         """Play ``env`` from ``reset(seed)`` until it ends or a limit is hit.
@@ -206,23 +193,35 @@ class EpisodeRunner:
     async def _tool_turn(
         self, session: EnvSession, reply: str
     ) -> tuple[FinishReason | None, float, list[dict[str, Any]]]:
-        calls = parse_tool_calls(reply).calls
-        if not calls:
-            result = await session.step(reply)
-            return _ending(result) or (None, 0.0, [{"role": "user", "content": result.observation}])
-        messages: list[dict[str, Any]] = []
-        for call in calls:
-            result = await session.step(call.to_text())
-            ending = _ending(result)
-            if ending is not None:
-                return ending
-            messages.append({"role": "tool", "name": call.name, "content": result.observation})
-            instruction = self._next_instruction(result)
-            if instruction is not None:
-                # Later calls of this reply were written for the previous instruction: drop them.
-                messages.append({"role": "user", "content": instruction})
-                break
-        return None, 0.0, messages
+        # The tool env parses and runs every call of the reply itself (it owns step()).
+        result = await session.step(reply)
+        ending = _ending(result)
+        if ending is not None:
+            return ending
+        return None, 0.0, tool_turn_messages(result)
+
+
+def tool_turn_messages(result: StepResult) -> list[dict[str, Any]]:
+    """The messages a tool env's step adds: one ``tool`` message per call, then a new instruction.
+
+    A reply without a well-formed call gets the env's whole observation (its error or reminder)
+    as a user turn.
+    """
+    info = result.info if isinstance(result.info, Mapping) else {}
+    results = [r for r in info.get("tool_results") or [] if isinstance(r, Mapping)]
+    if not results:
+        return [{"role": "user", "content": result.observation}]
+    messages: list[dict[str, Any]] = [
+        {"role": "tool", "name": str(r.get("name", "")), "content": str(r.get("output", ""))} for r in results
+    ]
+    errors = [str(e) for e in info.get("errors") or []]
+    instruction = info.get("new_instruction")
+    notes = [f"Error: malformed tool call: {e}" for e in errors]
+    if isinstance(instruction, str) and instruction:
+        notes.append(instruction)
+    if notes:
+        messages.append({"role": "user", "content": "\n".join(notes)})
+    return messages
 
 
 def _ending(result: StepResult) -> tuple[FinishReason, float, list[dict[str, Any]]] | None:

@@ -35,7 +35,8 @@ class Trajectory:
         token_ids: Prompt and every turn, concatenated.
         logprobs: Rollout logprob of each token; 0.0 where ``loss_mask`` is False.
         loss_mask: True exactly on model-sampled tokens.
-        weight_versions: Weight version of each model turn, in order.
+        weight_versions: Weight version of each model turn, in order (turns whose server reported
+            none are left out).
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -106,14 +107,14 @@ class TrajectoryBuilder:
         return ids
 
     def add_generation(
-        self, output_ids: Sequence[int], logprobs: Sequence[float], weight_version: int, *, cut: bool
+        self, output_ids: Sequence[int], logprobs: Sequence[float], weight_version: int | None, *, cut: bool
     ) -> None:
         """Append model tokens exactly as sampled (mask 1).
 
         Args:
             output_ids: Sampled token ids (including a stop token if the server returned it).
             logprobs: Rollout logprob of each sampled token.
-            weight_version: Weight version that produced them.
+            weight_version: Weight version that produced them (None when the server did not say).
             cut: True when generation stopped on the token limit (no end-of-turn was emitted).
 
         Raises:
@@ -128,7 +129,8 @@ class TrajectoryBuilder:
         t.token_ids.extend(int(i) for i in output_ids)
         t.logprobs.extend(float(x) for x in logprobs)
         t.loss_mask.extend([True] * len(output_ids))
-        t.weight_versions.append(int(weight_version))
+        if weight_version is not None:
+            t.weight_versions.append(int(weight_version))
         self._last_output = list(output_ids)
         self._last_cut = cut
 

@@ -1,0 +1,20 @@
+"""Fixtures of the rollout tests: the real policy tokenizer (SmolLM2, converted once, offline)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.rollout.policy import FormatterTemplate
+from spade.inference.chat import ChatFormatter
+
+
+@pytest.fixture(scope="session")
+def formatter() -> ChatFormatter:
+    from services.inference.models import ensure_default_model
+
+    return ChatFormatter.from_pretrained(ensure_default_model())
+
+
+@pytest.fixture(scope="session")
+def template(formatter: ChatFormatter) -> FormatterTemplate:
+    return FormatterTemplate(formatter)
