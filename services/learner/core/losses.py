@@ -30,26 +30,26 @@ class _LossConfigBase(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kl_coef: float = Field(
-        0.0, ge=0.0, le=10.0, description="Weight of the low-variance KL to the frozen reference (0 = off)."
+        default=0.0, ge=0.0, le=10.0, description="Weight of the low-variance KL to the frozen reference (0 = off)."
     )
-    tis: bool = Field(True, description="Truncated importance sampling against the rollout logprobs.")
-    tis_cap: float = Field(2.0, gt=0.0, le=100.0, description="Upper cap of the TIS ratio.")
-    tis_floor: float = Field(0.0, ge=0.0, le=1.0, description="Lower clamp of the TIS ratio.")
+    tis: bool = Field(default=True, description="Truncated importance sampling against the rollout logprobs.")
+    tis_cap: float = Field(default=2.0, gt=0.0, le=100.0, description="Upper cap of the TIS ratio.")
+    tis_floor: float = Field(default=0.0, ge=0.0, le=1.0, description="Lower clamp of the TIS ratio.")
 
 
 class GrpoLossConfig(_LossConfigBase):
     """The clipped surrogate with clip-higher (DAPO's asymmetric clip), token-level mean."""
 
     type: Literal["grpo"] = "grpo"
-    eps_low: float = Field(0.2, gt=0.0, lt=1.0, description="Lower clip: ratio floor is 1 − eps_low.")
-    eps_high: float = Field(0.28, gt=0.0, le=10.0, description="Upper clip: ratio ceiling is 1 + eps_high.")
+    eps_low: float = Field(default=0.2, gt=0.0, lt=1.0, description="Lower clip: ratio floor is 1 − eps_low.")
+    eps_high: float = Field(default=0.28, gt=0.0, le=10.0, description="Upper clip: ratio ceiling is 1 + eps_high.")
 
 
 class CispoLossConfig(_LossConfigBase):
     """CISPO: REINFORCE on logprobs weighted by the detached, upper-clipped ratio (no token is zeroed)."""
 
     type: Literal["cispo"] = "cispo"
-    eps_high: float = Field(5.0, gt=0.0, le=100.0, description="Ceiling of the detached ratio weight.")
+    eps_high: float = Field(default=5.0, gt=0.0, le=100.0, description="Ceiling of the detached ratio weight.")
 
 
 LossConfig = Annotated[GrpoLossConfig | CispoLossConfig, Field(discriminator="type")]

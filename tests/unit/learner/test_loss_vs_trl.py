@@ -145,6 +145,7 @@ def test_loss_and_gradients_match_trl(trl_type, config, temperature):
     assert float(ours.detach()) == pytest.approx(float(trl_loss.detach()), abs=1e-5)
     assert abs(float(ours.detach())) > 1e-3  # a vacuous match on zero would prove nothing
     for (name, p), q in zip(ours_model.named_parameters(), trl_model.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
         assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), name
 
 
@@ -206,7 +207,7 @@ def _float64(model):
     model = model.double()
     for mod in model.modules():
         if isinstance(mod, LlamaRMSNorm):
-            mod.forward = types.MethodType(_rms_norm_in_input_dtype, mod)
+            mod.forward = types.MethodType(_rms_norm_in_input_dtype, mod)  # type: ignore[method-assign]
     return model
 
 
