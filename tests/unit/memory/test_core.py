@@ -60,33 +60,39 @@ def test_unparsable_code_still_normalises() -> None:
 # -- scoring ------------------------------------------------------------------------------------
 
 
-def P(seed: int, hinted: bool, ret: float, version: int = 0, i: int = 0) -> Play:
+def play(seed: int, hinted: bool, ret: float, version: int = 0, i: int = 0) -> Play:
     return Play("e", seed, hinted, ret, 2, version, f"{seed}-{hinted}-{version}-{i}")
 
 
 def test_regret_uses_only_shared_seeds_at_the_first_version() -> None:
-    plays = [P(1, False, 0.0), P(1, True, 1.0), P(2, True, 1.0), P(3, False, 0.0), P(1, True, 0.0, version=1)]
+    plays = [
+        play(1, False, 0.0),
+        play(1, True, 1.0),
+        play(2, True, 1.0),
+        play(3, False, 0.0),
+        play(1, True, 0.0, version=1),
+    ]
     st = score(plays, 0, ScoringConfig())
     assert st.regret == pytest.approx(1.0)  # only seed 1 is in both arms at version 0
 
 
 def test_regret_pairs_equal_counts_per_seed() -> None:
-    plays = [P(1, False, 0.0), P(1, True, 1.0, i=0), P(1, True, 1.0, i=1), P(1, True, 1.0, i=2)]
+    plays = [play(1, False, 0.0), play(1, True, 1.0, i=0), play(1, True, 1.0, i=1), play(1, True, 1.0, i=2)]
     assert score(plays, 0, ScoringConfig()).regret == pytest.approx(1.0)
-    plays = [P(1, False, 1.0, i=0), P(1, False, 0.0, i=1), P(1, True, 1.0, i=0)]
+    plays = [play(1, False, 1.0, i=0), play(1, False, 0.0, i=1), play(1, True, 1.0, i=0)]
     assert score(plays, 0, ScoringConfig()).regret == pytest.approx(0.0)  # first unhinted pairs with the hinted
 
 
 def test_partial_returns_are_not_wins_and_window_bounds_hold() -> None:
-    plays = [P(1, False, 0.99, version=2), P(2, False, 1.0, version=3), P(3, False, 1.0, version=4)]
-    plays.append(P(4, False, 1.0, version=1))
+    plays = [play(1, False, 0.99, version=2), play(2, False, 1.0, version=3), play(3, False, 1.0, version=4)]
+    plays.append(play(4, False, 1.0, version=1))
     st = score(plays, 2, ScoringConfig(window_versions=2))
     assert (st.window_plays, st.win_rate) == (2, 0.5)  # versions 2 and 3 only; 0.99 is no win
     assert st.regret is None
 
 
 def test_unscored_environment_is_not_learnable() -> None:
-    st = score([P(1, True, 1.0)], 0, ScoringConfig())
+    st = score([play(1, True, 1.0)], 0, ScoringConfig())
     assert st.win_rate is None and not st.learnable
 
 

@@ -1,0 +1,249 @@
+"""Translation between the memory's records and ``spade.v1.memory_pb2`` messages (both directions).
+
+The gRPC servicer and ``MemoryClient`` share it, so a record survives a round trip unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from services.memory.core.errors import InvalidArgument
+from services.memory.core.records import (
+    EnvFilter,
+    Environment,
+    EnvStats,
+    EnvStatus,
+    Example,
+    Examples,
+    NewEnvironment,
+    Play,
+    StatsUpdate,
+)
+from spade.v1 import memory_pb2 as pb
+
+
+def _ms(t: datetime) -> int:
+    return int(t.timestamp() * 1000)
+
+
+def _from_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def status(value: str, *, default: EnvStatus | None = None) -> EnvStatus | None:
+    """Parse a status string; empty gives ``default``.
+
+    Raises:
+        InvalidArgument: Not one of the statuses.
+    """
+    if not value:
+        return default
+    try:
+        return EnvStatus(value)
+    except ValueError:
+        raise InvalidArgument(f"status {value!r} is not one of {[s.value for s in EnvStatus]}") from None
+
+
+def new_env_from_pb(m: pb.NewEnvironment) -> NewEnvironment:
+    """Raises ``InvalidArgument`` for a report that is not a JSON object or an unknown status."""
+    try:
+        report = json.loads(m.validation_report_json) if m.validation_report_json else {}
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"validation_report_json is not valid JSON ({exc.msg} at {exc.pos})") from None
+    if not isinstance(report, dict):
+        raise InvalidArgument("validation_report_json must be a JSON object")
+    return NewEnvironment(
+        setting=m.setting,
+        skill=m.skill,
+        code=m.code,
+        hint=m.hint,
+        validation_report=report,
+        status=status(m.status, default=EnvStatus.VALID) or EnvStatus.VALID,
+        weight_version=m.weight_version,
+        designer_sample_id=m.designer_sample_id,
+        env_class=m.env_class,
+        corpus_ref=m.corpus_ref,
+        batch_id=m.batch_id,
+        parent_ids=tuple(m.parent_ids),
+    )
+
+
+def new_env_to_pb(e: NewEnvironment) -> pb.NewEnvironment:
+    return pb.NewEnvironment(
+        setting=e.setting,
+        skill=e.skill,
+        code=e.code,
+        hint=e.hint,
+        validation_report_json=json.dumps(e.validation_report),
+        status=EnvStatus(e.status).value,
+        weight_version=e.weight_version,
+        designer_sample_id=e.designer_sample_id,
+        env_class=e.env_class,
+        corpus_ref=e.corpus_ref,
+        batch_id=e.batch_id,
+        parent_ids=list(e.parent_ids),
+    )
+
+
+def stats_to_pb(s: EnvStats) -> pb.EnvStats:
+    m = pb.EnvStats(
+        plays=s.plays, window_plays=s.window_plays, learnable=s.learnable, reward_components=s.reward_components
+    )
+    if s.win_rate is not None:
+        m.win_rate = s.win_rate
+    if s.regret is not None:
+        m.regret = s.regret
+    return m
+
+
+def stats_from_pb(m: pb.EnvStats) -> EnvStats:
+    return EnvStats(
+        plays=m.plays,
+        window_plays=m.window_plays,
+        win_rate=m.win_rate if m.HasField("win_rate") else None,
+        regret=m.regret if m.HasField("regret") else None,
+        learnable=m.learnable,
+        reward_components=dict(m.reward_components),
+    )
+
+
+def env_to_pb(e: Environment, *, include_code: bool = True) -> pb.StoredEnvironment:
+    return pb.StoredEnvironment(
+        id=e.id,
+        setting=e.setting,
+        skill=e.skill,
+        code=e.code if include_code else "",
+        code_hash=e.code_hash,
+        hint=e.hint,
+        validation_report_json=json.dumps(e.validation_report),
+        status=e.status.value,
+        weight_version=e.weight_version,
+        designer_sample_id=e.designer_sample_id,
+        env_class=e.env_class,
+        corpus_ref=e.corpus_ref,
+        batch_id=e.batch_id,
+        parent_ids=list(e.parent_ids),
+        created_at_ms=_ms(e.created_at),
+        stats=stats_to_pb(e.stats),
+    )
+
+
+def env_from_pb(m: pb.StoredEnvironment) -> Environment:
+    return Environment(
+        id=m.id,
+        seq=0,  # keyset positions stay server-side; cursors carry them
+        setting=m.setting,
+        skill=m.skill,
+        code=m.code,
+        code_hash=m.code_hash,
+        hint=m.hint,
+        validation_report=json.loads(m.validation_report_json or "{}"),
+        status=EnvStatus(m.status),
+        weight_version=m.weight_version,
+        designer_sample_id=m.designer_sample_id,
+        env_class=m.env_class,
+        corpus_ref=m.corpus_ref,
+        batch_id=m.batch_id,
+        parent_ids=tuple(m.parent_ids),
+        created_at=_from_ms(m.created_at_ms),
+        stats=stats_from_pb(m.stats),
+    )
+
+
+def filter_from_pb(m: pb.ListEnvironmentsRequest) -> EnvFilter:
+    return EnvFilter(
+        setting=m.setting if m.HasField("setting") else None,
+        skill=m.skill if m.HasField("skill") else None,
+        status=status(m.status) if m.HasField("status") else None,
+        min_regret=m.min_regret if m.HasField("min_regret") else None,
+        max_win_rate=m.max_win_rate if m.HasField("max_win_rate") else None,
+        q=m.q if m.HasField("q") else None,
+    )
+
+
+def filter_to_pb(f: EnvFilter) -> pb.ListEnvironmentsRequest:
+    m = pb.ListEnvironmentsRequest()
+    for name in ("setting", "skill", "min_regret", "max_win_rate", "q"):
+        value = getattr(f, name)
+        if value is not None:
+            setattr(m, name, value)
+    if f.status is not None:
+        m.status = EnvStatus(f.status).value
+    return m
+
+
+def play_from_pb(m: pb.PlayRecord) -> Play:
+    return Play(
+        env_id=m.env_id,
+        seed=m.seed,
+        hinted=m.hinted,
+        episode_return=m.episode_return,
+        turns=m.turns,
+        weight_version=m.weight_version,
+        trajectory_id=m.trajectory_id,
+        finish_reason=m.finish_reason,
+        played_at=_from_ms(m.played_at_ms) if m.played_at_ms else None,
+    )
+
+
+def play_to_pb(p: Play) -> pb.PlayRecord:
+    return pb.PlayRecord(
+        env_id=p.env_id,
+        seed=p.seed,
+        hinted=p.hinted,
+        episode_return=p.episode_return,
+        turns=p.turns,
+        weight_version=p.weight_version,
+        trajectory_id=p.trajectory_id,
+        finish_reason=p.finish_reason,
+        played_at_ms=_ms(p.played_at) if p.played_at else 0,
+    )
+
+
+def update_from_pb(m: pb.UpdateStatsRequest) -> StatsUpdate:
+    return StatsUpdate(
+        reward_components=dict(m.reward_components),
+        learnable=m.learnable if m.HasField("learnable") else None,
+        status=status(m.status),
+    )
+
+
+def update_to_pb(env_id: str, u: StatsUpdate) -> pb.UpdateStatsRequest:
+    m = pb.UpdateStatsRequest(env_id=env_id, reward_components=u.reward_components)
+    if u.learnable is not None:
+        m.learnable = u.learnable
+    if u.status is not None:
+        m.status = EnvStatus(u.status).value
+    return m
+
+
+def example_to_pb(e: Example) -> pb.MemoryExample:
+    m = pb.MemoryExample(env_id=e.env_id, skill=e.skill, code=e.code, reason=e.reason, win_rate=e.win_rate)
+    if e.regret is not None:
+        m.regret = e.regret
+    return m
+
+
+def example_from_pb(m: pb.MemoryExample) -> Example:
+    return Example(
+        env_id=m.env_id,
+        skill=m.skill,
+        code=m.code,
+        reason=m.reason,
+        win_rate=m.win_rate,
+        regret=m.regret if m.HasField("regret") else None,
+    )
+
+
+def examples_to_pb(ex: Examples) -> pb.SampleExamplesResponse:
+    return pb.SampleExamplesResponse(
+        positives=[example_to_pb(e) for e in ex.positives], negatives=[example_to_pb(e) for e in ex.negatives]
+    )
+
+
+def examples_from_pb(m: pb.SampleExamplesResponse) -> Examples:
+    return Examples(
+        positives=tuple(example_from_pb(e) for e in m.positives),
+        negatives=tuple(example_from_pb(e) for e in m.negatives),
+    )

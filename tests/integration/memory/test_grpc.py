@@ -1,0 +1,103 @@
+"""gRPC over loopback (port 0): MemoryClient against the real server, on both databases."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy import Engine
+
+from services.memory.core.errors import EnvironmentNotFound, InvalidArgument
+from services.memory.core.policy import PolicyConfig
+from services.memory.core.records import EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
+from services.memory.core.scoring import ScoringConfig
+from services.memory.grpc_client import MemoryClient
+from services.memory.grpc_server import start_grpc
+from services.memory.service import MemoryService
+from services.memory.store.sql import SqlStore, migrate
+from tests.integration.memory.conftest import env_code, new_env
+
+
+@pytest.fixture
+async def client(empty_engine: Engine) -> AsyncIterator[MemoryClient]:
+    migrate(empty_engine)
+    service = MemoryService(SqlStore(empty_engine, ScoringConfig()), PolicyConfig(pool_min=2, pool_factor=1))
+    server, port = await start_grpc(service)
+    c = MemoryClient(f"127.0.0.1:{port}", timeout_s=20)
+    yield c
+    await c.close()
+    await server.stop(None)
+
+
+async def scored(client: MemoryClient, name: str, win_rate: float, regret: float, skill: str = "Optimization") -> str:
+    """Store an env and record 10 unhinted plays (win_rate) and 10 hinted ones on the same seeds."""
+    env_id = (await client.put_environment(new_env(name, skill=skill))).env_id
+    wins = round(win_rate * 10)
+    hinted_wins = round(min(1.0, win_rate + regret) * 10)
+    plays = [Play(env_id, s, False, float(s < wins), 2, 0, f"{env_id}-u{s}") for s in range(10)]
+    plays += [Play(env_id, s, True, float(s < hinted_wins), 2, 0, f"{env_id}-h{s}") for s in range(10)]
+    await client.record_plays(plays)
+    return env_id
+
+
+async def test_environment_lifecycle_over_grpc(client: MemoryClient) -> None:
+    report = {"valid": True, "checks": [{"name": "smoke", "passed": True, "detail": ""}]}
+    put = await client.put_environment(new_env("Wire", validation_report=report, parent_ids=("a", "b")))
+    assert not put.duplicate
+    dup = await client.put_environment(NewEnvironment(setting="game", skill="s", code="# comment\n" + env_code("Wire")))
+    assert dup.duplicate_of == put.env_id
+    env = await client.get_environment(put.env_id)
+    assert env.validation_report == report and env.parent_ids == ("a", "b") and env.stats.win_rate is None
+
+    res = await client.record_plays(
+        [Play(put.env_id, 1, False, 1.0, 4, 0, "t1"), Play(put.env_id, 1, True, 1.0, 4, 0, "t2")]
+    )
+    assert (res.recorded, res.duplicates) == (2, 0)
+    assert (await client.record_plays([Play(put.env_id, 1, False, 1.0, 4, 0, "t1")])).duplicates == 1
+    env = await client.update_stats(put.env_id, StatsUpdate({"blend": 0.25}, learnable=False, status=EnvStatus.RETIRED))
+    assert env.status is EnvStatus.RETIRED and env.stats.reward_components["blend"] == 0.25
+    assert env.stats.win_rate == 1.0 and env.stats.regret == 0.0 and env.stats.plays == 2
+
+
+async def test_errors_map_to_domain_errors(client: MemoryClient) -> None:
+    with pytest.raises(EnvironmentNotFound, match="ghost"):
+        await client.get_environment("ghost")
+    with pytest.raises(EnvironmentNotFound):
+        await client.record_plays([Play("ghost", 1, False, 1.0, 1, 0, "t")])
+    with pytest.raises(InvalidArgument, match="setting"):
+        await client.put_environment(NewEnvironment(setting="board", skill="s", code="x = 1"))
+    with pytest.raises(InvalidArgument, match="cursor"):
+        await client.list_environments(cursor="%%%")
+    with pytest.raises(InvalidArgument, match="n_positive"):
+        await client.sample_examples("game", "s", 1000, 0)
+
+
+async def test_listing_pages_and_filters_over_grpc(client: MemoryClient) -> None:
+    ids = [(await client.put_environment(new_env(f"L{i}", skill="Pattern Recognition"))).env_id for i in range(7)]
+    await client.put_environment(new_env("Other", skill="Optimization"))
+    f = EnvFilter(skill="Pattern Recognition")
+    page = await client.list_environments(f, limit=3, include_code=False)
+    got = [e.id for e in page.items]
+    assert all(e.code == "" for e in page.items)
+    while page.next_cursor:
+        page = await client.list_environments(f, limit=3, cursor=page.next_cursor)
+        got += [e.id for e in page.items]
+    assert got == ids[::-1]
+
+
+async def test_sample_examples_follows_the_policy(client: MemoryClient) -> None:
+    best = await scored(client, "Best", 0.5, 0.5)
+    good = await scored(client, "Good", 0.3, 0.3)
+    await scored(client, "Meh", 0.6, 0.1)
+    easy = await scored(client, "Easy", 1.0, 0.0)
+    hard = await scored(client, "Hard", 0.0, 0.0)
+    await scored(client, "OtherSkill", 0.5, 0.5, skill="Spatial Reasoning")
+    await client.put_environment(new_env("Unscored", skill="Optimization"))
+
+    ex = await client.sample_examples("game", "Optimization", 2, 2, seed=7)
+    assert [e.env_id for e in ex.positives] == [best, good]  # pool = top 2 by regret (pool_min=2)
+    assert ex.positives[0].reason == "learnable: win rate 0.50, regret 0.50"
+    assert {e.env_id for e in ex.negatives} == {easy, hard}
+    assert all(e.code.startswith("class ") and "def step" in e.code for e in ex.negatives + ex.positives)
+    assert ex == await client.sample_examples("game", "Optimization", 2, 2, seed=7)
+    assert (await client.sample_examples("tool", "Optimization", 2, 2)).positives == ()
