@@ -1,0 +1,450 @@
+"""``SandboxPool``: execute, validate and play untrusted code in isolated, pre-forked jails.
+
+Every request gets its own process tree from a pre-warmed zygote (see ``runtime/zygote.py``) and its
+own channels, which the service creates and hands over; the zygote never proxies data. The service
+enforces what the untrusted side could lie about: wall-clock limits, output caps, frame sizes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from services.sandbox.isolation import layers as layers_mod
+from services.sandbox.isolation.channels import Channel, read_capped, write_all
+from services.sandbox.isolation.outcomes import (
+    ExecLimits,
+    ExecStatus,
+    ExecutionResult,
+    Observed,
+    SandboxFault,
+    classify_execution,
+)
+from services.sandbox.isolation.session import SandboxSession, ended_outcome
+from services.sandbox.isolation.settings import IsolationSettings
+from services.sandbox.isolation.staging import remove_staging, stage_sources
+from services.sandbox.isolation.validation import stopped_report
+from services.sandbox.isolation.zygote import Spawned, Zygote, ZygotePlan
+from spade.envs.types import CheckConfig, Outcome, StepOutcome, ValidationReport
+
+log = logging.getLogger(__name__)
+
+EXIT_GRACE_S = 5.0
+"""How long the pool waits for the zygote to confirm a request's processes are gone."""
+CANARY = "import sys; sys.stdout.write(sys.stdin.read())"
+
+
+@dataclass
+class _Slot:
+    zygote: Zygote | None
+    restarts: int = 0
+
+
+class SandboxPool:
+    """Pre-warmed zygotes and the three kinds of request they serve.
+
+    Args:
+        settings: isolation layers, identity and limits.
+
+    Use ``await pool.start()`` before any request and ``await pool.stop()`` at the end (or
+    ``async with SandboxPool(settings) as pool``).
+    """
+
+    def __init__(self, settings: IsolationSettings | None = None) -> None:
+        self.settings = settings or IsolationSettings()
+        self.layers: dict[str, layers_mod.LayerStatus] = {}
+        self.degraded: list[str] = []
+        self._slots: list[_Slot] = []
+        self._plan: ZygotePlan | None = None
+        self._next = itertools.count()
+        self._concurrency = asyncio.Semaphore(self.settings.max_concurrency)
+        self._restart_lock = asyncio.Lock()
+        self._sessions: set[SandboxSession] = set()
+        self.faults = 0
+
+    async def __aenter__(self) -> SandboxPool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()
+
+    # -- life cycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Probe the layers, stage the sources, launch the zygotes and run one canary execution.
+
+        Raises:
+            SandboxUnavailable: a layer is missing and ``allow_degraded`` does not name it.
+            SandboxFault: the zygote could not start, or the canary did not echo its input.
+        """
+        self.layers = await asyncio.to_thread(layers_mod.probe_layers, self.settings)
+        self.degraded = layers_mod.require_layers(self.settings, self.layers)
+        ok = {name: status.available for name, status in self.layers.items()}
+        staging = await asyncio.to_thread(stage_sources)
+        self._plan = ZygotePlan(
+            settings=self.settings,
+            staging=staging,
+            use_setpriv=ok["setpriv"],
+            use_bwrap=ok["bwrap"] and ok["setpriv"] or (ok["bwrap"] and os.geteuid() != 0),
+            use_userns=ok["userns"],
+            use_seccomp=ok["seccomp"],
+        )
+        if not self._plan.use_bwrap and "bwrap" not in self.degraded:
+            self.degraded.append("bwrap")
+        if self.degraded:
+            log.warning("sandbox running DEGRADED, without: %s", ", ".join(self.degraded))
+        try:
+            self._slots = [_Slot(await Zygote.launch(self._plan)) for _ in range(self.settings.zygotes)]
+            result = await self.execute(CANARY, stdin=b"canary")
+            if result.status is not ExecStatus.OK or result.stdout != b"canary":
+                raise SandboxFault(
+                    f"the canary execution failed ({result.status.value}, exit {result.exit_code}): "
+                    f"{result.stderr[-500:].decode('utf-8', 'replace')}"
+                )
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Close every session, stop the zygotes (killing whatever still runs), remove the staging."""
+        for session in list(self._sessions):
+            await session.close()
+        for slot in self._slots:
+            if slot.zygote is not None:
+                await slot.zygote.close()
+        self._slots = []
+        if self._plan is not None:
+            await asyncio.to_thread(remove_staging, self._plan.staging)
+            self._plan = None
+
+    def health(self) -> dict[str, Any]:
+        """Layers (and which run degraded), zygotes, and what is in flight."""
+        zygotes = [
+            {
+                "pid": slot.zygote.process.pid if slot.zygote else None,
+                "alive": bool(slot.zygote and slot.zygote.alive),
+                "in_flight": slot.zygote.in_flight if slot.zygote else 0,
+                "restarts": slot.restarts,
+            }
+            for slot in self._slots
+        ]
+        alive = any(z["alive"] for z in zygotes)
+        status = "down" if not alive else ("degraded" if self.degraded else "ok")
+        envs = {}
+        for slot in self._slots:
+            if slot.zygote is not None:
+                envs = slot.zygote.ready.get("layers", {}).get("envs", {})
+                break
+        return {
+            "status": status,
+            "degraded": list(self.degraded),
+            "layers": {name: s.to_dict() for name, s in self.layers.items()},
+            "envs_library": envs,
+            "zygotes": zygotes,
+            "sessions": len(self._sessions),
+            "faults": self.faults,
+        }
+
+    async def _zygote(self) -> Zygote:
+        if not self._slots or self._plan is None:
+            raise SandboxFault("the sandbox pool is not started: call start() first")
+        for _ in range(len(self._slots)):
+            slot = self._slots[next(self._next) % len(self._slots)]
+            if slot.zygote is not None and slot.zygote.alive:
+                return slot.zygote
+        async with self._restart_lock:
+            for slot in self._slots:
+                if slot.zygote is None or not slot.zygote.alive:
+                    if slot.zygote is not None:
+                        await slot.zygote.close(timeout_s=1.0)
+                    slot.zygote = None
+                    slot.restarts += 1
+                    log.warning("restarting a dead zygote (restart %d)", slot.restarts)
+                    slot.zygote = await Zygote.launch(self._plan)
+            zygote = self._slots[0].zygote
+        assert zygote is not None
+        return zygote
+
+    def _limits(self, *, cpu_s: float, memory_mb: int) -> dict[str, int]:
+        s = self.settings
+        return {
+            "cpu_seconds": max(1, math.ceil(cpu_s)),
+            "memory_bytes": memory_mb << 20,
+            "processes": s.processes,
+            "open_files": s.open_files,
+            "file_size_bytes": s.file_size_mb << 20,
+            "tmpfs_bytes": s.tmpfs_mb << 20,
+        }
+
+    @contextlib.asynccontextmanager
+    async def _jail(self, kind: str, limits: dict[str, int], extra_fds: list[int]) -> AsyncIterator[tuple[Spawned, Zygote, Channel]]:
+        """Spawn one jailed process; on exit make sure it (and its whole pid namespace) is gone."""
+        try:
+            zygote = await self._zygote()
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                spawned = await zygote.spawn(kind, limits, [child.fileno(), *extra_fds])
+            except BaseException:
+                parent.close()
+                raise
+            finally:
+                child.close()
+        finally:
+            for fd in extra_fds:
+                os.close(fd)
+        channel = await Channel.open(parent)
+        try:
+            yield spawned, zygote, channel
+        finally:
+            channel.close()
+            await self._finish(zygote, spawned)
+
+    async def _finish(self, zygote: Zygote, spawned: Spawned) -> dict[str, Any] | None:
+        """Kill the request's processes unless already gone, and wait for the zygote to confirm it."""
+        if not spawned.exited.done():
+            await zygote.kill(spawned)
+        try:
+            async with asyncio.timeout(EXIT_GRACE_S):
+                return await asyncio.shield(spawned.exited)
+        except SandboxFault:
+            return None
+        except TimeoutError:
+            self.faults += 1
+            log.error("zygote did not confirm the end of request %d; restarting it", spawned.request_id)
+            await zygote.close(timeout_s=1.0)
+            return None
+
+    # -- execute -------------------------------------------------------------------------------
+    async def execute(
+        self,
+        code: str,
+        stdin: bytes = b"",
+        files: dict[str, bytes] | None = None,
+        limits: ExecLimits | None = None,
+        *,
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+    ) -> ExecutionResult:
+        """Run a Python program as ``__main__`` in a fresh jail.
+
+        Args:
+            code: the program's source.
+            stdin: bytes fed to its standard input.
+            files: relative path → content, written into its private working directory first.
+            limits: wall-clock/memory/CPU limits (``None`` fields: service defaults);
+                ``timeout_s``/``memory_mb`` are shorthands that override ``limits``.
+
+        Returns:
+            status, exit code, capped stdout/stderr and duration.
+
+        Raises:
+            ValueError: a limit above the configured maximum.
+            SandboxFault: the sandbox failed (not the program).
+        """
+        limits = limits or ExecLimits()
+        s = self.settings
+        wall = timeout_s or limits.timeout_s or s.wall_seconds
+        memory = memory_mb or limits.memory_mb or s.memory_mb
+        cpu = limits.cpu_s or min(max(wall, 1.0), s.max_cpu_seconds)
+        for name, value, maximum in (
+            ("timeout_s", wall, s.max_wall_seconds),
+            ("memory_mb", memory, s.max_memory_mb),
+            ("cpu_s", cpu, s.max_cpu_seconds),
+        ):
+            if not 0 < value <= maximum:
+                raise ValueError(f"{name}={value} is outside (0, {maximum}]: ask for at most {maximum}")
+        setup = {
+            "code": code,
+            "files": {path: base64.b64encode(data).decode("ascii") for path, data in (files or {}).items()},
+            "argv": ["main.py"],
+        }
+        async with self._concurrency:
+            stdin_r, stdin_w = os.pipe()
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            stdin_handoff = [stdin_w]  # _run_execution takes it; closed here only if it never did
+            try:
+                limits_dict = self._limits(cpu_s=cpu, memory_mb=memory)
+                async with self._jail("exec", limits_dict, [stdin_r, out_w, err_w]) as (spawned, zygote, channel):
+                    return await self._run_execution(
+                        spawned, zygote, channel, setup, stdin, stdin_handoff, out_r, err_r, wall, cpu
+                    )
+            finally:
+                for fd in (*stdin_handoff, out_r, err_r):
+                    os.close(fd)
+
+    async def _run_execution(
+        self,
+        spawned: Spawned,
+        zygote: Zygote,
+        channel: Channel,
+        setup: dict[str, Any],
+        stdin: bytes,
+        stdin_handoff: list[int],
+        out_r: int,
+        err_r: int,
+        wall: float,
+        cpu: float,
+    ) -> ExecutionResult:
+        s = self.settings
+        start = time.perf_counter()
+        overflow = asyncio.Event()
+        feeder = asyncio.create_task(write_all(stdin_handoff.pop(), stdin))
+        stdout = asyncio.create_task(read_capped(out_r, s.stdout_bytes, overflow))
+        stderr = asyncio.create_task(read_capped(err_r, s.stderr_bytes, overflow))
+        report: dict[str, Any] | None = None
+        fault: str | None = None
+        timed_out = False
+
+        async def finish() -> None:
+            nonlocal report, fault
+            await channel.send(setup)
+            while True:
+                message = await channel.recv()
+                if message is None:
+                    break
+                if message.get("op") == "exit":
+                    report = message
+                elif message.get("op") == "fault":
+                    fault = str(message.get("error"))
+            await asyncio.gather(stdout, stderr)
+
+        body = asyncio.create_task(finish())
+        limit = asyncio.create_task(overflow.wait())
+        try:
+            done, _ = await asyncio.wait({body, limit}, timeout=wall, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                timed_out = True
+            elif body in done:
+                body.result()  # re-raise a channel failure
+        except (OSError, ConnectionError) as exc:
+            fault = fault or f"request channel failed: {exc}"
+        finally:
+            for task in (body, limit, feeder):
+                task.cancel()
+            await asyncio.gather(body, limit, feeder, return_exceptions=True)
+        duration_ms = (time.perf_counter() - start) * 1000
+        exited: dict[str, Any] | None = None
+        if report is None or timed_out or overflow.is_set():
+            exited = await self._finish_now(zygote, spawned)
+        if fault is not None and report is None and not timed_out:
+            self.faults += 1
+            raise SandboxFault(f"sandbox fault during execution: {fault}")
+        if exited is None and report is None and not timed_out and not overflow.is_set():
+            raise SandboxFault("the sandbox lost the execution (zygote died)")
+        out, err = await _drained(stdout), await _drained(stderr)
+        status, exit_code = classify_execution(
+            Observed(report, exited, timed_out, overflow.is_set(), cpu_limit_s=float(math.ceil(cpu)))
+        )
+        return ExecutionResult(status, exit_code, out, err, duration_ms)
+
+    async def _finish_now(self, zygote: Zygote, spawned: Spawned) -> dict[str, Any] | None:
+        """Kill the request now if it still runs; its ``exited`` message, or ``None`` if lost."""
+        await zygote.kill(spawned)
+        try:
+            async with asyncio.timeout(EXIT_GRACE_S):
+                return await asyncio.shield(spawned.exited)
+        except (SandboxFault, TimeoutError):
+            return None
+
+    # -- sessions ------------------------------------------------------------------------------
+    async def open_session(self, code: str, setting: str, seed: int, config: CheckConfig) -> SandboxSession:
+        """Start an env session: load ``code`` in a fresh jail and ``reset(seed)`` it.
+
+        Returns:
+            the live session; its ``initial`` outcome says how reset went (``ok``, ``env_error``,
+            ``timeout``, ``limit`` or ``sandbox_fault``). A session whose reset failed is already
+            closed.
+        """
+        s = self.settings
+        limits = self._limits(cpu_s=s.session_cpu_seconds, memory_mb=s.memory_mb)
+        jail = self._jail("session", limits, [])
+        try:
+            spawned, zygote, channel = await jail.__aenter__()
+        except SandboxFault as exc:
+            self.faults += 1
+            return SandboxSession.failed(ended_outcome(Outcome.SANDBOX_FAULT, str(exc), None))
+        channel.max_frame = s.observation_bytes
+        session = SandboxSession(self, jail, spawned, zygote, channel, s.step_seconds)
+        self._sessions.add(session)
+        await session.begin(
+            {"code": code, "setting": setting, "seed": seed, "config": config.to_dict()}, s.session_start_seconds
+        )
+        return session
+
+    def _forget(self, session: SandboxSession) -> None:
+        self._sessions.discard(session)
+
+    # -- validation ----------------------------------------------------------------------------
+    async def validate(self, code: str, setting: str, config: CheckConfig) -> ValidationReport:
+        """Run ``spade.envs.check_env_source`` in a fresh jail.
+
+        If the checker is stopped (wall clock, CPU, memory, a crash), the report names the check
+        that was running and why it stopped.
+        """
+        s = self.settings
+        limits = self._limits(cpu_s=s.validate_wall_seconds, memory_mb=s.memory_mb)
+        start = time.perf_counter()
+        running: str | None = None
+        finished: list[dict[str, Any]] = []
+        async with self._concurrency, self._jail("validate", limits, []) as (spawned, zygote, channel):
+            reason: str
+            try:
+                async with asyncio.timeout(s.validate_wall_seconds):
+                    await channel.send({"code": code, "setting": setting, "config": config.to_dict()})
+                    while True:
+                        message = await channel.recv()
+                        if message is None:
+                            break
+                        op = message.get("op")
+                        if op == "progress":
+                            running = str(message.get("check"))
+                            if isinstance(message.get("result"), dict):
+                                finished.append(message["result"])
+                        elif op == "report":
+                            return ValidationReport.from_dict(message["report"])
+                        elif op == "fault":
+                            self.faults += 1
+                            raise SandboxFault(f"sandbox fault during validation: {message.get('error')}")
+                exited = await self._finish_now(zygote, spawned)
+                reason = _death_reason(exited, s.validate_wall_seconds)
+            except TimeoutError:
+                reason = f"the validation ran past its wall-clock limit of {s.validate_wall_seconds:g} s"
+            except SandboxFault:
+                raise
+            except Exception as exc:  # a frame too large, a broken channel
+                reason = f"the checker's process misbehaved ({type(exc).__name__}: {exc})"
+        return stopped_report(setting, code, running, finished, reason, (time.perf_counter() - start) * 1000)
+
+
+def _death_reason(exited: dict[str, Any] | None, cpu_limit: float) -> str:
+    import signal as signals
+
+    if exited is None:
+        return "the sandbox lost the checker's process"
+    sig = exited.get("signal")
+    if sig in (signals.SIGXCPU, signals.SIGKILL):
+        return f"the checker's process hit its CPU-time limit of {cpu_limit:g} s or was killed"
+    if sig is not None:
+        return f"the checker's process was killed by signal {sig}"
+    return f"the checker's process exited (code {exited.get('code')}) before reporting"
+
+
+async def _drained(task: asyncio.Task[bytes]) -> bytes:
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return b""
+
+
+__all__ = ["SandboxPool", "SandboxSession", "StepOutcome"]

@@ -1,0 +1,175 @@
+"""``SandboxSession``: one env played turn by turn in its own jailed process.
+
+The session process runs ``spade.envs.EnvSession``. Each call's outcome says how it ended:
+``ok`` (read ``terminated``/``truncated``), ``env_error`` (the env code is buggy), ``timeout``
+(the step ran past ``step_seconds`` as seen by the service), ``limit`` (a resource limit: CPU time,
+memory, reply size) or ``sandbox_fault`` (the sandbox failed). Any outcome but ``ok`` ends the
+session: its process is gone and further steps raise ``SessionEnded``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
+
+from services.sandbox.isolation.channels import Channel
+from services.sandbox.isolation.outcomes import SandboxFault
+from services.sandbox.isolation.zygote import Spawned, Zygote
+from services.sandbox.runtime.protocol import FrameTooLarge, ProtocolError
+from spade.envs.types import Outcome, StepOutcome
+
+if TYPE_CHECKING:
+    from services.sandbox.isolation.pool import SandboxPool
+
+
+class SessionEnded(RuntimeError):
+    """A step was sent to a session whose process has already ended (closed or failed)."""
+
+
+def ended_outcome(outcome: Outcome, message: str, last: StepOutcome | None) -> StepOutcome:
+    """The outcome reported when a call did not produce one from the env (the episode is over)."""
+    return StepOutcome(
+        observation=message,
+        reward=0.0,
+        terminated=False,
+        truncated=True,
+        info={"error": message},
+        turn=last.turn if last else 0,
+        max_turns=last.max_turns if last else 0,
+        outcome=outcome,
+    )
+
+
+class SandboxSession:
+    """A live env session. Create with ``SandboxPool.open_session``; always ``await close()``.
+
+    Attributes:
+        initial: the outcome of ``reset(seed)``.
+    """
+
+    def __init__(
+        self,
+        pool: SandboxPool | None,
+        jail: AbstractAsyncContextManager[Any] | None,
+        spawned: Spawned | None,
+        zygote: Zygote | None,
+        channel: Channel | None,
+        step_seconds: float,
+    ) -> None:
+        self._pool = pool
+        self._jail = jail
+        self._spawned = spawned
+        self._zygote = zygote
+        self._channel = channel
+        self._step_seconds = step_seconds
+        self._lock = asyncio.Lock()
+        self.initial: StepOutcome = ended_outcome(Outcome.SANDBOX_FAULT, "session not started", None)
+        self.last: StepOutcome | None = None
+        self.closed = False
+
+    @classmethod
+    def failed(cls, outcome: StepOutcome) -> SandboxSession:
+        """A session that never got a process (its ``initial`` says why)."""
+        session = cls(None, None, None, None, None, 0.0)
+        session.initial = session.last = outcome
+        session.closed = True
+        return session
+
+    @property
+    def alive(self) -> bool:
+        """Whether the session process still runs and accepts steps."""
+        return not self.closed
+
+    async def begin(self, request: dict[str, Any], timeout_s: float) -> None:
+        """Send the code and seed; ``initial`` becomes the reset outcome."""
+        assert self._channel is not None
+        self.initial = await self._call(self._channel.send(request), timeout_s, "opening the session")
+
+    async def step(self, action: str) -> StepOutcome:
+        """Play ``action``; see the module docstring for the outcomes.
+
+        Raises:
+            SessionEnded: the session already ended.
+        """
+        async with self._lock:
+            if self.closed or self._channel is None:
+                raise SessionEnded("this session has ended (closed or failed): open a new session")
+            return await self._call(
+                self._channel.send({"op": "step", "action": action}), self._step_seconds, "the step"
+            )
+
+    async def _call(self, send: Awaitable[None], timeout_s: float, what: str) -> StepOutcome:
+        assert self._channel is not None
+        outcome: StepOutcome
+        try:
+            async with asyncio.timeout(timeout_s):
+                await send
+                message = await self._channel.recv()
+            outcome = await self._interpret(message)
+        except TimeoutError:
+            outcome = ended_outcome(
+                Outcome.TIMEOUT, f"{what} ran past its wall-clock limit of {timeout_s:g} s", self.last
+            )
+        except FrameTooLarge as exc:
+            outcome = ended_outcome(
+                Outcome.LIMIT, f"the env's reply was {exc.size} bytes, over the limit of {exc.limit}", self.last
+            )
+        except (ProtocolError, OSError) as exc:
+            outcome = ended_outcome(Outcome.SANDBOX_FAULT, f"session channel failed: {exc}", self.last)
+        except ValueError as exc:  # StepOutcome.from_dict refused the reply
+            outcome = ended_outcome(Outcome.ENV_ERROR, f"the env produced an invalid outcome: {exc}", self.last)
+        self.last = outcome
+        if outcome.outcome is not Outcome.OK:
+            await self.close()
+        return outcome
+
+    async def _interpret(self, message: dict[str, Any] | None) -> StepOutcome:
+        if message is None:
+            return await self._died()
+        op = message.get("op")
+        if op == "outcome":
+            return StepOutcome.from_dict(dict(message["outcome"]))
+        if op == "env_error":
+            return ended_outcome(Outcome.ENV_ERROR, f"env error: {message.get('error')}", self.last)
+        if op == "fault":
+            if self._pool is not None:
+                self._pool.faults += 1
+            return ended_outcome(Outcome.SANDBOX_FAULT, f"sandbox fault: {message.get('error')}", self.last)
+        return ended_outcome(Outcome.SANDBOX_FAULT, f"unexpected message {op!r} from the session", self.last)
+
+    async def _died(self) -> StepOutcome:
+        """The process closed its channel: find out from the zygote how it ended."""
+        exited: dict[str, Any] | None = None
+        if self._spawned is not None:
+            try:
+                async with asyncio.timeout(5.0):
+                    exited = await asyncio.shield(self._spawned.exited)
+            except (SandboxFault, TimeoutError):
+                exited = None
+        if exited is None:
+            return ended_outcome(Outcome.SANDBOX_FAULT, "the session process was lost (zygote died)", self.last)
+        sig = exited.get("signal")
+        if sig in (signal.SIGXCPU, signal.SIGKILL):
+            return ended_outcome(Outcome.LIMIT, "the session process hit its CPU-time limit", self.last)
+        if sig is not None:
+            return ended_outcome(Outcome.ENV_ERROR, f"the env's process was killed by signal {sig}", self.last)
+        return ended_outcome(
+            Outcome.ENV_ERROR, f"the env's process exited (code {exited.get('code')}) mid-session", self.last
+        )
+
+    async def close(self) -> None:
+        """End the session and its process (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._channel is not None:
+            with contextlib.suppress(Exception):
+                await self._channel.send({"op": "close"})
+        if self._jail is not None:
+            await self._jail.__aexit__(None, None, None)
+        if self._pool is not None:
+            self._pool._forget(self)

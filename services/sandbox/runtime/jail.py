@@ -1,0 +1,215 @@
+"""Kernel primitives the zygote's children use to lock themselves in (Linux x86-64, ctypes).
+
+The sequence for one request (see ``docs/sandbox-isolation.md``):
+
+1. ``enter_namespaces``: a fresh user namespace mapping one uid, then fresh mount, IPC, network, UTS
+   and pid namespaces; ``/`` made private and a fresh size-limited tmpfs on ``/tmp``.
+2. After the fork into the new pid namespace, ``lock_down``: a fresh ``/proc``, death signal, every
+   capability dropped, ``no_new_privs``, rlimits, then the seccomp filter (built once by the zygote).
+
+Standard library only; every failure raises ``JailError`` naming the step, so a request whose jail
+could not be built never runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import resource
+import signal
+import struct
+from dataclasses import dataclass
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP = 22
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECCOMP_MODE_FILTER = 2
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+CAP_LAST_CAP = 63  # beyond the kernel's last cap, PR_CAPBSET_DROP answers EINVAL: we stop there
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_libc.capset.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+_libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+
+class JailError(Exception):
+    """One step of building the jail failed; the message names the step and the errno."""
+
+
+def _check(result: int, step: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise JailError(f"{step}: {errno.errorcode.get(err, err)} ({os.strerror(err)})")
+
+
+def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 0) -> None:
+    _check(_libc.prctl(option, arg2, arg3, arg4, arg5), f"prctl({option})")
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(flags), f"unshare({flags:#x})")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(
+        _libc.mount(
+            source.encode() if source else None,
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
+        ),
+        f"mount({fstype or source} on {target})",
+    )
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    except OSError as exc:
+        raise JailError(f"write {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one request, applied as rlimits (and the tmpfs size)."""
+
+    cpu_seconds: int
+    memory_bytes: int
+    processes: int
+    open_files: int
+    file_size_bytes: int
+    tmpfs_bytes: int
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> Limits:
+        return cls(**{name: int(data[name]) for name in cls.__dataclass_fields__})  # type: ignore[call-overload]
+
+
+def enter_namespaces(inner_uid: int, inner_gid: int, tmpfs_bytes: int) -> None:
+    """Move this process into fresh namespaces, mapped to ``inner_uid``; mount a private ``/tmp``.
+
+    The outside uid is this process's uid (the zygote's), so the mapping needs no privilege beyond
+    the zygote's own. After this, children forked by the caller are in a fresh pid namespace.
+    """
+    outer_uid, outer_gid = os.getuid(), os.getgid()
+    unshare(CLONE_NEWUSER)
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{inner_uid} {outer_uid} 1")
+    _write("/proc/self/gid_map", f"{inner_gid} {outer_gid} 1")
+    unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWPID | CLONE_NEWCGROUP)
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=0700,nr_inodes=16384")
+    hostname = b"sandbox"
+    _check(_libc.sethostname(hostname, len(hostname)), "sethostname")
+
+
+def mount_proc() -> None:
+    """Mount a ``/proc`` that shows only this pid namespace (call as its pid 1)."""
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def die_with_parent(alive_fd: int | None = None) -> None:
+    """Get SIGKILL when the parent dies; ``alive_fd`` (a pipe the parent holds open) closes the race.
+
+    The parent may die between fork and ``prctl``; then no signal will ever come. Inside a new pid
+    namespace ``getppid()`` is 0, so the parent instead keeps the write end of a pipe open: if the
+    read end already shows end-of-file, the parent is gone and we exit at once.
+    """
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if alive_fd is not None:
+        import select
+
+        readable, _, _ = select.select([alive_fd], [], [], 0)
+        if readable:
+            os._exit(137)
+
+
+def drop_capabilities() -> None:
+    """Drop every capability: bounding, ambient, effective, permitted and inheritable sets."""
+    for cap in range(CAP_LAST_CAP + 1):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            if ctypes.get_errno() == errno.EINVAL:
+                break
+            _check(-1, f"prctl(PR_CAPBSET_DROP, {cap})")
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL on kernels without ambient caps
+    header = ctypes.create_string_buffer(struct.pack("=Ii", LINUX_CAPABILITY_VERSION_3, 0))
+    data = ctypes.create_string_buffer(bytes(24))  # two {effective, permitted, inheritable} u32 triples
+    _check(_libc.capset(header, data), "capset(drop all)")
+
+
+def apply_rlimits(limits: Limits) -> None:
+    """Apply the request's rlimits (soft = hard, so the program cannot raise them back)."""
+    cpu = max(1, limits.cpu_seconds)
+    # The hard CPU limit one second later turns an ignored SIGXCPU into a SIGKILL.
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_bytes, limits.file_size_bytes))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
+
+
+def load_seccomp(program: bytes) -> None:
+    """Install a compiled seccomp BPF program (``no_new_privs`` must already be set)."""
+    count = len(program) // 8
+    if count == 0 or len(program) % 8:
+        raise JailError(f"seccomp program of {len(program)} bytes is not a whole number of instructions")
+    buffer = ctypes.create_string_buffer(program, len(program))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+    fprog = SockFprog(count, ctypes.addressof(buffer))
+    _check(
+        _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0), "load seccomp filter"
+    )
+
+
+def reset_signals() -> None:
+    """Default dispositions for every catchable signal (the zygote's handlers must not leak in)."""
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+    signal.set_wakeup_fd(-1)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def keep_fds(fds: list[int]) -> None:
+    """Renumber ``fds`` to 0, 1, 2, … in order and close every other descriptor."""
+    # Move them out of the way first so that dup2 onto 0..n-1 never clobbers one still needed.
+    high = [os.dup(fd) for fd in fds]
+    for target, fd in enumerate(high):
+        os.dup2(fd, target, inheritable=True)
+    os.closerange(len(fds), 1 << 20)

@@ -1,0 +1,273 @@
+"""What pid 1 of a request's namespaces does: lock itself down, then execute, validate or play.
+
+Entered from the zygote's holder process with the request's channel on fd 0 (and, for an
+execution, the program's stdin/stdout/stderr pipes on fds 1-3). After ``lock_down`` nothing here
+has any privilege; every message to the service is a frame on the control socket (fd 3).
+
+- ``exec``: reads ``{"code", "files", "argv"}``, writes the files into the private ``/tmp``, forks
+  the program (fds 0/1/2 bound to the pipes) and reports its end: ``{"op": "exit", "code" |
+  "signal", "memory", "cpu_s"}``. Staying outside the program, pid 1 is a witness the program cannot
+  silence: signals from inside the namespace to its init are ignored and it is not dumpable.
+- ``session``: reads ``{"code", "setting", "seed", "config"}``, runs ``spade.envs.EnvSession``:
+  ``{"op": "outcome", "outcome"}`` after reset and after each ``{"op": "step", "action"}``.
+- ``validate``: runs ``spade.envs.check_env_source``, streaming ``{"op": "progress", "check"}``
+  before each check when the checker supports it, then ``{"op": "report", "report"}``.
+
+Any failure of the sandbox itself is reported as ``{"op": "fault", "error"}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import inspect
+import io
+import linecache
+import os
+import posixpath
+import socket
+import sys
+import time
+import traceback
+import types
+from typing import Any
+
+from services.sandbox.runtime import jail
+from services.sandbox.runtime.protocol import encode_frame, recv_frame, send_frame
+
+CTL = 3
+WORKDIR = "/tmp"
+PROGRAM_NAME = "main.py"
+
+
+def preload() -> dict[str, Any]:
+    """Import the env library in the zygote so that children inherit it (no import per session)."""
+    try:
+        import spade.envs  # noqa: F401
+    except Exception as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": True}
+
+
+def report_fault(fd: int, error: str) -> None:
+    """Best-effort fault report on the control channel at ``fd`` (sandbox failures only)."""
+    try:
+        os.write(fd, encode_frame({"op": "fault", "error": error[:2000]}))
+    except OSError:
+        pass
+
+
+def lock_down(limits: jail.Limits, program: bytes | None, privileged: bool) -> None:
+    """Drop everything: rlimits, no_new_privs, capabilities, dumpability, then seccomp."""
+    jail.apply_rlimits(limits)
+    jail.prctl(jail.PR_SET_NO_NEW_PRIVS, 1)
+    if privileged:
+        jail.drop_capabilities()
+    jail.prctl(jail.PR_SET_DUMPABLE, 0)
+    if program is not None:
+        jail.load_seccomp(program)
+
+
+def run(
+    kind: str, limits: jail.Limits, config: dict[str, Any], program: bytes | None, alive_fd: int, nfds: int
+) -> int:
+    """Pid 1 of the request: finish the jail, then serve the request; returns the exit code."""
+    jail.die_with_parent(alive_fd)
+    os.close(alive_fd)
+    userns = bool(config.get("userns", True))
+    if userns:
+        jail.mount_proc()
+    if kind == "exec":
+        jail.keep_fds([1, 2, 3, 0])
+    else:
+        null = os.open("/dev/null", os.O_RDWR)
+        jail.keep_fds([null, null, null, 0])
+    workdir = WORKDIR
+    if not userns:
+        # Degraded mode: no private tmpfs; a fresh directory in the zygote's /tmp instead.
+        import tempfile
+
+        workdir = tempfile.mkdtemp(prefix="req-")
+    lock_down(limits, program, privileged=userns)
+    os.chdir(workdir)
+    os.environ.clear()
+    os.environ.update({"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+    ctl = socket.socket(fileno=CTL)
+    if kind == "exec":
+        return run_exec(ctl)
+    if kind == "session":
+        return run_session(ctl)
+    return run_validate(ctl)
+
+
+# -- execution ---------------------------------------------------------------------------------
+
+
+def _write_files(files: dict[str, str]) -> None:
+    for path, content in files.items():
+        normal = posixpath.normpath(path)
+        if normal.startswith(("/", "..")) or normal in (".", "", PROGRAM_NAME):
+            raise ValueError(f"file path {path[:80]!r} is outside the working directory")
+        parent = posixpath.dirname(normal)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        with open(normal, "wb") as handle:
+            handle.write(base64.b64decode(content))
+
+
+def run_exec(ctl: socket.socket) -> int:
+    setup = recv_frame(ctl)
+    if setup is None:
+        return 0
+    try:
+        _write_files(dict(setup.get("files") or {}))
+    except OSError as exc:
+        # The files are the caller's data: too many or too large for the limits is their error.
+        send_frame(ctl, {"op": "exit", "code": 1, "setup_error": f"could not write files: {exc.strerror}"})
+        return 0
+    marker_r, marker_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(marker_r)
+        ctl.close()
+        run_program(str(setup["code"]), list(setup.get("argv") or [PROGRAM_NAME]), marker_w)
+    os.close(marker_w)
+    while True:
+        try:
+            _, status, usage = os.wait4(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    os.set_blocking(marker_r, False)
+    try:
+        memory = os.read(marker_r, 1) == b"M"
+    except BlockingIOError:
+        memory = False
+    message: dict[str, Any] = {"op": "exit", "memory": memory, "cpu_s": usage.ru_utime + usage.ru_stime}
+    if os.WIFSIGNALED(status):
+        message["signal"] = os.WTERMSIG(status)
+    else:
+        message["code"] = os.waitstatus_to_exitcode(status)
+    send_frame(ctl, message)
+    return 0
+
+
+def run_program(code: str, argv: list[str], marker_fd: int) -> None:
+    """Run ``code`` as ``__main__`` the way ``python main.py`` would, then exit this process."""
+    exit_code = 0
+    try:
+        sys.argv = argv
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=False)
+        sys.stderr = io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+        )
+        sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+        filename = os.path.join(os.getcwd(), PROGRAM_NAME)
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        module = types.ModuleType("__main__")
+        module.__file__ = filename
+        sys.modules["__main__"] = module
+        exec(compile(code, filename, "exec"), module.__dict__)
+    except SystemExit as exc:
+        exit_code = _exit_code(exc)
+    except MemoryError:
+        os.write(marker_fd, b"M")
+        exit_code = 1
+        _print_exception()
+    except BaseException:
+        exit_code = 1
+        _print_exception()
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    os._exit(exit_code)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    try:
+        print(exc.code, file=sys.stderr)
+    except BaseException:
+        pass
+    return 1
+
+
+def _print_exception() -> None:
+    try:
+        traceback.print_exc()
+    except BaseException:
+        try:
+            os.write(2, b"Traceback unavailable (out of memory)\nMemoryError\n")
+        except OSError:
+            pass
+
+
+# -- sessions and validation -------------------------------------------------------------------
+
+
+def _describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 500 else text[:500] + "…"
+
+
+def run_session(ctl: socket.socket) -> int:
+    request = recv_frame(ctl)
+    if request is None:
+        return 0
+    from spade.envs import CheckConfig, EnvSession
+
+    try:
+        session = EnvSession(
+            str(request["code"]),
+            str(request["setting"]),
+            int(request["seed"]),
+            CheckConfig.from_dict(dict(request["config"])),
+        )
+        outcome = session.reset()
+    except Exception as exc:
+        send_frame(ctl, {"op": "env_error", "error": _describe(exc)})
+        return 0
+    send_frame(ctl, {"op": "outcome", "outcome": outcome.to_dict()})
+    while True:
+        message = recv_frame(ctl)
+        if message is None or message.get("op") == "close":
+            return 0
+        if message.get("op") != "step":
+            send_frame(ctl, {"op": "fault", "error": f"unknown session op {message.get('op')!r}"})
+            return 0
+        try:
+            outcome = session.step(str(message["action"]))
+        except Exception as exc:
+            send_frame(ctl, {"op": "env_error", "error": _describe(exc)})
+            return 0
+        send_frame(ctl, {"op": "outcome", "outcome": outcome.to_dict()})
+
+
+def run_validate(ctl: socket.socket) -> int:
+    request = recv_frame(ctl)
+    if request is None:
+        return 0
+    from spade.envs import CheckConfig, check_env_source
+
+    config = CheckConfig.from_dict(dict(request["config"]))
+    kwargs: dict[str, Any] = {}
+    if "progress" in inspect.signature(check_env_source).parameters:
+
+        def progress(name: str, *_: object) -> None:
+            send_frame(ctl, {"op": "progress", "check": str(name), "at": time.monotonic()})
+
+        kwargs["progress"] = progress
+    report = check_env_source(str(request["code"]), str(request["setting"]), config, **kwargs)
+    send_frame(ctl, {"op": "report", "report": report.to_dict()})
+    return 0

@@ -1,0 +1,255 @@
+"""The zygote: a pre-warmed interpreter, already inside the outer sandbox, that forks one jail per request.
+
+Run by the service as ``python3.11 -I -S zygote.py CONFIG_JSON`` (inside bubblewrap, as the sandbox
+uid). It speaks length-prefixed JSON on an inherited socket (``ctl_fd``):
+
+- service → zygote: ``{"op": "spawn", "id", "kind", "limits", "nfds"}`` with the request's own
+  channel fds attached (SCM_RIGHTS); ``{"op": "kill", "id"}``.
+- zygote → service: ``{"op": "ready", ...layers}`` once; ``{"op": "spawned", "id", "pid"}``;
+  ``{"op": "exited", "id", "code" | "signal"}``; ``{"op": "failed", "id", "error"}``.
+
+It never sees request data: each child talks to the service directly on the fds it was given. The
+zygote is single-threaded, so forking it is safe. When its control socket closes it kills every
+child and exits.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+_STAGING = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+if _STAGING not in sys.path:
+    sys.path.insert(0, _STAGING)
+
+from services.sandbox.runtime import jail, worker  # noqa: E402
+from services.sandbox.runtime.protocol import FrameDecoder, encode_frame  # noqa: E402
+
+MAX_FDS = 8
+KINDS = ("exec", "session", "validate")
+
+
+class Zygote:
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.ctl = socket.socket(fileno=int(config["ctl_fd"]))
+        self.ctl.setblocking(True)
+        self.decoder = FrameDecoder(max_frame=1 << 20)
+        self.pending_fds: list[int] = []
+        self.children: dict[int, int] = {}  # pid -> request id
+        self.by_id: dict[int, int] = {}  # request id -> pid
+        self.program: bytes | None = None
+        self.layers: dict[str, Any] = {}
+
+    # -- start-up ------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Everything a child should inherit ready-made: the seccomp program, preloaded modules."""
+        if self.config.get("seccomp", True):
+            from services.sandbox.runtime import policy
+
+            try:
+                self.program = policy.build_program(str(self.config["seccomp_path"]))
+                self.layers["seccomp"] = {"ok": True, "instructions": len(self.program) // 8}
+            except Exception as exc:
+                self.layers["seccomp"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        else:
+            self.layers["seccomp"] = {"ok": False, "error": "disabled by configuration (degraded mode)"}
+        self.layers["envs"] = worker.preload()
+
+    # -- main loop -----------------------------------------------------------------------------
+    def serve(self) -> None:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        os.set_blocking(wake_r, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        self.send({"op": "ready", "pid": os.getpid(), "uid": os.getuid(), "layers": self.layers})
+        sel = selectors.DefaultSelector()
+        sel.register(self.ctl, selectors.EVENT_READ, "ctl")
+        sel.register(wake_r, selectors.EVENT_READ, "wake")
+        try:
+            while True:
+                for key, _ in sel.select():
+                    if key.data == "wake":
+                        try:
+                            while os.read(wake_r, 4096):
+                                pass
+                        except BlockingIOError:
+                            pass
+                        self.reap()
+                    elif not self.receive():
+                        return
+                self.reap()
+        finally:
+            self.kill_all()
+
+    def receive(self) -> bool:
+        fds = array.array("i")
+        try:
+            data, ancdata, _, _ = self.ctl.recvmsg(1 << 16, socket.CMSG_SPACE(MAX_FDS * fds.itemsize))
+        except InterruptedError:
+            return True
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+        self.pending_fds.extend(fds)
+        if not data:
+            return False
+        for message in self.decoder.feed(data):
+            self.handle(message)
+        return True
+
+    def handle(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "spawn":
+            nfds = int(message.get("nfds", 0))
+            fds, self.pending_fds = self.pending_fds[:nfds], self.pending_fds[nfds:]
+            try:
+                self.spawn(int(message["id"]), str(message["kind"]), dict(message["limits"]), fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        elif op == "kill":
+            pid = self.by_id.get(int(message["id"]))
+            if pid is not None:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        elif op == "ping":
+            self.send({"op": "pong", "children": len(self.children)})
+
+    def spawn(self, request_id: int, kind: str, limits: dict[str, Any], fds: list[int]) -> None:
+        if kind not in KINDS or len(fds) != (4 if kind == "exec" else 1):
+            self.send({"op": "failed", "id": request_id, "error": f"bad spawn request ({kind}, {len(fds)} fds)"})
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        zygote_pid = os.getpid()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            self.send({"op": "failed", "id": request_id, "error": f"fork: {exc.strerror}"})
+            return
+        if pid == 0:
+            code = 70
+            try:
+                code = holder(zygote_pid, kind, limits, fds, self.config, self.program)
+            finally:
+                os._exit(code)
+        self.children[pid] = request_id
+        self.by_id[request_id] = pid
+        self.send({"op": "spawned", "id": request_id, "pid": pid})
+
+    def reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            request_id = self.children.pop(pid, None)
+            if request_id is None:
+                continue
+            self.by_id.pop(request_id, None)
+            message: dict[str, Any] = {"op": "exited", "id": request_id}
+            if os.WIFSIGNALED(status):
+                message["signal"] = os.WTERMSIG(status)
+            else:
+                message["code"] = os.waitstatus_to_exitcode(status)
+            self.send(message)
+
+    def kill_all(self) -> None:
+        for pid in list(self.children):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in list(self.children):
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        self.children.clear()
+
+    def send(self, message: dict[str, Any]) -> None:
+        try:
+            self.ctl.sendall(encode_frame(message))
+        except OSError:
+            pass  # the service is gone; the main loop sees the end of stream next
+
+
+def holder(
+    zygote_pid: int,
+    kind: str,
+    limits_dict: dict[str, Any],
+    fds: list[int],
+    config: dict[str, Any],
+    program: bytes | None,
+) -> int:
+    """The request's first process: builds the namespaces, forks pid 1 of them, mirrors its end.
+
+    Returns the exit code for this process (the zygote's child); a signal that killed pid 1 is
+    re-raised on this process so the zygote sees it.
+    """
+    jail.reset_signals()
+    jail.keep_fds(fds)  # request channel fds become 0..n-1; everything of the zygote is closed
+    try:
+        jail.prctl(jail.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != zygote_pid:
+            return 137
+        limits = jail.Limits.from_dict(limits_dict)
+        if config.get("userns", True):
+            jail.enter_namespaces(int(config["inner_uid"]), int(config["inner_gid"]), limits.tmpfs_bytes)
+        alive_r, alive_w = os.pipe()
+        pid = os.fork()
+    except Exception as exc:
+        worker.report_fault(0, f"jail set-up failed: {exc}")
+        return 71
+    if pid == 0:
+        os.close(alive_w)
+        code = 70
+        try:
+            code = worker.run(kind, limits, config, program, alive_r, len(fds))
+        except BaseException as exc:  # never let an error escape into the zygote's loop
+            worker.report_fault(0, f"{type(exc).__name__}: {exc}")
+        finally:
+            os._exit(code)
+    os.close(alive_r)
+    for fd in range(len(fds)):
+        os.close(fd)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        return 128 + sig
+    return os.waitstatus_to_exitcode(status)
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    zygote = Zygote(config)
+    try:
+        zygote.prepare()
+    except Exception:
+        traceback.print_exc()
+    zygote.serve()
+
+
+if __name__ == "__main__":
+    main()
