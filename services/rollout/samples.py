@@ -54,7 +54,12 @@ def to_agent_sample(play: Play, env: EnvSpec, scheduled: int) -> queues_pb2.Agen
 
 
 def to_play_record(play: Play, scheduled: int) -> PlayRecord:
-    """The memory's view of a play."""
+    """The memory's view of a play, labelled with its window version.
+
+    The memory measures regret on the plays labelled with the env's first version and the windowed
+    win rate on those labelled inside the window, so plays carry the version they were scheduled
+    for; the learner's ``AgentSample`` carries the weights that actually produced the tokens.
+    """
     return PlayRecord(
         sample_id=sample_id(play.env_id, scheduled, play.seed, hinted=play.hinted),
         env_id=play.env_id,
@@ -62,6 +67,6 @@ def to_play_record(play: Play, scheduled: int) -> PlayRecord:
         hinted=play.hinted,
         episode_return=play.episode_return,
         turns=play.turns,
-        weight_version=play_version(play, scheduled),
+        weight_version=scheduled,
         finish_reason=play.finish_reason.value,
     )

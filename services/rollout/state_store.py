@@ -75,10 +75,10 @@ class RolloutStateStore:
         _metadata.create_all(engine)
 
     @classmethod
-    def from_url(cls, url: str) -> RolloutStateStore:
+    def from_url(cls, url: str, *, clock: Callable[[], float] = time.time) -> RolloutStateStore:
         """Open (and create if needed) the state tables at ``url``."""
         connect_args = {"timeout": 30} if url.startswith("sqlite") else {}
-        return cls(sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args))
+        return cls(sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args), clock=clock)
 
     def dispose(self) -> None:
         """Close pooled connections."""

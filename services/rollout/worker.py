@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from services.rollout.core.episode import EpisodeRunner, Play
 from services.rollout.core.ports import EnvSource, EnvSpec, PlayLog, SandboxFault
-from services.rollout.core.schedule import ActiveEnv, first_version_for
+from services.rollout.core.schedule import ActiveEnv
 from services.rollout.core.seeds import play_seeds
 from services.rollout.samples import to_agent_sample, to_play_record
 from services.rollout.state_store import RolloutStateStore
@@ -134,7 +134,7 @@ class RolloutWorker:
                 setting=msg.setting or spec.setting,
                 skill=msg.skill or spec.skill,
                 designer_sample_id=msg.designer_sample_id,
-                first_version=first_version_for(msg.weight_version, await self.store.latest_version()),
+                first_version=msg.weight_version,
                 window=self.config.window,
             )
         )

@@ -88,8 +88,3 @@ def window_closed(env: ActiveEnv, latest: int | None) -> bool:
     if env.played_through >= env.last_version:
         return True
     return latest is not None and latest > env.last_version
-
-
-def first_version_for(designed_at: int, latest: int | None) -> int:
-    """The version an env's window starts at: the one that designed it, or a newer one already live."""
-    return designed_at if latest is None else max(designed_at, latest)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from services.rollout.core.schedule import ActiveEnv, EnvStatus, due_version, first_version_for, window_closed
+from services.rollout.core.schedule import ActiveEnv, EnvStatus, due_version, window_closed
 
 
 def _env(first: int = 5, window: int = 3) -> ActiveEnv:
@@ -42,9 +42,3 @@ def test_a_window_of_one_closes_after_the_first_plays() -> None:
 def test_closed_envs_are_never_due() -> None:
     env = ActiveEnv("e", "game", "s", "d", 1, 4, played_through=1, status=EnvStatus.CLOSED)
     assert due_version(env, 2) is None
-
-
-def test_first_version_is_the_designing_one_or_a_newer_live_one() -> None:
-    assert first_version_for(3, None) == 3
-    assert first_version_for(3, 2) == 3
-    assert first_version_for(3, 6) == 6

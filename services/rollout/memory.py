@@ -1,0 +1,70 @@
+"""The memory as the rollout sees it: env code and hint in, plays and retirements out.
+
+Works over anything with the memory's async API — ``MemoryService`` in embedded mode, the gRPC
+``MemoryClient`` in distributed mode — so the rollout never knows which one it talks to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from services.memory.core.errors import EnvironmentNotFound
+from services.memory.core.records import Environment, EnvStatus, Play, RecordResult, StatsUpdate
+from services.rollout.core.ports import EnvSpec, PlayRecord
+from services.rollout.worker import EnvNotFound
+
+
+class MemoryApi(Protocol):
+    """The part of the memory's API the rollout uses."""
+
+    async def get_environment(self, env_id: str) -> Environment: ...
+
+    async def record_plays(self, plays: Sequence[Play]) -> RecordResult: ...
+
+    async def update_stats(self, env_id: str, update: StatsUpdate) -> Environment: ...
+
+
+class MemoryAdapter:
+    """``EnvSource`` and ``PlayLog`` over the memory's API.
+
+    Args:
+        memory: ``MemoryService`` or ``MemoryClient``.
+    """
+
+    def __init__(self, memory: MemoryApi) -> None:
+        self._memory = memory
+
+    async def get_environment(self, env_id: str) -> EnvSpec:
+        """The env's code and hint.
+
+        Raises:
+            EnvNotFound: The memory has no such env (the ``envs.ready`` message is dropped).
+        """
+        try:
+            env = await self._memory.get_environment(env_id)
+        except EnvironmentNotFound as exc:
+            raise EnvNotFound(str(exc)) from exc
+        return EnvSpec(env_id=env.id, setting=env.setting, skill=env.skill, code=env.code, hint=env.hint)
+
+    async def record_plays(self, env_id: str, plays: Sequence[PlayRecord]) -> None:
+        """Record plays (the memory stores each trajectory id once)."""
+        await self._memory.record_plays(
+            [
+                Play(
+                    env_id=p.env_id,
+                    seed=p.seed,
+                    hinted=p.hinted,
+                    episode_return=p.episode_return,
+                    turns=p.turns,
+                    weight_version=p.weight_version,
+                    trajectory_id=p.sample_id,
+                    finish_reason=p.finish_reason,
+                )
+                for p in plays
+            ]
+        )
+
+    async def retire_environment(self, env_id: str, last_version: int) -> None:
+        """Move the env to ``retired``: its window closed and its designer sample can be scored."""
+        await self._memory.update_stats(env_id, StatsUpdate(status=EnvStatus.RETIRED))

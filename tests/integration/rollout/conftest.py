@@ -1,0 +1,34 @@
+"""Rollout state stores on the real databases: a SQLite file and Postgres (a schema per test)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from tests.conftest import POSTGRES_URL
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database URL for the rollout's state tables, empty, on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'rollout.db'}"
+        return
+    schema = f"rollout_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(POSTGRES_URL)
+    try:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    except sa.exc.OperationalError as exc:  # pragma: no cover - the machine has Postgres
+        pytest.fail(f"Postgres at {POSTGRES_URL} is required for this test: {exc}")
+    sep = "&" if "?" in POSTGRES_URL else "?"
+    try:
+        yield f"{POSTGRES_URL}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
