@@ -1,0 +1,145 @@
+"""Fixtures for the designer loop: the real in-process queue and SQLite memory, a scripted policy.
+
+The policy is scripted because the loop's handling of specific answers (valid, malformed, invalid,
+duplicate, slow, failing) is what is tested here; the real model runs in the integration tests.
+The validator stand-in returns real ``spade.envs.ValidationReport`` objects decided by a marker in
+the code, so each check outcome can be produced on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from services.designer.adapters import MemoryAdapter, PolicyGeneration
+from services.designer.core.loop import DesignerConfig
+from services.designer.core.ports import Sampling
+from services.designer.corpus.loader import CorpusSampler, parse_lines
+from services.memory.service import MemoryService
+from services.memory.store.sql import SqlStore, make_engine, migrate
+from spade.envs import CHECK_NAMES, CheckResult, ValidationReport
+from spade.queues.config import InProcessQueueConfig
+from spade.queues.inprocess import InProcessQueue
+
+
+def answer(name: str, *, marker: str = "", hint: str = "Think about parity.") -> str:
+    """A well-formed designer answer whose env class is ``name`` (``marker`` steers the validator)."""
+    code = f"import random\n\n\nclass {name}Env:\n    max_turns = 5  # {marker}\n"
+    return f"```python\n{code}```\n### HINT\n{hint}\n"
+
+
+def words(messages: list[dict[str, str]]) -> list[int]:
+    return [len(w) for m in messages for w in m["content"].split()]
+
+
+@dataclass
+class ScriptedPolicy:
+    """Answers from a script, in call order; an ``Exception`` entry is raised; ``delays`` per call."""
+
+    script: list[str | Exception]
+    weight_version: int = 3
+    delays: list[float] = field(default_factory=list)
+    prompts: list[list[int]] = field(default_factory=list)
+    messages: list[list[dict[str, str]]] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        self.messages.append(messages)
+        return words(messages)
+
+    async def generate(self, input_ids: list[int], sampling: Sampling) -> PolicyGeneration:
+        call = len(self.prompts)
+        self.prompts.append(input_ids)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delays[call] if call < len(self.delays) else 0.01)
+            item = self.script[call % len(self.script)]
+            if isinstance(item, Exception):
+                raise item
+            ids = [1000 + i for i in range(len(item.split()))]
+            return PolicyGeneration(
+                output_ids=ids,
+                logprobs=[-0.5] * len(ids),
+                finish_reason="stop",
+                weight_version=self.weight_version,
+                text=item,
+            )
+        finally:
+            self.in_flight -= 1
+
+
+@dataclass
+class MarkerValidator:
+    """Fails the check named in a ``# fail:<check>`` marker; ``# slow`` sleeps first."""
+
+    calls: int = 0
+    slow_s: float = 0.5
+
+    async def validate(self, code: str, setting: str) -> ValidationReport:
+        self.calls += 1
+        if "# slow" in code:
+            await asyncio.sleep(self.slow_s)
+        failing = code.split("# fail:")[1].split(maxsplit=1)[0] if "# fail:" in code else None
+        checks = [
+            CheckResult(name, name != failing, "replaying solution() did not win seed 1" if name == failing else "")
+            for name in CHECK_NAMES
+        ]
+        return ValidationReport(
+            valid=failing is None,
+            setting=setting,
+            env_class=code.split("class ")[1].split(":", maxsplit=1)[0],
+            checks=checks,
+            repaired_code=code,
+        )
+
+
+@pytest.fixture
+async def queue() -> AsyncIterator[InProcessQueue]:
+    q = InProcessQueue(InProcessQueueConfig(max_len=1000, publish_timeout_s=1.0))
+    yield q
+    await q.close()
+
+
+@pytest.fixture
+def memory_service(tmp_path: Path) -> MemoryService:
+    engine = make_engine(f"sqlite:///{tmp_path / 'memory.db'}")
+    migrate(engine)
+    return MemoryService(SqlStore(engine))
+
+
+@pytest.fixture
+def memory(memory_service: MemoryService) -> MemoryAdapter:
+    return MemoryAdapter(memory_service)
+
+
+@pytest.fixture
+def documents() -> CorpusSampler:
+    lines = [json.dumps({"text": f"document number {i} about graphs and parity", "id": f"doc{i}"}) for i in range(8)]
+    return CorpusSampler(parse_lines(lines), seed=1)
+
+
+@pytest.fixture
+def config_for() -> Callable[..., DesignerConfig]:
+    def make(**overrides: object) -> DesignerConfig:
+        base: dict[str, object] = {
+            "setting": "game",
+            "envs_per_batch": 1,
+            "max_attempts_per_env": 1,
+            "concurrency": 2,
+            "batch_timeout_s": 30.0,
+            "sampling": Sampling(max_new_tokens=256),
+            "max_prompt_tokens": 5000,
+            "n_positive": 2,
+            "n_negative": 1,
+        }
+        base.update(overrides)
+        return DesignerConfig(**base)  # type: ignore[arg-type]
+
+    return make

@@ -1,0 +1,224 @@
+"""The designer loop end to end over the real in-process queue and the real SQLite memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.designer.adapters import MemoryAdapter
+from services.designer.core.attempt import AttemptOutcome
+from services.designer.core.loop import Designer, DesignerConfig
+from services.designer.core.prompts import ExampleEnv
+from services.designer.corpus.loader import CorpusSampler
+from services.memory.service import MemoryService
+from spade.envs import CHECK_NAMES
+from spade.queues.base import ENVS_READY, SAMPLES_DESIGNER
+from spade.queues.inprocess import InProcessQueue
+from spade.v1 import queues_pb2
+
+from .conftest import MarkerValidator, ScriptedPolicy, answer
+
+EXAMPLE = ExampleEnv(name="CoinEnv", code="class CoinEnv:\n    max_turns = 5\n", hint="Pairs cancel out.")
+
+
+async def drain(queue: InProcessQueue, stream: str) -> list[bytes]:
+    out = []
+    while batch := await queue.consume(stream, "test", "t", count=100, block_ms=10):
+        for d in batch:
+            out.append(d.payload)
+            await queue.ack(stream, "test", d.message_id)
+    return out
+
+
+async def samples(queue: InProcessQueue) -> list[queues_pb2.DesignerSample]:
+    return [queues_pb2.DesignerSample.FromString(p) for p in await drain(queue, SAMPLES_DESIGNER)]
+
+
+async def ready(queue: InProcessQueue) -> list[queues_pb2.EnvReady]:
+    return [queues_pb2.EnvReady.FromString(p) for p in await drain(queue, ENVS_READY)]
+
+
+def make(
+    config: DesignerConfig,
+    policy: ScriptedPolicy,
+    queue: InProcessQueue,
+    memory: MemoryAdapter,
+    documents: CorpusSampler,
+    validator: MarkerValidator | None = None,
+) -> Designer:
+    return Designer(
+        config,
+        llm=policy,
+        validator=validator or MarkerValidator(),
+        memory=memory,
+        queue=queue,
+        documents=documents,
+        examples=[EXAMPLE],
+    )
+
+
+async def test_a_valid_attempt_is_stored_enqueued_and_becomes_a_trainable_sample(
+    config_for: Callable[..., DesignerConfig],
+    queue: InProcessQueue,
+    memory: MemoryAdapter,
+    memory_service: MemoryService,
+    documents: CorpusSampler,
+) -> None:
+    policy = ScriptedPolicy([answer("Parity")], weight_version=7)
+    result = await make(config_for(), policy, queue, memory, documents).run_batch()
+
+    (record,) = result.records
+    assert record.outcome is AttemptOutcome.VALID and result.env_ids == [record.env_id]
+    env = await memory_service.get_environment(record.env_id)
+    assert env.hint == "Think about parity." and "class ParityEnv" in env.code
+    assert env.status == "valid" and env.weight_version == 7 and env.designer_sample_id == record.sample_id
+    assert env.skill == "Mathematical Reasoning" and env.corpus_ref.startswith("doc")
+
+    (message,) = await ready(queue)
+    assert (message.env_id, message.setting, message.skill) == (record.env_id, "game", env.skill)
+    assert message.weight_version == 7 and message.designer_sample_id == record.sample_id
+
+    (sample,) = await samples(queue)
+    assert sample.valid and sample.failed_check == "" and sample.env_id == record.env_id
+    assert list(sample.prompt_ids) == policy.prompts[0]  # exactly what the model was conditioned on
+    assert len(sample.output_ids) == len(sample.output_logprobs) == len(answer("Parity").split())
+    assert sample.weight_version == 7 and sample.batch_id == result.batch_id
+    assert [c.name for c in sample.checks] == list(CHECK_NAMES)
+
+
+async def test_a_malformed_answer_is_a_sample_with_the_reason_and_the_slot_retries(
+    config_for: Callable[..., DesignerConfig],
+    queue: InProcessQueue,
+    memory: MemoryAdapter,
+    documents: CorpusSampler,
+) -> None:
+    no_hint = "```python\nclass AEnv:\n    pass\n```\n"
+    policy = ScriptedPolicy([no_hint, answer("Second")])
+    result = await make(config_for(max_attempts_per_env=3), policy, queue, memory, documents).run_batch()
+
+    assert [r.outcome for r in result.records] == [AttemptOutcome.MALFORMED, AttemptOutcome.VALID]
+    first, second = await samples(queue)
+    assert not first.valid and first.failed_check == "output_format" and first.env_id == ""
+    assert "### HINT" in first.checks[0].detail
+    assert second.valid
+    assert len(await ready(queue)) == 1
+    # A new document per attempt.
+    docs = [m[1]["content"].split("<REFERENCE_DOCUMENT>")[1][:30] for m in policy.messages]
+    assert docs[0] != docs[1]
+
+
+async def test_an_env_failing_a_check_is_kept_invalid_and_its_sample_names_the_check(
+    config_for: Callable[..., DesignerConfig],
+    queue: InProcessQueue,
+    memory: MemoryAdapter,
+    memory_service: MemoryService,
+    documents: CorpusSampler,
+) -> None:
+    policy = ScriptedPolicy([answer("Replay", marker="fail:solution_replay")])
+    result = await make(config_for(), policy, queue, memory, documents).run_batch()
+
+    (record,) = result.records
+    assert record.outcome is AttemptOutcome.INVALID and result.env_ids == []
+    (sample,) = await samples(queue)
+    assert not sample.valid and sample.failed_check == "solution_replay"
+    assert "did not win" in next(c.detail for c in sample.checks if c.name == "solution_replay")
+    stored = await memory_service.get_environment(sample.env_id)
+    assert stored.status == "invalid" and stored.validation_report["valid"] is False
+    assert await ready(queue) == []
+
+
+async def test_a_duplicate_env_is_not_enqueued_twice(
+    config_for: Callable[..., DesignerConfig],
+    queue: InProcessQueue,
+    memory: MemoryAdapter,
+    documents: CorpusSampler,
+) -> None:
+    policy = ScriptedPolicy([answer("Same")])
+    designer = make(config_for(envs_per_batch=2, concurrency=1), policy, queue, memory, documents)
+    result = await designer.run_batch()
+
+    outcomes = sorted(r.outcome.value for r in result.records)
+    assert outcomes == ["duplicate", "valid"]
+    assert len(await ready(queue)) == 1
+    dup = next(s for s in await samples(queue) if not s.valid)
+    assert dup.failed_check == "duplicate" and dup.env_id == ""
+
+
+async def test_inference_failures_produce_no_sample_and_the_slot_moves_on(
+    config_for: Callable[..., DesignerConfig],
+    queue: InProcessQueue,
+    memory: MemoryAdapter,
+    documents: CorpusSampler,
+) -> None:
+    policy = ScriptedPolicy([RuntimeError("server down"), answer("After")])
+    result = await make(config_for(max_attempts_per_env=2), policy, queue, memory, documents).run_batch()
+    assert [r.outcome for r in result.records] == [AttemptOutcome.GENERATION_FAILED, AttemptOutcome.VALID]
+    assert "server down" in result.records[0].error
+    assert [s.valid for s in await samples(queue)] == [True]
+
+
+async def test_the_deadline_keeps_every_finished_attempt(
+    config_for: Callable[..., DesignerConfig],
+    queue: InProcessQueue,
+    memory: MemoryAdapter,
+    documents: CorpusSampler,
+) -> None:
+    # Slot 0 finishes at once; slot 1 has generated and is validating (slow) when the deadline
+    # fires; slot 2 is still generating. 0 and 1 are kept, 2 is cancelled.
+    policy = ScriptedPolicy(
+        [answer("Fast"), answer("Validating", marker="slow"), answer("Never")], delays=[0.0, 0.05, 30.0]
+    )
+    validator = MarkerValidator(slow_s=0.6)
+    config = config_for(envs_per_batch=3, concurrency=3, batch_timeout_s=0.3)
+    result = await make(config, policy, queue, memory, documents, validator).run_batch()
+
+    assert result.timed_out
+    names = sorted(r.code.split("class ")[1].split("Env")[0] for r in result.records)
+    assert names == ["Fast", "Validating"]
+    assert all(r.outcome is AttemptOutcome.VALID for r in result.records)
+    assert len(await ready(queue)) == 2 and len(await samples(queue)) == 2
+
+
+async def test_concurrency_is_bounded_and_skills_rotate(
+    config_for: Callable[..., DesignerConfig],
+    queue: InProcessQueue,
+    memory: MemoryAdapter,
+    documents: CorpusSampler,
+) -> None:
+    policy = ScriptedPolicy([answer(f"E{i}") for i in range(12)], delays=[0.02] * 12)
+    designer = make(config_for(envs_per_batch=6, concurrency=2), policy, queue, memory, documents)
+    first = await designer.run_batch()
+    assert policy.max_in_flight == 2
+    assert len({r.skill for r in first.records}) == 6
+    assert first.validity_rate == 1.0
+    second = await designer.run_batch()
+    assert second.batch_id != first.batch_id
+    assert {s.batch_id for s in await samples(queue)} == {first.batch_id, second.batch_id}
+
+
+async def test_memory_examples_reach_the_prompt(
+    config_for: Callable[..., DesignerConfig],
+    queue: InProcessQueue,
+    documents: CorpusSampler,
+) -> None:
+    from services.designer.core.ports import EnvironmentRecord, MemoryExample, MemoryExamples, StoreResult
+
+    class Examples(MemoryAdapter):
+        def __init__(self) -> None:
+            pass
+
+        async def sample_examples(self, setting: str, skill: str, n_positive: int, n_negative: int) -> MemoryExamples:
+            return MemoryExamples(
+                positives=(MemoryExample("class GoodEnv:\n    pass", "learnable: win rate 0.50, regret 0.40"),),
+                negatives=(MemoryExample("class EasyEnv:\n    pass", "too easy: win rate 0.95"),),
+            )
+
+        async def store(self, record: EnvironmentRecord) -> StoreResult:
+            raise ConnectionError("memory unreachable")
+
+    policy = ScriptedPolicy([answer("X")])
+    result = await make(config_for(), policy, queue, Examples(), documents).run_batch()
+    prompt = policy.messages[0][1]["content"]
+    assert "class GoodEnv" in prompt and "regret 0.40" in prompt and "class EasyEnv" in prompt
+    # A memory outage while storing a valid env is not the designer's fault: no sample, no env.
+    assert result.records[0].outcome is AttemptOutcome.INFRA_FAILED
+    assert await samples(queue) == [] and await ready(queue) == []
