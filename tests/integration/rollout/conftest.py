@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from services.rollout.policy import FormatterTemplate
+from spade.inference.chat import ChatFormatter
 from tests.conftest import POSTGRES_URL
 
 
@@ -32,3 +34,11 @@ def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def template() -> FormatterTemplate:
+    """The real policy tokenizer and chat template (SmolLM2, converted once, offline)."""
+    from services.inference.models import ensure_default_model
+
+    return FormatterTemplate(ChatFormatter.from_pretrained(ensure_default_model()))
