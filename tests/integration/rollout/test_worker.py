@@ -22,7 +22,7 @@ from services.rollout.core.episode import EpisodeRunner, PlayLimits
 from services.rollout.core.ports import TurnSampling
 from services.rollout.core.seeds import play_seeds
 from services.rollout.memory import MemoryAdapter
-from services.rollout.policy import FormatterTemplate
+from services.rollout.policy import FormatterTemplate, Generation
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
 from spade.queues.base import ENVS_READY, SAMPLES_AGENT, WEIGHTS_PUBLISHED, WorkQueue
