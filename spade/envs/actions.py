@@ -34,6 +34,29 @@ def _matching_brace(text: str, open_index: int) -> int:
     return -1
 
 
+def find_boxed(text: str) -> list[str]:
+    r"""Contents of every complete top-level ``\boxed{...}`` in ``text``, in order.
+
+    >>> find_boxed(r"\boxed{a} or \boxed{b {c}}")
+    ['a', 'b {c}']
+    """
+    if not isinstance(text, str):
+        return []
+    found: list[str] = []
+    pos = 0
+    while True:
+        match = _BOXED_START.search(text, pos)
+        if match is None:
+            return found
+        open_index = match.end() - 1
+        close = _matching_brace(text, open_index)
+        if close < 0:
+            pos = match.end()
+            continue
+        found.append(text[open_index + 1 : close])
+        pos = close + 1
+
+
 def parse_boxed(text: str) -> str | None:
     r"""Content of the last complete ``\boxed{...}`` in ``text`` (nested braces allowed).
 
@@ -45,22 +68,8 @@ def parse_boxed(text: str) -> str | None:
     >>> parse_boxed("no box") is None
     True
     """
-    if not isinstance(text, str):
-        return None
-    found: str | None = None
-    pos = 0
-    while True:
-        match = _BOXED_START.search(text, pos)
-        if match is None:
-            return found
-        open_index = match.end() - 1
-        close = _matching_brace(text, open_index)
-        if close < 0:
-            # Unclosed: a later complete box can still be found after this opening.
-            pos = match.end()
-            continue
-        found = text[open_index + 1 : close]
-        pos = close + 1
+    boxes = find_boxed(text)
+    return boxes[-1] if boxes else None
 
 
 def normalize_game_action(text: str) -> str:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
-class Setting(str, Enum):
+class Setting(StrEnum):
     """Which kind of environment a piece of code is (DESIGN §1)."""
 
     GAME = "game"
@@ -33,7 +33,7 @@ class Setting(str, Enum):
             raise ValueError(f"setting must be 'game' or 'tool', got {value!r}") from None
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """How one ``reset()``/``step()`` call ended (STYLE habit 4).
 
     - ``ok``: the env answered; read ``terminated``/``truncated`` for the episode state.
@@ -198,9 +198,7 @@ class CheckConfig:
         if not (1 <= self.random_policy_episodes <= 1000):
             problems.append(f"random_policy_episodes must be in [1, 1000], got {self.random_policy_episodes!r}")
         if not (0 <= self.random_policy_max_win_rate <= 1):
-            problems.append(
-                f"random_policy_max_win_rate must be in [0, 1], got {self.random_policy_max_win_rate!r}"
-            )
+            problems.append(f"random_policy_max_win_rate must be in [0, 1], got {self.random_policy_max_win_rate!r}")
         if not (100 <= self.observation_cap <= 1_000_000):
             problems.append(f"observation_cap must be in [100, 1000000], got {self.observation_cap!r}")
         if not (0 < self.win_threshold <= 1):

@@ -1,0 +1,613 @@
+"""The env checker: every validation check of DESIGN §4, each a named finding.
+
+``check_env_source(code, setting, config)`` never raises on bad env code and never asserts: it
+returns a ``ValidationReport`` with one ``CheckResult`` per name in ``CHECK_NAMES``, each saying
+the rule, what was seen and the fix. Checks that cannot run because an earlier one failed are
+reported as not passed, naming the check that blocked them. Standard library only; the code runs
+in this process (inside the sandbox in production, in-process for trusted test code).
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from spade.envs.actions import ToolCall, find_boxed, normalize_game_action
+from spade.envs.contract import ContractError, unpack_reset, unpack_step
+from spade.envs.limits import CallTimeout, describe_exception, guarded
+from spade.envs.loader import load_env_class
+from spade.envs.repair import repair_code
+from spade.envs.schema import example_value
+from spade.envs.session import EnvFault, EnvSession
+from spade.envs.types import CHECK_NAMES, CheckConfig, CheckResult, Outcome, Setting, StepOutcome, ValidationReport
+
+DEPENDS_ON: dict[str, str] = {
+    "structure": "syntax",
+    "smoke": "structure",
+    "determinism": "smoke",
+    "seed_variety": "smoke",
+    "solution_replay": "smoke",
+    "random_policy": "smoke",
+    "termination": "smoke",
+    "reset_gate": "smoke",
+    "irrelevant_action": "solution_replay",
+}
+TOOL_ONLY = ("reset_gate", "irrelevant_action")
+GAME_PROBES = ("\\boxed{1}", "\\boxed{test}", "hello")
+NOOP_GAME_ACTION = "\\boxed{pass}"
+NOOP_TOOL_ACTION = "Okay."
+RANDOM_POLICY_SEED_BASE = 10_000
+_PLACEHOLDER = re.compile(r"^(?:[A-Z]|N\d*|<[^>]*>|\.\.\.)$")
+
+
+class CheckFailed(Exception):
+    """A check's finding that the env breaks its rule (the message is the detail)."""
+
+
+def _short(text: Any, limit: int = 120) -> str:
+    s = str(text).replace("\n", " ")
+    return repr(s if len(s) <= limit else s[: limit - 3] + "...")
+
+
+class _RandomPolicy:
+    """Random and no-op actions for an env, with no knowledge of the instance being played.
+
+    Game: commands from other instances' solutions, ``\\boxed{...}`` commands shown in the current
+    observation (placeholders filled at random), random numbers and noise. Tool: calls from other
+    instances' solutions, random calls built from the tool schemas, plain replies, malformed calls.
+    """
+
+    def __init__(self, setting: Setting, rng: random.Random, other_solutions: list[Any], tools: dict[str, Any]):
+        self.setting = setting
+        self.rng = rng
+        self.tools = tools
+        self.actions: list[str] = []
+        self.strings: list[str] = []
+        for solution in other_solutions:
+            if setting is Setting.GAME:
+                self.actions += [a for a in solution if isinstance(a, str)]
+            else:
+                for call in (c for block in solution for c in block):
+                    self.actions.append(call.to_text())
+                    self.strings += _strings_in(call.arguments)
+
+    def _fill(self, command: str) -> str:
+        words = []
+        for word in command.split():
+            if "|" in word and word != "|":
+                words.append(self.rng.choice([w for w in word.split("|") if w] or [word]))
+            elif _PLACEHOLDER.match(word):
+                words.append(str(self.rng.randint(1, 9)))
+            else:
+                words.append(word)
+        return " ".join(words)
+
+    def action(self, observation: str) -> str:
+        rng = self.rng
+        if self.setting is Setting.GAME:
+            shown = find_boxed(observation)
+            choices: list[Callable[[], str]] = [
+                lambda: f"\\boxed{{{rng.randint(0, 100)}}}",
+                lambda: rng.choice(["I am not sure.", "\\boxed{}", NOOP_GAME_ACTION]),
+            ]
+            if shown:
+                choices += [lambda: "\\boxed{" + self._fill(rng.choice(shown)) + "}"] * 2
+            if self.actions:
+                choices += [lambda: rng.choice(self.actions)] * 2
+            return rng.choice(choices)()
+        calls: list[Callable[[], str]] = [
+            lambda: rng.choice(["I cannot help with that.", NOOP_TOOL_ACTION]),
+            lambda: '<tool_call>{"name": "' + rng.choice([*self.tools, "unknown"]) + '", "arguments": [}</tool_call>',
+        ]
+        if self.tools:
+            calls += [self._random_call] * 3
+        if self.actions:
+            calls += [lambda: rng.choice(self.actions)] * 3
+        return rng.choice(calls)()
+
+    def _random_call(self) -> str:
+        name = self.rng.choice(sorted(self.tools))
+        arguments = example_value(self.tools[name]["parameters"], self.rng, self.strings)
+        return ToolCall(name, arguments if isinstance(arguments, dict) else {}).to_text()
+
+
+def _strings_in(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings_in(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings_in(v)]
+    return []
+
+
+class _Checker:
+    def __init__(self, code: str, setting: Setting, config: CheckConfig, repairs: list[str]) -> None:
+        self.code = code
+        self.setting = setting
+        self.config = config
+        self.repairs = repairs
+        self.env_class: Any = None
+        self.solutions: dict[int, Any] = {}
+        self.results: dict[str, CheckResult] = {}
+
+    # --- plumbing ------------------------------------------------------------------------
+    def run(self) -> list[CheckResult]:
+        for name in CHECK_NAMES:
+            if self.setting is Setting.GAME and name in TOOL_ONLY:
+                self.results[name] = CheckResult(name, True, "not applicable to game envs")
+                continue
+            blocker = self._blocker(name)
+            if blocker:
+                self.results[name] = CheckResult(name, False, f"not run: blocked by the failed {blocker!r} check")
+                continue
+            check = getattr(self, f"check_{name}")
+            try:
+                detail = check()
+                self.results[name] = CheckResult(name, True, detail)
+            except CheckFailed as exc:
+                self.results[name] = CheckResult(name, False, str(exc))
+            except EnvFault as fault:
+                self.results[name] = CheckResult(name, False, f"env code failed: {fault.message}")
+            except Exception as exc:  # The checker must return findings, whatever the env did.
+                self.results[name] = CheckResult(name, False, f"the check could not run: {describe_exception(exc)}")
+        return [self.results[name] for name in CHECK_NAMES]
+
+    def _blocker(self, name: str) -> str | None:
+        dep = DEPENDS_ON.get(name)
+        while dep is not None:
+            result = self.results[dep]
+            if not result.passed:
+                root = DEPENDS_ON.get(dep)
+                # A blocked check names the check that actually failed.
+                while root is not None and not self.results[root].passed:
+                    dep, root = root, DEPENDS_ON.get(root)
+                return dep
+            dep = DEPENDS_ON.get(dep)
+        return None
+
+    def session(self, seed: int) -> EnvSession:
+        assert self.env_class is not None
+        return EnvSession.from_class(self.env_class, self.setting, seed, self.config)
+
+    def guarded(self, fn: Callable[[], Any], what: str) -> Any:
+        try:
+            with guarded(self.config.call_time_limit_s):
+                return fn()
+        except CallTimeout:
+            raise CheckFailed(
+                f"{what} took longer than the {self.config.call_time_limit_s:g} s per-call limit; "
+                "make it cheaper (no unbounded loops or huge searches)"
+            ) from None
+        except Exception as exc:
+            raise CheckFailed(f"{what} raised {describe_exception(exc)}") from None
+
+    def reset(self, seed: int) -> tuple[EnvSession, StepOutcome]:
+        session = self.session(seed)
+        first = session.reset()
+        if first.outcome is not Outcome.OK:
+            raise CheckFailed(f"reset(seed={seed}): {first.observation}")
+        return session, first
+
+    def solution(self, session: EnvSession, seed: int) -> Any:
+        """The env's solution for its current instance, validated and normalised."""
+        env = session.env
+        if self.setting is Setting.TOOL:
+            blocks = self.guarded(env.solution_calls, f"solution() on seed {seed}")
+            self.solutions.setdefault(seed, blocks)
+            return blocks
+        actions = self.guarded(env.solution, f"solution() on seed {seed}")
+        if not isinstance(actions, list | tuple) or not actions or not all(isinstance(a, str) for a in actions):
+            raise CheckFailed(
+                f"solution() on seed {seed} must return a non-empty list of action strings, got {_short(actions)}"
+            )
+        self.solutions.setdefault(seed, list(actions))
+        return list(actions)
+
+    def solution_actions(self, session: EnvSession, seed: int) -> list[str]:
+        sol = self.solution(session, seed)
+        if self.setting is Setting.TOOL:
+            return [call.to_text() for block in sol for call in block]
+        return list(sol)
+
+    def policy(self, rng: random.Random, exclude_seed: int | None = None) -> _RandomPolicy:
+        others = [s for seed, s in sorted(self.solutions.items()) if seed != exclude_seed]
+        tools = self.env_class.tool_schemas() if self.setting is Setting.TOOL and self.env_class else {}
+        return _RandomPolicy(self.setting, rng, others, tools)
+
+    # --- the checks ----------------------------------------------------------------------
+    def check_syntax(self) -> str:
+        try:
+            ast.parse(self.code)
+        except SyntaxError as exc:
+            raise CheckFailed(
+                f"line {exc.lineno}: {exc.msg} (after the known repairs"
+                + (f": {'; '.join(self.repairs)}" if self.repairs else "")
+                + "); fix the code so it parses"
+            ) from None
+        return "parses" + (f" after repairs: {'; '.join(self.repairs)}" if self.repairs else "")
+
+    def check_structure(self) -> str:
+        try:
+            with guarded(self.config.call_time_limit_s):
+                loaded = load_env_class(self.code, self.setting)
+        except CallTimeout:
+            raise CheckFailed(
+                f"running the module took longer than {self.config.call_time_limit_s:g} s; do no work at import"
+            ) from None
+        if loaded.env_class is not None:
+            self.env_class = loaded.env_class
+        if not loaded.ok:
+            raise CheckFailed("; ".join(loaded.problems))
+        assert self.env_class is not None
+        if self.setting is Setting.TOOL:
+            tools = self.env_class.tool_schemas()
+            return f"one env class {self.env_class.__name__} (ToolEnv) with {len(tools)} tools: {', '.join(tools)}"
+        return f"one env class {self.env_class.__name__} with reset/step/solution"
+
+    def check_smoke(self) -> str:
+        assert self.env_class is not None
+        cls = self.env_class
+        cap = self.config.observation_cap
+        seed = self.config.seeds[0]
+        env = self.guarded(cls, f"{cls.__name__}()")
+        try:
+            observation, info = unpack_reset(self.guarded(partial(env.reset, seed=seed), f"reset(seed={seed})"))
+        except ContractError as exc:
+            raise CheckFailed(f"{exc}; return (observation, info) from reset()") from None
+        if not observation.strip():
+            raise CheckFailed(f"reset(seed={seed}) returned an empty observation; describe the task")
+        if len(observation) > cap:
+            raise CheckFailed(f"reset(seed={seed}) observation is {len(observation)} chars, over the {cap} cap")
+        if self.setting is Setting.TOOL and not info.get("tools"):
+            raise CheckFailed("reset() info has no 'tools'; let ToolEnv.reset() build it")
+        if self.setting is Setting.GAME:
+            first = self.guarded(env.solution, f"solution() on seed {seed}")
+            probes = [*GAME_PROBES]
+            if isinstance(first, list | tuple) and first and isinstance(first[0], str):
+                probes.insert(0, first[0])
+        else:
+            tools = cls.tool_schemas()
+            probes = ["<tool_call>{not json</tool_call>", "Hello, how can I help?"]
+            probes += [ToolCall(n, example_value(t["parameters"])).to_text() for n, t in sorted(tools.items())]
+            probes.append(ToolCall("no_such_tool", {}).to_text())
+        steps = 0
+        for probe in probes:
+            action = normalize_game_action(probe) if self.setting is Setting.GAME else probe
+            raw = self.guarded(partial(env.step, action), f"step({_short(action, 60)}) on seed {seed}")
+            try:
+                observation, reward, terminated, truncated, _ = unpack_step(raw)
+            except ContractError as exc:
+                raise CheckFailed(f"step({_short(action, 60)}): {exc}") from None
+            if not 0.0 <= reward <= 1.0:
+                raise CheckFailed(
+                    f"step({_short(action, 60)}) returned reward {reward}; rewards must lie in [0, 1] "
+                    "(1.0 for a win, 0 otherwise or partial credit)"
+                )
+            if len(observation) > cap:
+                raise CheckFailed(f"step() observation is {len(observation)} chars, over the {cap} cap")
+            steps += 1
+            if terminated or truncated:
+                env = self.guarded(cls, f"{cls.__name__}()")
+                self.guarded(partial(env.reset, seed=seed), f"reset(seed={seed})")
+        return f"reset(seed={seed}) and {steps} probe steps returned well-formed values within the time limit"
+
+    def _trace(self, seed: int, actions: list[str], global_seed: int) -> tuple[list[Any], bool]:
+        """Play ``actions`` on a fresh instance with the global RNG seeded to ``global_seed``.
+
+        Returns the trace of (observation, reward, terminated, truncated) and whether any env call
+        changed the global RNG's state.
+        """
+        random.seed(global_seed)
+        touched = False
+        session = self.session(seed)
+        before = random.getstate()
+        outcome = session.reset()
+        touched |= random.getstate() != before
+        trace: list[Any] = [("reset", outcome.observation, outcome.outcome.value)]
+        for action in actions:
+            if outcome.done:
+                break
+            before = random.getstate()
+            outcome = session.step(action)
+            touched |= random.getstate() != before
+            trace.append((outcome.observation, outcome.reward, outcome.terminated, outcome.truncated))
+        return trace, touched
+
+    def check_determinism(self) -> str:
+        compared = 0
+        state = random.getstate()
+        try:
+            for seed in self.config.seeds[:2]:
+                session, _ = self.reset(seed)
+                actions = self.solution_actions(session, seed)
+                policy = self.policy(random.Random(self.config.random_policy_seed + seed))
+                actions = [*actions[:-1], policy.action(""), policy.action(""), *actions[-1:]]
+                first, touched_a = self._trace(seed, actions, global_seed=1)
+                second, touched_b = self._trace(seed, actions, global_seed=2)
+                if touched_a or touched_b:
+                    raise CheckFailed(
+                        f"on seed {seed}, reset()/step() used the global random module (its state changed); "
+                        "draw all randomness from an instance-local rng = random.Random(seed) made in reset()"
+                    )
+                for i, (a, b) in enumerate(zip(first, second, strict=False)):
+                    if a != b:
+                        where = "reset()" if i == 0 else f"step {i}"
+                        raise CheckFailed(
+                            f"seed {seed} with the same actions gave different results at {where}: "
+                            f"{_short(a[0] if i else a[1])} vs {_short(b[0] if i else b[1])}; the same seed "
+                            "and actions must give the same observations (no time, global RNG or unseeded "
+                            "random.Random())"
+                        )
+                if len(first) != len(second):
+                    raise CheckFailed(f"seed {seed} with the same actions ended after different numbers of steps")
+                compared += len(first)
+                again = self.solution(self.reset(seed)[0], seed)
+                if repr(again) != repr(self.solutions[seed]):
+                    raise CheckFailed(
+                        f"solution() differs between two reset(seed={seed}) calls; derive it from the seed"
+                    )
+        finally:
+            random.setstate(state)
+        seeds = list(self.config.seeds[:2])
+        return f"seeds {seeds}: {compared} identical steps across fresh instances; global RNG untouched"
+
+    def check_seed_variety(self) -> str:
+        signatures = set()
+        for seed in self.config.seeds:
+            session, first = self.reset(seed)
+            solution = self.solution(session, seed)
+            signature = [first.observation, repr(solution)]
+            if self.setting is Setting.TOOL:
+                signature.append(repr(session.env.state))
+            signatures.add(tuple(signature))
+        if len(signatures) == 1:
+            raise CheckFailed(
+                f"all {len(self.config.seeds)} seeds {list(self.config.seeds)} gave the same instance (same "
+                "observation and solution): a memorisable instance. Build it from random.Random(seed)"
+            )
+        return f"{len(signatures)} distinct instances across seeds {list(self.config.seeds)}"
+
+    def check_solution_replay(self) -> str:
+        turns = []
+        for seed in self.config.seeds:
+            session, _ = self.reset(seed)
+            if self.setting is Setting.TOOL:
+                turns.append(self._replay_tool(session, seed))
+            else:
+                turns.append(self._replay_game(session, seed))
+        return f"solution() wins on every seed {list(self.config.seeds)} in {min(turns)}-{max(turns)} turns"
+
+    def _replay_game(self, session: EnvSession, seed: int) -> int:
+        actions = self.solution(session, seed)
+        outcome = session.last
+        assert outcome is not None
+        for i, action in enumerate(actions):
+            outcome = session.step(action)
+            if outcome.outcome in (Outcome.ENV_ERROR, Outcome.TIMEOUT):
+                raise CheckFailed(f"replaying solution() on seed {seed}, action {i + 1}: {outcome.observation}")
+            if outcome.done:
+                break
+        if outcome.terminated and outcome.reward >= self.config.win_threshold:
+            return outcome.turn
+        if outcome.done:
+            how = "terminated" if outcome.terminated else f"truncated at turn {outcome.turn}/{session.max_turns}"
+            raise CheckFailed(
+                f"replaying solution() on seed {seed} did not win: {how} with reward {outcome.reward} "
+                f"(last observation {_short(outcome.observation)}); solution() must return the winning actions"
+            )
+        raise CheckFailed(
+            f"replaying all {len(actions)} solution() actions on seed {seed} did not end the episode "
+            f"(last observation {_short(outcome.observation)}); solution() must return the winning actions"
+        )
+
+    def _replay_tool(self, session: EnvSession, seed: int) -> int:
+        blocks = self.solution(session, seed)
+        env = session.env
+        total = sum(len(b) for b in blocks)
+        if total > session.max_turns:
+            raise CheckFailed(f"solution() on seed {seed} needs {total} calls but max_turns is {session.max_turns}")
+        outcome = session.last
+        assert outcome is not None
+        for i, block in enumerate(blocks):
+            if session.guarded_call(env.criterion_holds, i):
+                raise CheckFailed(
+                    f"seed {seed}: the criterion of instruction {i + 1} is already true when that instruction "
+                    "arrives, so no call can flip it; make it depend on a change the instruction asks for"
+                )
+            for k, call in enumerate(block):
+                if env.current != i:
+                    raise CheckFailed(
+                        f"seed {seed}: instruction {i + 1} completed after call {k} of its {len(block)} "
+                        "solution calls; drop the extra calls or make the criterion require them"
+                    )
+                outcome = session.step(call.to_text())
+                if outcome.outcome is not Outcome.OK:
+                    raise CheckFailed(f"seed {seed}, instruction {i + 1}, call {call.name}: {outcome.observation}")
+                result = (outcome.info.get("tool_results") or [{}])[0]
+                if not result.get("ok", False):
+                    raise CheckFailed(
+                        f"seed {seed}, instruction {i + 1}: solution call {call.name}({_short(call.arguments, 80)}) "
+                        f"failed: {_short(result.get('output', ''))}"
+                    )
+            if env.current != i + 1:
+                raise CheckFailed(
+                    f"seed {seed}: after its {len(block)} solution calls, instruction {i + 1} "
+                    f"({_short(env.instructions[i], 80)}) is not complete: its criterion did not go False->True; "
+                    "make solution() and the criterion agree"
+                )
+        if not (outcome.terminated and outcome.reward >= self.config.win_threshold):
+            raise CheckFailed(f"seed {seed}: all instructions completed but the episode did not end with reward 1.0")
+        return outcome.turn
+
+    def check_random_policy(self) -> str:
+        rng = random.Random(self.config.random_policy_seed)
+        episodes = self.config.random_policy_episodes
+        wins = 0
+        for episode in range(episodes):
+            seed = RANDOM_POLICY_SEED_BASE + episode
+            session, outcome = self.reset(seed)
+            policy = self.policy(rng, exclude_seed=seed)
+            noop = NOOP_GAME_ACTION if self.setting is Setting.GAME else NOOP_TOOL_ACTION
+            while not outcome.done:
+                action = noop if episode == 0 else policy.action(outcome.observation)
+                outcome = session.step(action)
+                if outcome.outcome in (Outcome.ENV_ERROR, Outcome.TIMEOUT):
+                    raise CheckFailed(
+                        f"random play on seed {seed} broke the env after {_short(action, 60)}: {outcome.observation}"
+                    )
+            wins += outcome.terminated and outcome.reward >= self.config.win_threshold
+        rate = wins / episodes
+        limit = self.config.random_policy_max_win_rate
+        summary = f"random/no-op policy won {wins} of {episodes} episodes ({rate:.0%}); limit {limit:.0%}"
+        if rate > limit:
+            raise CheckFailed(
+                summary + ": the reward is trivial or hackable; make winning depend on working out hidden state"
+            )
+        return summary
+
+    def check_termination(self) -> str:
+        assert self.env_class is not None
+        cls = self.env_class
+        env = self.guarded(cls, f"{cls.__name__}()")
+        declared = getattr(env, "max_turns", None)
+        cap = self.config.max_turns_cap
+        if declared is None:
+            return f"declares no max_turns; sessions truncate at {self.config.effective_max_turns(None)} turns"
+        if isinstance(declared, bool) or not isinstance(declared, int) or declared < 1:
+            raise CheckFailed(f"max_turns must be a positive int, got {_short(declared)}")
+        if declared > cap:
+            return f"declares max_turns={declared}; sessions cap it at {cap} turns"
+        for seed in self.config.seeds[:2]:
+            for policy_name in ("no-op", "random"):
+                env = self.guarded(cls, f"{cls.__name__}()")
+                observation, _ = unpack_reset(self.guarded(partial(env.reset, seed=seed), f"reset(seed={seed})"))
+                policy = self.policy(random.Random(seed), exclude_seed=seed)
+                ended = False
+                for _ in range(declared):
+                    if policy_name == "no-op":
+                        action = NOOP_GAME_ACTION if self.setting is Setting.GAME else NOOP_TOOL_ACTION
+                    else:
+                        action = policy.action(observation)
+                    if self.setting is Setting.GAME:
+                        action = normalize_game_action(action)
+                    raw = self.guarded(partial(env.step, action), f"step() on seed {seed}")
+                    observation, _, terminated, truncated, _ = unpack_step(raw)
+                    if terminated or truncated:
+                        ended = True
+                        break
+                if not ended:
+                    raise CheckFailed(
+                        f"after max_turns={declared} steps of {policy_name} play on seed {seed} the env neither "
+                        "terminated nor truncated; return truncated=True once the turn count reaches max_turns"
+                    )
+        return f"episodes end within max_turns={declared} under no-op and random play"
+
+    def check_reset_gate(self) -> str:
+        for seed in self.config.seeds:
+            session, _ = self.reset(seed)
+            env = session.env
+            for i, instruction in enumerate(env.instructions):
+                if session.guarded_call(env.criterion_holds, i):
+                    raise CheckFailed(
+                        f"seed {seed}: the criterion of instruction {i + 1} ({_short(instruction, 80)}) is already "
+                        "true right after reset(); it must be false until the agent's calls make it true"
+                    )
+        return f"every criterion is false right after reset() on seeds {list(self.config.seeds)}"
+
+    def _advance_after(self, seed: int, prefix: list[ToolCall], calls: list[ToolCall], index: int) -> bool | None:
+        """Replay ``prefix`` then ``calls`` on a fresh instance; whether instruction ``index`` completed.
+
+        None when the prefix did not bring the env to instruction ``index``.
+        """
+        session, _ = self.reset(seed)
+        env = session.env
+        for call in prefix:
+            session.step(call.to_text())
+        if env.current != index or session.done:
+            return None
+        for call in calls:
+            outcome = session.step(call.to_text())
+            if outcome.outcome in (Outcome.ENV_ERROR, Outcome.TIMEOUT):
+                raise CheckFailed(f"seed {seed}, calling {call.name}: {outcome.observation}")
+            if env.current > index:
+                return True
+            if outcome.done:
+                break
+        return False
+
+    def check_irrelevant_action(self) -> str:
+        assert self.env_class is not None
+        tools = self.env_class.tool_schemas()
+        probes_run = 0
+        for seed in self.config.seeds[:2]:
+            blocks: list[list[ToolCall]] = self.solutions[seed]
+            for i, block in enumerate(blocks):
+                prefix = [c for b in blocks[:i] for c in b]
+                own = {c.to_text() for c in block}
+                used = {c.name for c in block}
+                probes: list[ToolCall] = []
+                for j, other in enumerate(blocks):
+                    probes += [c for c in other if j != i and c.to_text() not in own]
+                probes += [
+                    ToolCall(n, example_value(t["parameters"])) for n, t in sorted(tools.items()) if n not in used
+                ]
+                unique = {p.to_text(): p for p in probes}
+                for probe in list(unique.values())[: self.config.max_irrelevant_probes]:
+                    probes_run += 1
+                    if self._advance_after(seed, prefix, [probe], i):
+                        raise CheckFailed(
+                            f"seed {seed}: calling {probe.name}({_short(probe.arguments, 80)}) while instruction "
+                            f"{i + 1} ({_short(blocks and self._instruction(seed, i), 80)}) is open completes it, "
+                            "but that call is not part of its solution; tie the criterion to the requested change"
+                        )
+                if len(block) > 1:
+                    for k, skipped in enumerate(block):
+                        probes_run += 1
+                        if self._advance_after(seed, prefix, block[:k] + block[k + 1 :], i):
+                            raise CheckFailed(
+                                f"seed {seed}: skipping solution call {k + 1} ({skipped.name}) of instruction {i + 1} "
+                                "still completes it; the criterion must require every step of the solution"
+                            )
+        return f"{probes_run} off-solution and skipped-step probes completed no instruction"
+
+    def _instruction(self, seed: int, index: int) -> str:
+        session, _ = self.reset(seed)
+        return str(session.env.instructions[index])
+
+
+def check_env_source(code: str, setting: str | Setting, config: CheckConfig | None = None) -> ValidationReport:
+    """Validate env ``code`` for ``setting`` (``"game"`` or ``"tool"``); see the module docstring.
+
+    Args:
+        code: the env source (an LLM reply's code block; the known repairs are applied first).
+        setting: ``"game"`` or ``"tool"``.
+        config: limits and thresholds; ``CheckConfig()`` by default.
+
+    Returns:
+        A ``ValidationReport`` whose ``checks`` has one entry per name in ``CHECK_NAMES``, in order.
+
+    Raises:
+        ValueError: only for a bad ``setting`` (the caller's mistake, not the env's).
+    """
+    started = time.monotonic()
+    parsed = Setting.parse(setting)
+    config = config or CheckConfig()
+    if not isinstance(code, str):
+        raise TypeError(f"code must be a str, got {type(code).__name__}")
+    repaired, repairs = repair_code(code)
+    checker = _Checker(repaired, parsed, config, repairs)
+    results = checker.run()
+    return ValidationReport(
+        valid=all(r.passed for r in results),
+        setting=parsed.value,
+        env_class=checker.env_class.__name__ if checker.env_class is not None else "",
+        checks=results,
+        repaired_code=repaired,
+        duration_ms=(time.monotonic() - started) * 1000.0,
+    )
