@@ -29,11 +29,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from spade.envs.actions import ToolCallParse, parse_tool_calls
 from spade.inference.chat import ChatFormatter, Message
 from spade.inference.protocol import (
     GenerateRequest,
@@ -43,6 +42,9 @@ from spade.inference.protocol import (
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDiskResponse,
 )
+
+if TYPE_CHECKING:
+    from spade.envs.actions import ToolCallParse
 
 logger = logging.getLogger(__name__)
 
@@ -322,6 +324,9 @@ class InferenceClient:
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> ChatGeneration:
         """Apply the chat template, generate, and parse tool calls from the reply text."""
+        # Imported here: the env library is only needed by callers that parse tool calls.
+        from spade.envs.actions import parse_tool_calls
+
         prompt_ids = self.apply_chat_template(messages, tools)
         generation = await self.generate(prompt_ids, sampling)
         return ChatGeneration(prompt_ids, generation, parse_tool_calls(generation.text))

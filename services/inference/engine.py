@@ -1,0 +1,507 @@
+"""The batching engine: continuous batching of generation requests on one model, on CPU.
+
+A scheduler thread owns the model and the running batch. Each iteration it
+
+1. applies a pending weight swap once the batch has drained (see below),
+2. admits waiting requests into the running batch (up to ``max_batch_size`` rows and a prefill
+   token budget), prefilling each new prompt alone and merging its KV cache into the batch
+   (:mod:`services.inference.kv`), and
+3. decodes one token for every active sequence in a single forward pass, samples per row with the
+   row's own parameters, and retires the rows that finished.
+
+So requests join and leave a batch that keeps decoding; nobody waits for a whole batch to finish.
+The asyncio side (:meth:`BatchEngine.generate`) only enqueues and awaits a future, so the event loop
+stays free while torch computes in the scheduler thread.
+
+Weight updates (:meth:`BatchEngine.update_weights`): the new checkpoint is loaded from disk *while
+the old weights keep serving*. Then admission stops, the requests already in the batch finish on the
+old weights (or are aborted, with ``abort_all_requests``), the model is swapped and
+``weight_version`` set, and admission resumes; requests that arrived meanwhile wait and run on the
+new weights. Every completion is therefore produced by exactly one weight version, the one reported
+in its ``meta_info.weight_version``. A failed load leaves the old weights and version in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from services.inference.kv import KVBatch
+from services.inference.models import load_model, load_tokenizer, resolve_model_path
+from services.inference.sampling import (
+    StopRule,
+    finish_for_token,
+    matched_stop_string,
+    sample_token,
+    trim_at_stop,
+)
+from spade.inference.protocol import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineError(RuntimeError):
+    """Base class of the engine's errors."""
+
+
+class InvalidRequest(EngineError, ValueError):
+    """The request cannot be served as given (maps to HTTP 400)."""
+
+
+class Overloaded(EngineError):
+    """The waiting queue is full (maps to HTTP 503; clients retry with backoff)."""
+
+
+class EngineClosed(EngineError):
+    """The engine is shutting down (maps to HTTP 503)."""
+
+
+class EngineFault(EngineError):
+    """An internal failure while computing (maps to HTTP 500)."""
+
+
+@dataclass(frozen=True)
+class GenerationJob:
+    """One request, as the engine sees it."""
+
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = True
+    logprob_start_len: int = -1
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass(frozen=True)
+class GenerationOutcome:
+    """The result of one job, in SGLang's terms."""
+
+    rid: str
+    output_ids: list[int]
+    output_logprobs: list[float]
+    input_logprobs: list[tuple[float | None, int]]
+    finish_reason: dict[str, Any]
+    weight_version: str
+    prompt_tokens: int
+    text: str
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class WeightUpdateOutcome:
+    """The result of a weight update."""
+
+    success: bool
+    message: str
+    num_paused_requests: int = 0
+
+
+@dataclass
+class _Pending:
+    job: GenerationJob
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[GenerationOutcome]
+    arrived: float
+    cancelled: bool = False
+
+
+@dataclass
+class _Row:
+    pending: _Pending
+    rule: StopRule
+    generator: torch.Generator | None
+    version: str
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    finish: dict[str, Any] | None = None
+    stop_string: str | None = None
+
+
+@dataclass
+class _Swap:
+    model: Any
+    path: Path
+    version: str
+    abort_all: bool
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[WeightUpdateOutcome]
+
+
+def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], value: Any) -> None:
+    """Complete ``future`` from the scheduler thread (ignored if the waiter has gone)."""
+
+    def apply() -> None:
+        if future.done():
+            return
+        if isinstance(value, BaseException):
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+
+    loop.call_soon_threadsafe(apply)
+
+
+def _next_version(current: str) -> str:
+    return str(int(current) + 1) if current.isdigit() else current
+
+
+class BatchEngine:
+    """Serve generation requests from one model with continuous batching.
+
+    Args:
+        model_path: checkpoint directory (``None``: the default SmolLM2 model).
+        weight_version: the version reported before any update.
+        max_batch_size: most sequences decoded together.
+        max_waiting: most requests queued for admission; more are refused with :class:`Overloaded`.
+        max_prefill_tokens: prompt tokens admitted per scheduler iteration (at least one request).
+        context_length: longest prompt + completion; ``None``: the model's ``max_position_embeddings``.
+        dtype: weights' dtype (float32 keeps logprobs within 1e-4 of a float32 learner).
+    """
+
+    def __init__(
+        self,
+        model_path: Path | None = None,
+        *,
+        weight_version: str = "0",
+        max_batch_size: int = 32,
+        max_waiting: int = 1024,
+        max_prefill_tokens: int = 8192,
+        context_length: int | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.model_path = resolve_model_path(model_path)
+        self.tokenizer_path = self.model_path
+        self.weight_version = weight_version
+        self.max_batch_size = max_batch_size
+        self.max_waiting = max_waiting
+        self.max_prefill_tokens = max_prefill_tokens
+        self.dtype = dtype
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.model = load_model(self.model_path, dtype)
+        self.config = self.model.config
+        self.context_length = context_length or int(getattr(self.config, "max_position_embeddings", 4096))
+        self.vocab_size = int(self.config.vocab_size)
+        eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        eos = eos if eos is not None else self.tokenizer.eos_token_id
+        self.eos_ids: list[int] = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[_Pending] = collections.deque()
+        self._swap: _Swap | None = None
+        self._stopping = False
+        self._rows: list[_Row] = []
+        self._batch = KVBatch()
+        self._next_tokens: list[int] = []
+        self._positions: list[int] = []
+        self._update_lock = asyncio.Lock()
+        self._thread: threading.Thread | None = None
+        self._steps = itertools.count()
+        self.last_progress = time.monotonic()
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the scheduler thread (idempotent)."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="inference-scheduler", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the scheduler; waiting and running requests fail with :class:`EngineClosed`."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+            self._thread = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the scheduler thread is serving."""
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    @property
+    def num_running(self) -> int:
+        return len(self._rows)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    # -- asyncio API ---------------------------------------------------------------------------------
+
+    def validate(self, job: GenerationJob) -> None:
+        """Raise :class:`InvalidRequest` when ``job`` cannot be served."""
+        n = len(job.input_ids)
+        if n >= self.context_length:
+            raise InvalidRequest(
+                f"the input ({n} tokens) is longer than the model's context length "
+                f"({self.context_length} tokens); shorten the prompt"
+            )
+        bad = next((t for t in job.input_ids if t >= self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequest(f"input_ids holds token id {bad}, outside the vocabulary (size {self.vocab_size})")
+        if job.logprob_start_len >= n:
+            raise InvalidRequest(f"logprob_start_len ({job.logprob_start_len}) must be < the input length ({n})")
+
+    async def generate(self, job: GenerationJob) -> GenerationOutcome:
+        """Queue ``job`` and wait for its completion.
+
+        Raises:
+            InvalidRequest, Overloaded, EngineClosed, EngineFault: see the classes.
+        """
+        self.validate(job)
+        loop = asyncio.get_running_loop()
+        pending = _Pending(job, loop, loop.create_future(), time.monotonic())
+        with self._cond:
+            if self._stopping or self._thread is None:
+                raise EngineClosed("the inference engine is not running")
+            if len(self._waiting) >= self.max_waiting:
+                raise Overloaded(f"{len(self._waiting)} requests already waiting (max_waiting={self.max_waiting})")
+            self._waiting.append(pending)
+            self._cond.notify_all()
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            pending.cancelled = True  # the scheduler drops it at its next step
+            raise
+
+    async def update_weights(
+        self, model_path: str | Path, weight_version: str | None = None, *, abort_all_requests: bool = False
+    ) -> WeightUpdateOutcome:
+        """Load a checkpoint and swap it in (see the module docstring for in-flight requests).
+
+        ``weight_version`` ``None`` increments a numeric version (and keeps any other unchanged).
+        Failures (missing path, incompatible vocabulary) return ``success=False`` and keep the
+        current weights.
+        """
+        async with self._update_lock:
+            try:
+                path = resolve_model_path(Path(model_path))
+                model = await asyncio.to_thread(load_model, path, self.dtype)
+            except Exception as exc:
+                return WeightUpdateOutcome(False, f"failed to load weights from {model_path}: {exc}")
+            if int(model.config.vocab_size) != self.vocab_size:
+                return WeightUpdateOutcome(
+                    False,
+                    f"{model_path} has vocabulary size {model.config.vocab_size}, the served model "
+                    f"{self.vocab_size}; a weight update must keep the tokenizer",
+                )
+            loop = asyncio.get_running_loop()
+            version = weight_version if weight_version is not None else _next_version(self.weight_version)
+            swap = _Swap(model, path, version, abort_all_requests, loop, loop.create_future())
+            with self._cond:
+                if self._stopping or self._thread is None:
+                    return WeightUpdateOutcome(False, "the inference engine is not running")
+                self._swap = swap
+                self._cond.notify_all()
+            return await swap.future
+
+    # -- scheduler thread ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cond:
+                while not (self._stopping or self._waiting or self._rows or self._swap):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                admitted = self._take_admissions()
+            try:
+                with torch.inference_mode():
+                    self._apply_swap_if_drained()
+                    self._admit(admitted)
+                    if self._rows:
+                        self._decode_step()
+                    self._retire()
+            except Exception as exc:
+                logger.exception("inference scheduler step failed; failing the affected requests")
+                self._fail_all(admitted, EngineFault(f"generation failed: {type(exc).__name__}: {exc}"))
+        self._shutdown()
+
+    def _take_admissions(self) -> list[_Pending]:
+        """Pop the requests to admit now (none while a weight swap is waiting to drain)."""
+        if self._swap is not None:
+            return []
+        taken: list[_Pending] = []
+        budget = self.max_prefill_tokens
+        while self._waiting and len(self._rows) + len(taken) < self.max_batch_size:
+            head = self._waiting[0]
+            if taken and len(head.job.input_ids) > budget:
+                break
+            self._waiting.popleft()
+            if head.cancelled:
+                continue
+            budget -= len(head.job.input_ids)
+            taken.append(head)
+        return taken
+
+    def _apply_swap_if_drained(self) -> None:
+        swap = self._swap
+        if swap is None:
+            return
+        paused = len(self._rows)
+        if swap.abort_all and self._rows:
+            for row in self._rows:
+                row.finish = {"type": "abort", "message": "aborted by a weight update", "status_code": 503}
+            self._retire()
+        if self._rows:
+            return  # drain: in-flight requests finish on the old weights
+        old = self.model
+        self.model, self.model_path, self.weight_version = swap.model, swap.path, swap.version
+        del old
+        with self._cond:
+            self._swap = None
+        message = f"Succeeded to update model weights from {swap.path}; weight_version={swap.version}"
+        logger.info(message)
+        _resolve(swap.loop, swap.future, WeightUpdateOutcome(True, message, paused))
+
+    def _forward(self, **kwargs: Any) -> torch.Tensor:
+        out = self.model(use_cache=True, return_dict=True, **kwargs)
+        return out.logits
+
+    def _admit(self, admitted: list[_Pending]) -> None:
+        caches: list[DynamicCache] = []
+        for pending in admitted:
+            job = pending.job
+            if pending.cancelled:
+                continue
+            prompt = torch.tensor([job.input_ids], dtype=torch.long)
+            cache = DynamicCache(config=self.config)
+            want_inputs = job.return_logprob and job.logprob_start_len >= 0
+            logits = self._forward(
+                input_ids=prompt,
+                cache=cache,
+                position_ids=torch.arange(prompt.shape[1]).unsqueeze(0),
+                logits_to_keep=0 if want_inputs else 1,
+            )[0]
+            budget = min(job.params.max_new_tokens, self.context_length - len(job.input_ids))
+            generator = None
+            if job.params.sampling_seed is not None:
+                generator = torch.Generator().manual_seed(job.params.sampling_seed)
+            row = _Row(pending, StopRule.build(job.params, self.eos_ids, budget), generator, self.weight_version)
+            if want_inputs:
+                row.input_logprobs = self._input_logprobs(logits, job.input_ids, job.logprob_start_len)
+            if budget <= 0:
+                row.finish = {"type": "length", "length": 0}
+                self._rows.append(row)  # retired at once, without a cache row
+                self._next_tokens.append(-1)
+                self._positions.append(-1)
+                caches.append(cache)
+                continue
+            self._append_token(row, logits[-1])
+            self._rows.append(row)
+            self._next_tokens.append(row.output_ids[-1])
+            self._positions.append(len(job.input_ids))
+            caches.append(cache)
+        self._batch.add_rows(caches)
+
+    @staticmethod
+    def _input_logprobs(logits: torch.Tensor, ids: list[int], start: int) -> list[tuple[float | None, int]]:
+        out: list[tuple[float | None, int]] = []
+        for i in range(start, len(ids)):
+            if i == 0:
+                out.append((None, ids[0]))
+            else:
+                out.append((float(torch.log_softmax(logits[i - 1].float(), dim=-1)[ids[i]].item()), ids[i]))
+        return out
+
+    def _append_token(self, row: _Row, logits: torch.Tensor) -> None:
+        token, logprob = sample_token(logits, row.pending.job.params, row.generator)
+        row.output_ids.append(token)
+        row.logprobs.append(logprob)
+        row.finish = finish_for_token(row.rule, token, len(row.output_ids))
+        if row.rule.stop_strings and (row.finish is None or row.finish["type"] == "length"):
+            tail = str(self.tokenizer.decode(row.output_ids[-row.rule.tail_tokens :], skip_special_tokens=True))
+            matched = matched_stop_string(row.rule, tail)
+            if matched is not None:
+                row.stop_string = matched
+                row.finish = {"type": "stop", "matched": matched}
+
+    def _decode_step(self) -> None:
+        live = [i for i, row in enumerate(self._rows) if row.finish is None and not row.pending.cancelled]
+        if not live:
+            return
+        if len(live) != len(self._rows):
+            self._retire()
+            live = list(range(len(self._rows)))
+        mask = self._batch.step_mask()
+        logits = self._forward(
+            input_ids=torch.tensor(self._next_tokens, dtype=torch.long).unsqueeze(1),
+            position_ids=torch.tensor(self._positions, dtype=torch.long).unsqueeze(1),
+            attention_mask=mask,
+            cache=self._batch.cache,
+        )[:, -1, :]
+        next(self._steps)
+        for i, row in enumerate(self._rows):
+            self._append_token(row, logits[i])
+            self._next_tokens[i] = row.output_ids[-1]
+            self._positions[i] += 1
+        self.last_progress = time.monotonic()
+
+    def _retire(self) -> None:
+        """Deliver finished and drop cancelled rows; compact the batch."""
+        keep: list[int] = []
+        for i, row in enumerate(self._rows):
+            if row.pending.cancelled:
+                continue
+            if row.finish is None:
+                keep.append(i)
+                continue
+            self._deliver(row)
+        if len(keep) == len(self._rows):
+            return
+        self._rows = [self._rows[i] for i in keep]
+        self._next_tokens = [self._next_tokens[i] for i in keep]
+        self._positions = [self._positions[i] for i in keep]
+        self._batch.keep_rows(keep)
+
+    def _deliver(self, row: _Row) -> None:
+        job, finish = row.pending.job, row.finish or {"type": "abort", "message": "unfinished"}
+        text = str(self.tokenizer.decode(row.output_ids, skip_special_tokens=job.params.skip_special_tokens))
+        if row.stop_string is not None and not job.params.no_stop_trim:
+            text = trim_at_stop(text, row.stop_string)
+        outcome = GenerationOutcome(
+            rid=job.rid,
+            output_ids=list(row.output_ids),
+            output_logprobs=list(row.logprobs),
+            input_logprobs=list(row.input_logprobs),
+            finish_reason=finish,
+            weight_version=row.version,
+            prompt_tokens=len(job.input_ids),
+            text=text,
+            latency_s=time.monotonic() - row.pending.arrived,
+        )
+        _resolve(row.pending.loop, row.pending.future, outcome)
+
+    def _fail_all(self, admitted: list[_Pending], error: Exception) -> None:
+        for pending in [*admitted, *(row.pending for row in self._rows)]:
+            _resolve(pending.loop, pending.future, error)
+        self._rows, self._next_tokens, self._positions = [], [], []
+        self._batch = KVBatch()
+
+    def _shutdown(self) -> None:
+        error = EngineClosed("the inference engine shut down")
+        with self._cond:
+            waiting, self._waiting = list(self._waiting), collections.deque()
+            swap, self._swap = self._swap, None
+        self._fail_all(waiting, error)
+        if swap is not None:
+            _resolve(swap.loop, swap.future, WeightUpdateOutcome(False, str(error)))
+
+
+EngineFactory = Callable[[], BatchEngine]

