@@ -1,3 +1,6 @@
+import random
+from typing import Any, ClassVar
+
 from spade.envs import ToolEnv
 
 DOCTORS = ["Dr. Adler", "Dr. Baptiste", "Dr. Costa", "Dr. Duval", "Dr. Eze"]
@@ -12,7 +15,7 @@ class ClinicSchedulerEnv(ToolEnv):
     """A clinic front desk: register a new patient, find a doctor's free slots, book, and remind."""
 
     max_turns = 14
-    tools = [
+    tools: ClassVar[list[dict[str, Any]]] = [
         {
             "name": "register_patient",
             "description": "Register a new patient. Returns the new patient id.",
@@ -90,18 +93,18 @@ class ClinicSchedulerEnv(ToolEnv):
         },
     ]
 
-    def setup(self, rng):
-        slots = {}
+    def setup(self, rng: random.Random) -> None:
+        slots: dict[str, dict[str, Any]] = {}
         for doctor in DOCTORS:
             for day in DAYS:
                 for time in rng.sample(TIMES, 5):
                     slots[f"S{len(slots) + 1:03d}"] = {"doctor": doctor, "day": day, "time": time, "free": True}
         for slot in rng.sample(sorted(slots), 40):
             slots[slot]["free"] = False
-        patients = {}
+        patients: dict[str, dict[str, Any]] = {}
         for name in rng.sample(PATIENTS, 3):
             patients[f"P{100 + len(patients)}"] = {"name": name, "phone": f"555-{rng.randint(1000, 9999)}"}
-        self.person = {
+        self.person: dict[str, Any] = {
             "name": rng.choice([p for p in PATIENTS if p not in {v["name"] for v in patients.values()}]),
             "phone": f"555-{rng.randint(1000, 9999)}",
             "insurance": {"provider": rng.choice(INSURERS), "member_id": f"M{rng.randint(100000, 999999)}"},
@@ -134,7 +137,7 @@ class ClinicSchedulerEnv(ToolEnv):
             lambda s: s["reminders"].get(aid) == {"channels": ["email", "sms"], "hours_before": hours},
         ]
 
-    def tool_register_patient(self, patient):
+    def tool_register_patient(self, patient: dict[str, Any]) -> dict[str, str] | str:
         for pid, known in self.state["patients"].items():
             if known["name"] == patient["name"] and known["phone"] == patient["phone"]:
                 return f"{patient['name']} is already registered as {pid}."
@@ -146,7 +149,7 @@ class ClinicSchedulerEnv(ToolEnv):
         }
         return {"patient_id": pid}
 
-    def tool_search_slots(self, doctor, day):
+    def tool_search_slots(self, doctor: str, day: str) -> list[dict[str, str]] | str:
         if doctor not in DOCTORS:
             return f"Unknown doctor {doctor!r}. Doctors: {', '.join(DOCTORS)}."
         self.state["searches"].append([doctor, day])
@@ -157,7 +160,7 @@ class ClinicSchedulerEnv(ToolEnv):
         ]
         return free or f"{doctor} has no free slots on {day}."
 
-    def tool_book_appointment(self, patient_id, slot_id, reason):
+    def tool_book_appointment(self, patient_id: str, slot_id: str, reason: str) -> dict[str, str] | str:
         if patient_id not in self.state["patients"]:
             raise KeyError(f"unknown patient {patient_id!r}; register the patient first")
         slot = self.state["slots"].get(slot_id)
@@ -168,23 +171,23 @@ class ClinicSchedulerEnv(ToolEnv):
         self.state["appointments"][aid] = {"patient_id": patient_id, "slot_id": slot_id, "reason": reason}
         return {"appointment_id": aid, "doctor": slot["doctor"], "day": slot["day"], "time": slot["time"]}
 
-    def tool_send_reminder(self, appointment_id, channels, hours_before):
+    def tool_send_reminder(self, appointment_id: str, channels: list[str], hours_before: int) -> str:
         if appointment_id not in self.state["appointments"]:
             raise KeyError(f"unknown appointment {appointment_id!r}")
         self.state["reminders"][appointment_id] = {"channels": sorted(set(channels)), "hours_before": hours_before}
         return f"Reminder set for {appointment_id} via {', '.join(sorted(set(channels)))}, {hours_before} h before."
 
-    def tool_cancel_appointment(self, appointment_id):
+    def tool_cancel_appointment(self, appointment_id: str) -> str:
         appointment = self.state["appointments"].pop(appointment_id, None)
         if appointment is None:
             return f"No appointment {appointment_id!r}."
         self.state["slots"][appointment["slot_id"]]["free"] = True
         return f"Appointment {appointment_id} cancelled."
 
-    def tool_get_clinic_news(self):
+    def tool_get_clinic_news(self) -> str:
         return "The clinic is closed on public holidays. Flu vaccines are available from October."
 
-    def solution(self):
+    def solution(self) -> list[list[dict[str, Any]]]:
         return [
             [{"name": "register_patient", "arguments": {"patient": self.person}}],
             [{"name": "search_slots", "arguments": {"doctor": self.doctor, "day": self.day}}],

@@ -1,5 +1,6 @@
 import random
 import re
+from typing import Any
 
 
 class CodeBreakerEnv:
@@ -9,13 +10,13 @@ class CodeBreakerEnv:
     LENGTH = 4
     DIGITS = 6
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.rng = random.Random(0)
-        self.code = []
+        self.code: list[int] = []
         self.turn = 0
-        self.history = []
+        self.history: list[tuple[list[int], int, int]] = []
 
-    def reset(self, seed=None):
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         self.rng = random.Random(seed)
         self.code = [self.rng.randint(1, self.DIGITS) for _ in range(self.LENGTH)]
         self.turn = 0
@@ -28,16 +29,16 @@ class CodeBreakerEnv:
         )
         return observation, {"guesses_left": self.max_turns}
 
-    def _score(self, guess):
-        exact = sum(g == c for g, c in zip(guess, self.code))
+    def _score(self, guess: list[int]) -> tuple[int, int]:
+        exact = sum(g == c for g, c in zip(guess, self.code, strict=True))
         common = sum(min(guess.count(d), self.code.count(d)) for d in range(1, self.DIGITS + 1))
         return exact, common - exact
 
-    def _board(self):
+    def _board(self) -> str:
         lines = [f"  {' '.join(map(str, g))}  exact={e} misplaced={m}" for g, e, m in self.history]
         return "Guesses so far:\n" + "\n".join(lines) if lines else "No guesses yet."
 
-    def step(self, action):
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self.turn += 1
         left = self.max_turns - self.turn
         match = re.search(r"\\boxed\{\s*guess\s+([1-9](?:[\s,]+[1-9])*)\s*\}", action)
@@ -59,5 +60,5 @@ class CodeBreakerEnv:
         msg = f"exact={exact} misplaced={misplaced}. {left} guesses left.\n{self._board()}"
         return msg, 0.0, False, False, {"guesses_left": left}
 
-    def solution(self):
+    def solution(self) -> list[str]:
         return ["\\boxed{guess 1 1 2 2}", "\\boxed{guess " + " ".join(map(str, self.code)) + "}"]

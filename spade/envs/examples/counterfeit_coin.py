@@ -1,5 +1,6 @@
 import random
 import re
+from typing import Any
 
 
 class CounterfeitCoinEnv:
@@ -8,16 +9,16 @@ class CounterfeitCoinEnv:
     max_turns = 5
     WEIGHINGS = 3
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.rng = random.Random(0)
         self.n = 0
         self.fake = 0
         self.heavy = True
         self.weighings = 0
         self.turn = 0
-        self.log = []
+        self.log: list[str] = []
 
-    def reset(self, seed=None):
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         self.rng = random.Random(seed)
         self.n = self.rng.randint(8, 12)
         self.fake = self.rng.randint(1, self.n)
@@ -34,14 +35,14 @@ class CounterfeitCoinEnv:
         )
         return observation, {"weighings_left": self.WEIGHINGS}
 
-    def _weigh(self, left, right):
-        def weight(coins):
+    def _weigh(self, left: list[int], right: list[int]) -> str:
+        def weight(coins: list[int]) -> float:
             return sum((1.1 if self.heavy else 0.9) if c == self.fake else 1.0 for c in coins)
 
         a, b = weight(left), weight(right)
         return "balance" if abs(a - b) < 1e-9 else ("left heavier" if a > b else "right heavier")
 
-    def step(self, action):
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self.turn += 1
         out_of_turns = self.turn >= self.max_turns
         inner = re.search(r"\\boxed\{(.*)\}", action, re.DOTALL)
@@ -76,7 +77,7 @@ class CounterfeitCoinEnv:
             return msg + " Out of turns.", 0.0, False, True, {}
         return msg, 0.0, False, False, {}
 
-    def solution(self):
+    def solution(self) -> list[str]:
         other = 1 if self.fake != 1 else 2
         kind = "heavy" if self.heavy else "light"
         return [f"\\boxed{{weigh {self.fake} | {other}}}", f"\\boxed{{answer {self.fake} {kind}}}"]

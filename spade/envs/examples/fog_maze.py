@@ -1,6 +1,10 @@
 import random
 import re
 from collections import deque
+from typing import Any
+
+Cell = tuple[int, int]
+MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 
 
 class FogMazeEnv:
@@ -8,35 +12,34 @@ class FogMazeEnv:
 
     max_turns = 25
     SIZE = 6
-    MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.rng = random.Random(0)
-        self.walls = set()
-        self.pos = (0, 0)
-        self.goal = (0, 0)
+        self.walls: set[Cell] = set()
+        self.pos: Cell = (0, 0)
+        self.goal: Cell = (0, 0)
         self.turn = 0
-        self.visited = set()
+        self.visited: set[Cell] = set()
 
-    def _shortest_path(self, start, goal):
-        queue = deque([(start, [])])
+    def _shortest_path(self, start: Cell, goal: Cell) -> list[str] | None:
+        queue: deque[tuple[Cell, list[str]]] = deque([(start, [])])
         seen = {start}
         while queue:
             cell, path = queue.popleft()
             if cell == goal:
                 return path
-            for name, (dr, dc) in self.MOVES.items():
+            for name, (dr, dc) in MOVES.items():
                 nxt = (cell[0] + dr, cell[1] + dc)
                 if self._open(nxt) and nxt not in seen:
                     seen.add(nxt)
                     queue.append((nxt, [*path, name]))
         return None
 
-    def _open(self, cell):
+    def _open(self, cell: Cell) -> bool:
         r, c = cell
         return 0 <= r < self.SIZE and 0 <= c < self.SIZE and cell not in self.walls
 
-    def reset(self, seed=None):
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         self.rng = random.Random(seed)
         while True:
             corners = [(0, 0), (0, self.SIZE - 1), (self.SIZE - 1, 0), (self.SIZE - 1, self.SIZE - 1)]
@@ -57,21 +60,21 @@ class FogMazeEnv:
         )
         return intro + self._view(), {"position": list(self.pos)}
 
-    def _view(self):
+    def _view(self) -> str:
         parts = []
-        for name, (dr, dc) in self.MOVES.items():
+        for name, (dr, dc) in MOVES.items():
             nxt = (self.pos[0] + dr, self.pos[1] + dc)
             parts.append(f"{name}: {'open' if self._open(nxt) else 'wall'}")
         return f"Position {self.pos}, exit {self.goal}. Around you: " + ", ".join(parts) + "."
 
-    def step(self, action):
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self.turn += 1
         left = self.max_turns - self.turn
         match = re.search(r"\\boxed\{\s*(?:move\s+)?(up|down|left|right)\s*\}", action.lower())
         if not match:
             msg = "Invalid action. Use \\boxed{move up|down|left|right}. "
         else:
-            dr, dc = self.MOVES[match.group(1)]
+            dr, dc = MOVES[match.group(1)]
             nxt = (self.pos[0] + dr, self.pos[1] + dc)
             if self._open(nxt):
                 self.pos = nxt
@@ -85,5 +88,5 @@ class FogMazeEnv:
             return msg + "You are out of moves; the fog closes in.", 0.0, False, True, {}
         return msg + self._view() + f" {left} moves left.", 0.0, False, False, {"position": list(self.pos)}
 
-    def solution(self):
-        return ["\\boxed{move " + m + "}" for m in self._shortest_path(self.pos, self.goal)]
+    def solution(self) -> list[str]:
+        return ["\\boxed{move " + m + "}" for m in self._shortest_path(self.pos, self.goal) or []]

@@ -1,3 +1,6 @@
+import random
+from typing import Any, ClassVar
+
 from spade.envs import ToolEnv
 
 FIRST = ["Alice", "Bruno", "Chen", "Dana", "Emeka", "Farah", "Goran", "Hana", "Ivan", "Julia"]
@@ -21,7 +24,7 @@ class OrderDeskEnv(ToolEnv):
     """A retail support desk: look up a customer's orders, reroute one, tag it, cancel another."""
 
     max_turns = 16
-    tools = [
+    tools: ClassVar[list[dict[str, Any]]] = [
         {
             "name": "find_customer",
             "description": "Find a customer by full name. Returns their customer id and email.",
@@ -103,9 +106,10 @@ class OrderDeskEnv(ToolEnv):
         },
     ]
 
-    def setup(self, rng):
-        names = rng.sample([f"{f} {l}" for f in FIRST for l in LAST], 6)
-        customers, orders = {}, {}
+    def setup(self, rng: random.Random) -> None:
+        names = rng.sample([f"{first} {last}" for first in FIRST for last in LAST], 6)
+        customers: dict[str, dict[str, Any]] = {}
+        orders: dict[str, dict[str, Any]] = {}
         for i, name in enumerate(names):
             city, zip_code = rng.choice(CITIES)
             cid = f"C{100 + i}"
@@ -124,7 +128,7 @@ class OrderDeskEnv(ToolEnv):
                 }
         cid = rng.choice(sorted(customers))
         mine = [o for o in sorted(orders) if orders[o]["customer_id"] == cid]
-        for oid, day in zip(mine, sorted(rng.sample(range(1, 60), len(mine)))):
+        for oid, day in zip(mine, sorted(rng.sample(range(1, 60), len(mine))), strict=True):
             orders[oid]["day"] = day  # Distinct days, so "oldest" is never ambiguous.
         for oid in mine[:3]:  # The caller has at least three pending orders.
             orders[oid]["status"] = "pending"
@@ -158,19 +162,19 @@ class OrderDeskEnv(ToolEnv):
             ),
         ]
 
-    def _order(self, order_id):
+    def _order(self, order_id: str) -> dict[str, Any]:
         if order_id not in self.state["orders"]:
             raise KeyError(f"no order {order_id!r}")
         return self.state["orders"][order_id]
 
-    def tool_find_customer(self, name):
+    def tool_find_customer(self, name: str) -> dict[str, str] | str:
         for cid, customer in sorted(self.state["customers"].items()):
             if customer["name"].lower() == name.strip().lower():
                 self.state["found"] = cid
                 return {"customer_id": cid, "email": customer["email"]}
         return f"No customer named {name!r}."
 
-    def tool_list_orders(self, customer_id, filters=None):
+    def tool_list_orders(self, customer_id: str, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         filters = filters or {}
         if customer_id not in self.state["customers"]:
             raise KeyError(f"no customer {customer_id!r}")
@@ -194,19 +198,19 @@ class OrderDeskEnv(ToolEnv):
         self.state["listed"] = [customer_id, filters.get("status", "any")]
         return rows
 
-    def tool_update_shipping(self, order_id, shipping):
+    def tool_update_shipping(self, order_id: str, shipping: dict[str, Any]) -> str:
         order = self._order(order_id)
         if order["status"] != "pending":
             return f"Order {order_id} is {order['status']}; only pending orders can be changed."
         order["shipping"] = {"method": shipping["method"], "address": dict(shipping["address"])}
         return f"Order {order_id} will ship {shipping['method']} to {shipping['address']['street']}."
 
-    def tool_tag_order(self, order_id, tags):
+    def tool_tag_order(self, order_id: str, tags: list[str]) -> dict[str, Any]:
         order = self._order(order_id)
         order["tags"] = sorted(set(order["tags"]) | set(tags))
         return {"order_id": order_id, "tags": order["tags"]}
 
-    def tool_cancel_order(self, order_id, reason):
+    def tool_cancel_order(self, order_id: str, reason: str) -> str:
         order = self._order(order_id)
         if order["status"] != "pending":
             return f"Order {order_id} is {order['status']} and cannot be cancelled."
@@ -214,10 +218,10 @@ class OrderDeskEnv(ToolEnv):
         order["reason"] = reason
         return f"Order {order_id} cancelled ({reason})."
 
-    def tool_get_weather(self, city):
+    def tool_get_weather(self, city: str) -> str:
         return f"The weather in {city}: mild, light wind."
 
-    def solution(self):
+    def solution(self) -> list[list[dict[str, Any]]]:
         name = self.state["customers"][self.customer]["name"]
         return [
             [
