@@ -1,0 +1,379 @@
+"""The read-only REST inspection API and the small web page, on FastAPI.
+
+Every ``/v1`` route and the page need a bearer token (``Authorization: Bearer <token>``; the page also
+takes the ``spade_memory_token`` cookie set by ``/login``). ``/healthz``, ``/metrics`` and ``/docs``
+are open. Domain errors map to status codes in ``_errors`` only: bad filters and cursors are 422 with
+a message naming the rule, unknown ids 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qs
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.templating import Jinja2Templates
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import PythonLexer
+
+from services.memory.core.errors import EnvironmentNotFound, InvalidArgument
+from services.memory.core.records import EnvFilter, Environment, EnvStatus, Play, Setting
+from services.memory.service import MemoryService
+from services.memory.settings import MemorySettings
+
+COOKIE = "spade_memory_token"
+TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+
+
+# -- response models (they document the API at /docs) ------------------------------------------
+
+
+class StatsOut(BaseModel):
+    plays: int
+    window_plays: int
+    win_rate: float | None
+    regret: float | None
+    learnable: bool
+    reward_components: dict[str, float]
+
+
+class EnvSummary(BaseModel):
+    id: str
+    setting: str
+    skill: str
+    status: EnvStatus
+    env_class: str
+    hint: str
+    weight_version: int
+    designer_sample_id: str
+    corpus_ref: str
+    batch_id: str
+    parent_ids: list[str]
+    code_hash: str
+    created_at: datetime
+    stats: StatsOut
+    code: str | None = Field(default=None, description="Present in listings only with include_code=true.")
+
+
+class EnvDetail(EnvSummary):
+    code: str | None
+    validation_report: dict[str, Any]
+
+
+class EnvPage(BaseModel):
+    items: list[EnvSummary]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
+
+
+class PlayOut(BaseModel):
+    env_id: str
+    seed: int
+    hinted: bool
+    episode_return: float
+    turns: int
+    weight_version: int
+    trajectory_id: str
+    finish_reason: str
+    played_at: datetime | None
+
+
+class PlayPage(BaseModel):
+    items: list[PlayOut]
+    next_cursor: str | None
+
+
+class MemoryStatsOut(BaseModel):
+    total: int
+    by_status: dict[str, int]
+    by_skill: dict[str, int]
+    scored: int
+    learnable_fraction: float | None
+    mean_regret: float | None
+    validity_rate: float | None
+    plays: int
+
+
+def _stats_out(e: Environment) -> StatsOut:
+    s = e.stats
+    return StatsOut(
+        plays=s.plays,
+        window_plays=s.window_plays,
+        win_rate=s.win_rate,
+        regret=s.regret,
+        learnable=s.learnable,
+        reward_components=s.reward_components,
+    )
+
+
+def summary(e: Environment, include_code: bool = False) -> EnvSummary:
+    return EnvSummary(
+        id=e.id,
+        setting=e.setting,
+        skill=e.skill,
+        status=e.status,
+        env_class=e.env_class,
+        hint=e.hint,
+        weight_version=e.weight_version,
+        designer_sample_id=e.designer_sample_id,
+        corpus_ref=e.corpus_ref,
+        batch_id=e.batch_id,
+        parent_ids=list(e.parent_ids),
+        code_hash=e.code_hash,
+        created_at=e.created_at,
+        stats=_stats_out(e),
+        code=e.code if include_code else None,
+    )
+
+
+def detail(e: Environment) -> EnvDetail:
+    return EnvDetail(**summary(e, include_code=True).model_dump(), validation_report=e.validation_report)
+
+
+def play_out(p: Play) -> PlayOut:
+    return PlayOut(**{k: getattr(p, k) for k in PlayOut.model_fields})
+
+
+# -- filters ---------------------------------------------------------------------------------------
+
+
+class FilterParams(BaseModel):
+    """Filters of ``/v1/environments``, ``/v1/export`` and the page; every one optional."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    setting: Setting | None = Field(default=None, description="game or tool")
+    skill: str | None = Field(default=None, max_length=100)
+    status: EnvStatus | None = Field(default=None, description="valid, invalid or retired")
+    min_regret: float | None = Field(default=None, ge=-1.0, le=1.0, allow_inf_nan=False)
+    max_win_rate: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
+    q: str | None = Field(default=None, min_length=1, max_length=200, description="Text in the code or hint")
+
+    def to_filter(self) -> EnvFilter:
+        return EnvFilter(
+            setting=self.setting.value if self.setting else None,
+            skill=self.skill,
+            status=self.status,
+            min_regret=self.min_regret,
+            max_win_rate=self.max_win_rate,
+            q=self.q,
+        )
+
+
+def env_filter(params: Annotated[FilterParams, Query()]) -> EnvFilter:
+    return params.to_filter()
+
+
+Filter = Annotated[EnvFilter, Depends(env_filter)]
+# Module level: route annotations are resolved in this module's namespace.
+BearerCreds = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
+Limit = Annotated[int, Query(ge=1, le=1000, description="Page size")]
+Cursor = Annotated[str | None, Query(max_length=200, description="next_cursor of the previous page")]
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+
+
+class _MemoryCollector(Collector):
+    def __init__(self, service: MemoryService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        st = self._service.store.stats()
+        g = GaugeMetricFamily("spade_memory_environments", "Stored environments by status", labels=["status"])
+        for status in EnvStatus:
+            g.add_metric([status.value], st.by_status.get(status.value, 0))
+        yield g
+        yield GaugeMetricFamily("spade_memory_plays", "Recorded plays", value=st.plays)
+        yield GaugeMetricFamily(
+            "spade_memory_learnable_fraction",
+            "Learnable fraction of scored environments",
+            value=st.learnable_fraction or 0.0,
+        )
+
+
+# -- the app ---------------------------------------------------------------------------------------
+
+
+def create_app(service: MemoryService, settings: MemorySettings) -> FastAPI:
+    """The REST API + web page for ``service``; tokens and dev mode come from ``settings``."""
+    app = FastAPI(
+        title="SPADE environment memory",
+        version="1",
+        description="Read-only inspection of every environment the designer produced and how the agent did.",
+    )
+    registry = CollectorRegistry()
+    requests = Counter("spade_memory_http_requests", "HTTP requests", ["route", "code"], registry=registry)
+    latency = Histogram("spade_memory_http_seconds", "HTTP latency", ["route"], registry=registry)
+    registry.register(_MemoryCollector(service))
+
+    def authorised(request: Request, creds: BearerCreds) -> None:
+        token = creds.credentials if creds else request.cookies.get(COOKIE, "")
+        if not settings.token_ok(token):
+            raise HTTPException(
+                status_code=401,
+                detail="missing or invalid bearer token: send 'Authorization: Bearer <token>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    auth = [Depends(authorised)]
+
+    @app.middleware("http")
+    async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        name = getattr(route, "path", "unmatched")
+        requests.labels(name, str(response.status_code)).inc()
+        latency.labels(name).observe(time.perf_counter() - start)
+        return response
+
+    @app.exception_handler(EnvironmentNotFound)
+    async def _not_found(_: Request, exc: EnvironmentNotFound) -> JSONResponse:
+        return JSONResponse(status_code=404, content={"detail": str(exc)})
+
+    @app.exception_handler(InvalidArgument)
+    async def _invalid(_: Request, exc: InvalidArgument) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": str(exc)})
+
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> JSONResponse:
+        try:
+            await asyncio.to_thread(service.store.ping)
+        except Exception:
+            return JSONResponse(status_code=503, content={"status": "unavailable", "database": "unreachable"})
+        return JSONResponse(content={"status": "ok"})
+
+    @app.get("/metrics", tags=["ops"])
+    async def metrics() -> Response:
+        body = await asyncio.to_thread(generate_latest, registry)
+        return Response(content=body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/environments", response_model=EnvPage, dependencies=auth, tags=["environments"])
+    async def list_environments(
+        f: Filter, limit: Limit = 50, cursor: Cursor = None, include_code: bool = False
+    ) -> EnvPage:
+        """Environments newest first; keyset cursors stay stable while new environments arrive."""
+        page = await service.list_environments(f, limit, cursor)
+        return EnvPage(items=[summary(e, include_code) for e in page.items], next_cursor=page.next_cursor)
+
+    @app.get("/v1/environments/{env_id}", response_model=EnvDetail, dependencies=auth, tags=["environments"])
+    async def get_environment(env_id: str) -> EnvDetail:
+        """One environment: code, hint, validation report and statistics."""
+        return detail(await service.get_environment(env_id))
+
+    @app.get(
+        "/v1/environments/{env_id}/code",
+        response_class=PlainTextResponse,
+        dependencies=auth,
+        tags=["environments"],
+        responses={200: {"content": {"text/x-python": {}}}},
+    )
+    async def get_code(env_id: str) -> PlainTextResponse:
+        """The environment's code as a Python file."""
+        env = await service.get_environment(env_id)
+        return PlainTextResponse(env.code, media_type="text/x-python")
+
+    @app.get("/v1/environments/{env_id}/plays", response_model=PlayPage, dependencies=auth, tags=["environments"])
+    async def get_plays(env_id: str, limit: Limit = 200, cursor: Cursor = None) -> PlayPage:
+        """Plays of one environment, newest first."""
+        plays, nxt = await service.plays(env_id, limit, cursor)
+        return PlayPage(items=[play_out(p) for p in plays], next_cursor=nxt)
+
+    @app.get("/v1/stats", response_model=MemoryStatsOut, dependencies=auth, tags=["stats"])
+    async def stats() -> MemoryStatsOut:
+        """Counts by status and skill, learnable fraction, mean regret and validity rate."""
+        st = await service.stats()
+        return MemoryStatsOut(**st.__dict__)
+
+    @app.get(
+        "/v1/export",
+        dependencies=auth,
+        tags=["environments"],
+        response_class=StreamingResponse,
+        responses={200: {"content": {"application/x-ndjson": {}}}},
+    )
+    def export(f: Filter) -> StreamingResponse:
+        """Every matching environment (with code and report) as JSON Lines, streamed newest first."""
+
+        def lines() -> Iterator[str]:
+            for e in service.store.iter_environments(f):
+                yield detail(e).model_dump_json() + "\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    # -- the web page ------------------------------------------------------------------------------
+
+    @app.get("/login", response_class=HTMLResponse, include_in_schema=False)
+    async def login_form(request: Request) -> HTMLResponse:
+        return TEMPLATES.TemplateResponse(request, "login.html", {"error": None})
+
+    @app.post("/login", include_in_schema=False, response_model=None)
+    async def login(request: Request) -> Response:
+        # A one-field urlencoded form; parsed here to avoid a multipart dependency for it.
+        form = parse_qs((await request.body()).decode(errors="replace"))
+        token = (form.get("token") or [""])[0]
+        if not settings.token_ok(token):
+            return TEMPLATES.TemplateResponse(request, "login.html", {"error": "invalid token"}, status_code=401)
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+        return response
+
+    def page_auth(request: Request) -> bool:
+        creds = request.headers.get("authorization", "")
+        token = creds[7:] if creds.lower().startswith("bearer ") else request.cookies.get(COOKIE, "")
+        return settings.token_ok(token)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False, response_model=None)
+    async def index(request: Request, cursor: Cursor = None) -> Response:
+        if not page_auth(request):
+            return RedirectResponse("/login", status_code=303)
+        # An HTML form sends empty fields: they mean "no filter" here, unlike in the API.
+        params = {k: v for k, v in request.query_params.items() if k in FilterParams.model_fields and v}
+        error = None
+        try:
+            f = FilterParams.model_validate(params).to_filter()
+        except ValidationError as exc:
+            error = "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors())
+            f = EnvFilter()
+        page = await service.list_environments(f, 50, cursor)
+        st = await service.stats()
+        return TEMPLATES.TemplateResponse(
+            request,
+            "index.html",
+            {"page": page, "stats": st, "params": params, "error": error, "statuses": list(EnvStatus)},
+        )
+
+    @app.get("/envs/{env_id}", response_class=HTMLResponse, include_in_schema=False, response_model=None)
+    async def env_page(request: Request, env_id: str) -> Response:
+        if not page_auth(request):
+            return RedirectResponse("/login", status_code=303)
+        env = await service.get_environment(env_id)
+        plays, _ = await service.plays(env_id, 200)
+        formatter = HtmlFormatter(cssclass="code", linenos="table")
+        return TEMPLATES.TemplateResponse(
+            request,
+            "env.html",
+            {
+                "env": env,
+                "code_html": highlight(env.code, PythonLexer(), formatter),
+                "code_css": formatter.get_style_defs(".code"),
+                "checks": env.validation_report.get("checks", []),
+                "report_json": json.dumps(env.validation_report, indent=2),
+                "plays": plays,
+            },
+        )
+
+    return app

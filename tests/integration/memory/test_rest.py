@@ -1,0 +1,169 @@
+"""The REST API and web page through httpx against the real app, on both databases."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from pydantic import ValidationError
+from sqlalchemy import Engine
+
+from services.memory.core.records import EnvStatus, Play
+from services.memory.rest import create_app
+from services.memory.service import MemoryService
+from services.memory.settings import MemorySettings, hash_token
+from services.memory.store.sql import SqlStore, migrate
+from tests.integration.memory.conftest import new_env
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def service(empty_engine: Engine) -> MemoryService:
+    migrate(empty_engine)
+    return MemoryService(SqlStore(empty_engine))
+
+
+@pytest.fixture
+async def http(service: MemoryService) -> AsyncIterator[httpx.AsyncClient]:
+    settings = MemorySettings(api_token_sha256=[hash_token(TOKEN)])
+    app = create_app(service, settings)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://memory") as c:
+        yield c
+
+
+async def seed(service: MemoryService) -> dict[str, str]:
+    ids = {}
+    report = {
+        "valid": False,
+        "checks": [
+            {"name": "syntax", "passed": True, "detail": ""},
+            {"name": "solution_replay", "passed": False, "detail": "lost on seed 3"},
+        ],
+    }
+    ids["alpha"] = (await service.put_environment(new_env("Alpha", skill="Optimization", env_class="AlphaEnv"))).env_id
+    ids["beta"] = (await service.put_environment(new_env("Beta", setting="tool", skill="Data Retrieval"))).env_id
+    ids["bad"] = (
+        await service.put_environment(
+            new_env("Bad", status=EnvStatus.INVALID, validation_report=report, env_class="BadEnv")
+        )
+    ).env_id
+    await service.record_plays(
+        [
+            Play(ids["alpha"], 1, False, 0.0, 3, 0, "a1", "truncated"),
+            Play(ids["alpha"], 1, True, 1.0, 2, 0, "a2", "terminated"),
+        ]
+    )
+    return ids
+
+
+async def test_api_needs_a_valid_bearer_token(http: httpx.AsyncClient) -> None:
+    assert (await http.get("/v1/environments")).status_code == 401
+    r = await http.get("/v1/stats", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert (await http.get("/v1/environments", headers=AUTH)).status_code == 200
+    assert (await http.get("/healthz")).json() == {"status": "ok"}
+    assert (await http.get("/metrics")).status_code == 200
+    schema = (await http.get("/openapi.json")).json()
+    assert {"/v1/environments", "/v1/environments/{env_id}/code", "/v1/export", "/v1/stats"} <= set(schema["paths"])
+    assert (await http.get("/docs")).status_code == 200
+
+
+async def test_listing_filters_and_details(http: httpx.AsyncClient, service: MemoryService) -> None:
+    ids = await seed(service)
+
+    async def listed(**params: str | float) -> set[str]:
+        r = await http.get("/v1/environments", params=params, headers=AUTH)
+        assert r.status_code == 200, r.text
+        return {e["id"] for e in r.json()["items"]}
+
+    assert await listed() == set(ids.values())
+    assert await listed(setting="tool") == {ids["beta"]}
+    assert await listed(status="invalid") == {ids["bad"]}
+    assert await listed(min_regret=0.5) == {ids["alpha"]}
+    assert await listed(max_win_rate=0.2, skill="Optimization") == {ids["alpha"]}
+    assert await listed(q="betaenv") == {ids["beta"]}
+
+    env = (await http.get(f"/v1/environments/{ids['bad']}", headers=AUTH)).json()
+    assert env["validation_report"]["checks"][1]["detail"] == "lost on seed 3" and "class BadEnv" in env["code"]
+    code = await http.get(f"/v1/environments/{ids['alpha']}/code", headers=AUTH)
+    assert code.headers["content-type"].startswith("text/x-python") and code.text.startswith("import random")
+    plays = (await http.get(f"/v1/environments/{ids['alpha']}/plays", headers=AUTH)).json()
+    assert [p["trajectory_id"] for p in plays["items"]] == ["a2", "a1"]
+    missing = await http.get("/v1/environments/ghost", headers=AUTH)
+    assert missing.status_code == 404 and "ghost" in missing.json()["detail"]
+
+    stats = (await http.get("/v1/stats", headers=AUTH)).json()
+    assert stats["total"] == 3 and stats["by_status"] == {"valid": 2, "invalid": 1} and stats["mean_regret"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("params", "fragment"),
+    [
+        ({"min_regret": "lots"}, "min_regret"),
+        ({"max_win_rate": "1.5"}, "max_win_rate"),
+        ({"max_win_rate": "nan"}, "max_win_rate"),
+        ({"status": "alive"}, "status"),
+        ({"setting": "board"}, "setting"),
+        ({"limit": "0"}, "limit"),
+        ({"cursor": "not-a-cursor"}, "cursor"),
+    ],
+)
+async def test_bad_filter_values_are_422_with_a_message(
+    http: httpx.AsyncClient, params: dict[str, str], fragment: str
+) -> None:
+    r = await http.get("/v1/environments", params=params, headers=AUTH)
+    assert r.status_code == 422
+    assert fragment in json.dumps(r.json()["detail"])
+
+
+async def test_cursor_pagination_is_stable_under_inserts(http: httpx.AsyncClient, service: MemoryService) -> None:
+    first = [(await service.put_environment(new_env(f"P{i}"))).env_id for i in range(9)]
+    r = (await http.get("/v1/environments", params={"limit": 4}, headers=AUTH)).json()
+    seen = [e["id"] for e in r["items"]]
+    await service.put_environment(new_env("Newcomer"))
+    while r["next_cursor"]:
+        r = (await http.get("/v1/environments", params={"limit": 4, "cursor": r["next_cursor"]}, headers=AUTH)).json()
+        seen += [e["id"] for e in r["items"]]
+    assert seen == first[::-1]
+
+
+async def test_export_streams_jsonl(http: httpx.AsyncClient, service: MemoryService) -> None:
+    ids = await seed(service)
+    r = await http.get("/v1/export", headers=AUTH)
+    assert r.headers["content-type"].startswith("application/x-ndjson")
+    rows = [json.loads(line) for line in r.text.splitlines()]
+    assert {row["id"] for row in rows} == set(ids.values()) and all(row["code"] for row in rows)
+    only_tool = (await http.get("/v1/export", params={"setting": "tool"}, headers=AUTH)).text.splitlines()
+    assert [json.loads(x)["id"] for x in only_tool] == [ids["beta"]]
+
+
+async def test_web_page_lists_and_shows_an_environment(http: httpx.AsyncClient, service: MemoryService) -> None:
+    ids = await seed(service)
+    assert (await http.get("/")).headers["location"] == "/login"
+    assert (await http.post("/login", data={"token": "wrong"})).status_code == 401
+    login = await http.post("/login", data={"token": TOKEN})
+    assert login.status_code == 303
+    http.cookies.set("spade_memory_token", TOKEN)
+    index = await http.get("/", params={"skill": "Optimization", "min_regret": ""})
+    assert index.status_code == 200 and "AlphaEnv" in index.text and "BadEnv" not in index.text
+    bad = await http.get("/", params={"max_win_rate": "7"})
+    assert "Ignored bad filters" in bad.text and "max_win_rate" in bad.text
+    page = await http.get(f"/envs/{ids['bad']}")
+    assert page.status_code == 200
+    assert "solution_replay" in page.text and "lost on seed 3" in page.text and "hint for Bad" in page.text
+    assert '<span class="k">class</span>' in page.text  # pygments-highlighted code
+    alpha = await http.get(f"/envs/{ids['alpha']}")
+    assert "a2" in alpha.text and "truncated" in alpha.text
+
+
+def test_settings_refuse_unsafe_defaults() -> None:
+    with pytest.raises(ValidationError, match="no API token configured"):
+        MemorySettings()
+    with pytest.raises(ValidationError, match="SHA-256 hex digests, not tokens"):
+        MemorySettings(api_token_sha256=["plaintext-token"])
+    open_dev = MemorySettings(dev_mode=True)
+    assert open_dev.token_ok("") and not MemorySettings(api_token_sha256=[hash_token("x")]).token_ok("")
