@@ -1,0 +1,142 @@
+"""Env sessions for the episode loop: the isolated pool in-process, or the sandbox service over gRPC.
+
+Both give the core's ``SessionOpener``. Over gRPC one session is one bidirectional ``Play`` stream
+(the session lives as long as the stream, which keeps it on one sandbox replica behind a load
+balancer). Transport failures become ``SandboxFault`` so the worker retries the play elsewhere;
+they are never mistaken for the env's own errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Protocol
+
+import grpc
+
+from services.rollout.core.ports import SandboxFault
+from spade.envs import CheckConfig, Outcome, StepOutcome
+from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
+
+_EOF = grpc.aio.EOF  # type: ignore[attr-defined]  # the stubs lack it; the stream's end marker
+
+_RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.CANCELLED,
+}
+
+
+class _Pool(Protocol):
+    async def open_session(self, code: str, setting: str, seed: int, config: CheckConfig) -> Any: ...
+
+
+class PoolSessions:
+    """The sandbox's isolated worker pool, used in-process (embedded mode).
+
+    Args:
+        pool: A started ``services.sandbox.isolation.SandboxPool``.
+        checks: Limits sessions enforce (turn cap, observation size, call time).
+    """
+
+    def __init__(self, pool: _Pool, checks: CheckConfig | None = None) -> None:
+        self._pool = pool
+        self._checks = checks or CheckConfig()
+
+    async def open_session(self, code: str, setting: str, seed: int) -> Any:
+        """Load ``code`` in a fresh jail and ``reset(seed)`` it."""
+        return await self._pool.open_session(code, setting, seed, self._checks)
+
+
+def _outcome(state: sandbox_pb2.SessionState) -> StepOutcome:
+    try:
+        info = json.loads(state.info_json) if state.info_json else {}
+    except json.JSONDecodeError:
+        info = {}
+    try:
+        outcome = Outcome(state.outcome or "ok")
+    except ValueError:
+        outcome = Outcome.SANDBOX_FAULT
+    return StepOutcome(
+        observation=state.observation,
+        reward=state.reward,
+        terminated=state.terminated,
+        truncated=state.truncated,
+        info=info if isinstance(info, dict) else {},
+        turn=state.turn,
+        max_turns=state.max_turns,
+        outcome=outcome,
+    )
+
+
+class GrpcSession:
+    """One env session on a ``Play`` stream."""
+
+    def __init__(self, call: Any, initial: StepOutcome) -> None:
+        self._call = call
+        self.initial = initial
+
+    async def step(self, action: str) -> StepOutcome:
+        """Send one action and wait for the env's answer."""
+        try:
+            await self._call.write(sandbox_pb2.PlayRequest(action=action))
+            response = await self._call.read()
+        except grpc.aio.AioRpcError as exc:
+            raise _fault(exc) from exc
+        if response is _EOF:
+            raise SandboxFault("the sandbox closed the Play stream mid-session")
+        return _outcome(response.state)
+
+    async def close(self) -> None:
+        """End the stream (the sandbox closes the session)."""
+        self._call.cancel()
+
+
+def _fault(exc: grpc.aio.AioRpcError) -> Exception:
+    if exc.code() in _RETRYABLE:
+        return SandboxFault(f"sandbox gRPC {exc.code().name}: {exc.details()}")
+    return RuntimeError(
+        f"the sandbox refused the session ({exc.code().name}: {exc.details()}); check the rollout's "
+        "sandbox API key and the sandbox's limits"
+    )
+
+
+class GrpcSandboxSessions:
+    """Sessions on the sandbox service (distributed mode).
+
+    Args:
+        target: ``host:port`` of the sandbox's gRPC server.
+        api_key: The rollout's tenant key (sent as ``authorization: Bearer …``); None in dev mode.
+        open_timeout_s: Longest wait for a session to open.
+    """
+
+    def __init__(self, target: str, api_key: str | None = None, *, open_timeout_s: float = 60.0) -> None:
+        self._channel = grpc.aio.insecure_channel(target)
+        self._stub = sandbox_pb2_grpc.SandboxStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self._open_timeout_s = open_timeout_s
+
+    async def open_session(self, code: str, setting: str, seed: int) -> GrpcSession:
+        """Open a ``Play`` stream and reset the env on it."""
+        call = self._stub.Play(metadata=self._metadata)
+        try:
+            await call.write(
+                sandbox_pb2.PlayRequest(open=sandbox_pb2.OpenSessionRequest(code=code, setting=setting, seed=seed))
+            )
+            response = await asyncio.wait_for(call.read(), self._open_timeout_s)
+        except TimeoutError as exc:
+            call.cancel()
+            raise SandboxFault(f"the sandbox did not open a session within {self._open_timeout_s}s") from exc
+        except grpc.aio.AioRpcError as exc:
+            raise _fault(exc) from exc
+        if response is _EOF:
+            raise SandboxFault("the sandbox closed the Play stream before the session opened")
+        return GrpcSession(call, _outcome(response.state))
+
+    async def close(self) -> None:
+        """Close the channel."""
+        await self._channel.close(grace=None)

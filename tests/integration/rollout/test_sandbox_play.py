@@ -1,0 +1,145 @@
+"""Plays through the real sandbox: the isolated pool in-process and the sandbox service over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+
+from services.rollout.core.episode import EpisodeRunner, PlayLimits
+from services.rollout.core.ports import EnvSpec, FinishReason, SessionOpener
+from services.rollout.policy import FormatterTemplate
+from services.rollout.sandbox import GrpcSandboxSessions, PoolSessions
+from services.sandbox.core.auth import hash_key
+from services.sandbox.isolation import SandboxPool
+from services.sandbox.isolation.settings import IsolationSettings
+from services.sandbox.settings import SandboxSettings
+from services.sandbox.wiring import serving
+from tests.unit.rollout.players import ScriptedPolicy
+
+ROLLOUT_KEY = "rollout-test-key"
+
+# Win by saying the seed-chosen colour; the observation names it (the test is the plumbing).
+COLOUR_ENV = r"""
+import random
+
+class ColourEnv:
+    max_turns = 4
+
+    def reset(self, seed=None):
+        self.colour = random.Random(seed).choice(["red", "green", "blue"])
+        self.turn = 0
+        return f"Say the colour {self.colour} as \\boxed{{colour}}.", {}
+
+    def step(self, action):
+        self.turn += 1
+        if action == "\\boxed{" + self.colour + "}":
+            return "right", 1.0, True, False, {}
+        if action == "\\boxed{crash}":
+            raise RuntimeError("the env has a bug")
+        return f"no, not {action}", 0.0, False, self.turn >= self.max_turns, {}
+
+    def solution(self):
+        return ["\\boxed{" + self.colour + "}"]
+"""
+
+
+def _colour(seed: int) -> str:
+    import random
+
+    return random.Random(seed).choice(["red", "green", "blue"])
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def pool() -> AsyncIterator[SandboxPool]:
+    pool = SandboxPool(IsolationSettings(wall_seconds=10.0))
+    await pool.start()
+    try:
+        yield pool
+    finally:
+        await pool.stop()
+
+
+@pytest.fixture(scope="module")
+def sandbox_target() -> Iterator[str]:
+    """The sandbox service on loopback, on its own loop in a thread (a separate server)."""
+    settings = SandboxSettings(
+        host="127.0.0.1",
+        grpc_port=0,
+        http_port=0,
+        api_keys=[{"tenant": "rollout", "key_sha256": hash_key(ROLLOUT_KEY), "max_sessions": 16}],
+    )
+    target: list[str] = []
+    failure: list[BaseException] = []
+    started = threading.Event()
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    async def main() -> None:
+        try:
+            async with serving(settings) as running:
+                target.append(f"127.0.0.1:{running.grpc_port}")
+                started.set()
+                await stop.wait()
+        except BaseException as exc:
+            failure.append(exc)
+            started.set()
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
+    thread.start()
+    started.wait(120)
+    if failure:
+        raise failure[0]
+    try:
+        yield target[0]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
+        with contextlib.suppress(Exception):
+            loop.close()
+
+
+SPEC = EnvSpec("colour", "game", "Pattern Recognition", COLOUR_ENV, hint="Read the observation.")
+
+
+async def _plays(sessions: SessionOpener, template: FormatterTemplate) -> None:
+    seed = 11
+    colour = _colour(seed)
+    runner = EpisodeRunner(
+        sessions, ScriptedPolicy(template, ["\\boxed{purple}", f"It is \\boxed{{{colour}}}"]), template, PlayLimits()
+    )
+    won = await runner.play(SPEC, seed, hinted=True)
+    assert (won.finish_reason, won.episode_return, won.turns) == (FinishReason.TERMINATED, 1.0, 2)
+
+    crash = EpisodeRunner(sessions, ScriptedPolicy(template, ["\\boxed{crash}"]), template, PlayLimits())
+    failed = await crash.play(SPEC, seed, hinted=False)
+    assert (failed.finish_reason, failed.episode_return) == (FinishReason.ENV_ERROR, 0.0)
+
+    stubborn = EpisodeRunner(sessions, ScriptedPolicy(template, ["\\boxed{purple}"]), template, PlayLimits())
+    lost = await stubborn.play(SPEC, seed, hinted=False)
+    assert (lost.finish_reason, lost.episode_return, lost.turns) == (FinishReason.TRUNCATED, 0.0, 4)
+
+
+async def test_plays_in_the_isolated_pool(pool: SandboxPool, template: FormatterTemplate) -> None:
+    await _plays(PoolSessions(pool), template)
+
+
+async def test_plays_over_the_sandbox_grpc_play_stream(sandbox_target: str, template: FormatterTemplate) -> None:
+    sessions = GrpcSandboxSessions(sandbox_target, ROLLOUT_KEY)
+    try:
+        await _plays(sessions, template)
+    finally:
+        await sessions.close()
+
+
+async def test_a_wrong_api_key_is_a_clear_error_not_a_retry(sandbox_target: str, template: FormatterTemplate) -> None:
+    sessions = GrpcSandboxSessions(sandbox_target, "not-the-key")
+    try:
+        with pytest.raises(RuntimeError, match="refused the session"):
+            await sessions.open_session(COLOUR_ENV, "game", 1)
+    finally:
+        await sessions.close()
