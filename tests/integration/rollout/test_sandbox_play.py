@@ -56,7 +56,7 @@ def _colour(seed: int) -> str:
 
 @pytest_asyncio.fixture(loop_scope="function")
 async def pool() -> AsyncIterator[SandboxPool]:
-    pool = SandboxPool(IsolationSettings(wall_seconds=10.0))
+    pool = SandboxPool(IsolationSettings.model_validate({"wall_seconds": 10.0}))
     await pool.start()
     try:
         yield pool
@@ -67,11 +67,13 @@ async def pool() -> AsyncIterator[SandboxPool]:
 @pytest.fixture(scope="module")
 def sandbox_target() -> Iterator[str]:
     """The sandbox service on loopback, on its own loop in a thread (a separate server)."""
-    settings = SandboxSettings(
-        host="127.0.0.1",
-        grpc_port=0,
-        http_port=0,
-        api_keys=[{"tenant": "rollout", "key_sha256": hash_key(ROLLOUT_KEY), "max_sessions": 16}],
+    settings = SandboxSettings.model_validate(
+        {
+            "host": "127.0.0.1",
+            "grpc_port": 0,
+            "http_port": 0,
+            "api_keys": [{"tenant": "rollout", "key_sha256": hash_key(ROLLOUT_KEY), "max_sessions": 16}],
+        }
     )
     target: list[str] = []
     failure: list[BaseException] = []
