@@ -1,0 +1,220 @@
+"""Checkpoints and weight files: atomic directories of HF safetensors, optimizer and learner state.
+
+A checkpoint is ``<root>/step-<N>/`` holding ``model/`` (``save_pretrained`` safetensors + config +
+the base checkpoint's tokenizer files), ``optimizer.pt``, ``rng.pt`` and ``state.json`` (the
+learner's curriculum state: window accumulators, pending designer samples, buffered plays,
+counters). It is written under a temporary name and renamed into place, so a crash leaves either
+the whole checkpoint or none of it; a retention policy keeps the newest ``keep``.
+
+Under FSDP2 the full state dicts are gathered collectively (every rank must call ``save``/
+``write_weights``); rank 0 alone writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from services.learner.distributed import World
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or read (the message says which and why)."""
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to ``path`` through a temporary file, fsync and rename (never a torn file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _full_options() -> StateDictOptions:
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_model_state(model: nn.Module) -> dict[str, Any]:
+    """The unsharded model state dict on CPU (a collective under FSDP2)."""
+    return get_model_state_dict(model, options=_full_options())
+
+
+def write_weights(
+    model: nn.Module, target: Path, *, base_model_dir: Path | None, world: World = World()
+) -> Path | None:
+    """Write the model as a Hugging Face checkpoint directory, atomically (collective under FSDP2).
+
+    ``target`` appears complete or not at all; tokenizer files are copied from ``base_model_dir``.
+    Returns ``target`` on rank 0, ``None`` elsewhere.
+    """
+    state = full_model_state(model)
+    if not world.is_main:
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".tmp-{target.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        save = getattr(model, "save_pretrained", None)
+        if save is None:
+            raise CheckpointError(f"{type(model).__name__} has no save_pretrained; the learner trains HF models")
+        save(str(tmp), state_dict=state, safe_serialization=True)
+        if base_model_dir is not None:
+            for name in TOKENIZER_FILES:
+                src = base_model_dir / name
+                if src.is_file():
+                    shutil.copy2(src, tmp / name)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What ``load`` brought back."""
+
+    step: int
+    path: Path
+    state: dict[str, Any]
+
+
+class CheckpointManager:
+    """Atomic, retained checkpoints under one root directory.
+
+    Args:
+        root: Directory of ``step-<N>`` checkpoints (created on demand).
+        keep: How many of the newest checkpoints to retain (>= 1).
+        base_model_dir: Where tokenizer files are copied from.
+        world: The process group.
+    """
+
+    def __init__(self, root: Path, keep: int = 3, *, base_model_dir: Path | None = None, world: World = World()):
+        if keep < 1:
+            raise CheckpointError(f"checkpoint retention must keep at least 1, got {keep}")
+        self.root = Path(root)
+        self.keep = keep
+        self.base_model_dir = base_model_dir
+        self.world = world
+
+    def path(self, step: int) -> Path:
+        """Directory of checkpoint ``step``."""
+        return self.root / f"step-{step:08d}"
+
+    def steps(self) -> list[int]:
+        """Steps of the complete checkpoints on disk, oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = (_STEP_DIR.match(p.name) for p in self.root.iterdir() if p.is_dir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def latest(self) -> int | None:
+        """The newest complete checkpoint's step, if any."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> Path | None:
+        """Write checkpoint ``step`` atomically, then apply retention (collective under FSDP2).
+
+        Returns its path on rank 0, ``None`` on other ranks.
+        """
+        optim_state = get_optimizer_state_dict(model, optimizer, options=_full_options())
+        target = self.path(step)
+        tmp_model = write_weights(
+            model, self.root / f".model-{step:08d}", base_model_dir=self.base_model_dir, world=self.world
+        )
+        if not self.world.is_main:
+            return None
+        assert tmp_model is not None
+        tmp = self.root / f".tmp-step-{step:08d}-{uuid.uuid4().hex[:8]}"
+        try:
+            tmp.mkdir(parents=True)
+            os.replace(tmp_model, tmp / "model")
+            torch.save(optim_state, tmp / "optimizer.pt")
+            torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
+            write_json_atomic(tmp / "state.json", {"step": step, **state})
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(tmp_model, ignore_errors=True)
+            raise
+        self._retain()
+        return target
+
+    def _retain(self) -> None:
+        for step in self.steps()[: -self.keep]:
+            shutil.rmtree(self.path(step), ignore_errors=True)
+        for leftover in self.root.glob(".tmp-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def load(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int | None = None) -> Restored | None:
+        """Load checkpoint ``step`` (default: the newest) into ``model`` and ``optimizer``.
+
+        Every rank reads the files (they are on a shared filesystem in multi-node setups).
+        Returns ``None`` when there is no checkpoint.
+        """
+        step = self.latest() if step is None else step
+        if step is None:
+            return None
+        path = self.path(step)
+        if not path.is_dir():
+            raise CheckpointError(f"no checkpoint at {path}; available steps: {self.steps()}")
+        from safetensors.torch import load_file
+
+        model_state: dict[str, Any] = {}
+        for shard in sorted((path / "model").glob("*.safetensors")):
+            model_state.update(load_file(str(shard)))
+        if not model_state:
+            raise CheckpointError(f"checkpoint {path} holds no safetensors weights")
+        # Tied weights are stored once; the other names are filled from the model itself.
+        own = get_model_state_dict(model, options=_full_options())
+        missing = sorted(set(own) - set(model_state))
+        for name in missing:
+            model_state[name] = own[name]
+        set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True, strict=False))
+        optim_state = torch.load(path / "optimizer.pt", weights_only=False)
+        set_optimizer_state_dict(model, optimizer, optim_state, options=StateDictOptions(full_state_dict=True))
+        rng = torch.load(path / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        state = json.loads((path / "state.json").read_text())
+        return Restored(step=step, path=path, state=state)

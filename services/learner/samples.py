@@ -1,0 +1,101 @@
+"""Adapters from the wire (``queues_pb2`` messages) to the learner's domain objects, and back to JSON.
+
+Nothing here decides anything: it checks shapes, names what is wrong, and copies fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from services.learner.core.batching import AgentPlaySample, BatchError, Role, TrainSample
+from services.learner.core.rewards import validity_fraction
+from services.learner.core.window import DesignerAttempt, Play
+from spade.v1 import queues_pb2
+
+
+def group_key(sample: queues_pb2.AgentSample) -> str:
+    """The advantage group of a play: its ``group_id`` (one env at one weight version), per arm."""
+    group = sample.group_id or f"{sample.env_id}@{sample.weight_version}"
+    return f"{group}|{'hinted' if sample.hinted else 'plain'}"
+
+
+def agent_play(sample: queues_pb2.AgentSample) -> Play:
+    """What the designer window needs from a play."""
+    return Play(
+        sample_id=sample.sample_id,
+        env_id=sample.env_id,
+        seed=int(sample.seed),
+        hinted=bool(sample.hinted),
+        weight_version=int(sample.weight_version),
+        episode_return=float(sample.episode_return),
+    )
+
+
+def agent_train_sample(sample: queues_pb2.AgentSample) -> AgentPlaySample:
+    """The trainable sequence of a play (advantage assigned later, within its group).
+
+    Raises:
+        BatchError: Token ids, logprobs and mask do not line up.
+    """
+    if not sample.sample_id:
+        raise BatchError("agent sample without sample_id: the rollout must name every sample")
+    train = TrainSample(
+        sample_id=sample.sample_id,
+        role=Role.AGENT,
+        token_ids=tuple(sample.token_ids),
+        rollout_logprobs=tuple(float(x) for x in sample.logprobs),
+        loss_mask=tuple(bool(x) for x in sample.loss_mask),
+        weight_version=int(sample.weight_version),
+    )
+    return AgentPlaySample(train, group_key(sample), float(sample.episode_return))
+
+
+def designer_attempt(sample: queues_pb2.DesignerSample) -> DesignerAttempt:
+    """A designer sample as the window keeps it.
+
+    Raises:
+        BatchError: No sample id, or output ids and logprobs of different lengths.
+    """
+    if not sample.sample_id:
+        raise BatchError("designer sample without sample_id: the designer must name every sample")
+    if len(sample.output_ids) != len(sample.output_logprobs):
+        raise BatchError(
+            f"designer sample {sample.sample_id}: {len(sample.output_ids)} output ids but "
+            f"{len(sample.output_logprobs)} logprobs; send one logprob per output token"
+        )
+    return DesignerAttempt(
+        sample_id=sample.sample_id,
+        env_id=sample.env_id,
+        setting=sample.setting,
+        skill=sample.skill,
+        batch_id=sample.batch_id,
+        weight_version=int(sample.weight_version),
+        valid=bool(sample.valid) and bool(sample.env_id),
+        validity_fraction=validity_fraction(c.passed for c in sample.checks),
+        prompt_ids=tuple(sample.prompt_ids),
+        output_ids=tuple(sample.output_ids),
+        output_logprobs=tuple(float(x) for x in sample.output_logprobs),
+    )
+
+
+def play_sample_to_json(p: AgentPlaySample) -> dict[str, Any]:
+    """JSON form of a buffered play (for the learner state file)."""
+    s = asdict(p.sample)
+    s["role"] = p.sample.role.value
+    return {"sample": s, "group_key": p.group_key, "episode_return": p.episode_return}
+
+
+def play_sample_from_json(data: dict[str, Any]) -> AgentPlaySample:
+    """Inverse of ``play_sample_to_json``."""
+    s = dict(data["sample"])
+    train = TrainSample(
+        sample_id=s["sample_id"],
+        role=Role(s["role"]),
+        token_ids=tuple(s["token_ids"]),
+        rollout_logprobs=tuple(s["rollout_logprobs"]),
+        loss_mask=tuple(s["loss_mask"]),
+        weight_version=int(s["weight_version"]),
+        advantage=float(s["advantage"]),
+    )
+    return AgentPlaySample(train, data["group_key"], float(data["episode_return"]))

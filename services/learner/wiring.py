@@ -1,0 +1,154 @@
+"""Builds the learner's object graph from its settings (the only place adapters meet the core)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from services.learner.checkpoint import CheckpointManager
+from services.learner.core.losses import build_loss
+from services.learner.distributed import World, init_world
+from services.learner.learner import Learner, RewardCallback
+from services.learner.publisher import WeightPublisher
+from services.learner.settings import LearnerSettings
+from services.learner.trainer import OptimConfig, Trainer, shard_model
+from spade.queues.base import WorkQueue
+from spade.queues.config import make_queue
+
+
+def resolve_base_model(settings: LearnerSettings) -> Path:
+    """The base checkpoint directory (the embedded SmolLM2 in dev mode when none is configured)."""
+    from services.inference.models import resolve_model_path
+
+    return resolve_model_path(settings.model_path)
+
+
+def pick_device(settings: LearnerSettings, world: World) -> torch.device:
+    """The training device: ``cuda:<local rank>`` when asked for or available, else the CPU."""
+    if settings.device == "cpu" or (settings.device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("device=cuda but torch sees no CUDA device; use device=auto or cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", world.rank)))
+
+
+def load_policy(path: Path, device: torch.device) -> nn.Module:
+    """Load a causal LM for training (float32 master weights; bf16 comes from autocast on GPU)."""
+    from transformers import AutoModelForCausalLM
+
+    model: nn.Module = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
+    model.config.use_cache = False
+    return model.to(device)
+
+
+def pad_token_id(path: Path) -> int:
+    """The pad id from the checkpoint's config (0 when it has none; padded positions are masked)."""
+    config = json.loads((path / "config.json").read_text())
+    for key in ("pad_token_id", "eos_token_id"):
+        value = config.get(key)
+        if isinstance(value, int):
+            return value
+        if isinstance(value, list) and value:
+            return int(value[0])
+    return 0
+
+
+def build_trainer(
+    settings: LearnerSettings,
+    base: Path,
+    world: World,
+    model_factory: Callable[[Path, torch.device], nn.Module] = load_policy,
+) -> Trainer:
+    """The model (sharded under torchrun), its frozen reference when the KL is on, and the trainer."""
+    torch.manual_seed(settings.seed)
+    device = pick_device(settings, world)
+    model = model_factory(base, device)
+    ref = None
+    if settings.loss.kl_coef > 0:
+        ref = model_factory(base, device)
+    if world.distributed:
+        shard_model(model)
+        if ref is not None:
+            shard_model(ref)
+    optim = OptimConfig(
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+        betas=(settings.beta1, settings.beta2),
+        grad_clip=settings.grad_clip,
+        micro_batch_tokens=settings.micro_batch_tokens,
+        temperature=settings.temperature,
+        bf16=settings.bf16,
+    )
+    return Trainer(model, build_loss(settings.loss), optim, ref_model=ref, world=world, pad_id=pad_token_id(base))
+
+
+def build_learner(
+    settings: LearnerSettings,
+    *,
+    queue: WorkQueue | None = None,
+    world: World | None = None,
+    on_designer_reward: RewardCallback | None = None,
+    model_factory: Callable[[Path, torch.device], nn.Module] = load_policy,
+    base_model_dir: Path | None = None,
+) -> Learner:
+    """A ready learner: trainer, checkpoints, publisher and queue, resumed when a checkpoint exists.
+
+    Args:
+        settings: The learner settings.
+        queue: An existing queue (embedded mode shares one); default: built from ``settings.queue``
+            on rank 0.
+        world: The process group; default: joined from the ``torchrun`` environment.
+        on_designer_reward: Callback for each scored designer attempt.
+        model_factory: Loads the policy from a checkpoint directory onto a device.
+        base_model_dir: Overrides the base checkpoint (default: ``settings.model_path`` / dev model).
+    """
+    world = world or init_world()
+    base = base_model_dir or resolve_base_model(settings)
+    trainer = build_trainer(settings, base, world, model_factory)
+    checkpoints = CheckpointManager(
+        settings.checkpoint_dir, settings.keep_checkpoints, base_model_dir=base, world=world
+    )
+    publisher = None
+    if world.is_main:
+        queue = queue or make_queue(settings.queue)
+        publisher = WeightPublisher(
+            settings.inference_urls,
+            queue,
+            weights_dir=settings.weights_dir,
+            keep=settings.keep_weights,
+            retries=settings.publish_retries,
+            backoff_s=settings.publish_backoff_s,
+            timeout_s=settings.publish_timeout_s,
+            require_all=settings.require_all_workers,
+        )
+    learner = Learner(
+        settings,
+        queue if world.is_main else None,
+        trainer,
+        checkpoints,
+        publisher,
+        base_model_dir=base,
+        on_designer_reward=on_designer_reward,
+    )
+    if settings.resume:
+        learner.resume()
+    return learner
+
+
+async def close_learner(learner: Learner, *, close_queue: bool = True) -> None:
+    """Release the learner's HTTP clients (and its queue when it owns it)."""
+    if learner.publisher is not None:
+        await learner.publisher.close()
+    if close_queue and learner.queue is not None:
+        await learner.queue.close()
+
+
+def describe(settings: LearnerSettings) -> dict[str, Any]:
+    """Settings as JSON data (for the start-up log line)."""
+    return json.loads(settings.model_dump_json())
