@@ -42,9 +42,10 @@ def load_policy(path: Path, device: torch.device) -> nn.Module:
     """Load a causal LM for training (float32 master weights; bf16 comes from autocast on GPU)."""
     from transformers import AutoModelForCausalLM
 
-    model: nn.Module = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
     model.config.use_cache = False
-    return model.to(device)
+    module: nn.Module = model
+    return module.to(device)
 
 
 def pad_token_id(path: Path) -> int:
