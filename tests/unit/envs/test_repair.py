@@ -1,0 +1,104 @@
+"""Known repairs: boxed braces in f-strings whatever their content; valid code left alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from spade.envs.examples import EXAMPLES
+from spade.envs.repair import extract_code, repair_code
+
+
+def run(code: str) -> dict:
+    namespace: dict = {}
+    exec(compile(code, "<test>", "exec"), namespace)
+    return namespace
+
+
+def test_boxed_placeholder_that_does_not_parse_is_fixed() -> None:
+    code = 'n = 3\nmsg = f"Actions: \\\\boxed{push N} or \\\\boxed{pop} ({n} left)"\n'
+    fixed, repairs = repair_code(code)
+    assert run(fixed)["msg"] == "Actions: \\boxed{push N} or \\boxed{pop} (3 left)"
+    assert repairs and "boxed" in repairs[0]
+
+
+def test_boxed_word_that_parses_but_would_raise_is_fixed() -> None:
+    """`f"\\\\boxed{done}"` parses, then raises NameError when run; the reference left it broken."""
+    code = 'msg = f"Reply \\\\boxed{done} when finished"\n'
+    with pytest.raises(NameError):
+        run(code)
+    fixed, repairs = repair_code(code)
+    assert run(fixed)["msg"] == "Reply \\boxed{done} when finished"
+    assert repairs
+
+
+def test_boxed_with_an_interpolated_value_inside() -> None:
+    code = 'k = 7\nmsg = f"Try \\\\boxed{move {k}}"\n'
+    fixed, _ = repair_code(code)
+    assert run(fixed)["msg"] == "Try \\boxed{move 7}"
+
+
+def test_triple_quoted_and_raw_fstrings() -> None:
+    code = 'x = 2\nmsg = f"""Use\n\\\\boxed{answer}\nnow {x}"""\nraw = rf"\\boxed{go} {x}"\n'
+    fixed, _ = repair_code(code)
+    namespace = run(fixed)
+    assert namespace["msg"] == "Use\n\\boxed{answer}\nnow 2"
+    assert namespace["raw"] == "\\boxed{go} 2"
+
+
+def test_backspace_boxed_in_plain_string_is_fixed() -> None:
+    code = 'msg = "Reply \\boxed{yes}"\n'
+    assert "\x08" in run(code)["msg"]
+    fixed, repairs = repair_code(code)
+    assert run(fixed)["msg"] == "Reply \\boxed{yes}"
+    assert any("backspace" in r for r in repairs)
+
+
+def test_other_non_expression_fields_are_fixed_only_when_the_code_does_not_parse() -> None:
+    code = 'msg = f"Commands: {go north}, {x}"\nx = 1\n'
+    fixed, repairs = repair_code(code)
+    assert "{{go north}}" in fixed and "{x}" in fixed
+    assert repairs
+
+
+VALID = [
+    'x, y, d = 1.5, "s", {"k": 2}\nm = f"{x:>8.2f} {y!r} {x=} {d[\'k\']} {{literal}} {x if x else y}"\n',
+    'n = 3\nm = f"\\\\boxed{{{n}}}"\n',  # already escaped, interpolating n inside the box
+    'import re\np = re.compile(r"\\\\boxed\\{(.*?)\\}")\nq = "\\\\boxed{ok}"\n',
+    "m = b'\\\\boxed{bytes}'\n",
+    "def f():\n    return {'a': [1, 2]}\n",
+]
+
+
+@pytest.mark.parametrize("code", VALID)
+def test_valid_code_is_untouched(code: str) -> None:
+    assert repair_code(code) == (code, [])
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_envs_are_untouched(name: str) -> None:
+    code = EXAMPLES[name].code
+    assert repair_code(code) == (code, [])
+
+
+def test_code_that_cannot_be_repaired_is_returned_unparsed() -> None:
+    code = "def broken(:\n    pass\n"
+    assert repair_code(code) == (code, [])
+
+
+def test_repair_is_idempotent() -> None:
+    once, _ = repair_code('m = f"\\\\boxed{push N} {1+1}"\n')
+    assert repair_code(once) == (once, [])
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ("Here is the env:\n```python\nx = 1\n```\nHint: think.", "x = 1\n"),
+        ("```py\na = 2\n```\n```python\nb = 3\n```", "a = 2\n"),
+        ("```\nc = 4\n```", "c = 4\n"),
+        ("```python\nd = 5\n", "d = 5\n"),  # cut-off reply
+        ("e = 6\n", "e = 6\n"),
+    ],
+)
+def test_extract_code(reply: str, expected: str) -> None:
+    assert extract_code(reply) == expected
