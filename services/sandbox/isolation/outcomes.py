@@ -122,6 +122,8 @@ def classify_execution(seen: Observed) -> tuple[ExecStatus, int]:
         if sig == signal.SIGXFSZ:
             return ExecStatus.OUTPUT_LIMIT, exit_code
         return ExecStatus.KILLED, exit_code
+    if report.get("file_limit"):
+        return ExecStatus.OUTPUT_LIMIT, exit_code
     if report.get("memory"):
         return ExecStatus.MEMORY_LIMIT, exit_code
     if seen.report is None:

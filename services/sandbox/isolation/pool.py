@@ -70,6 +70,7 @@ class SandboxPool:
         self._concurrency = asyncio.Semaphore(self.settings.max_concurrency)
         self._restart_lock = asyncio.Lock()
         self._sessions: set[SandboxSession] = set()
+        self._reaping: set[asyncio.Task[None]] = set()
         self.faults = 0
 
     async def __aenter__(self) -> SandboxPool:
@@ -119,6 +120,8 @@ class SandboxPool:
         """Close every session, stop the zygotes (killing whatever still runs), remove the staging."""
         for session in list(self._sessions):
             await session.close()
+        if self._reaping:
+            await asyncio.gather(*self._reaping, return_exceptions=True)
         for slot in self._slots:
             if slot.zygote is not None:
                 await slot.zygote.close()
@@ -126,6 +129,11 @@ class SandboxPool:
         if self._plan is not None:
             await asyncio.to_thread(remove_staging, self._plan.staging)
             self._plan = None
+
+    @property
+    def instance(self) -> str | None:
+        """A name unique to this started pool; it appears on every one of its processes' command line."""
+        return self._plan.staging.name if self._plan else None
 
     def health(self) -> dict[str, Any]:
         """Layers (and which run degraded), zygotes, and what is in flight."""
@@ -207,22 +215,27 @@ class SandboxPool:
             yield spawned, zygote, channel
         finally:
             channel.close()
-            await self._finish(zygote, spawned)
+            if not spawned.exited.done():
+                # Off the request's critical path: the namespace's teardown takes a few ms.
+                task = asyncio.create_task(self._reap(zygote, spawned))
+                self._reaping.add(task)
+                task.add_done_callback(self._reaping.discard)
 
-    async def _finish(self, zygote: Zygote, spawned: Spawned) -> dict[str, Any] | None:
-        """Kill the request's processes unless already gone, and wait for the zygote to confirm it."""
-        if not spawned.exited.done():
+    async def _reap(self, zygote: Zygote, spawned: Spawned) -> None:
+        """Kill the request's processes and wait until the zygote confirms they are gone."""
+        for attempt in range(2):
             await zygote.kill(spawned)
-        try:
-            async with asyncio.timeout(EXIT_GRACE_S):
-                return await asyncio.shield(spawned.exited)
-        except SandboxFault:
-            return None
-        except TimeoutError:
-            self.faults += 1
-            log.error("zygote did not confirm the end of request %d; restarting it", spawned.request_id)
-            await zygote.close(timeout_s=1.0)
-            return None
+            try:
+                async with asyncio.timeout(EXIT_GRACE_S):
+                    await asyncio.shield(spawned.exited)
+                return
+            except SandboxFault:
+                return  # the zygote died: its children died with it
+            except TimeoutError:
+                log.warning("request %d still running after kill (attempt %d)", spawned.request_id, attempt + 1)
+        self.faults += 1
+        log.error("zygote did not confirm the end of request %d; restarting it", spawned.request_id)
+        await zygote.close(timeout_s=1.0)
 
     # -- execute -------------------------------------------------------------------------------
     async def execute(

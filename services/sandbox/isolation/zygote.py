@@ -52,6 +52,8 @@ class ZygotePlan:
             "userns": self.use_userns,
             "inner_uid": s.uid,
             "inner_gid": s.gid,
+            # Names this pool's processes in `ps` (and lets tests find any that outlive it).
+            "instance": self.staging.name,
         }
         argv = [str(s.python), "-I", "-S", "-B", f"{root}/{ZYGOTE_SCRIPT}", json.dumps(config)]
         if self.use_bwrap:
@@ -72,6 +74,8 @@ class ZygotePlan:
                 "--uid", "0",
                 "--gid", "0",
                 "--cap-add", "ALL",
+                "--remount-ro", "/dev",
+                "--remount-ro", "/",
                 "--chdir", "/tmp",
                 "--",
                 *argv,

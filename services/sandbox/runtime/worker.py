@@ -19,11 +19,13 @@ Any failure of the sandbox itself is reported as ``{"op": "fault", "error"}``.
 from __future__ import annotations
 
 import base64
+import errno
 import inspect
 import io
 import linecache
 import os
 import posixpath
+import signal
 import socket
 import sys
 import time
@@ -139,10 +141,15 @@ def run_exec(ctl: socket.socket) -> int:
             continue
     os.set_blocking(marker_r, False)
     try:
-        memory = os.read(marker_r, 1) == b"M"
+        marker = os.read(marker_r, 1)
     except BlockingIOError:
-        memory = False
-    message: dict[str, Any] = {"op": "exit", "memory": memory, "cpu_s": usage.ru_utime + usage.ru_stime}
+        marker = b""
+    message: dict[str, Any] = {
+        "op": "exit",
+        "memory": marker == b"M",
+        "file_limit": marker == b"F",
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+    }
     if os.WIFSIGNALED(status):
         message["signal"] = os.WTERMSIG(status)
     else:
@@ -154,6 +161,10 @@ def run_exec(ctl: socket.socket) -> int:
 def run_program(code: str, argv: list[str], marker_fd: int) -> None:
     """Run ``code`` as ``__main__`` the way ``python main.py`` would, then exit this process."""
     exit_code = 0
+    # The dispositions a fresh interpreter sets up (the zygote's children start from defaults).
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         sys.argv = argv
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
@@ -172,6 +183,11 @@ def run_program(code: str, argv: list[str], marker_fd: int) -> None:
         exit_code = _exit_code(exc)
     except MemoryError:
         os.write(marker_fd, b"M")
+        exit_code = 1
+        _print_exception()
+    except OSError as exc:
+        if exc.errno == errno.EFBIG:  # a write past RLIMIT_FSIZE
+            os.write(marker_fd, b"F")
         exit_code = 1
         _print_exception()
     except BaseException:
@@ -204,8 +220,14 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def _print_exception() -> None:
+    """Print the current exception like the interpreter would, without the runtime's own frame."""
     try:
-        traceback.print_exc()
+        exc = sys.exc_info()[1]
+        assert exc is not None
+        tb = exc.__traceback__
+        if tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next
+        traceback.print_exception(type(exc), exc, tb)
     except BaseException:
         try:
             os.write(2, b"Traceback unavailable (out of memory)\nMemoryError\n")
