@@ -1,0 +1,235 @@
+"""Command line of the memory: ``spade serve memory`` and ``spade envs list|show|export|hash-token``.
+
+``spade envs`` reads the database directly (``--database-url`` or ``SPADE_MEMORY_DATABASE_URL``), so it
+works in embedded mode without a running service and never changes the data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from services.memory.core.errors import MemoryServiceError
+from services.memory.core.records import EnvFilter, EnvStatus
+
+DEFAULT_DB = "sqlite:///spade-memory.db"
+
+
+@click.command()
+def serve() -> None:
+    """Run the memory service: gRPC (spade.v1.Memory) and the REST API + web page.
+
+    Configured by SPADE_MEMORY_* environment variables (see services/memory/settings.py).
+    """
+    from services.memory.settings import MemorySettings
+
+    try:
+        settings = MemorySettings()
+    except ValidationError as exc:
+        raise click.ClickException(f"invalid memory settings:\n{exc}") from None
+    asyncio.run(_serve(settings))
+
+
+async def _serve(settings: Any) -> None:
+    import uvicorn
+
+    from services.memory.grpc_server import start_grpc
+    from services.memory.wiring import build
+
+    app = build(settings)
+    server, port = await start_grpc(app.service, f"{settings.grpc_host}:{settings.grpc_port}")
+    click.echo(f"memory gRPC on {settings.grpc_host}:{port}; REST on http://{settings.rest_host}:{settings.rest_port}")
+    rest = uvicorn.Server(uvicorn.Config(app.rest, host=settings.rest_host, port=settings.rest_port, log_level="info"))
+    try:
+        await rest.serve()  # returns on SIGINT/SIGTERM
+    finally:
+        await server.stop(grace=5)
+        app.close()
+
+
+# -- spade envs -------------------------------------------------------------------------------------
+
+
+def _store(database_url: str) -> Any:
+    from services.memory.store.sql import SqlStore, make_engine
+
+    if database_url.startswith("sqlite:///"):
+        path = Path(database_url.removeprefix("sqlite:///"))
+        if not path.exists():
+            raise click.ClickException(
+                f"no memory database at {path}; pass --database-url or set SPADE_MEMORY_DATABASE_URL"
+            )
+    return SqlStore(make_engine(database_url))
+
+
+database_option = click.option(
+    "--database-url",
+    envvar="SPADE_MEMORY_DATABASE_URL",
+    default=DEFAULT_DB,
+    show_default=True,
+    help="SQLAlchemy URL of the memory database.",
+)
+
+
+def filter_options(f: Any) -> Any:
+    for opt in reversed(
+        [
+            click.option("--setting", type=click.Choice(["game", "tool"])),
+            click.option("--skill"),
+            click.option("--status", type=click.Choice([s.value for s in EnvStatus])),
+            click.option("--min-regret", type=click.FloatRange(-1.0, 1.0)),
+            click.option("--max-win-rate", type=click.FloatRange(0.0, 1.0)),
+            click.option("-q", "--query", "q", help="Text in the code or hint."),
+        ]
+    ):
+        f = opt(f)
+    return f
+
+
+def _filter(kw: dict[str, Any]) -> EnvFilter:
+    return EnvFilter(
+        setting=kw.get("setting"),
+        skill=kw.get("skill"),
+        status=EnvStatus(kw["status"]) if kw.get("status") else None,
+        min_regret=kw.get("min_regret"),
+        max_win_rate=kw.get("max_win_rate"),
+        q=kw.get("q"),
+    )
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+@click.group()
+def envs() -> None:
+    """Inspect the environment memory."""
+
+
+@envs.command("list")
+@database_option
+@filter_options
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--cursor", help="next cursor printed by the previous page.")
+def list_envs(database_url: str, limit: int, cursor: str | None, **kw: Any) -> None:
+    """List environments, newest first."""
+    from rich.console import Console
+    from rich.table import Table
+
+    try:
+        page = _store(database_url).list_environments(_filter(kw), limit, cursor)
+    except MemoryServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+    header = ("id", "class", "setting", "skill", "status", "ver", "plays", "win rate", "regret", "learnable")
+    rows = [
+        (
+            e.id,
+            e.env_class,
+            e.setting,
+            e.skill,
+            e.status.value,
+            str(e.weight_version),
+            str(e.stats.plays),
+            _fmt(e.stats.win_rate),
+            _fmt(e.stats.regret),
+            "yes" if e.stats.learnable else "",
+        )
+        for e in page.items
+    ]
+    more = f"more: --cursor {page.next_cursor}" if page.next_cursor else None
+    if not sys.stdout.isatty():  # pipes and scripts get tab-separated lines
+        for row in (header, *rows):
+            click.echo("\t".join(row))
+        if more:
+            click.echo(more, err=True)
+        return
+    table = Table(*header)
+    for row in rows:
+        table.add_row(*row)
+    console = Console()
+    console.print(table)
+    if more:
+        console.print(more)
+
+
+@envs.command("show")
+@database_option
+@click.argument("env_id")
+@click.option("--code-only", is_flag=True, help="Print only the code (pipe it to a file).")
+def show(database_url: str, env_id: str, code_only: bool) -> None:
+    """Show one environment: statistics, hint, validation checks, code and recent plays."""
+    from rich.console import Console
+    from rich.syntax import Syntax
+
+    store = _store(database_url)
+    try:
+        e = store.get_environment(env_id)
+        plays, _ = store.plays(env_id, 20)
+    except MemoryServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+    if code_only:
+        click.echo(e.code, nl=not e.code.endswith("\n"))
+        return
+    c = Console()
+    s = e.stats
+    c.print(
+        f"[bold]{e.env_class or e.id}[/] {e.id} — {e.setting} / {e.skill} — "
+        f"{e.status.value}, version {e.weight_version}"
+    )
+    c.print(
+        f"plays {s.plays}, win rate {_fmt(s.win_rate)} over {s.window_plays}, regret {_fmt(s.regret)}, "
+        f"learnable {'yes' if s.learnable else 'no'} {s.reward_components or ''}"
+    )
+    c.print(f"[bold]hint[/]: {e.hint or '(none)'}")
+    for check in e.validation_report.get("checks", []):
+        mark = "[green]pass[/]" if check.get("passed") else "[red]FAIL[/]"
+        c.print(f"  {mark} {check.get('name')} {check.get('detail', '')}")
+    c.print(Syntax(e.code, "python", line_numbers=True))
+    for p in plays:
+        c.print(
+            f"  v{p.weight_version} seed {p.seed} {'hinted ' if p.hinted else 'unhinted'} "
+            f"return {p.episode_return:.2f} turns {p.turns} {p.finish_reason}"
+        )
+
+
+@envs.command("export")
+@database_option
+@filter_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File (default: stdout).")
+def export(database_url: str, output: str | None, **kw: Any) -> None:
+    """Write matching environments (code, hint, report, stats) as JSON Lines."""
+    from services.memory.rest import detail
+
+    store = _store(database_url)
+    out = Path(output).open("w") if output else sys.stdout  # noqa: SIM115 - closed below
+    n = 0
+    try:
+        for e in store.iter_environments(_filter(kw)):
+            out.write(detail(e).model_dump_json() + "\n")
+            n += 1
+    finally:
+        if output:
+            out.close()
+    if output:
+        click.echo(f"wrote {n} environments to {output}", err=True)
+
+
+@envs.command("hash-token")
+@click.option("--token", help="The token to hash (prompted, hidden, when omitted).")
+@click.option("--generate", is_flag=True, help="Generate a new random token and print it with its hash.")
+def hash_token_cmd(token: str | None, generate: bool) -> None:
+    """Print the SHA-256 of an API token for SPADE_MEMORY_API_TOKEN_SHA256."""
+    from services.memory.settings import hash_token
+
+    if generate:
+        token = secrets.token_urlsafe(32)
+        click.echo(f"token:  {token}")
+    elif token is None:
+        token = click.prompt("token", hide_input=True)
+    click.echo(f"sha256: {hash_token(token or '')}" if generate else hash_token(token or ""))
