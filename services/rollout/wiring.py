@@ -1,0 +1,116 @@
+"""Builds the rollout's object graph from settings: the only place adapters meet the core.
+
+``rollout_worker`` yields a ready ``RolloutWorker`` and closes everything it opened on exit. In
+embedded mode (``spade run``) the caller passes the objects the process shares — the in-process
+queue, the memory service, the sandbox pool, the inference client — and only the missing ones are
+built here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from services.rollout.core.episode import EpisodeRunner
+from services.rollout.core.ports import SessionOpener
+from services.rollout.memory import MemoryAdapter, MemoryApi
+from services.rollout.policy import FormatterTemplate, InferenceGenerator
+from services.rollout.sandbox import GrpcSandboxSessions, PoolSessions
+from services.rollout.settings import GrpcMemory, GrpcSandbox, RolloutSettings
+from services.rollout.state_store import RolloutStateStore
+from services.rollout.worker import RolloutWorker, WorkerConfig
+from spade.inference.client import InferenceClient
+from spade.queues.base import WorkQueue
+from spade.queues.config import make_queue
+
+log = logging.getLogger("spade.rollout")
+
+
+def worker_config(settings: RolloutSettings) -> WorkerConfig:
+    """The worker's scheduling options from settings."""
+    return WorkerConfig(
+        consumer=settings.consumer_name,
+        group=settings.consumer_group,
+        group_size=settings.group_size,
+        window=settings.window_versions,
+        max_concurrent_plays=settings.max_concurrent_plays,
+        sandbox_retries=settings.sandbox_retries,
+        lease_s=settings.lease_s,
+        poll_s=settings.poll_s,
+        block_ms=settings.block_ms,
+        publish_hinted=settings.publish_hinted,
+        drop_mixed_versions=settings.drop_mixed_version_plays,
+    )
+
+
+def _tokenizer_path(settings: RolloutSettings) -> Path:
+    if settings.tokenizer_path is not None:
+        return settings.tokenizer_path
+    from services.inference.models import ensure_default_model
+
+    return ensure_default_model()
+
+
+@contextlib.asynccontextmanager
+async def rollout_worker(
+    settings: RolloutSettings,
+    *,
+    queue: WorkQueue | None = None,
+    memory: MemoryApi | None = None,
+    sessions: SessionOpener | None = None,
+    inference: InferenceClient | None = None,
+) -> AsyncIterator[RolloutWorker]:
+    """Build a rollout worker from ``settings`` (injected objects are used as they are, never closed)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if queue is None:
+            queue = make_queue(settings.queue)
+            stack.push_async_callback(queue.close)
+        if memory is None:
+            memory = await _memory(settings, stack)
+        if sessions is None:
+            sessions = await _sessions(settings, stack)
+        if inference is None:
+            inference = InferenceClient(settings.inference_urls, tokenizer_path=_tokenizer_path(settings))
+            stack.push_async_callback(inference.aclose)
+            await inference.wait_ready()
+        template = FormatterTemplate(inference.formatter)
+        runner = EpisodeRunner(sessions, InferenceGenerator(inference), template, settings.play_limits())
+        store = RolloutStateStore.from_url(settings.state_url)
+        stack.callback(store.dispose)
+        adapter = MemoryAdapter(memory)
+        yield RolloutWorker(queue, store, adapter, adapter, runner, worker_config(settings))
+
+
+async def _memory(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -> MemoryApi:
+    cfg = settings.memory
+    if isinstance(cfg, GrpcMemory):
+        from services.memory.grpc_client import MemoryClient
+
+        client = MemoryClient(cfg.target, timeout_s=cfg.timeout_s)
+        stack.push_async_callback(client.close)
+        return client
+    from services.memory.service import MemoryService
+    from services.memory.store.sql import SqlStore, make_engine, migrate
+
+    engine = make_engine(cfg.url)
+    stack.callback(engine.dispose)
+    migrate(engine)
+    return MemoryService(SqlStore(engine))
+
+
+async def _sessions(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -> SessionOpener:
+    cfg = settings.sandbox
+    if isinstance(cfg, GrpcSandbox):
+        key = cfg.api_key.get_secret_value() if cfg.api_key is not None else None
+        grpc_sessions = GrpcSandboxSessions(cfg.target, key, open_timeout_s=cfg.open_timeout_s)
+        stack.push_async_callback(grpc_sessions.close)
+        return grpc_sessions
+    from services.sandbox.isolation import SandboxPool
+    from services.sandbox.isolation.settings import IsolationSettings
+
+    pool = SandboxPool(IsolationSettings.model_validate(cfg.isolation))
+    await pool.start()
+    stack.push_async_callback(pool.stop)
+    return PoolSessions(pool, cfg.checks)
