@@ -48,6 +48,7 @@ class ScriptedPolicy:
     messages: list[list[dict[str, str]]] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
         self.messages.append(messages)
@@ -59,7 +60,10 @@ class ScriptedPolicy:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            await asyncio.sleep(self.delays[call] if call < len(self.delays) else 0.01)
+            delay = self.delays[call] if call < len(self.delays) else 0.01
+            if delay == float("inf"):
+                await asyncio.Event().wait()  # never answers: only the batch deadline ends it
+            await asyncio.sleep(delay)
             item = self.script[call % len(self.script)]
             if isinstance(item, Exception):
                 raise item
@@ -71,21 +75,24 @@ class ScriptedPolicy:
                 weight_version=self.weight_version,
                 text=item,
             )
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
         finally:
             self.in_flight -= 1
 
 
 @dataclass
 class MarkerValidator:
-    """Fails the check named in a ``# fail:<check>`` marker; ``# slow`` sleeps first."""
+    """Fails the check named in a ``# fail:<check>`` marker; ``# slow`` waits for ``release`` first."""
 
     calls: int = 0
-    slow_s: float = 0.5
+    release: asyncio.Event | None = None
 
     async def validate(self, code: str, setting: str) -> ValidationReport:
         self.calls += 1
-        if "# slow" in code:
-            await asyncio.sleep(self.slow_s)
+        if "# slow" in code and self.release is not None:
+            await self.release.wait()
         failing = code.split("# fail:")[1].split(maxsplit=1)[0] if "# fail:" in code else None
         checks = [
             CheckResult(name, name != failing, "replaying solution() did not win seed 1" if name == failing else "")

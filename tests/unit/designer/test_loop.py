@@ -162,13 +162,14 @@ async def test_the_deadline_keeps_every_finished_attempt(
     memory: MemoryAdapter,
     documents: CorpusSampler,
 ) -> None:
-    # Slot 0 finishes at once; slot 1 has generated and is validating (slow) when the deadline
-    # fires; slot 2 is still generating. 0 and 1 are kept, 2 is cancelled.
+    # Slot 0 finishes at once; slot 1 has generated and is still validating when the deadline
+    # fires (its validation waits until the deadline has cancelled slot 2, which never answers).
+    # 0 and 1 are kept, 2 is cancelled.
     policy = ScriptedPolicy(
-        [answer("Fast"), answer("Validating", marker="slow"), answer("Never")], delays=[0.0, 0.05, 30.0]
+        [answer("Fast"), answer("Validating", marker="slow"), answer("Never")], delays=[0.0, 0.0, float("inf")]
     )
-    validator = MarkerValidator(slow_s=0.6)
-    config = config_for(envs_per_batch=3, concurrency=3, batch_timeout_s=0.3)
+    validator = MarkerValidator(release=policy.cancelled)
+    config = config_for(envs_per_batch=3, concurrency=3, batch_timeout_s=2.0)
     result = await make(config, policy, queue, memory, documents, validator).run_batch()
 
     assert result.timed_out
