@@ -87,6 +87,9 @@ def write_weights(
     state = full_model_state(model)
     if not world.is_main:
         return None
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".tmp-{target.name}-{uuid.uuid4().hex[:8]}"
     try:

@@ -42,7 +42,7 @@ from services.learner.core.batching import (
     designer_advantages,
     normalize_per_role,
 )
-from services.learner.core.rewards import DesignerRewardConfig
+from services.learner.core.rewards import DesignerRewardConfig, group_zscores
 from services.learner.core.window import DesignerWindow, ScoredAttempt, ScoreOutcome
 from services.learner.publisher import PublishResult, WeightPublisher
 from services.learner.samples import (
@@ -267,13 +267,18 @@ class Learner:
                 for k, v in self.groups.items()
                 if k not in ready and len(v) >= 2 and max(p.sample.weight_version for p in v) < self.version
             ]
-        if len(ready) < max(1, self.settings.min_agent_groups):
-            return []
         ready.sort(key=lambda k: min(p.sample.weight_version for p in self.groups[k]))
-        taken: list[AgentPlaySample] = []
-        for key in ready[: self.settings.agent_groups_per_step]:
-            taken.extend(self.groups.pop(key))
-        return taken
+        chosen: list[str] = []
+        for key in ready:
+            if group_zscores([p.episode_return for p in self.groups[key]]) is None:
+                # No learning signal: drop it now so it never takes a trainable group's place.
+                self._step_counts["agent_groups_zero_variance"] += 1
+                self._step_counts["zero_variance_dropped"] += len(self.groups.pop(key))
+            elif len(chosen) < self.settings.agent_groups_per_step:
+                chosen.append(key)
+        if len(chosen) < max(1, self.settings.min_agent_groups):
+            return []
+        return [p for key in chosen for p in self.groups.pop(key)]
 
     def _assemble(self) -> tuple[list[TrainSample], list[ScoredAttempt]]:
         counts = self._step_counts

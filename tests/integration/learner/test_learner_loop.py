@@ -1,0 +1,174 @@
+"""The learner loop end to end on a tiny model and the real queues (in-process and Redis)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from services.learner.core.window import ScoredAttempt, ScoreOutcome
+from services.learner.learner import Learner
+from services.learner.wiring import build_learner, close_learner
+from spade.queues.base import SAMPLES_AGENT, SAMPLES_DESIGNER, WEIGHTS_PUBLISHED, WorkQueue
+from spade.v1 import queues_pb2
+
+from .conftest import agent_sample, designer_sample, make_settings
+
+
+async def put(queue: WorkQueue, stream: str, msg) -> None:
+    await queue.publish(stream, msg.SerializeToString(), key=msg.sample_id)
+
+
+async def put_group(queue: WorkQueue, env: str, version: int, returns: list[float], hinted: bool = False) -> None:
+    arm = "h" if hinted else "u"
+    for seed, r in enumerate(returns):
+        await put(queue, SAMPLES_AGENT, agent_sample(f"{env}-v{version}-{arm}{seed}", env, seed, r, version, hinted))
+
+
+async def phase_one(queue: WorkQueue) -> None:
+    """Two envs of one batch and skill, designed at version 0, played with and without the hint."""
+    await put(queue, SAMPLES_DESIGNER, designer_sample("d1", "e1"))
+    await put(queue, SAMPLES_DESIGNER, designer_sample("d2", "e2"))
+    await put(queue, SAMPLES_DESIGNER, designer_sample("d3", "", valid=False))
+    await put_group(queue, "e1", 0, [1, 0, 0, 0])
+    await put_group(queue, "e1", 0, [1, 1, 1, 0], hinted=True)
+    await put_group(queue, "e2", 0, [1, 1, 1, 0])
+    await put_group(queue, "e2", 0, [1, 1, 1, 1], hinted=True)
+
+
+async def phase_two(queue: WorkQueue) -> None:
+    """The envs' second window version: fresh seeds, unhinted only."""
+    await put_group(queue, "e1", 1, [1, 1, 0, 0])
+    await put_group(queue, "e2", 1, [1, 1, 1, 1])  # zero variance: dropped
+
+
+def params(learner: Learner) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in learner.trainer.model.named_parameters()}
+
+
+async def test_three_steps_train_score_the_designer_publish_and_checkpoint(tmp_path, base_model, inprocess_queue):
+    scored: list[ScoredAttempt] = []
+    settings = make_settings(tmp_path, base_model, keep_checkpoints=2)
+    learner = build_learner(settings, queue=inprocess_queue, on_designer_reward=scored.append)
+    start = params(learner)
+    await phase_one(inprocess_queue)
+    r1 = await learner.run_step()
+    await phase_two(inprocess_queue)
+    r2 = await learner.run_step()
+    r3 = await learner.run_step()
+
+    assert [r.version for r in (r1, r2, r3)] == [1, 2, 3] and all(r.trained for r in (r1, r2, r3))
+    assert all(not torch.equal(p, start[n]) for n, p in params(learner).items())
+
+    # The designer samples were scored at version 2 = first version 0 + k, with the right numbers.
+    assert r3.designer_rewards == scored and len(scored) == 3
+    by_id = {s.attempt.sample_id: s for s in scored}
+    assert by_id["d3"].outcome is ScoreOutcome.INVALID
+    e1, e2 = by_id["d1"].components, by_id["d2"].components
+    assert e1 is not None and e2 is not None
+    assert (e1.regret, e2.regret) == pytest.approx((0.5, 0.25))
+    assert (e1.window_win_rate, e2.window_win_rate) == pytest.approx((3 / 8, 7 / 8))
+    assert (e1.blend, e2.blend) == pytest.approx((0.4 + 0.6 * 0.9, 0.4))
+    assert r3.counters["designer_groups"] == 1 and learner.totals["agent_groups_zero_variance"] == 1
+    assert r3.metrics is not None and r3.metrics.samples == 4 + 3  # e1@1 plus three designer samples
+    assert r3.flat_metrics()["designer/blend_mean"] == pytest.approx((0.94 + 0.4 + 0.0) / 3)
+
+    # Weights: version 3 on disk as a HF checkpoint with the tokenizer files; announced on the queue.
+    v3 = settings.weights_dir / "v00000003"
+    assert (v3 / "config.json").is_file() and (v3 / "tokenizer_config.json").is_file()
+    saved = load_file(str(v3 / "model.safetensors"))
+    live = learner.trainer.model.state_dict()
+    assert all(torch.equal(saved[k], live[k]) for k in saved)
+    announced = await inprocess_queue.consume(WEIGHTS_PUBLISHED, "watcher", "w", count=10, block_ms=10)
+    versions = [queues_pb2.WeightsPublished.FromString(d.payload).weight_version for d in announced]
+    assert versions == [1, 2, 3]
+
+    # Checkpoints: retention kept the newest two; everything consumed is acknowledged.
+    assert learner.checkpoints.steps() == [2, 3]
+    assert await inprocess_queue.pending(SAMPLES_AGENT, "learner") == 0
+    state = json.loads((settings.checkpoint_dir / "learner_state.json").read_text())
+    assert state["version"] == 3 and state["window"]["pending"] == []
+    await close_learner(learner, close_queue=False)
+
+
+async def test_stale_groups_are_dropped_and_counted(tmp_path, base_model, inprocess_queue):
+    learner = build_learner(make_settings(tmp_path, base_model, max_staleness=0), queue=inprocess_queue)
+    await put_group(inprocess_queue, "e1", 0, [1, 0, 0, 1])
+    await learner.run_step()  # trains version 0's group: version 1
+    await put_group(inprocess_queue, "e9", 0, [1, 0, 1, 0])  # arrives late: version 0 < 1 - 0
+    await put_group(inprocess_queue, "e2", 1, [0, 1, 1, 0])
+    report = await learner.run_step()
+    assert report.counters["stale_dropped"] == 4 and report.counters["stale_groups_dropped"] == 1
+    assert report.trained and report.metrics is not None and report.metrics.samples == 4
+    await close_learner(learner, close_queue=False)
+
+
+async def test_duplicates_and_malformed_messages_are_counted_not_trained(tmp_path, base_model, inprocess_queue):
+    learner = build_learner(make_settings(tmp_path, base_model), queue=inprocess_queue)
+    await put_group(inprocess_queue, "e1", 0, [1, 0, 0, 1])
+    dup = agent_sample("e1-v0-u0", "e1", 0, 1.0)
+    await inprocess_queue.publish(SAMPLES_AGENT, dup.SerializeToString(), key="another-key")
+    bad = agent_sample("bad", "e1", 5, 1.0)
+    del bad.loss_mask[-2:]
+    await inprocess_queue.publish(SAMPLES_AGENT, bad.SerializeToString(), key="bad")
+    await inprocess_queue.publish(SAMPLES_AGENT, b"\xff\xffnot a protobuf", key="garbage")
+    report = await learner.run_step()
+    assert report.counters["duplicates"] == 1 and report.counters["malformed"] == 2
+    assert report.metrics is not None and report.metrics.samples == 4
+    assert await inprocess_queue.pending(SAMPLES_AGENT, "learner") == 0  # poison messages never block
+    await close_learner(learner, close_queue=False)
+
+
+async def test_nothing_ready_means_no_step_and_no_new_version(tmp_path, base_model, inprocess_queue):
+    learner = build_learner(make_settings(tmp_path, base_model), queue=inprocess_queue)
+    await put_group(inprocess_queue, "e1", 0, [0.5, 0.5, 0.5, 0.5])  # complete but zero variance
+    report = await learner.run_step()
+    assert not report.trained and report.version == 0 and report.metrics is None
+    assert report.counters["agent_groups_zero_variance"] == 1
+    assert not (tmp_path / "weights").exists()
+    await close_learner(learner, close_queue=False)
+
+
+async def _run(tmp_path: Path, base: Path, queue: WorkQueue, crash_after_two: bool):
+    """Three steps with checkpoints every 2; optionally crash after step 3 and redo it after a resume."""
+    settings = make_settings(tmp_path, base, checkpoint_every=2, publish_every=100)
+    learner = build_learner(settings, queue=queue)
+    await phase_one(queue)
+    await learner.run_step()
+    await learner.run_step()  # checkpoint at version 2: every message so far is acknowledged
+    await phase_two(queue)
+    r3 = await learner.run_step()  # consumes phase two; its messages stay unacknowledged
+    if crash_after_two:
+        assert await queue.pending(SAMPLES_AGENT, "learner") == 8
+        await close_learner(learner, close_queue=False)  # the process dies here
+        learner = build_learner(settings, queue=queue)
+        assert learner.version == 2 and set(learner.window.pending) == {"d1", "d2", "d3"}
+        r3 = await learner.run_step()  # phase two is re-delivered once its claim times out
+    out = params(learner), r3
+    await close_learner(learner, close_queue=False)
+    return out
+
+
+@pytest.mark.slow
+async def test_resume_after_a_crash_gives_the_same_next_step(tmp_path, base_model, redis_queue):
+    from spade.queues.config import RedisQueueConfig
+    from spade.queues.redis_streams import RedisStreamQueue
+
+    other = RedisStreamQueue(
+        RedisQueueConfig(url=redis_queue._config.url, prefix=redis_queue._config.prefix + "b:", claim_idle_ms=200)
+    )
+    try:
+        (p_straight, r_straight) = await _run(tmp_path / "a", base_model, redis_queue, crash_after_two=False)
+        (p_resumed, r_resumed) = await _run(tmp_path / "b", base_model, other, crash_after_two=True)
+    finally:
+        await other.delete_all()
+        await other.close()
+    assert r_resumed.version == r_straight.version == 3
+    assert [s.components for s in r_resumed.designer_rewards] == [s.components for s in r_straight.designer_rewards]
+    assert r_resumed.metrics is not None and r_straight.metrics is not None
+    assert r_resumed.metrics.loss == r_straight.metrics.loss
+    for name, p in p_straight.items():
+        assert torch.equal(p, p_resumed[name]), name
