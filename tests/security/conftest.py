@@ -81,7 +81,16 @@ def planted() -> Iterator[dict[str, Path]]:
 async def pool(planted: dict[str, Path]) -> AsyncIterator[SandboxPool]:
     os.environ["SPADE_ESCAPE_SECRET"] = SECRET
     before = set(sandbox_pids())
-    pool = SandboxPool(IsolationSettings(wall_seconds=5.0, processes=32, memory_mb=256))
+    pool = SandboxPool(
+        IsolationSettings(
+            wall_seconds=5.0,
+            processes=32,
+            memory_mb=256,
+            step_seconds=1.5,
+            session_start_seconds=5.0,
+            validate_wall_seconds=4.0,
+        )
+    )
     await pool.start()
     instance = pool.instance
     assert instance

@@ -75,7 +75,17 @@ async def test_planted_host_files_and_checkout_are_invisible(pool: SandboxPool, 
         """,
     )
     assert result.status is ExecStatus.OK
-    for name in ("tmp_secret", "root_secret", "root_dir", "checkout", "checkout_dir", "etc_passwd", "etc_shadow", "home", "venv"):
+    for name in (
+        "tmp_secret",
+        "root_secret",
+        "root_dir",
+        "checkout",
+        "checkout_dir",
+        "etc_passwd",
+        "etc_shadow",
+        "home",
+        "venv",
+    ):
         assert seen[name].startswith(("FileNotFoundError", "PermissionError")), (name, seen[name])
     # Only the runtime's read-only view: /usr (+ its symlinks), the staged sources, /proc, /dev, /tmp.
     listing = eval(seen["root_listing"][4:])
@@ -280,7 +290,8 @@ async def test_namespace_and_mount_syscalls_are_denied(pool: SandboxPool) -> Non
         attempt("personality", lambda: call(libc.personality, 0x0040000))
         attempt("ptrace_attach", lambda: call(libc.ptrace, 16, 1, 0, 0))
         attempt("ptrace_traceme", lambda: call(libc.ptrace, 0, 0, 0, 0))
-        attempt("capabilities", lambda: [l for l in open("/proc/self/status") if l.startswith(("CapEff", "CapPrm", "CapBnd", "NoNewPrivs", "Seccomp:"))])
+        wanted = ("CapEff", "CapPrm", "CapBnd", "NoNewPrivs", "Seccomp:")
+        attempt("capabilities", lambda: [l for l in open("/proc/self/status") if l.startswith(wanted)])
         attempt("uid", lambda: (os.getuid(), os.geteuid(), os.getgid(), os.getgroups()))
         attempt("setuid_root", lambda: os.setuid(0))
         """,

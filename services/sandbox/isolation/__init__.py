@@ -31,7 +31,18 @@ _LAZY = {
     "SandboxSession": "pool",
 }
 
-__all__ = ["IsolationSettings", *_LAZY]
+__all__ = [
+    "ExecLimits",
+    "ExecStatus",
+    "ExecutionResult",
+    "IsolationSettings",
+    "LayerStatus",
+    "SandboxFault",
+    "SandboxPool",
+    "SandboxSession",
+    "SandboxUnavailable",
+    "probe_layers",
+]
 
 
 def __getattr__(name: str) -> Any:

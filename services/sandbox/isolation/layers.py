@@ -64,7 +64,7 @@ class SandboxUnavailable(RuntimeError):
 def _run(argv: list[str]) -> tuple[int, str]:
     try:
         done = subprocess.run(
-            argv, capture_output=True, timeout=_PROBE_TIMEOUT_S, env={}, cwd="/", stdin=subprocess.DEVNULL
+            argv, capture_output=True, timeout=_PROBE_TIMEOUT_S, check=False, env={}, cwd="/", stdin=subprocess.DEVNULL
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return -1, str(exc)
@@ -79,9 +79,7 @@ def _executable(path: Path) -> bool:
 def _probe_python(settings: IsolationSettings) -> LayerStatus:
     if not _executable(settings.python):
         return LayerStatus(False, f"{settings.python} is not an executable file; install python3.11")
-    code, out = _run(
-        [str(settings.python), "-I", "-S", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]
-    )
+    code, out = _run([str(settings.python), "-I", "-S", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
     if code != 0:
         return LayerStatus(False, f"{settings.python} does not run: {out}")
     major, minor = (int(x) for x in out.split(".")[:2])
@@ -95,9 +93,7 @@ def _probe_setpriv(settings: IsolationSettings) -> LayerStatus:
         return LayerStatus(False, f"{settings.setpriv} not found; install util-linux")
     euid = os.geteuid()
     if euid not in (0, settings.uid):
-        return LayerStatus(
-            False, f"the service runs as uid {euid}, not root: it cannot switch to uid {settings.uid}"
-        )
+        return LayerStatus(False, f"the service runs as uid {euid}, not root: it cannot switch to uid {settings.uid}")
     return LayerStatus(True, f"{settings.setpriv}: runs code as uid {settings.uid}, gid {settings.gid}")
 
 
@@ -152,7 +148,9 @@ def _probe_seccomp(settings: IsolationSettings) -> LayerStatus:
     probe = f"import sys; sys.path.append({str(settings.seccomp_path)!r}); import seccomp; print(seccomp.get_api())"
     code, out = _run([str(settings.python), "-I", "-S", "-c", probe])
     if code != 0:
-        return LayerStatus(False, f"python3-seccomp is not importable from {settings.seccomp_path}; apt-get install python3-seccomp")
+        return LayerStatus(
+            False, f"python3-seccomp is not importable from {settings.seccomp_path}; apt-get install python3-seccomp"
+        )
     return LayerStatus(True, f"libseccomp API level {out}")
 
 

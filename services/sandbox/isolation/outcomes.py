@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
@@ -16,7 +16,7 @@ class SandboxFault(Exception):
     """The sandbox itself failed (zygote died, jail could not be built); the code is not to blame."""
 
 
-class ExecStatus(str, Enum):
+class ExecStatus(StrEnum):
     """How an execution ended.
 
     - ``ok``: exited 0. ``error``: exited non-zero (an uncaught exception is exit 1).
@@ -110,7 +110,9 @@ def classify_execution(seen: Observed) -> tuple[ExecStatus, int]:
     sig = report.get("signal")
     if sig is None and seen.report is None and seen.exited is not None:
         sig = seen.exited.get("signal")
-    exit_code = -int(sig) if sig is not None else int(report.get("code", seen.exited and seen.exited.get("code") or 0))
+    exit_code = (
+        -int(sig) if sig is not None else int(report.get("code", (seen.exited and seen.exited.get("code")) or 0))
+    )
     if seen.timed_out:
         return ExecStatus.TIMEOUT, exit_code if sig is None else -signal.SIGKILL
     if seen.output_exceeded:

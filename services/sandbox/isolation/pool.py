@@ -96,7 +96,7 @@ class SandboxPool:
             settings=self.settings,
             staging=staging,
             use_setpriv=ok["setpriv"],
-            use_bwrap=ok["bwrap"] and ok["setpriv"] or (ok["bwrap"] and os.geteuid() != 0),
+            use_bwrap=(ok["bwrap"] and ok["setpriv"]) or (ok["bwrap"] and os.geteuid() != 0),
             use_userns=ok["userns"],
             use_seccomp=ok["seccomp"],
         )
@@ -195,7 +195,9 @@ class SandboxPool:
         }
 
     @contextlib.asynccontextmanager
-    async def _jail(self, kind: str, limits: dict[str, int], extra_fds: list[int]) -> AsyncIterator[tuple[Spawned, Zygote, Channel]]:
+    async def _jail(
+        self, kind: str, limits: dict[str, int], extra_fds: list[int]
+    ) -> AsyncIterator[tuple[Spawned, Zygote, Channel]]:
         """Spawn one jailed process; on exit make sure it (and its whole pid namespace) is gone."""
         try:
             zygote = await self._zygote()

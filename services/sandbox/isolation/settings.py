@@ -27,25 +27,25 @@ class IsolationSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     uid: int = Field(
-        65534, ge=1, le=2**31 - 2, description="Host uid untrusted code runs as (never 0; default nobody)."
+        default=65534, ge=1, le=2**31 - 2, description="Host uid untrusted code runs as (never 0; default nobody)."
     )
-    gid: int = Field(65534, ge=1, le=2**31 - 2, description="Host gid untrusted code runs as (never 0).")
+    gid: int = Field(default=65534, ge=1, le=2**31 - 2, description="Host gid untrusted code runs as (never 0).")
     python: Path = Field(
-        Path("/usr/bin/python3.11"),
+        default=Path("/usr/bin/python3.11"),
         description="Interpreter of the zygote: a system Python 3.11 readable by the sandbox uid "
         "(not the project's venv, which the sandbox must not see).",
     )
-    bwrap: Path = Field(Path("/usr/bin/bwrap"), description="bubblewrap binary (the outer namespaces).")
-    setpriv: Path = Field(Path("/usr/bin/setpriv"), description="setpriv binary (drops to `uid`/`gid`).")
+    bwrap: Path = Field(default=Path("/usr/bin/bwrap"), description="bubblewrap binary (the outer namespaces).")
+    setpriv: Path = Field(default=Path("/usr/bin/setpriv"), description="setpriv binary (drops to `uid`/`gid`).")
     seccomp_path: Path = Field(
-        Path("/usr/lib/python3/dist-packages"),
+        default=Path("/usr/lib/python3/dist-packages"),
         description="Directory holding Debian's `seccomp` Python module (package python3-seccomp).",
     )
     zygotes: int = Field(
-        1, ge=1, le=64, description="Pre-warmed zygote processes; requests are spread over them."
+        default=1, ge=1, le=64, description="Pre-warmed zygote processes; requests are spread over them."
     )
     max_concurrency: int = Field(
-        32, ge=1, le=10_000, description="Executions and validations running at once (others wait)."
+        default=32, ge=1, le=10_000, description="Executions and validations running at once (others wait)."
     )
     allow_degraded: list[Layer] = Field(
         default_factory=list,
@@ -53,38 +53,50 @@ class IsolationSettings(BaseModel):
         "health(). Empty (the default) means every layer is required.",
     )
 
-    cpu_seconds: float = Field(10.0, gt=0, le=3600, description="Default CPU-time rlimit per process (s).")
-    max_cpu_seconds: float = Field(60.0, gt=0, le=3600, description="Largest CPU-time rlimit a request may get.")
-    memory_mb: int = Field(512, ge=64, le=65536, description="Default address-space rlimit per process (MiB).")
-    max_memory_mb: int = Field(2048, ge=64, le=65536, description="Largest address-space rlimit a request may ask.")
-    processes: int = Field(
-        32, ge=2, le=4096, description="Processes (and threads) one request may hold at once (RLIMIT_NPROC)."
+    cpu_seconds: float = Field(default=10.0, gt=0, le=3600, description="Default CPU-time rlimit per process (s).")
+    max_cpu_seconds: float = Field(
+        default=60.0, gt=0, le=3600, description="Largest CPU-time rlimit a request may get."
     )
-    open_files: int = Field(64, ge=16, le=65536, description="Open file descriptors per process (RLIMIT_NOFILE).")
-    file_size_mb: int = Field(16, ge=1, le=4096, description="Largest file a sandboxed process may write (MiB).")
-    tmpfs_mb: int = Field(64, ge=1, le=8192, description="Size of each request's private writable tmpfs (MiB).")
-    wall_seconds: float = Field(10.0, gt=0, le=3600, description="Default wall-clock limit of an execution (s).")
-    max_wall_seconds: float = Field(60.0, gt=0, le=3600, description="Largest wall-clock limit a request may ask.")
+    memory_mb: int = Field(default=512, ge=64, le=65536, description="Default address-space rlimit per process (MiB).")
+    max_memory_mb: int = Field(
+        default=2048, ge=64, le=65536, description="Largest address-space rlimit a request may ask."
+    )
+    processes: int = Field(
+        default=32, ge=2, le=4096, description="Processes (and threads) one request may hold at once (RLIMIT_NPROC)."
+    )
+    open_files: int = Field(
+        default=64, ge=16, le=65536, description="Open file descriptors per process (RLIMIT_NOFILE)."
+    )
+    file_size_mb: int = Field(
+        default=16, ge=1, le=4096, description="Largest file a sandboxed process may write (MiB)."
+    )
+    tmpfs_mb: int = Field(default=64, ge=1, le=8192, description="Size of each request's private writable tmpfs (MiB).")
+    wall_seconds: float = Field(
+        default=10.0, gt=0, le=3600, description="Default wall-clock limit of an execution (s)."
+    )
+    max_wall_seconds: float = Field(
+        default=60.0, gt=0, le=3600, description="Largest wall-clock limit a request may ask."
+    )
     validate_wall_seconds: float = Field(
-        60.0, gt=0, le=3600, description="Wall-clock limit of a whole validation run (s)."
+        default=60.0, gt=0, le=3600, description="Wall-clock limit of a whole validation run (s)."
     )
     session_start_seconds: float = Field(
-        10.0, gt=0, le=600, description="Wall-clock limit of opening a session (load the code + reset) (s)."
+        default=10.0, gt=0, le=600, description="Wall-clock limit of opening a session (load the code + reset) (s)."
     )
     step_seconds: float = Field(
-        5.0, gt=0, le=600, description="Wall-clock limit of one session step as seen by the service (s)."
+        default=5.0, gt=0, le=600, description="Wall-clock limit of one session step as seen by the service (s)."
     )
     session_cpu_seconds: float = Field(
-        120.0, gt=0, le=86_400, description="CPU-time rlimit of a whole session process (s)."
+        default=120.0, gt=0, le=86_400, description="CPU-time rlimit of a whole session process (s)."
     )
     stdout_bytes: int = Field(
-        1 << 20, ge=1024, le=1 << 30, description="Stdout kept from an execution; more is `output_limit`."
+        default=1 << 20, ge=1024, le=1 << 30, description="Stdout kept from an execution; more is `output_limit`."
     )
     stderr_bytes: int = Field(
-        1 << 20, ge=1024, le=1 << 30, description="Stderr kept from an execution; more is `output_limit`."
+        default=1 << 20, ge=1024, le=1 << 30, description="Stderr kept from an execution; more is `output_limit`."
     )
     observation_bytes: int = Field(
-        1 << 20,
+        default=1 << 20,
         ge=1024,
         le=1 << 30,
         description="Largest encoded reply (observation + info) a session may send; more ends the session "

@@ -42,7 +42,9 @@ def stopped_report(
             checks.append(CheckResult(name, False, f"stopped while running: {reason}; fix the env so this check ends"))
         elif not reached:
             checks.append(
-                CheckResult(name, False, "finished before the checker was stopped; its result was lost with the process")
+                CheckResult(
+                    name, False, "finished before the checker was stopped; its result was lost with the process"
+                )
             )
         else:
             checks.append(CheckResult(name, False, f"not run: the checker was stopped during {stopped_at!r}"))

@@ -270,7 +270,12 @@ class Zygote:
 
 async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
     future: asyncio.Future[None] = loop.create_future()
-    loop.add_writer(sock.fileno(), lambda: future.done() or future.set_result(None))
+
+    def ready() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    loop.add_writer(sock.fileno(), ready)
     try:
         await future
     finally:

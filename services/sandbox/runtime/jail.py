@@ -13,6 +13,7 @@ could not be built never runs.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -188,9 +189,7 @@ def load_seccomp(program: bytes) -> None:
         _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
 
     fprog = SockFprog(count, ctypes.addressof(buffer))
-    _check(
-        _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0), "load seccomp filter"
-    )
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0), "load seccomp filter")
 
 
 def reset_signals() -> None:
@@ -198,10 +197,8 @@ def reset_signals() -> None:
     for sig in signal.valid_signals():
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             continue
-        try:
+        with contextlib.suppress(OSError, ValueError):
             signal.signal(sig, signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass
     signal.set_wakeup_fd(-1)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 

@@ -7,6 +7,7 @@ killed by libseccomp's architecture check. Needs Debian's ``seccomp`` module (py
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
 import sys
@@ -96,7 +97,7 @@ TIOCLINUX = 0x541C
 def _load_module(seccomp_path: str) -> object:
     if seccomp_path not in sys.path:
         sys.path.append(seccomp_path)
-    import seccomp  # type: ignore[import-not-found]
+    import seccomp
 
     return seccomp
 
@@ -111,10 +112,9 @@ def build_program(seccomp_path: str) -> bytes:
     flt = sc.SyscallFilter(defaction=sc.ALLOW)  # type: ignore[attr-defined]
     eperm = sc.ERRNO(errno.EPERM)  # type: ignore[attr-defined]
     for name in DENIED:
-        try:
+        # A syscall this architecture does not have cannot be called either.
+        with contextlib.suppress(RuntimeError, ValueError):
             flt.add_rule(eperm, name)
-        except (RuntimeError, ValueError):
-            pass  # a syscall this architecture does not have cannot be called either
     flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # type: ignore[attr-defined]
     for flag in CLONE_NAMESPACE_FLAGS:
         flt.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))  # type: ignore[attr-defined]

@@ -19,6 +19,7 @@ Any failure of the sandbox itself is reported as ``{"op": "fault", "error"}``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import inspect
 import io
@@ -28,7 +29,6 @@ import posixpath
 import signal
 import socket
 import sys
-import time
 import traceback
 import types
 from typing import Any
@@ -42,20 +42,35 @@ PROGRAM_NAME = "main.py"
 
 
 def preload() -> dict[str, Any]:
-    """Import the env library in the zygote so that children inherit it (no import per session)."""
+    """Import and exercise the env library in the zygote so that children inherit it warm.
+
+    One session of each example env is loaded and played a step here, once: the imports, compiled
+    regular expressions and lazily built tables are then shared (copy-on-write) by every child.
+    """
     try:
-        import spade.envs  # noqa: F401
+        from spade.envs import CheckConfig, EnvSession, check_env_source  # noqa: F401
     except Exception as exc:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    return {"ok": True}
+    warmed = []
+    try:
+        from spade.envs.examples import EXAMPLES
+
+        for example in EXAMPLES.values():
+            session = EnvSession(example.code, example.setting, 0, CheckConfig())
+            session.reset()
+            session.step(
+                "\\boxed{warm-up}" if example.setting.value == "game" else '{"name": "warm_up", "arguments": {}}'
+            )
+            warmed.append(example.name)
+    except Exception as exc:
+        return {"ok": True, "warm_up": f"skipped after {warmed}: {type(exc).__name__}: {exc}"}
+    return {"ok": True, "warm_up": warmed}
 
 
 def report_fault(fd: int, error: str) -> None:
     """Best-effort fault report on the control channel at ``fd`` (sandbox failures only)."""
-    try:
+    with contextlib.suppress(OSError):
         os.write(fd, encode_frame({"op": "fault", "error": error[:2000]}))
-    except OSError:
-        pass
 
 
 def lock_down(limits: jail.Limits, program: bytes | None, privileged: bool) -> None:
@@ -69,9 +84,7 @@ def lock_down(limits: jail.Limits, program: bytes | None, privileged: bool) -> N
         jail.load_seccomp(program)
 
 
-def run(
-    kind: str, limits: jail.Limits, config: dict[str, Any], program: bytes | None, alive_fd: int, nfds: int
-) -> int:
+def run(kind: str, limits: jail.Limits, config: dict[str, Any], program: bytes | None, alive_fd: int, nfds: int) -> int:
     """Pid 1 of the request: finish the jail, then serve the request; returns the exit code."""
     jail.die_with_parent(alive_fd)
     os.close(alive_fd)
@@ -172,7 +185,8 @@ def run_program(code: str, argv: list[str], marker_fd: int) -> None:
         sys.stderr = io.TextIOWrapper(
             io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
         )
-        sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+        for name in ("stdin", "stdout", "stderr"):
+            setattr(sys, f"__{name}__", getattr(sys, name))
         filename = os.path.join(os.getcwd(), PROGRAM_NAME)
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         module = types.ModuleType("__main__")
@@ -200,10 +214,8 @@ def run_program(code: str, argv: list[str], marker_fd: int) -> None:
     except BaseException:
         pass
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(BaseException):
             stream.flush()
-        except BaseException:
-            pass
     os._exit(exit_code)
 
 
@@ -212,10 +224,8 @@ def _exit_code(exc: SystemExit) -> int:
         return 0
     if isinstance(exc.code, int):
         return exc.code & 0xFF
-    try:
+    with contextlib.suppress(BaseException):
         print(exc.code, file=sys.stderr)
-    except BaseException:
-        pass
     return 1
 
 
@@ -229,10 +239,8 @@ def _print_exception() -> None:
             tb = tb.tb_next
         traceback.print_exception(type(exc), exc, tb)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.write(2, b"Traceback unavailable (out of memory)\nMemoryError\n")
-        except OSError:
-            pass
 
 
 # -- sessions and validation -------------------------------------------------------------------
@@ -283,13 +291,43 @@ def run_validate(ctl: socket.socket) -> int:
     from spade.envs import CheckConfig, check_env_source
 
     config = CheckConfig.from_dict(dict(request["config"]))
+
+    def progress(name: str, result: dict[str, Any] | None = None) -> None:
+        message: dict[str, Any] = {"op": "progress", "check": str(name)}
+        if result is not None:
+            message["result"] = result
+        send_frame(ctl, message)
+
     kwargs: dict[str, Any] = {}
     if "progress" in inspect.signature(check_env_source).parameters:
-
-        def progress(name: str, *_: object) -> None:
-            send_frame(ctl, {"op": "progress", "check": str(name), "at": time.monotonic()})
-
         kwargs["progress"] = progress
+    else:
+        _instrument_checker(progress)
     report = check_env_source(str(request["code"]), str(request["setting"]), config, **kwargs)
     send_frame(ctl, {"op": "report", "report": report.to_dict()})
     return 0
+
+
+def _instrument_checker(progress: Any) -> None:
+    """Stream which check runs when ``check_env_source`` has no ``progress`` hook of its own.
+
+    Wraps the checker's per-check methods (``check_<name>``) in this process only (the request's
+    private copy of the module); a check that returns has passed with its detail.
+    """
+    from spade.envs import CHECK_NAMES, checker
+
+    cls = getattr(checker, "_Checker", None)
+    if cls is None:
+        return
+    for name in CHECK_NAMES:
+        method = getattr(cls, f"check_{name}", None)
+        if method is None:
+            continue
+
+        def wrapped(self: Any, _name: str = name, _method: Any = method) -> Any:
+            progress(_name)
+            detail = _method(self)
+            progress(_name, {"name": _name, "passed": True, "detail": str(detail)})
+            return detail
+
+        setattr(cls, f"check_{name}", wrapped)

@@ -16,6 +16,7 @@ child and exits.
 from __future__ import annotations
 
 import array
+import contextlib
 import json
 import os
 import selectors
@@ -120,10 +121,8 @@ class Zygote:
         elif op == "kill":
             pid = self.by_id.get(int(message["id"]))
             if pid is not None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         elif op == "ping":
             self.send({"op": "pong", "children": len(self.children)})
 
@@ -170,22 +169,17 @@ class Zygote:
 
     def kill_all(self) -> None:
         for pid in list(self.children):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for pid in list(self.children):
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
         self.children.clear()
 
     def send(self, message: dict[str, Any]) -> None:
-        try:
+        # If the service is gone, the main loop sees the end of stream next.
+        with contextlib.suppress(OSError):
             self.ctl.sendall(encode_frame(message))
-        except OSError:
-            pass  # the service is gone; the main loop sees the end of stream next
 
 
 def holder(

@@ -1,0 +1,90 @@
+"""The pool's request paths, end to end through real jails: execute, sessions, validation, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from services.sandbox.isolation import ExecStatus, IsolationSettings, SandboxFault, SandboxPool
+from spade.envs import CheckConfig, Outcome
+from spade.envs.examples import EXAMPLES
+
+
+async def test_execute_stdin_files_argv_and_exit_codes() -> None:
+    async with SandboxPool(IsolationSettings()) as pool:
+        program = (
+            "import sys\n"
+            "data = sys.stdin.read()\n"
+            "print(sys.argv, open('in/data.txt').read(), data.upper())\n"
+            "print('warn', file=sys.stderr)\n"
+            "sys.exit(3)\n"
+        )
+        result = await pool.execute(program, stdin=b"hello", files={"in/data.txt": b"file!"})
+        assert result.status is ExecStatus.ERROR and result.exit_code == 3
+        assert result.stdout == b"['main.py'] file! HELLO\n" and result.stderr == b"warn\n"
+        crashed = await pool.execute("def f():\n    raise ValueError('boom')\nf()\n")
+        assert crashed.status is ExecStatus.ERROR and crashed.exit_code == 1
+        assert crashed.stderr.startswith(b"Traceback") and b"ValueError: boom" in crashed.stderr
+        assert b"worker.py" not in crashed.stderr  # the runtime's own frames are not shown
+        big_stdin = await pool.execute("import sys; print(len(sys.stdin.buffer.read()))", stdin=b"x" * (3 << 20))
+        assert big_stdin.stdout == b"3145728\n"
+        ignored = await pool.execute("print('no stdin read')", stdin=b"y" * (3 << 20))
+        assert ignored.status is ExecStatus.OK
+        with pytest.raises(ValueError, match="timeout_s=999"):
+            await pool.execute("pass", timeout_s=999)
+
+
+async def test_sessions_play_an_example_to_a_win() -> None:
+    example = EXAMPLES["counterfeit_coin"]
+    async with SandboxPool(IsolationSettings()) as pool:
+        # The winning moves come from the env itself, replayed outside the sandbox with the same seed.
+        from spade.envs import EnvSession
+
+        local = EnvSession(example.code, "game", 7)
+        local.reset()
+        moves = local.env.solution()
+        session = await pool.open_session(example.code, "game", 7, CheckConfig())
+        assert session.initial.outcome is Outcome.OK and session.initial.turn == 0
+        for move in moves:
+            outcome = await session.step(move)
+        assert outcome.terminated and outcome.reward == 1.0
+        await session.close()
+        await session.close()  # idempotent
+        assert pool.health()["sessions"] == 0
+
+
+async def test_session_with_broken_code_is_an_env_error() -> None:
+    async with SandboxPool(IsolationSettings()) as pool:
+        session = await pool.open_session("class Broken(:\n", "game", 0, CheckConfig())
+        assert session.initial.outcome is Outcome.ENV_ERROR
+        assert not session.alive
+
+
+async def test_examples_validate_inside_the_sandbox() -> None:
+    async with SandboxPool(IsolationSettings()) as pool:
+        reports = await asyncio.gather(
+            *(pool.validate(e.code, e.setting.value, CheckConfig()) for e in EXAMPLES.values())
+        )
+    for example, report in zip(EXAMPLES.values(), reports, strict=True):
+        assert report.valid, (example.name, report.summary())
+
+
+async def test_zygote_death_fails_in_flight_requests_and_is_restarted() -> None:
+    async with SandboxPool(IsolationSettings()) as pool:
+        example = EXAMPLES["code_breaker"]
+        session = await pool.open_session(example.code, "game", 1, CheckConfig())
+        running = asyncio.create_task(pool.execute("import time; time.sleep(30)", timeout_s=30))
+        await asyncio.sleep(0.3)
+        zygote_pid = pool.health()["zygotes"][0]["pid"]
+        os.killpg(zygote_pid, signal.SIGKILL)
+        with pytest.raises(SandboxFault):
+            await running
+        outcome = await session.step("\\boxed{guess 1 2 3 4}")
+        assert outcome.outcome is Outcome.SANDBOX_FAULT
+        result = await pool.execute("print('back')")
+        assert result.stdout == b"back\n"
+        health = pool.health()
+        assert health["zygotes"][0]["restarts"] == 1 and health["status"] == "ok"
