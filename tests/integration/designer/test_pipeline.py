@@ -78,7 +78,11 @@ async def test_example_envs_pass_and_broken_ones_fail_with_the_check_named(
         broken = example.code.replace("def solution(self)", "def answer_key(self)")
     assert broken != example.code
     # A valid answer, a broken env, and valid code without the hint section.
-    script = [as_answer(example.code, example.hint), as_answer(broken, "x"), f"```python\n{example.code}```"]
+    script: list[str | Exception] = [
+        as_answer(example.code, example.hint),
+        as_answer(broken, "x"),
+        f"```python\n{example.code}```",
+    ]
     policy = ScriptedPolicy(script, weight_version=2)
     queue = InProcessQueue(InProcessQueueConfig(max_len=100))
     config = DesignerConfig(
