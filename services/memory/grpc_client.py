@@ -25,6 +25,7 @@ from services.memory.core.records import (
     RecordResult,
     StatsUpdate,
 )
+from services.memory.grpc_server import GRPC_OPTIONS
 from spade.v1 import memory_pb2 as pb
 from spade.v1 import memory_pb2_grpc as pb_grpc
 
@@ -40,7 +41,7 @@ class MemoryClient:
     """
 
     def __init__(self, target: str, timeout_s: float = 30.0) -> None:
-        self._channel = grpc.aio.insecure_channel(target)
+        self._channel = grpc.aio.insecure_channel(target, options=GRPC_OPTIONS)
         self._stub = pb_grpc.MemoryStub(self._channel)
         self._timeout = timeout_s
 

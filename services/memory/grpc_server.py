@@ -21,6 +21,8 @@ from spade.v1 import memory_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_EXAMPLES = 100
+# Listings with code can be large (1000 environments of tens of KiB).
+GRPC_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
 
 
 async def _status(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:
@@ -114,7 +116,7 @@ async def start_grpc(service: MemoryService, address: str = "127.0.0.1:0") -> tu
     Raises:
         RuntimeError: The address could not be bound.
     """
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=GRPC_OPTIONS)
     pb_grpc.add_MemoryServicer_to_server(MemoryServicer(service), server)
     port = server.add_insecure_port(address)
     if port == 0:

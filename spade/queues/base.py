@@ -83,6 +83,10 @@ class WorkQueue(Protocol):
         """Number of delivered but unacknowledged messages of ``group``."""
         ...
 
+    async def length(self, stream: str) -> int:
+        """Messages ``stream`` holds: unread by some group or unacknowledged (what ``max_len`` bounds)."""
+        ...
+
     async def close(self) -> None:
         """Release connections."""
         ...

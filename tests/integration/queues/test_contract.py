@@ -31,7 +31,7 @@ async def test_roundtrip_ack_clears_pending(make: QueueMaker) -> None:
     await q.ack(S, "g", d.message_id)
     assert await q.pending(S, "g") == 0
     assert await q.consume(S, "g", "c1", block_ms=50) == []
-    assert await q.length(S) == 0  # type: ignore[attr-defined]
+    assert await q.length(S) == 0
 
 
 async def test_messages_published_before_the_group_exists_are_delivered(make: QueueMaker) -> None:
@@ -70,9 +70,9 @@ async def test_every_group_sees_every_message_and_it_is_freed_after_all_ack(make
     await q.consume(S, "audit", "c", block_ms=1)
     await q.publish(S, b"x", key="k")
     assert await drain(q, "learner", "c") == ["k"]
-    assert await q.length(S) == 1  # type: ignore[attr-defined]
+    assert await q.length(S) == 1
     assert await drain(q, "audit", "c") == ["k"]
-    assert await q.length(S) == 0  # type: ignore[attr-defined]
+    assert await q.length(S) == 0
 
 
 async def test_fresh_pending_message_is_not_redelivered(make: QueueMaker) -> None:
