@@ -75,7 +75,8 @@ def bulk_load(engine, start: int, n: int) -> None:  # type: ignore[no-untyped-de
     now = datetime.now(UTC)
     batch = 5000
     for lo in range(start, start + n, batch):
-        envs, stats = [], []
+        envs: list[dict[str, object]] = []
+        stats: list[dict[str, object]] = []
         for i in range(lo, min(lo + batch, start + n)):
             setting, skill = SKILLS[i % len(SKILLS)]
             code = code_for(i)
@@ -113,8 +114,8 @@ def bulk_load(engine, start: int, n: int) -> None:  # type: ignore[no-untyped-de
                 )
             )
         with engine.begin() as c:
-            c.execute(insert(EnvironmentRow.__table__), envs)
-            c.execute(insert(EnvStatsRow.__table__), stats)
+            c.execute(insert(EnvironmentRow), envs)
+            c.execute(insert(EnvStatsRow), stats)
 
 
 async def run(args: argparse.Namespace) -> None:

@@ -108,7 +108,8 @@ async def run(args: argparse.Namespace) -> None:
     print(f"redis-benchmark XADD, {args.clients} clients:          {rawc or float('nan'):>10.0f} req/s")
     print(f"RedisStreamQueue.publish, sequential:      {seq_rate:>10.0f} msg/s   ratio {ratio(seq_rate, raw1)}")
     print(
-        f"RedisStreamQueue.publish, {args.clients} concurrent:   {conc_rate:>10.0f} msg/s   ratio {ratio(conc_rate, rawc)}"
+        f"RedisStreamQueue.publish, {args.clients} concurrent:   {conc_rate:>10.0f} msg/s   "
+        f"ratio {ratio(conc_rate, rawc)}"
     )
     print(f"RedisStreamQueue.consume+ack (batch 100):  {consume_rate:>10.0f} msg/s   ratio {ratio(consume_rate, raw1)}")
 
