@@ -179,21 +179,20 @@ class RedisStreamQueue:
             await self._ensure_group(skey, group)
             return await self._claim_stale(stream, skey, group, consumer, count)
 
-        out = await self._retrying(f"consume from {stream!r}", claim)
-        if out:
-            return out
-
         async def read() -> list[Delivery]:
             await self._ensure_group(skey, group)
             reply: Any = await self._redis.xreadgroup(group, consumer, {skey: ">"}, count=count, block=max(block_ms, 1))
             return [self._delivery(stream, mid, fields, 1) for _, entries in reply or [] for mid, fields in entries]
 
         try:
-            return await self._retrying(f"consume from {stream!r}", read)
+            return await self._retrying(f"consume from {stream!r}", claim) or await self._retrying(
+                f"consume from {stream!r}", read
+            )
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-            # The stream was deleted under us (e.g. a test cleaning up); recreate on the next call.
+            # The stream or group was deleted under us (an operator or a test cleaning up): the group is
+            # recreated on the next call, which then starts from the oldest message still held.
             self._groups.discard((skey, group))
             return []
 

@@ -104,3 +104,16 @@ async def test_unreachable_redis_fails_with_a_clear_error() -> None:
     with pytest.raises(QueueError, match="unreachable after 2 attempts"):
         await q.publish(S, b"x", key="k")
     await q.close()
+
+
+async def test_consumer_recovers_when_the_stream_is_deleted_under_it(admin: aioredis.Redis, prefix: str) -> None:
+    q = RedisStreamQueue(RedisQueueConfig(url=REDIS_URL, prefix=prefix))
+    try:
+        await q.publish(S, b"x", key="before")
+        assert len(await q.consume(S, "g", "c", block_ms=50)) == 1
+        await q.delete_all()  # an operator wipes the stream (and with it the group)
+        assert await q.consume(S, "g", "c", block_ms=50) == []
+        await q.publish(S, b"x", key="after")
+        assert [d.key for d in await q.consume(S, "g", "c", block_ms=50)] == ["after"]
+    finally:
+        await q.close()
