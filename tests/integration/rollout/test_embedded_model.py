@@ -1,0 +1,125 @@
+"""The rollout wired from settings, with the real model (embedded SGLang-compatible server), the
+real sandbox pool, the real in-process queue and the real memory: the learner's tokens and
+logprobs must be exactly what the policy sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from services.inference.app import create_app
+from services.inference.engine import BatchEngine
+from services.inference.models import ensure_default_model
+from services.memory.core.records import NewEnvironment
+from services.memory.service import MemoryService
+from services.memory.store.sql import SqlStore, make_engine, migrate
+from services.rollout.core.seeds import play_seeds
+from services.rollout.sandbox import PoolSessions
+from services.rollout.settings import RolloutSettings
+from services.rollout.wiring import rollout_worker
+from services.sandbox.isolation import SandboxPool
+from services.sandbox.isolation.settings import IsolationSettings
+from spade.inference.client import InferenceClient
+from spade.queues.base import ENVS_READY, SAMPLES_AGENT
+from spade.queues.config import InProcessQueueConfig
+from spade.queues.inprocess import InProcessQueue
+from spade.queues.messages import decode, publish_proto
+from spade.v1 import queues_pb2
+from tests.integration.rollout.test_sandbox_play import COLOUR_ENV
+
+pytestmark = pytest.mark.slow
+
+TEMPERATURE = 0.7
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    return ensure_default_model()
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path) -> Iterator[BatchEngine]:
+    torch.manual_seed(0)
+    eng = BatchEngine(model_dir, weight_version="3", max_batch_size=8)
+    eng.start()
+    yield eng
+    eng.close()
+
+
+async def test_first_version_plays_with_the_real_model_keep_sampled_tokens_and_logprobs(
+    engine: BatchEngine, model_dir: Path, tmp_path: Path
+) -> None:
+    settings = RolloutSettings.model_validate(
+        {
+            "dev_mode": True,
+            "group_size": 2,
+            "window_versions": 2,
+            "max_turns": 2,
+            "max_tokens_per_turn": 16,
+            "max_total_tokens": 600,
+            "temperature": TEMPERATURE,
+            "state_url": f"sqlite:///{tmp_path / 'rollout.db'}",
+            "queue": {"kind": "inprocess"},
+            "sandbox": {"kind": "pool"},
+            "memory": {"kind": "sql", "url": f"sqlite:///{tmp_path / 'memory.db'}"},
+            "tokenizer_path": str(model_dir),
+            "consumer_name": "w1",
+            "block_ms": 50,
+        }
+    )
+    mem_engine = make_engine(settings.memory.url)  # type: ignore[union-attr]
+    migrate(mem_engine)
+    memory = MemoryService(SqlStore(mem_engine))
+    queue = InProcessQueue(InProcessQueueConfig())
+    pool = SandboxPool(IsolationSettings.model_validate({"wall_seconds": 10.0}))
+    await pool.start()
+    transport = httpx.ASGITransport(app=create_app(engine))
+    client = InferenceClient(["http://inference"], tokenizer_path=model_dir, transports={"http://inference": transport})
+    try:
+        put = await memory.put_environment(
+            NewEnvironment(
+                setting="game", skill="Pattern Recognition", code=COLOUR_ENV, hint="Copy the colour.", weight_version=3
+            )
+        )
+        ready = queues_pb2.EnvReady(env_id=put.env_id, setting="game", skill="Pattern Recognition", weight_version=3)
+        await publish_proto(queue, ENVS_READY, ready, key=put.env_id)
+        async with rollout_worker(
+            settings, queue=queue, memory=memory, sessions=PoolSessions(pool), inference=client
+        ) as worker:
+            assert await worker.step_envs() == 1
+        got = await queue.consume(SAMPLES_AGENT, "learner", "l", count=100, block_ms=50)
+        samples = [decode(d) for d in got]
+    finally:
+        await client.aclose()
+        await pool.stop()
+        await queue.close()
+        mem_engine.dispose()
+
+    assert len(samples) == 4
+    assert all(isinstance(s, queues_pb2.AgentSample) for s in samples)
+    seeds = play_seeds(put.env_id, 3, 2)
+    assert (
+        sorted(s.seed for s in samples if s.hinted) == sorted(s.seed for s in samples if not s.hinted) == sorted(seeds)
+    )
+    model = engine.model
+    for s in samples:
+        assert isinstance(s, queues_pb2.AgentSample)
+        assert s.weight_version == 3 and s.group_id == f"{put.env_id}@v3"
+        assert len(s.token_ids) == len(s.logprobs) == len(s.loss_mask) <= 600
+        assert 1 <= s.turns <= 2 and sum(s.loss_mask) > 0
+        # Teacher-force the whole trajectory: every model token's logprob must be the sampled one.
+        with torch.no_grad():
+            logits = model(torch.tensor([list(s.token_ids)])).logits[0].float() / TEMPERATURE
+        logprobs = torch.log_softmax(logits, dim=-1)
+        for i, (tok, lp, m) in enumerate(zip(s.token_ids, s.logprobs, s.loss_mask, strict=True)):
+            if m:
+                assert i > 0 and abs(float(logprobs[i - 1, tok]) - lp) < 2e-3, (i, float(logprobs[i - 1, tok]), lp)
+            else:
+                assert lp == 0.0
+    plays, _ = await memory.plays(put.env_id)
+    assert len(plays) == 4
