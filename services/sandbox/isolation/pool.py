@@ -191,7 +191,6 @@ class SandboxPool:
             "processes": s.processes,
             "open_files": s.open_files,
             "file_size_bytes": s.file_size_mb << 20,
-            "tmpfs_bytes": s.tmpfs_mb << 20,
         }
 
     @contextlib.asynccontextmanager

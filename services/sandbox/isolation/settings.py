@@ -44,6 +44,13 @@ class IsolationSettings(BaseModel):
     zygotes: int = Field(
         default=1, ge=1, le=64, description="Pre-warmed zygote processes; requests are spread over them."
     )
+    spares: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Jails each zygote keeps built and locked down ahead of time, waiting for a request "
+        "(their namespace set-up is then off the request's critical path).",
+    )
     max_concurrency: int = Field(
         default=32, ge=1, le=10_000, description="Executions and validations running at once (others wait)."
     )

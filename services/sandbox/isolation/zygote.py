@@ -52,6 +52,8 @@ class ZygotePlan:
             "userns": self.use_userns,
             "inner_uid": s.uid,
             "inner_gid": s.gid,
+            "tmpfs_bytes": s.tmpfs_mb << 20,
+            "spares": s.spares,
             # Names this pool's processes in `ps` (and lets tests find any that outlive it).
             "instance": self.staging.name,
         }

@@ -99,14 +99,13 @@ def _write(path: str, text: str) -> None:
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits of one request, applied as rlimits (and the tmpfs size)."""
+    """Resource limits of one request, applied as rlimits."""
 
     cpu_seconds: int
     memory_bytes: int
     processes: int
     open_files: int
     file_size_bytes: int
-    tmpfs_bytes: int
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> Limits:

@@ -34,7 +34,7 @@ import types
 from typing import Any
 
 from services.sandbox.runtime import jail
-from services.sandbox.runtime.protocol import encode_frame, recv_frame, send_frame
+from services.sandbox.runtime.protocol import HEADER, decode_body, encode_frame, recv_frame, send_frame
 
 CTL = 3
 WORKDIR = "/tmp"
@@ -73,9 +73,8 @@ def report_fault(fd: int, error: str) -> None:
         os.write(fd, encode_frame({"op": "fault", "error": error[:2000]}))
 
 
-def lock_down(limits: jail.Limits, program: bytes | None, privileged: bool) -> None:
-    """Drop everything: rlimits, no_new_privs, capabilities, dumpability, then seccomp."""
-    jail.apply_rlimits(limits)
+def lock_down(program: bytes | None, privileged: bool) -> None:
+    """Drop every privilege: no_new_privs, capabilities, dumpability, then the seccomp filter."""
     jail.prctl(jail.PR_SET_NO_NEW_PRIVS, 1)
     if privileged:
         jail.drop_capabilities()
@@ -84,28 +83,58 @@ def lock_down(limits: jail.Limits, program: bytes | None, privileged: bool) -> N
         jail.load_seccomp(program)
 
 
-def run(kind: str, limits: jail.Limits, config: dict[str, Any], program: bytes | None, alive_fd: int, nfds: int) -> int:
-    """Pid 1 of the request: finish the jail, then serve the request; returns the exit code."""
+def _receive_assignment(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
+    if not data:
+        return None
+    while len(data) < HEADER.size or len(data) < HEADER.size + HEADER.unpack_from(data)[0]:
+        more = sock.recv(1 << 16)
+        if not more:
+            return None
+        data += more
+    return decode_body(data[HEADER.size :]), list(fds)
+
+
+def run(config: dict[str, Any], program: bytes | None, alive_fd: int) -> int:
+    """Pid 1 of a jail: finish and lock it, wait for a request, serve it; returns the exit code.
+
+    Everything up to the wait happens ahead of time (the zygote keeps spares), so a request only
+    pays for its own work. The request's limits are applied on arrival (lowering rlimits needs no
+    privilege).
+    """
     jail.die_with_parent(alive_fd)
     os.close(alive_fd)
     userns = bool(config.get("userns", True))
     if userns:
         jail.mount_proc()
-    if kind == "exec":
-        jail.keep_fds([1, 2, 3, 0])
-    else:
-        null = os.open("/dev/null", os.O_RDWR)
-        jail.keep_fds([null, null, null, 0])
+    jail.keep_fds([0])  # the assignment socket; the zygote's log is closed from here on
     workdir = WORKDIR
     if not userns:
         # Degraded mode: no private tmpfs; a fresh directory in the zygote's /tmp instead.
         import tempfile
 
         workdir = tempfile.mkdtemp(prefix="req-")
-    lock_down(limits, program, privileged=userns)
+    lock_down(program, privileged=userns)
     os.chdir(workdir)
     os.environ.clear()
     os.environ.update({"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+    assignment = socket.socket(fileno=0)
+    received = _receive_assignment(assignment)
+    assignment.detach()
+    if received is None:
+        return 0  # a spare the zygote no longer needs
+    request, fds = received
+    kind = str(request["kind"])
+    if kind == "exec":
+        jail.keep_fds([fds[1], fds[2], fds[3], fds[0]])
+    else:
+        null = os.open("/dev/null", os.O_RDWR)
+        jail.keep_fds([null, null, null, fds[0]])
+    try:
+        jail.apply_rlimits(jail.Limits.from_dict(dict(request["limits"])))
+    except Exception as exc:
+        report_fault(CTL, f"applying the request's limits failed: {exc}")
+        return 71
     ctl = socket.socket(fileno=CTL)
     if kind == "exec":
         return run_exec(ctl)

@@ -44,7 +44,9 @@ class Zygote:
         self.ctl.setblocking(True)
         self.decoder = FrameDecoder(max_frame=1 << 20)
         self.pending_fds: list[int] = []
-        self.children: dict[int, int] = {}  # pid -> request id
+        self.children: dict[int, int | None] = {}  # holder pid -> request id (None: a spare)
+        self.warm: list[tuple[int, socket.socket]] = []  # spares: (holder pid, assignment socket)
+        self.spares = int(config.get("spares", 1))
         self.by_id: dict[int, int] = {}  # request id -> pid
         self.program: bytes | None = None
         self.layers: dict[str, Any] = {}
@@ -72,6 +74,7 @@ class Zygote:
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGTERM, lambda *_: None)
+        self.replenish()
         self.send({"op": "ready", "pid": os.getpid(), "uid": os.getuid(), "layers": self.layers})
         sel = selectors.DefaultSelector()
         sel.register(self.ctl, selectors.EVENT_READ, "ctl")
@@ -118,35 +121,69 @@ class Zygote:
             finally:
                 for fd in fds:
                     os.close(fd)
+            self.replenish()
         elif op == "kill":
             pid = self.by_id.get(int(message["id"]))
             if pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         elif op == "ping":
-            self.send({"op": "pong", "children": len(self.children)})
+            self.send({"op": "pong", "children": len(self.children), "warm": len(self.warm)})
 
-    def spawn(self, request_id: int, kind: str, limits: dict[str, Any], fds: list[int]) -> None:
-        if kind not in KINDS or len(fds) != (4 if kind == "exec" else 1):
-            self.send({"op": "failed", "id": request_id, "error": f"bad spawn request ({kind}, {len(fds)} fds)"})
-            return
+    def prefork(self) -> tuple[int, socket.socket] | None:
+        """Fork a jail that builds its namespaces and locks itself down, then waits for a request."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         sys.stdout.flush()
         sys.stderr.flush()
         zygote_pid = os.getpid()
         try:
             pid = os.fork()
         except OSError as exc:
-            self.send({"op": "failed", "id": request_id, "error": f"fork: {exc.strerror}"})
-            return
+            mine.close()
+            theirs.close()
+            print(f"zygote: fork failed: {exc.strerror}", file=sys.stderr, flush=True)
+            return None
         if pid == 0:
             code = 70
             try:
-                code = holder(zygote_pid, kind, limits, fds, self.config, self.program)
+                code = holder(zygote_pid, theirs.fileno(), self.config, self.program)
             finally:
                 os._exit(code)
-        self.children[pid] = request_id
-        self.by_id[request_id] = pid
-        self.send({"op": "spawned", "id": request_id, "pid": pid})
+        theirs.close()
+        self.children[pid] = None
+        return pid, mine
+
+    def replenish(self) -> None:
+        while len(self.warm) < self.spares:
+            jail = self.prefork()
+            if jail is None:
+                return
+            self.warm.append(jail)
+
+    def spawn(self, request_id: int, kind: str, limits: dict[str, Any], fds: list[int]) -> None:
+        if kind not in KINDS or len(fds) != (4 if kind == "exec" else 1):
+            self.send({"op": "failed", "id": request_id, "error": f"bad spawn request ({kind}, {len(fds)} fds)"})
+            return
+        assignment = encode_frame({"kind": kind, "limits": limits})
+        # A spare that died while waiting (it should not) is skipped; the last try is a fresh jail.
+        for _ in range(len(self.warm) + 1):
+            jail = self.warm.pop(0) if self.warm else self.prefork()
+            if jail is None:
+                break
+            pid, sock = jail
+            try:
+                socket.send_fds(sock, [assignment], fds, socket.MSG_NOSIGNAL)
+            except OSError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                continue
+            finally:
+                sock.close()
+            self.children[pid] = request_id
+            self.by_id[request_id] = pid
+            self.send({"op": "spawned", "id": request_id, "pid": pid})
+            return
+        self.send({"op": "failed", "id": request_id, "error": "no jail could be started (see the service log)"})
 
     def reap(self) -> None:
         while self.children:
@@ -158,6 +195,9 @@ class Zygote:
                 return
             request_id = self.children.pop(pid, None)
             if request_id is None:
+                for jail in [j for j in self.warm if j[0] == pid]:
+                    self.warm.remove(jail)
+                    jail[1].close()
                 continue
             self.by_id.pop(request_id, None)
             message: dict[str, Any] = {"op": "exited", "id": request_id}
@@ -182,45 +222,39 @@ class Zygote:
             self.ctl.sendall(encode_frame(message))
 
 
-def holder(
-    zygote_pid: int,
-    kind: str,
-    limits_dict: dict[str, Any],
-    fds: list[int],
-    config: dict[str, Any],
-    program: bytes | None,
-) -> int:
-    """The request's first process: builds the namespaces, forks pid 1 of them, mirrors its end.
+def holder(zygote_pid: int, assignment_fd: int, config: dict[str, Any], program: bytes | None) -> int:
+    """A jail's first process: builds the namespaces, forks their pid 1, mirrors how it ends.
 
-    Returns the exit code for this process (the zygote's child); a signal that killed pid 1 is
-    re-raised on this process so the zygote sees it.
+    Pid 1 finishes the jail and waits on ``assignment_fd`` for its request. Returns the exit code
+    for this process; a signal that killed pid 1 is re-raised here so that the zygote sees it.
     """
     jail.reset_signals()
-    jail.keep_fds(fds)  # request channel fds become 0..n-1; everything of the zygote is closed
+    jail.keep_fds([assignment_fd, 2])  # 0: the assignment socket, 1: the service's log
     try:
         jail.prctl(jail.PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != zygote_pid:
             return 137
-        limits = jail.Limits.from_dict(limits_dict)
         if config.get("userns", True):
-            jail.enter_namespaces(int(config["inner_uid"]), int(config["inner_gid"]), limits.tmpfs_bytes)
+            jail.enter_namespaces(int(config["inner_uid"]), int(config["inner_gid"]), int(config["tmpfs_bytes"]))
         alive_r, alive_w = os.pipe()
         pid = os.fork()
     except Exception as exc:
-        worker.report_fault(0, f"jail set-up failed: {exc}")
+        with contextlib.suppress(OSError):
+            os.write(1, f"sandbox jail set-up failed: {exc}\n".encode())
         return 71
     if pid == 0:
         os.close(alive_w)
         code = 70
         try:
-            code = worker.run(kind, limits, config, program, alive_r, len(fds))
+            code = worker.run(config, program, alive_r)
         except BaseException as exc:  # never let an error escape into the zygote's loop
-            worker.report_fault(0, f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(OSError):
+                os.write(1, f"sandbox jail failed: {type(exc).__name__}: {exc}\n".encode())
         finally:
             os._exit(code)
     os.close(alive_r)
-    for fd in range(len(fds)):
-        os.close(fd)
+    os.close(0)
+    os.close(1)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
