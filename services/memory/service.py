@@ -11,7 +11,7 @@ import asyncio
 import random
 from collections.abc import Sequence
 
-from services.memory.core.policy import PolicyConfig, select_examples
+from services.memory.core.policy import PolicyConfig, choose, with_code
 from services.memory.core.records import (
     EnvFilter,
     Environment,
@@ -73,7 +73,9 @@ class MemoryService:
         """
         window = await asyncio.to_thread(self.store.scored_window, setting, skill, self.policy.window)
         draw_seed = random.SystemRandom().randrange(2**63) if seed is None else seed
-        return select_examples(window, n_positive, n_negative, draw_seed, self.policy)
+        picks = choose(window, n_positive, n_negative, draw_seed, self.policy)
+        code = await asyncio.to_thread(self.store.codes, picks.env_ids())
+        return with_code(picks, code, self.policy)
 
     async def stats(self) -> MemoryStats:
         """Aggregates over the whole memory."""

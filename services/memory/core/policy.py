@@ -1,7 +1,8 @@
 """Which earlier environments the designer sees: the memory policy (pure, deterministic per seed).
 
 Per setting and skill the store hands over the ``window`` most recent *scored* environments (those
-with a windowed win rate). From them:
+with a windowed win rate) as ``Candidate``s, without their code. ``choose`` picks from them;
+``with_code`` then attaches excerpts of the few chosen (so a window never loads 200 programs):
 
 - **positives** are learnable — win rate in ``positive_band`` — ranked by regret (highest first;
   unmeasured regret last). The top ``max(pool_factor · n, pool_min)`` form a pool and ``n`` are drawn
@@ -17,10 +18,10 @@ numbers — the reference showed negatives by class name only, which teaches the
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from services.memory.core.records import Environment, Example, Examples
+from services.memory.core.records import Candidate, Example, Examples, Pick, Picks
 
 
 @dataclass(frozen=True)
@@ -79,62 +80,70 @@ def _fmt(x: float | None) -> str:
     return "unmeasured" if x is None else f"{x:.2f}"
 
 
-def _example(env: Environment, reason: str, config: PolicyConfig) -> Example:
-    assert env.stats.win_rate is not None
-    return Example(
-        env_id=env.id,
-        skill=env.skill,
-        code=excerpt(env.code, config.excerpt_chars),
-        reason=reason,
-        win_rate=env.stats.win_rate,
-        regret=env.stats.regret,
-    )
-
-
-def select_examples(
-    window: Sequence[Environment], n_positive: int, n_negative: int, seed: int, config: PolicyConfig
-) -> Examples:
+def choose(window: Sequence[Candidate], n_positive: int, n_negative: int, seed: int, config: PolicyConfig) -> Picks:
     """Choose the designer's positive and negative examples from a window of scored environments.
 
     Args:
-        window: Scored environments of one setting and skill (any order; unscored ones are ignored).
+        window: Candidates of one setting and skill (any order; unscored ones are ignored).
         n_positive: Positives wanted (fewer when fewer qualify).
         n_negative: Negatives wanted.
-        seed: Seeds the draw: the same window and seed give the same examples.
+        seed: Seeds the draw: the same window and seed give the same picks.
         config: Bands and sizes.
 
     Returns:
-        The examples, positives best regret first.
+        The picks with their reasons, positives best regret first.
     """
     if n_positive < 0 or n_negative < 0:
         raise ValueError(f"example counts must be >= 0, got {n_positive} positive, {n_negative} negative")
     rng = random.Random(seed)
-    scored = sorted((e for e in window if e.stats.win_rate is not None), key=lambda e: -e.seq)[: config.window]
+    scored = sorted((c for c in window if c.win_rate is not None), key=lambda c: -c.seq)[: config.window]
     lo, hi = config.positive_band
 
-    def regret_key(e: Environment) -> tuple[bool, float, int]:
-        return (e.stats.regret is None, -(e.stats.regret or 0.0), -e.seq)
+    def regret_key(c: Candidate) -> tuple[bool, float, int]:
+        return (c.regret is None, -(c.regret or 0.0), -c.seq)
 
-    learnable = sorted((e for e in scored if lo <= (e.stats.win_rate or 0.0) <= hi), key=regret_key)
+    learnable = sorted((c for c in scored if lo <= (c.win_rate or 0.0) <= hi), key=regret_key)
     pool = learnable[: max(config.pool_factor * n_positive, config.pool_min)]
     chosen = sorted(rng.sample(pool, min(n_positive, len(pool))), key=regret_key)
-    positives = tuple(
-        _example(e, f"learnable: win rate {_fmt(e.stats.win_rate)}, regret {_fmt(e.stats.regret)}", config)
-        for e in chosen
-    )
+    positives = tuple(Pick(c, f"learnable: win rate {_fmt(c.win_rate)}, regret {_fmt(c.regret)}") for c in chosen)
 
-    easy = [e for e in scored if (e.stats.win_rate or 0.0) > config.too_easy]
-    hard = [e for e in scored if (e.stats.win_rate or 0.0) < config.too_hard]
+    easy = [c for c in scored if (c.win_rate or 0.0) > config.too_easy]
+    hard = [c for c in scored if (c.win_rate or 0.0) < config.too_hard]
     rng.shuffle(easy)
     rng.shuffle(hard)
-    negatives: list[Example] = []
+    negatives: list[Pick] = []
     while len(negatives) < n_negative and (easy or hard):
         for bucket, label in ((easy, "too easy"), (hard, "too hard")):
             if bucket and len(negatives) < n_negative:
-                e = bucket.pop()
+                c = bucket.pop()
                 reason = (
-                    f"{label}: win rate {_fmt(e.stats.win_rate)} over {e.stats.window_plays} plays "
-                    f"without the hint, regret {_fmt(e.stats.regret)}"
+                    f"{label}: win rate {_fmt(c.win_rate)} over {c.window_plays} plays "
+                    f"without the hint, regret {_fmt(c.regret)}"
                 )
-                negatives.append(_example(e, reason, config))
-    return Examples(positives=positives, negatives=tuple(negatives))
+                negatives.append(Pick(c, reason))
+    return Picks(positives=positives, negatives=tuple(negatives))
+
+
+def with_code(picks: Picks, code: Mapping[str, str], config: PolicyConfig) -> Examples:
+    """Attach a code excerpt to every pick.
+
+    Args:
+        picks: From ``choose``.
+        code: Full code by environment id, for at least ``picks.env_ids()``.
+        config: Gives the excerpt length.
+    """
+
+    def example(p: Pick) -> Example:
+        c = p.candidate
+        return Example(
+            env_id=c.env_id,
+            skill=c.skill,
+            code=excerpt(code[c.env_id], config.excerpt_chars),
+            reason=p.reason,
+            win_rate=c.win_rate if c.win_rate is not None else 0.0,
+            regret=c.regret,
+        )
+
+    return Examples(
+        positives=tuple(example(p) for p in picks.positives), negatives=tuple(example(p) for p in picks.negatives)
+    )

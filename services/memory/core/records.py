@@ -202,6 +202,47 @@ class Page:
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """A scored environment as the memory policy sees it (no code: it is fetched for the chosen few).
+
+    Attributes:
+        env_id: Its id.
+        seq: Its insertion order (higher is newer).
+        skill: Its skill.
+        win_rate: Windowed win rate (``None``: not scored, ignored by the policy).
+        regret: Regret, when measured.
+        window_plays: Unhinted plays behind the win rate.
+    """
+
+    env_id: str
+    seq: int
+    skill: str
+    win_rate: float | None
+    regret: float | None
+    window_plays: int = 0
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A candidate the policy chose, and why."""
+
+    candidate: Candidate
+    reason: str
+
+
+@dataclass(frozen=True)
+class Picks:
+    """The policy's choice before code excerpts are attached."""
+
+    positives: tuple[Pick, ...] = ()
+    negatives: tuple[Pick, ...] = ()
+
+    def env_ids(self) -> list[str]:
+        """Ids of every chosen environment."""
+        return [p.candidate.env_id for p in (*self.positives, *self.negatives)]
+
+
+@dataclass(frozen=True)
 class Example:
     """One earlier environment shown to the designer.
 

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.memory.core.errors import EnvironmentNotFound, InvalidArgument
 from services.memory.core.normalise import code_hash
 from services.memory.core.records import (
+    Candidate,
     EnvFilter,
     Environment,
     EnvStats,
@@ -288,10 +289,17 @@ class SqlStore:
                 return
             cursor = page.next_cursor
 
-    def scored_window(self, setting: str, skill: str, size: int) -> list[Environment]:
-        """The ``size`` most recent scored environments of a setting and skill (policy input)."""
+    def scored_window(self, setting: str, skill: str, size: int) -> list[Candidate]:
+        """The ``size`` most recent scored environments of a setting and skill (policy input, no code)."""
         stmt = (
-            select(EnvironmentRow, EnvStatsRow)
+            select(
+                EnvironmentRow.id,
+                EnvironmentRow.seq,
+                EnvironmentRow.skill,
+                EnvStatsRow.win_rate,
+                EnvStatsRow.regret,
+                EnvStatsRow.window_plays,
+            )
             .join(EnvStatsRow, EnvStatsRow.env_id == EnvironmentRow.id)
             .where(
                 EnvironmentRow.setting == setting,
@@ -302,7 +310,15 @@ class SqlStore:
             .limit(size)
         )
         with self._sessions() as s:
-            return [_env(r[0], r[1]) for r in s.execute(stmt).all()]
+            return [Candidate(*row) for row in s.execute(stmt).all()]
+
+    def codes(self, env_ids: Sequence[str]) -> dict[str, str]:
+        """Code of each of ``env_ids`` that exists."""
+        if not env_ids:
+            return {}
+        with self._sessions() as s:
+            rows = s.execute(select(EnvironmentRow.id, EnvironmentRow.code).where(EnvironmentRow.id.in_(env_ids)))
+            return {i: c for i, c in rows.all()}
 
     # -- plays and statistics -----------------------------------------------------------------
 

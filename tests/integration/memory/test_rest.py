@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import Engine
 
-from services.memory.core.records import EnvStatus, Play
+from services.memory.core.records import EnvStatus, NewEnvironment, Play
 from services.memory.rest import create_app
 from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings, hash_token
@@ -167,3 +167,20 @@ def test_settings_refuse_unsafe_defaults() -> None:
         MemorySettings(api_token_sha256=["plaintext-token"])
     open_dev = MemorySettings(dev_mode=True)
     assert open_dev.token_ok("") and not MemorySettings(api_token_sha256=[hash_token("x")]).token_ok("")
+
+
+async def test_page_escapes_designer_output(http: httpx.AsyncClient, service: MemoryService) -> None:
+    # Hints, class names and check details are written by the model: they must never run in a browser.
+    evil = "<script>alert(1)</script>"
+    report = {"checks": [{"name": "smoke", "passed": False, "detail": evil}]}
+    env_id = (
+        await service.put_environment(
+            NewEnvironment(
+                setting="game", skill="s", code=f"x = '{evil}'\n", hint=evil, env_class=evil, validation_report=report
+            )
+        )
+    ).env_id
+    http.cookies.set("spade_memory_token", TOKEN)
+    for path in ("/", f"/envs/{env_id}"):
+        body = (await http.get(path)).text
+        assert evil not in body and "&lt;script&gt;" in body

@@ -10,7 +10,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Engine, inspect, text
 
 from services.memory.core.errors import EnvironmentNotFound, InvalidArgument
-from services.memory.core.records import EnvFilter, EnvStatus, Play, StatsUpdate
+from services.memory.core.records import EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
 from services.memory.core.scoring import ScoringConfig
 from services.memory.store.models import Base
 from services.memory.store.sql import SqlStore, migrate
@@ -71,14 +71,10 @@ def test_put_get_roundtrip(store: SqlStore) -> None:
 def test_identical_code_after_normalisation_is_stored_once_and_reported(store: SqlStore) -> None:
     first = store.put_environment(new_env("Maze"))
     reformatted = '"""A docstring."""\n# a comment\n' + env_code("Maze").replace("return 1", "return   1  # why")
-    dup = store.put_environment(
-        new_env("Maze").__class__(setting="game", skill="Optimization", code=reformatted, hint="other")
-    )
+    dup = store.put_environment(NewEnvironment(setting="game", skill="Optimization", code=reformatted, hint="other"))
     assert dup.duplicate and dup.duplicate_of == first.env_id and dup.env_id == first.env_id
     assert store.stats().total == 1
-    other = store.put_environment(
-        new_env("Maze").__class__(setting="game", skill="x", code=env_code("Maze", "return 2"))
-    )
+    other = store.put_environment(NewEnvironment(setting="game", skill="x", code=env_code("Maze", "return 2")))
     assert not other.duplicate and other.env_id != first.env_id
 
 

@@ -2,37 +2,27 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
 
 from services.memory.core.normalise import code_hash, normalise_code
-from services.memory.core.policy import PolicyConfig, excerpt, select_examples
-from services.memory.core.records import Environment, EnvStats, EnvStatus, Play
+from services.memory.core.policy import PolicyConfig, choose, excerpt, with_code
+from services.memory.core.records import Candidate, Examples, Play
 from services.memory.core.scoring import ScoringConfig, score
 
 
-def env(seq: int, win_rate: float | None, regret: float | None = 0.0, skill: str = "Optimization") -> Environment:
-    code = f"import random\n\nclass Env{seq}:\n" + "".join(f"    x{i} = {i}\n" for i in range(200))
-    return Environment(
-        id=f"e{seq}",
-        seq=seq,
-        setting="game",
-        skill=skill,
-        code=code,
-        code_hash=str(seq),
-        hint="",
-        validation_report={},
-        status=EnvStatus.VALID,
-        weight_version=0,
-        designer_sample_id="",
-        env_class=f"Env{seq}",
-        corpus_ref="",
-        batch_id="",
-        parent_ids=(),
-        created_at=datetime.now(UTC),
-        stats=EnvStats(plays=8, window_plays=8, win_rate=win_rate, regret=regret),
-    )
+def env(seq: int, win_rate: float | None, regret: float | None = 0.0, skill: str = "Optimization") -> Candidate:
+    return Candidate(env_id=f"e{seq}", seq=seq, skill=skill, win_rate=win_rate, regret=regret, window_plays=8)
+
+
+def code_of(seq: int) -> str:
+    return f"import random\n\nclass Env{seq}:\n" + "".join(f"    x{i} = {i}\n" for i in range(200))
+
+
+def select_examples(
+    window: list[Candidate], n_positive: int, n_negative: int, seed: int, config: PolicyConfig
+) -> Examples:
+    picks = choose(window, n_positive, n_negative, seed, config)
+    return with_code(picks, {i: code_of(int(i[1:])) for i in picks.env_ids()}, config)
 
 
 # -- normalisation ------------------------------------------------------------------------------
