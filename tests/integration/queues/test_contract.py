@@ -161,3 +161,29 @@ async def test_bad_arguments_are_rejected(make: QueueMaker) -> None:
         await q.publish(S, b"x", key="")
     with pytest.raises(ValueError, match="count"):
         await q.consume(S, "g", "c", count=0)
+
+
+async def test_concurrent_producers_and_consumers_under_back_pressure_lose_nothing(make: QueueMaker) -> None:
+    handles = [make(max_len=10, claim_idle_ms=600_000) for _ in range(3)]
+    n_producers, per = 4, 50
+    seen: list[str] = []
+    finished = asyncio.Event()
+
+    async def produce(p: int) -> None:
+        for i in range(per):
+            await handles[p % 3].publish(S, f"{p}:{i}".encode(), key=f"p{p}-{i}", timeout_s=60)
+
+    async def consume(c: int) -> None:
+        q = handles[c]
+        while not finished.is_set():
+            for d in await q.consume(S, "workers", f"c{c}", count=3, block_ms=50):
+                seen.append(d.key)
+                await q.ack(S, "workers", d.message_id)
+            if len(seen) >= n_producers * per:
+                finished.set()
+
+    await asyncio.wait_for(
+        asyncio.gather(*(produce(p) for p in range(n_producers)), *(consume(c) for c in range(3))), timeout=120
+    )
+    assert sorted(seen) == sorted(f"p{p}-{i}" for p in range(n_producers) for i in range(per))
+    assert await handles[0].length(S) == 0
