@@ -41,7 +41,12 @@ log = logging.getLogger(__name__)
 
 EXIT_GRACE_S = 5.0
 """How long the pool waits for the zygote to confirm a request's processes are gone."""
-CANARY = "import sys; sys.stdout.write(sys.stdin.read())"
+CANARY = (
+    "import os, sys\n"
+    "fields = dict(line.split(':', 1) for line in open('/proc/self/status') if ':' in line)\n"
+    "print(sys.stdin.read(), os.getuid(), *(fields[k].strip() for k in ('Seccomp', 'NoNewPrivs', 'CapEff')))\n"
+)
+"""Run at start: proves the chain works and that the layers the plan uses are really in place."""
 
 
 @dataclass
@@ -96,25 +101,36 @@ class SandboxPool:
             settings=self.settings,
             staging=staging,
             use_setpriv=ok["setpriv"],
-            use_bwrap=(ok["bwrap"] and ok["setpriv"]) or (ok["bwrap"] and os.geteuid() != 0),
+            use_bwrap=ok["bwrap"],
             use_userns=ok["userns"],
             use_seccomp=ok["seccomp"],
         )
-        if not self._plan.use_bwrap and "bwrap" not in self.degraded:
-            self.degraded.append("bwrap")
         if self.degraded:
             log.warning("sandbox running DEGRADED, without: %s", ", ".join(self.degraded))
         try:
             self._slots = [_Slot(await Zygote.launch(self._plan)) for _ in range(self.settings.zygotes)]
-            result = await self.execute(CANARY, stdin=b"canary")
-            if result.status is not ExecStatus.OK or result.stdout != b"canary":
-                raise SandboxFault(
-                    f"the canary execution failed ({result.status.value}, exit {result.exit_code}): "
-                    f"{result.stderr[-500:].decode('utf-8', 'replace')}"
-                )
+            await self._check_canary(self._plan)
         except BaseException:
             await self.stop()
             raise
+
+    async def _check_canary(self, plan: ZygotePlan) -> None:
+        """Run one program and compare what it sees of itself with what the plan promises."""
+        for slot in self._slots:
+            assert slot.zygote is not None
+            seccomp = slot.zygote.ready.get("layers", {}).get("seccomp", {})
+            if plan.use_seccomp and not seccomp.get("ok"):
+                raise layers_mod.SandboxUnavailable(
+                    {"seccomp": layers_mod.LayerStatus(False, f"the zygote could not build the filter: {seccomp}")}
+                )
+        result = await self.execute(CANARY, stdin=b"canary")
+        uid = self.settings.uid if (plan.use_userns or plan.use_setpriv) else os.geteuid()
+        expected = f"canary {uid} {2 if plan.use_seccomp else 0} 1 {0:016x}\n".encode()
+        if result.status is not ExecStatus.OK or result.stdout != expected:
+            raise SandboxFault(
+                f"the canary execution did not see the promised isolation: expected {expected!r}, got "
+                f"{result.status.value} {result.stdout[:200]!r} {result.stderr[-300:].decode('utf-8', 'replace')}"
+            )
 
     async def stop(self) -> None:
         """Close every session, stop the zygotes (killing whatever still runs), remove the staging."""

@@ -62,6 +62,7 @@ class ZygotePlan:
             argv = [
                 str(s.bwrap),
                 "--unshare-all",
+                "--unshare-user",  # explicit: bwrap run by root would otherwise skip it
                 "--die-with-parent",
                 "--new-session",
                 "--clearenv",
@@ -125,6 +126,10 @@ class Zygote:
             SandboxFault: when it exits or says nothing within the start-up timeout.
         """
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        identity: dict[str, Any] = {}
+        if not plan.use_setpriv and os.geteuid() == 0:
+            # Without setpriv a root service still switches to the sandbox uid itself.
+            identity = {"user": plan.settings.uid, "group": plan.settings.gid, "extra_groups": []}
         try:
             process = await asyncio.create_subprocess_exec(
                 *plan.command(child.fileno()),
@@ -134,6 +139,7 @@ class Zygote:
                 env={},
                 cwd="/",
                 start_new_session=True,
+                **identity,
             )
         finally:
             child.close()

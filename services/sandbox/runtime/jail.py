@@ -155,8 +155,8 @@ def drop_capabilities() -> None:
     """Drop every capability: bounding, ambient, effective, permitted and inheritable sets."""
     for cap in range(CAP_LAST_CAP + 1):
         if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            if ctypes.get_errno() == errno.EINVAL:
-                break
+            if ctypes.get_errno() in (errno.EINVAL, errno.EPERM):
+                break  # past the last capability, or no CAP_SETPCAP: nothing left to drop there
             _check(-1, f"prctl(PR_CAPBSET_DROP, {cap})")
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL on kernels without ambient caps
     header = ctypes.create_string_buffer(struct.pack("=Ii", LINUX_CAPABILITY_VERSION_3, 0))

@@ -73,11 +73,10 @@ def report_fault(fd: int, error: str) -> None:
         os.write(fd, encode_frame({"op": "fault", "error": error[:2000]}))
 
 
-def lock_down(program: bytes | None, privileged: bool) -> None:
+def lock_down(program: bytes | None) -> None:
     """Drop every privilege: no_new_privs, capabilities, dumpability, then the seccomp filter."""
     jail.prctl(jail.PR_SET_NO_NEW_PRIVS, 1)
-    if privileged:
-        jail.drop_capabilities()
+    jail.drop_capabilities()
     jail.prctl(jail.PR_SET_DUMPABLE, 0)
     if program is not None:
         jail.load_seccomp(program)
@@ -114,7 +113,7 @@ def run(config: dict[str, Any], program: bytes | None, alive_fd: int) -> int:
         import tempfile
 
         workdir = tempfile.mkdtemp(prefix="req-")
-    lock_down(program, privileged=userns)
+    lock_down(program)
     os.chdir(workdir)
     os.environ.clear()
     os.environ.update({"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
