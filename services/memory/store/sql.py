@@ -174,14 +174,18 @@ class SqlStore:
             raise InvalidArgument(f"setting {env.setting!r} is not 'game' or 'tool'")
         if not env.skill or not env.code.strip():
             raise InvalidArgument("an environment needs a non-empty skill and code")
+        try:
+            status = EnvStatus(env.status)
+        except ValueError:
+            raise InvalidArgument(f"status {env.status!r} is not one of {[x.value for x in EnvStatus]}") from None
         digest = code_hash(env.code)
-        existing = self._id_for_hash(digest)
-        if existing is not None:
-            return PutResult(env_id=existing, duplicate_of=existing)
         env_id = uuid.uuid4().hex
         now = _now()
         try:
             with self._sessions.begin() as s:
+                existing = s.scalar(select(EnvironmentRow.id).where(EnvironmentRow.code_hash == digest))
+                if existing is not None:
+                    return PutResult(env_id=existing, duplicate_of=existing)
                 s.add(
                     EnvironmentRow(
                         id=env_id,
@@ -193,7 +197,7 @@ class SqlStore:
                         env_class=env.env_class,
                         corpus_ref=env.corpus_ref,
                         validation_report=env.validation_report,
-                        status=EnvStatus(env.status).value,
+                        status=status.value,
                         weight_version=env.weight_version,
                         designer_sample_id=env.designer_sample_id,
                         batch_id=env.batch_id,
