@@ -60,6 +60,13 @@ class RedisQueueConfig(_CommonQueueConfig):
     reconnect_attempts: int = Field(
         default=8, ge=0, le=100, description="Retries of one operation after a dropped connection before failing."
     )
+    socket_timeout_s: float = Field(
+        default=30.0,
+        ge=2.0,
+        le=3600.0,
+        description="A Redis reply slower than this counts as a dropped connection (and is retried); "
+        "blocking reads are capped just below it, so a silently vanished server is noticed.",
+    )
     reconnect_backoff_s: float = Field(
         default=0.05, gt=0.0, le=10.0, description="First back-off after a dropped connection; doubles per retry."
     )

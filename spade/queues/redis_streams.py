@@ -29,6 +29,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -76,6 +77,15 @@ return acked
 """
 
 
+def _redacted(url: str) -> str:
+    """``url`` without its password (errors end up in logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 class RedisStreamQueue:
     """A ``WorkQueue`` on Redis Streams with consumer groups.
 
@@ -92,8 +102,8 @@ class RedisStreamQueue:
             config.url,
             client_name=self.client_name,
             decode_responses=False,
-            # Blocking reads outlive any fixed socket timeout; dead peers are found by keepalive.
-            socket_timeout=None,
+            # Blocking reads are capped below this (see consume), so only a dead peer trips it.
+            socket_timeout=config.socket_timeout_s,
             socket_keepalive=True,
             # Retries are ours (below), counted and backed off; the client must not retry on its own.
             retry=Retry(NoBackoff(), 0),
@@ -115,7 +125,7 @@ class RedisStreamQueue:
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 if attempt == self._config.reconnect_attempts:
                     raise QueueError(
-                        f"{what} failed: Redis at {self._config.url} unreachable after "
+                        f"{what} failed: Redis at {_redacted(self._config.url)} unreachable after "
                         f"{attempt + 1} attempts ({exc}); check the server or raise reconnect_attempts"
                     ) from exc
                 await asyncio.sleep(delay)
@@ -174,6 +184,8 @@ class RedisStreamQueue:
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
         skey = self._stream_key(stream)
+        # Returning early with nothing is within the contract; hanging on a dead socket is not.
+        block = max(1, min(block_ms, int((self._config.socket_timeout_s - 1.0) * 1000)))
 
         async def claim() -> list[Delivery]:
             await self._ensure_group(skey, group)
@@ -181,7 +193,7 @@ class RedisStreamQueue:
 
         async def read() -> list[Delivery]:
             await self._ensure_group(skey, group)
-            reply: Any = await self._redis.xreadgroup(group, consumer, {skey: ">"}, count=count, block=max(block_ms, 1))
+            reply: Any = await self._redis.xreadgroup(group, consumer, {skey: ">"}, count=count, block=block)
             return [self._delivery(stream, mid, fields, 1) for _, entries in reply or [] for mid, fields in entries]
 
         try:

@@ -65,3 +65,13 @@ async def test_closed_inprocess_queue_refuses_work() -> None:
     await q.close()
     with pytest.raises(QueueError, match="closed"):
         await q.publish(ENVS_READY, b"x", key="k")
+
+
+async def test_unreachable_redis_error_hides_the_password() -> None:
+    q = RedisStreamQueue(
+        RedisQueueConfig(url="redis://user:hunter2@127.0.0.1:1/0", reconnect_attempts=0, reconnect_backoff_s=0.01)
+    )
+    with pytest.raises(QueueError) as info:
+        await q.publish(ENVS_READY, b"x", key="k")
+    assert "hunter2" not in str(info.value) and "user:***@127.0.0.1:1" in str(info.value)
+    await q.close()
