@@ -118,7 +118,10 @@ class SandboxSession:
             outcome = ended_outcome(
                 Outcome.LIMIT, f"the env's reply was {exc.size} bytes, over the limit of {exc.limit}", self.last
             )
-        except (ProtocolError, OSError) as exc:
+        except OSError:
+            # The process went away under us (a broken pipe on send): ask the zygote how it ended.
+            outcome = await self._died()
+        except ProtocolError as exc:
             outcome = ended_outcome(Outcome.SANDBOX_FAULT, f"session channel failed: {exc}", self.last)
         except ValueError as exc:  # StepOutcome.from_dict refused the reply
             outcome = ended_outcome(Outcome.ENV_ERROR, f"the env produced an invalid outcome: {exc}", self.last)

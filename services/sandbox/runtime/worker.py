@@ -135,11 +135,12 @@ def run(config: dict[str, Any], program: bytes | None, alive_fd: int) -> int:
         report_fault(CTL, f"applying the request's limits failed: {exc}")
         return 71
     ctl = socket.socket(fileno=CTL)
-    if kind == "exec":
-        return run_exec(ctl)
-    if kind == "session":
-        return run_session(ctl)
-    return run_validate(ctl)
+    serve = {"exec": run_exec, "session": run_session, "validate": run_validate}[kind]
+    try:
+        return serve(ctl)
+    except Exception as exc:  # the runtime's own failure: say so rather than vanish
+        report_fault(CTL, f"{kind} worker failed: {type(exc).__name__}: {exc}")
+        return 70
 
 
 # -- execution ---------------------------------------------------------------------------------
