@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, SecretStr, Tag, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.rollout.core.episode import PlayLimits
@@ -45,7 +46,20 @@ class PoolSandbox(BaseModel):
     checks: CheckConfig = Field(default_factory=CheckConfig, description="Session limits (turn cap, observation size).")
 
 
-SandboxConfig = Annotated[GrpcSandbox | PoolSandbox, Field(discriminator="kind")]
+def _kind(default: str) -> Callable[[Any], str]:
+    """The ``kind`` tag of a variant, ``default`` when absent (``SPADE_ROLLOUT_SANDBOX__TARGET=…`` alone)."""
+
+    def pick(value: Any) -> str:
+        if isinstance(value, dict):
+            return str(value.get("kind", default))
+        return str(getattr(value, "kind", default))
+
+    return pick
+
+
+SandboxConfig = Annotated[
+    Annotated[GrpcSandbox, Tag("grpc")] | Annotated[PoolSandbox, Tag("pool")], Discriminator(_kind("grpc"))
+]
 
 
 class GrpcMemory(BaseModel):
@@ -67,8 +81,13 @@ class SqlMemory(BaseModel):
     url: str = Field("sqlite:///spade-memory.db", min_length=8, description="SQLAlchemy URL of the memory database.")
 
 
-MemoryConfig = Annotated[GrpcMemory | SqlMemory, Field(discriminator="kind")]
-QueueConfig = Annotated[RedisQueueConfig | InProcessQueueConfig, Field(discriminator="kind")]
+MemoryConfig = Annotated[
+    Annotated[GrpcMemory, Tag("grpc")] | Annotated[SqlMemory, Tag("sql")], Discriminator(_kind("grpc"))
+]
+QueueConfig = Annotated[
+    Annotated[RedisQueueConfig, Tag("redis")] | Annotated[InProcessQueueConfig, Tag("inprocess")],
+    Discriminator(_kind("redis")),
+]
 
 
 def _default_consumer() -> str:

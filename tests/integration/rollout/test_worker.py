@@ -7,6 +7,7 @@ in-process through ``LocalSessions`` until the sandbox pool is wired in here.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -236,4 +237,71 @@ async def test_an_env_missing_from_the_memory_is_dropped_not_retried_forever(rig
     assert await worker.step_envs() == 1
     assert await rig.queue.pending(ENVS_READY, "rollout") == 0
     assert await worker.store.get("nope") is None
+    worker.store.dispose()
+
+
+async def test_a_sandbox_fault_is_retried_and_the_play_counted_once(rig: Rig) -> None:
+    env_id = await rig.put_env(version=0)
+    seeds = play_seeds(env_id, 0, G)
+    rig.sessions.fault_on.add(seeds[0])
+    worker = rig.worker("w1")
+    await worker.step_envs()
+    samples = await rig.samples()
+    assert len(samples) == 2 * G
+    assert [s for _, _, s in rig.sessions.opened].count(seeds[0]) == 3  # faulted once, then both arms
+    worker.store.dispose()
+
+
+async def test_hinted_plays_can_be_kept_off_the_training_stream(rig: Rig) -> None:
+    env_id = await rig.put_env(version=0)
+    worker = rig.worker("w1")
+    worker.config = dataclasses.replace(worker.config, publish_hinted=False)
+    await worker.step_envs()
+    samples = await rig.samples()
+    assert len(samples) == G and not any(s.hinted for s in samples)
+    plays, _ = await rig.memory.plays(env_id)
+    assert sum(p.hinted for p in plays) == G  # still recorded: regret needs them
+    worker.store.dispose()
+
+
+async def test_plays_spanning_weight_versions_are_labelled_with_the_oldest_or_dropped(rig: Rig) -> None:
+    await rig.put_env(version=0)
+    # Weights move from 4 to 5 between the two turns of every play.
+    policy = ScriptedPolicy(rig.template, ["\\boxed{0}"], versions=lambda turn: 4 + turn % 2)
+    worker = rig.worker("w1", policy)
+    await worker.step_envs()
+    samples = await rig.samples()
+    assert len(samples) == 2 * G and {s.weight_version for s in samples} == {4}
+    assert await worker.store.latest_version() == 5  # the server's version is learnt from generations
+
+    await rig.put_env(version=0)
+    dropping = rig.worker("w2", ScriptedPolicy(rig.template, ["\\boxed{0}"], versions=lambda turn: 4 + turn % 2))
+    dropping.config = dataclasses.replace(dropping.config, drop_mixed_versions=True)
+    await dropping.step_envs()
+    assert await rig.samples() == []
+    worker.store.dispose()
+    dropping.store.dispose()
+
+
+async def test_run_serves_every_stream_until_stopped(rig: Rig) -> None:
+    env_id = await rig.put_env(version=0)
+    worker = rig.worker("w1")
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    samples: list[queues_pb2.AgentSample] = []
+    for _ in range(400):
+        samples += await rig.samples()
+        if len(samples) >= 2 * G:
+            break
+        await asyncio.sleep(0.02)
+    await rig.publish_weights(1)
+    for _ in range(400):
+        samples += await rig.samples()
+        if len(samples) >= 3 * G:
+            break
+        await asyncio.sleep(0.02)
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    assert sorted({s.group_id for s in samples}) == [f"{env_id}@v0", f"{env_id}@v1"]
+    assert len(samples) == 3 * G
     worker.store.dispose()
