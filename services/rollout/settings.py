@@ -29,9 +29,11 @@ class GrpcSandbox(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["grpc"] = "grpc"
-    target: str = Field("127.0.0.1:50051", min_length=3, description="host:port of the sandbox's gRPC server.")
-    api_key: SecretStr | None = Field(None, description="The rollout's sandbox tenant key (unset only in dev mode).")
-    open_timeout_s: float = Field(60.0, gt=0, le=3600, description="Longest wait for a session to open.")
+    target: str = Field(default="127.0.0.1:50051", min_length=3, description="host:port of the sandbox's gRPC server.")
+    api_key: SecretStr | None = Field(
+        default=None, description="The rollout's sandbox tenant key (unset only in dev mode)."
+    )
+    open_timeout_s: float = Field(default=60.0, gt=0, le=3600, description="Longest wait for a session to open.")
 
 
 class PoolSandbox(BaseModel):
@@ -68,8 +70,8 @@ class GrpcMemory(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["grpc"] = "grpc"
-    target: str = Field("127.0.0.1:50052", min_length=3, description="host:port of the memory's gRPC server.")
-    timeout_s: float = Field(30.0, gt=0, le=600, description="Per-call deadline.")
+    target: str = Field(default="127.0.0.1:50052", min_length=3, description="host:port of the memory's gRPC server.")
+    timeout_s: float = Field(default=30.0, gt=0, le=600, description="Per-call deadline.")
 
 
 class SqlMemory(BaseModel):
@@ -78,7 +80,9 @@ class SqlMemory(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["sql"] = "sql"
-    url: str = Field("sqlite:///spade-memory.db", min_length=8, description="SQLAlchemy URL of the memory database.")
+    url: str = Field(
+        default="sqlite:///spade-memory.db", min_length=8, description="SQLAlchemy URL of the memory database."
+    )
 
 
 MemoryConfig = Annotated[
@@ -99,55 +103,61 @@ class RolloutSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SPADE_ROLLOUT_", env_nested_delimiter="__", extra="forbid")
 
-    dev_mode: bool = Field(False, description="Allow unsafe defaults (sandbox without an API key).")
+    dev_mode: bool = Field(default=False, description="Allow unsafe defaults (sandbox without an API key).")
 
     # What is played.
-    group_size: int = Field(8, ge=1, le=1024, description="G: seeds per env and version (both arms use the same G).")
+    group_size: int = Field(
+        default=8, ge=1, le=1024, description="G: seeds per env and version (both arms use the same G)."
+    )
     window_versions: int = Field(
-        4, ge=1, le=10_000, description="k: weight versions an env stays active; keep equal to the memory's."
+        default=4, ge=1, le=10_000, description="k: weight versions an env stays active; keep equal to the memory's."
     )
     publish_hinted: bool = Field(
-        True, description="Send hinted plays to samples.agent (hinted=true); the learner decides whether to train."
+        default=True,
+        description="Send hinted plays to samples.agent (hinted=true); the learner decides whether to train.",
     )
     drop_mixed_version_plays: bool = Field(
-        False, description="Drop plays whose turns span weight versions instead of labelling them with the oldest."
+        default=False,
+        description="Drop plays whose turns span weight versions instead of labelling them with the oldest.",
     )
 
     # Limits of one play and sampling.
-    max_turns: int = Field(8, ge=1, le=1000, description="Model turns per play.")
-    max_tokens_per_turn: int = Field(512, ge=1, le=1_000_000, description="Tokens one model turn may generate.")
-    max_total_tokens: int = Field(4096, ge=2, le=10_000_000, description="Length cap of a whole trajectory.")
-    temperature: float = Field(0.6, ge=0.0, le=10.0, description="Sampling temperature (0: greedy).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int = Field(-1, ge=-1, le=1_000_000, description="Top-k cut-off; -1 disables it.")
+    max_turns: int = Field(default=8, ge=1, le=1000, description="Model turns per play.")
+    max_tokens_per_turn: int = Field(default=512, ge=1, le=1_000_000, description="Tokens one model turn may generate.")
+    max_total_tokens: int = Field(default=4096, ge=2, le=10_000_000, description="Length cap of a whole trajectory.")
+    temperature: float = Field(default=0.6, ge=0.0, le=10.0, description="Sampling temperature (0: greedy).")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(default=-1, ge=-1, le=1_000_000, description="Top-k cut-off; -1 disables it.")
 
     # Concurrency and fault handling.
-    consumer_group: str = Field("rollout", min_length=1, max_length=200, description="Queue group shared by workers.")
+    consumer_group: str = Field(
+        default="rollout", min_length=1, max_length=200, description="Queue group shared by workers."
+    )
     consumer_name: str = Field(
         default_factory=_default_consumer, min_length=1, max_length=200, description="This worker's unique name."
     )
-    max_concurrent_plays: int = Field(8, ge=1, le=10_000, description="Plays in flight in this worker.")
-    sandbox_retries: int = Field(2, ge=0, le=100, description="Retries of a play after a sandbox fault.")
+    max_concurrent_plays: int = Field(default=8, ge=1, le=10_000, description="Plays in flight in this worker.")
+    sandbox_retries: int = Field(default=2, ge=0, le=100, description="Retries of a play after a sandbox fault.")
     lease_s: float = Field(
-        900.0, gt=0, le=86_400, description="A window play not finished by then is given to another worker."
+        default=900.0, gt=0, le=86_400, description="A window play not finished by then is given to another worker."
     )
-    poll_s: float = Field(1.0, gt=0, le=3600, description="Idle wait between looks for due window plays.")
-    block_ms: int = Field(1000, ge=1, le=60_000, description="How long a queue read blocks.")
+    poll_s: float = Field(default=1.0, gt=0, le=3600, description="Idle wait between looks for due window plays.")
+    block_ms: int = Field(default=1000, ge=1, le=60_000, description="How long a queue read blocks.")
 
     # Where things are.
     state_url: str = Field(
-        "sqlite:///spade-rollout.db",
+        default="sqlite:///spade-rollout.db",
         min_length=8,
         description="SQLAlchemy URL of the rollout's active-set tables (Postgres shared by all workers).",
     )
     queue: QueueConfig = Field(default_factory=RedisQueueConfig, description="Work queue backend.")
-    sandbox: SandboxConfig = Field(GrpcSandbox.model_validate({}), description="Where envs are played.")
-    memory: MemoryConfig = Field(GrpcMemory.model_validate({}), description="The environment memory.")
+    sandbox: SandboxConfig = Field(default=GrpcSandbox.model_validate({}), description="Where envs are played.")
+    memory: MemoryConfig = Field(default=GrpcMemory.model_validate({}), description="The environment memory.")
     inference_urls: list[str] = Field(
         default_factory=lambda: ["http://127.0.0.1:30000"], min_length=1, description="Inference workers' URLs."
     )
     tokenizer_path: Path | None = Field(
-        None, description="The policy's checkpoint directory (its tokenizer); unset: the default SmolLM2 model."
+        default=None, description="The policy's checkpoint directory (its tokenizer); unset: the default SmolLM2 model."
     )
 
     @model_validator(mode="after")
