@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -338,6 +339,11 @@ class SqlStore:
         for p in plays:
             if not p.trajectory_id:
                 raise InvalidArgument(f"play of env {p.env_id!r} seed {p.seed} has no trajectory_id")
+            if not math.isfinite(p.episode_return) or p.turns < 0:
+                raise InvalidArgument(
+                    f"play {p.trajectory_id!r} has return {p.episode_return} and turns {p.turns}; "
+                    "returns must be finite and turns >= 0"
+                )
         for _attempt in range(3):
             try:
                 return self._record_once(plays)
@@ -404,6 +410,9 @@ class SqlStore:
             env = s.scalar(select(EnvironmentRow).where(EnvironmentRow.id == env_id))
             if row is None or env is None:
                 raise EnvironmentNotFound(env_id)
+            bad = {k: v for k, v in update.reward_components.items() if not math.isfinite(v)}
+            if bad:
+                raise InvalidArgument(f"reward components must be finite numbers, got {bad}")
             components = dict(row.reward_components or {})
             components.update({k: float(v) for k, v in update.reward_components.items()})
             if update.learnable is not None:

@@ -174,6 +174,10 @@ def test_a_batch_naming_an_unknown_environment_stores_nothing(store: SqlStore) -
     assert store.get_environment(env_id).stats.plays == 0
     with pytest.raises(InvalidArgument, match="trajectory_id"):
         store.record_plays([Play(env_id, 1, False, 1.0, 1, 0, "")])
+    with pytest.raises(InvalidArgument, match="finite"):
+        store.record_plays([Play(env_id, 1, False, float("nan"), 1, 0, "nan-play")])
+    with pytest.raises(InvalidArgument, match="finite"):
+        store.update_stats(env_id, StatsUpdate({"blend": float("inf")}))
 
 
 def test_update_stats_merges_components_and_moves_status(store: SqlStore) -> None:
