@@ -201,6 +201,24 @@ class RolloutStateStore:
                 return env, version
         return None
 
+    async def extend(self, env_id: str, owner: str, lease_s: float) -> bool:
+        """Renew ``owner``'s lease on ``env_id`` for ``lease_s`` more; False when it was lost."""
+        return await asyncio.to_thread(self._extend, env_id, owner, lease_s)
+
+    def _extend(self, env_id: str, owner: str, lease_s: float) -> bool:
+        now = self._clock()
+        with self._engine.begin() as conn:
+            renewed = conn.execute(
+                rollout_envs.update()
+                .where(
+                    rollout_envs.c.env_id == env_id,
+                    rollout_envs.c.lease_owner == owner,
+                    rollout_envs.c.lease_until >= now,
+                )
+                .values(lease_until=now + lease_s, updated_at=now)
+            ).rowcount
+        return bool(renewed)
+
     async def release(self, env_id: str, owner: str) -> None:
         """Give up a lease without progress (the play failed; another worker may retry it)."""
         await asyncio.to_thread(self._release, env_id, owner)

@@ -167,6 +167,7 @@ class RolloutWorker:
         if claim is None:
             return done
         env, version = claim
+        renewal = asyncio.create_task(self._keep_lease(env.env_id))
         try:
             spec = await self._envs.get_environment(env.env_id)
             plays = await self.play_version(spec, version, with_hint=False)
@@ -174,7 +175,20 @@ class RolloutWorker:
         except BaseException:
             await self.store.release(env.env_id, self.config.consumer)
             raise
+        finally:
+            renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewal
         return done + 1 + await self._retire_closed()
+
+    async def _keep_lease(self, env_id: str) -> None:
+        """Renew the lease while the plays run, so only a dead worker loses it."""
+        c = self.config
+        while True:
+            await asyncio.sleep(c.lease_s / 3)
+            if not await self.store.extend(env_id, c.consumer, c.lease_s):
+                log.warning("lost the lease on %s; another worker may play it too (samples stay idempotent)", env_id)
+                return
 
     async def _retire_closed(self) -> int:
         closed = await self.store.close_passed_windows()

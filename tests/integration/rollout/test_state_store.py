@@ -109,3 +109,23 @@ async def test_a_failed_play_releases_its_lease(state_url: str) -> None:
         assert claim is not None and claim[1] == 3
     finally:
         store.dispose()
+
+
+async def test_a_live_worker_renews_its_lease_a_dead_one_cannot(state_url: str) -> None:
+    clock = _Clock()
+    store = RolloutStateStore.from_url(state_url, clock=clock)
+    try:
+        await store.register(_env())
+        await store.complete("e1", 2)
+        await store.observe_version(3)
+        assert await store.claim_due("w1", 60) is not None
+        clock.now += 50
+        assert await store.extend("e1", "w1", 60)  # renewed: good until now + 60
+        clock.now += 50
+        assert await store.claim_due("w2", 60) is None
+        clock.now += 11  # w1 stopped renewing
+        assert not await store.extend("e1", "w1", 60)
+        assert await store.claim_due("w2", 60) is not None
+        assert not await store.extend("e1", "w1", 60)  # the lease is w2's now
+    finally:
+        store.dispose()
