@@ -76,6 +76,8 @@ class SandboxPool:
         self._restart_lock = asyncio.Lock()
         self._sessions: set[SandboxSession] = set()
         self._reaping: set[asyncio.Task[None]] = set()
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._stopping = False
         self.faults = 0
 
     async def __aenter__(self) -> SandboxPool:
@@ -108,7 +110,11 @@ class SandboxPool:
         if self.degraded:
             log.warning("sandbox running DEGRADED, without: %s", ", ".join(self.degraded))
         try:
+            self._stopping = False
             self._slots = [_Slot(await Zygote.launch(self._plan)) for _ in range(self.settings.zygotes)]
+            for slot in self._slots:
+                assert slot.zygote is not None
+                self._watch(slot.zygote)
             await self._check_canary(self._plan)
         except BaseException:
             await self.stop()
@@ -134,14 +140,19 @@ class SandboxPool:
 
     async def stop(self) -> None:
         """Close every session, stop the zygotes (killing whatever still runs), remove the staging."""
+        self._stopping = True
+        for watcher in list(self._watchers):
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
         for session in list(self._sessions):
             await session.close()
         if self._reaping:
             await asyncio.gather(*self._reaping, return_exceptions=True)
-        for slot in self._slots:
-            if slot.zygote is not None:
-                await slot.zygote.close()
-        self._slots = []
+        async with self._restart_lock:
+            for slot in self._slots:
+                if slot.zygote is not None:
+                    await slot.zygote.close()
+            self._slots = []
         if self._plan is not None:
             await asyncio.to_thread(remove_staging, self._plan.staging)
             self._plan = None
@@ -186,18 +197,39 @@ class SandboxPool:
             slot = self._slots[next(self._next) % len(self._slots)]
             if slot.zygote is not None and slot.zygote.alive:
                 return slot.zygote
+        await self._restart_dead()
+        zygote = self._slots[0].zygote if self._slots else None
+        if zygote is None or not zygote.alive:
+            raise SandboxFault("no zygote is running and none could be restarted")
+        return zygote
+
+    async def _restart_dead(self) -> None:
         async with self._restart_lock:
             for slot in self._slots:
-                if slot.zygote is None or not slot.zygote.alive:
-                    if slot.zygote is not None:
-                        await slot.zygote.close(timeout_s=1.0)
-                    slot.zygote = None
-                    slot.restarts += 1
-                    log.warning("restarting a dead zygote (restart %d)", slot.restarts)
-                    slot.zygote = await Zygote.launch(self._plan)
-            zygote = self._slots[0].zygote
-        assert zygote is not None
-        return zygote
+                if self._plan is None or self._stopping or (slot.zygote is not None and slot.zygote.alive):
+                    continue
+                if slot.zygote is not None:
+                    await slot.zygote.close(timeout_s=1.0)
+                slot.zygote = None
+                slot.restarts += 1
+                log.warning("restarting a dead zygote (restart %d)", slot.restarts)
+                slot.zygote = await Zygote.launch(self._plan)
+                self._watch(slot.zygote)
+
+    def _watch(self, zygote: Zygote) -> None:
+        """Restart ``zygote`` as soon as it dies (not only when the next request needs it)."""
+
+        async def watch() -> None:
+            await zygote.died.wait()
+            if self._plan is not None and not self._stopping:
+                try:
+                    await self._restart_dead()
+                except SandboxFault as exc:
+                    log.error("could not restart a zygote: %s (the next request will retry)", exc)
+
+        task = asyncio.create_task(watch())
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
 
     def _limits(self, *, cpu_s: float, memory_mb: int) -> dict[str, int]:
         s = self.settings

@@ -114,6 +114,7 @@ class Zygote:
     ready: dict[str, Any]
     requests: dict[int, Spawned] = field(default_factory=dict)
     alive: bool = True
+    died: asyncio.Event = field(default_factory=asyncio.Event)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _reader: asyncio.Task[None] | None = None
@@ -154,14 +155,14 @@ class Zygote:
                     if not data:
                         raise SandboxFault(f"the zygote exited during start-up (exit {await process.wait()})")
                     messages = decoder.feed(data)
-        except (TimeoutError, ProtocolError, SandboxFault) as exc:
+        except BaseException as exc:  # including cancellation: never leave a zygote behind
             parent.close()
             with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
-            if isinstance(exc, SandboxFault):
-                raise
-            raise SandboxFault(f"the zygote did not become ready: {exc or 'timeout'}") from None
+                os.killpg(process.pid, 9)
+            await asyncio.shield(process.wait())
+            if isinstance(exc, TimeoutError | ProtocolError):
+                raise SandboxFault(f"the zygote did not become ready: {exc or 'timeout'}") from None
+            raise
         ready = messages.pop(0)
         if ready.get("op") != "ready":
             parent.close()
@@ -208,6 +209,7 @@ class Zygote:
         if not self.alive:
             return
         self.alive = False
+        self.died.set()
         for request in self.requests.values():
             if not request.exited.done():
                 request.exited.set_exception(SandboxFault(reason))

@@ -84,6 +84,11 @@ async def test_zygote_death_fails_in_flight_requests_and_is_restarted() -> None:
             await running
         outcome = await session.step("\\boxed{guess 1 2 3 4}")
         assert outcome.outcome is Outcome.SANDBOX_FAULT
+        for _ in range(100):  # restarted without waiting for a request
+            if pool.health()["status"] == "ok":
+                break
+            await asyncio.sleep(0.05)
+        assert pool.health()["zygotes"][0]["restarts"] == 1
         result = await pool.execute("print('back')")
         assert result.stdout == b"back\n"
         health = pool.health()
