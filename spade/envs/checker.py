@@ -602,7 +602,11 @@ def check_env_source(code: str, setting: str | Setting, config: CheckConfig | No
         raise TypeError(f"code must be a str, got {type(code).__name__}")
     repaired, repairs = repair_code(code)
     checker = _Checker(repaired, parsed, config, repairs)
-    results = checker.run()
+    rng_state = random.getstate()
+    try:
+        results = checker.run()
+    finally:  # Env code (or the determinism probe) may have used the global RNG: leave it as found.
+        random.setstate(rng_state)
     return ValidationReport(
         valid=all(r.passed for r in results),
         setting=parsed.value,

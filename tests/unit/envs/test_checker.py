@@ -1,0 +1,293 @@
+"""The checker: every example passes; one defective env per check and per DESIGN §6 defect fails
+with that check named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spade.envs.checker import check_env_source
+from spade.envs.examples import EXAMPLES
+from spade.envs.types import CHECK_NAMES, CheckConfig, ValidationReport
+from tests.unit.envs.sample_envs import GUESS_GAME, NOTES_TOOL, mutate
+
+
+def failed(report: ValidationReport) -> list[str]:
+    return [c.name for c in report.failed]
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_every_example_env_passes_every_check(name: str) -> None:
+    example = EXAMPLES[name]
+    report = check_env_source(example.code, example.setting)
+    assert report.valid, report.summary()
+    assert [c.name for c in report.checks] == list(CHECK_NAMES)
+    assert all(c.detail for c in report.checks)
+    assert report.env_class.endswith("Env") and report.repaired_code == example.code
+
+
+@pytest.mark.parametrize(("code", "setting"), [(GUESS_GAME, "game"), (NOTES_TOOL, "tool")])
+def test_the_sample_envs_are_valid(code: str, setting: str) -> None:
+    report = check_env_source(code, setting)
+    assert report.valid, report.summary()
+
+
+def test_game_envs_pass_tool_only_checks_as_not_applicable() -> None:
+    report = check_env_source(GUESS_GAME, "game")
+    for name in ("reset_gate", "irrelevant_action"):
+        assert report.check(name).passed and report.check(name).detail == "not applicable to game envs"
+
+
+def test_report_round_trips_as_json() -> None:
+    report = check_env_source(GUESS_GAME, "game")
+    assert ValidationReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
+
+
+def test_repairs_are_applied_and_reported() -> None:
+    code = mutate(GUESS_GAME, 'obs = "Reply with \\\\boxed{N}."', 'obs = f"Reply with \\\\boxed{N} ({self.turn})."')
+    report = check_env_source(code, "game")
+    assert report.valid, report.summary()
+    assert "\\\\boxed{{N}}" in report.repaired_code and "after repairs" in report.check("syntax").detail
+
+
+def test_syntax_failure_blocks_every_later_check_naming_it() -> None:
+    report = check_env_source(mutate(GUESS_GAME, "def step(self, action):", "def step(self, action)"), "game")
+    assert not report.valid and "line " in report.check("syntax").detail
+    for name in ("structure", "smoke", "determinism", "solution_replay", "random_policy", "termination"):
+        assert report.check(name).detail == "not run: blocked by the failed 'syntax' check"
+    assert report.check("reset_gate").passed  # not applicable to game envs
+
+
+def test_smoke_failure_blocks_the_checks_that_need_it() -> None:
+    code = mutate(GUESS_GAME, 'return "Correct!", 1.0, True, False, {}', 'return "Correct!", 1.0, True')
+    code = mutate(code, 'return obs, 0.0, False, False, {"turn": self.turn}', "return obs, 0.0, False")
+    report = check_env_source(code, "game")
+    assert failed(report) == ["smoke", "determinism", "seed_variety", "solution_replay", "random_policy", "termination"]
+    assert "step() must return (observation, reward, terminated, truncated, info), got a tuple of 3" in (
+        report.check("smoke").detail
+    )
+    assert report.check("solution_replay").detail == "not run: blocked by the failed 'smoke' check"
+
+
+# One defective env per check: (code, setting, the check that must fail, a fragment of its detail).
+DEFECTS = {
+    "structure: no env class": (
+        mutate(GUESS_GAME, "class GuessEnv:", "class Guess:"),
+        "game",
+        "structure",
+        "no class whose name ends in 'Env'",
+    ),
+    "structure: two env classes": (
+        GUESS_GAME + "\n\nclass SecondEnv:\n    pass\n",
+        "game",
+        "structure",
+        "several env classes",
+    ),
+    "structure: missing solution": (
+        mutate(GUESS_GAME, "def solution(self):", "def answer(self):"),
+        "game",
+        "structure",
+        "missing solution()",
+    ),
+    "structure: malformed tool schema": (
+        mutate(
+            NOTES_TOOL,
+            '"items": {"type": "string", "enum": ["work", "home"]}',
+            '"items": {"type": "string", "enum": []}',
+        ),
+        "tool",
+        "structure",
+        "enum must be a non-empty list",
+    ),
+    "smoke: negative reward": (
+        mutate(
+            GUESS_GAME,
+            'obs = "Reply with \\\\boxed{N}."\n',
+            'return "Reply with \\\\boxed{N}.", -0.1, False, False, {}\n',
+        ),
+        "game",
+        "smoke",
+        "rewards must lie in [0, 1]",
+    ),
+    "smoke: non-finite reward": (
+        mutate(
+            GUESS_GAME,
+            'return obs, 0.0, False, False, {"turn": self.turn}',
+            'return obs, float("inf"), False, False, {}',
+        ),
+        "game",
+        "smoke",
+        "reward must be finite",
+    ),
+    "smoke: reset raises": (
+        mutate(GUESS_GAME, "self.turn = 0\n        return", "self.turn = 0 / 0\n        return"),
+        "game",
+        "smoke",
+        "ZeroDivisionError",
+    ),
+    "determinism: global RNG unseeded": (
+        mutate(GUESS_GAME, "self.secret = self.rng.randint(1, 1000)", "self.secret = random.randint(1, 1000)"),
+        "game",
+        "determinism",
+        "global random module",
+    ),
+    "determinism: global RNG seeded by the env (reference TradingGameEnv)": (
+        mutate(
+            GUESS_GAME,
+            "self.rng = random.Random(seed)\n        self.secret",
+            "random.seed(seed)\n        self.rng = random\n        self.secret",
+        ),
+        "game",
+        "determinism",
+        "global random module",
+    ),
+    "determinism: wall clock": (
+        mutate(
+            GUESS_GAME,
+            "self.secret = self.rng.randint(1, 1000)",
+            "import time\n        self.secret = time.perf_counter_ns() % 1000 + 1",
+        ),
+        "game",
+        "determinism",
+        "gave different results",
+    ),
+    "seed_variety: one memorisable instance": (
+        mutate(GUESS_GAME, "random.Random(seed)", "random.Random(42)"),
+        "game",
+        "seed_variety",
+        "gave the same instance",
+    ),
+    "solution_replay: solution() does not win": (
+        mutate(GUESS_GAME, "str(self.secret)", "str(self.secret + 1)"),
+        "game",
+        "solution_replay",
+        "did not",
+    ),
+    "solution_replay: solution() is not a list of actions": (
+        mutate(GUESS_GAME, 'return ["\\\\boxed{500}", "\\\\boxed{" + str(self.secret) + "}"]', "return self.secret"),
+        "game",
+        "solution_replay",
+        "non-empty list of action strings",
+    ),
+    "random_policy: any guess wins": (
+        mutate(GUESS_GAME, "elif int(match.group(1)) == self.secret:", "elif match is not None:"),
+        "game",
+        "random_policy",
+        "the reward is trivial or hackable",
+    ),
+    "random_policy: unparseable replies win": (
+        mutate(GUESS_GAME, 'obs = "Reply with \\\\boxed{N}."', 'return "ok", 1.0, True, False, {}'),
+        "game",
+        "random_policy",
+        "won",
+    ),
+    "termination: never ends by itself": (
+        mutate(GUESS_GAME, "if self.turn >= self.max_turns:", "if False:"),
+        "game",
+        "termination",
+        "neither terminated nor truncated",
+    ),
+    "termination: bad max_turns": (
+        mutate(GUESS_GAME, "max_turns = 12", "max_turns = 12.0"),
+        "game",
+        "termination",
+        "max_turns must be a positive int",
+    ),
+    "reset_gate: criterion already true at reset": (
+        mutate(NOTES_TOOL, '{c: {"body": "old", "meta": {"tags": ["home"]}}}', "{}"),
+        "tool",
+        "reset_gate",
+        "already true right after reset()",
+    ),
+    "irrelevant_action: any call advances": (
+        mutate(
+            NOTES_TOOL,
+            'lambda s: s["notes"].get(a) == {"body": "draft", "meta": {"tags": ["work"]}},',
+            'lambda s: s["touched"],',
+        ),
+        "tool",
+        "irrelevant_action",
+        "is not part of its solution",
+    ),
+    "irrelevant_action: a skipped solution step still completes": (
+        mutate(
+            NOTES_TOOL,
+            '[{"name": "add_note", "arguments": {"title": self.a,',
+            '[{"name": "search", "arguments": {"query": self.a}}, {"name": "add_note", "arguments": {"title": self.a,',
+        ),
+        "tool",
+        "irrelevant_action",
+        "skipping solution call 1 (search)",
+    ),
+    "solution_replay: tool solution does not flip its criterion": (
+        mutate(
+            NOTES_TOOL,
+            '"body": "final", "meta": {"tags": ["home"], "pinned": True}}}]',
+            '"body": "final", "meta": {"tags": ["home"]}}}]',
+        ),
+        "tool",
+        "solution_replay",
+        "did not go False->True",
+    ),
+    "seed_variety: tool instance ignores the seed": (
+        mutate(NOTES_TOOL, "rng.sample(TOPICS, 3)", "TOPICS[:3]"),
+        "tool",
+        "seed_variety",
+        "gave the same instance",
+    ),
+    "determinism: tool env draws from the global RNG": (
+        mutate(NOTES_TOOL, "rng.sample(TOPICS, 3)", "random.sample(TOPICS, 3)"),
+        "tool",
+        "determinism",
+        "global random module",
+    ),
+}
+
+
+# Earlier checks that rightly fail too for some defects.
+ALSO_FAILS = {
+    # A criterion true at reset also can never flip when its instruction arrives.
+    "reset_gate: criterion already true at reset": ("solution_replay",),
+    # determinism and seed_variety compare solution() across instances, so they see it first.
+    "solution_replay: solution() is not a list of actions": ("determinism", "seed_variety"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DEFECTS))
+def test_each_defect_fails_its_named_check(case: str) -> None:
+    code, setting, check, fragment = DEFECTS[case]
+    report = check_env_source(code, setting)
+    assert not report.valid
+    result = report.check(check)
+    assert not result.passed, f"{check} passed: {result.detail}"
+    assert fragment in result.detail, result.detail
+    earlier = CHECK_NAMES[: CHECK_NAMES.index(check)]
+    unexpected = [n for n in earlier if not report.check(n).passed and n not in ALSO_FAILS.get(case, ())]
+    assert unexpected == [], report.summary()
+
+
+def test_slow_calls_fail_smoke_with_the_limit_named() -> None:
+    code = mutate(GUESS_GAME, "self.turn += 1\n", "self.turn += 1\n        while True:\n            pass\n")
+    report = check_env_source(code, "game", CheckConfig(call_time_limit_s=0.2))
+    assert not report.check("smoke").passed
+    assert "longer than the 0.2 s per-call limit" in report.check("smoke").detail
+
+
+def test_import_time_work_is_limited() -> None:
+    report = check_env_source("while True:\n    pass\n" + GUESS_GAME, "game", CheckConfig(call_time_limit_s=0.2))
+    assert not report.check("structure").passed and "do no work at import" in report.check("structure").detail
+
+
+def test_the_checker_leaves_the_global_rng_as_it_found_it() -> None:
+    import random
+
+    random.seed(99)
+    state = random.getstate()
+    check_env_source(mutate(GUESS_GAME, "self.rng.randint", "random.randint"), "game")
+    assert random.getstate() == state
+
+
+def test_bad_setting_is_the_callers_error() -> None:
+    with pytest.raises(ValueError, match="setting must be 'game' or 'tool'"):
+        check_env_source(GUESS_GAME, "board")
