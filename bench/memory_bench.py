@@ -4,7 +4,8 @@
 - inserts: ``SqlStore.put_environment`` (normalise + hash + dedup check + env and stats rows, one
   transaction each) vs. a bare single-row ``INSERT`` + commit per environment;
 - SampleExamples: ``MemoryService.sample_examples`` in-process and ``MemoryClient.sample_examples``
-  over gRPC loopback vs. the bare window query it runs (``SELECT ... LIMIT window``).
+  over gRPC loopback vs. the bare window query it runs (``SELECT ... LIMIT window``, no code; the
+  service then fetches the code of the three or so environments it chose).
 
 Runs in a throw-away schema that is dropped at the end. Not a test: nothing is asserted.
 
@@ -157,7 +158,8 @@ async def run(args: argparse.Namespace) -> None:
         rng = random.Random(1)
         raw_lat, svc_lat, grpc_lat = [], [], []
         window_sql = text(
-            "SELECT e.*, s.* FROM environments e JOIN env_stats s ON s.env_id = e.id "
+            "SELECT e.id, e.seq, e.skill, s.win_rate, s.regret, s.window_plays "
+            "FROM environments e JOIN env_stats s ON s.env_id = e.id "
             "WHERE e.setting = :st AND e.skill = :sk AND s.win_rate IS NOT NULL ORDER BY e.seq DESC LIMIT 200"
         )
         for _ in range(args.samples):
