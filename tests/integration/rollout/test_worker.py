@@ -1,7 +1,8 @@
 """A rollout worker against the real queues, the real memory service and the real state store.
 
-The policy is scripted (real tokenizer ids; a real model cannot be steered to a reply) and envs run
-in-process through ``LocalSessions`` until the sandbox pool is wired in here.
+The policy is scripted (real tokenizer ids; a real model cannot be steered to a reply) and trusted
+test envs run in-process through ``LocalSessions`` to keep these scheduling tests fast; plays through
+the real sandbox are in ``test_sandbox_play.py`` and ``test_embedded_model.py``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 
 ``ScriptedPolicy`` replaces the LLM (a real model cannot be steered to a chosen reply): it emits
 given replies as real token ids of the policy's tokenizer, with distinct logprobs so alignment is
-checkable. ``LocalSessions`` runs env classes in this process with the contract library's own
-result handling; the isolated sandbox pool replaces it in integration tests once it lands.
+checkable. ``LocalSessions`` runs trusted test env classes in this process with the contract library's own
+result handling, so the scheduling tests stay fast; the real isolated pool and the sandbox's gRPC
+``Play`` stream are exercised in ``tests/integration/rollout/test_sandbox_play.py`` and
+``test_embedded_model.py``.
 """
 
 from __future__ import annotations
