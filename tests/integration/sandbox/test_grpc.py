@@ -28,7 +28,7 @@ def _code(excinfo: pytest.ExceptionInfo[grpc.RpcError]) -> grpc.StatusCode:
 
 
 def test_validate_reports_every_check(stub: sandbox_pb2_grpc.SandboxStub) -> None:
-    tool = next(e for e in EXAMPLES if e.setting == "tool")
+    tool = next(e for e in EXAMPLES.values() if e.setting == "tool")
     report = stub.Validate(sandbox_pb2.ValidateRequest(code=tool.code, setting="tool"), metadata=ALICE)
     assert [c.name for c in report.checks] == list(CHECK_NAMES)
     assert report.valid and report.env_class
