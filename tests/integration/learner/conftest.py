@@ -6,10 +6,14 @@ import random
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from services.learner.settings import LearnerSettings
 from spade.queues.config import InProcessQueueConfig, RedisQueueConfig
@@ -36,15 +40,30 @@ def base_model(tmp_path: Path) -> Path:
         max_position_embeddings=128,
         tie_word_embeddings=True,
         pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
     )
     path = tmp_path / "base"
     LlamaForCausalLM(config).save_pretrained(path)
-    (path / "tokenizer_config.json").write_text('{"model_max_length": 128}')
+    tiny_tokenizer().save_pretrained(path)
     return path
 
 
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over the tiny model's 64 ids (built offline, no hub)."""
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2} | {f"w{i}": i for i in range(3, VOCAB)}
+    tok = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+    # The embedded server needs a chat template; a minimal one suffices for weight updates.
+    fast.chat_template = (
+        "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w3 {% endif %}"
+    )
+    return fast
+
+
 def make_settings(tmp_path: Path, base: Path, **overrides) -> LearnerSettings:
-    values = dict(
+    values: dict[str, Any] = dict(
         model_path=base,
         checkpoint_dir=tmp_path / "ckpt",
         weights_dir=tmp_path / "weights",
