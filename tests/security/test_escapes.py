@@ -221,9 +221,12 @@ async def test_sleeping_program_is_killed_at_the_wall_clock(pool: SandboxPool) -
 
 async def test_huge_output_is_capped(pool: SandboxPool) -> None:
     cap = pool.settings.stdout_bytes
-    result = await pool.execute("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n")
+    result = await pool.execute(
+        "import sys\nprint('before', file=sys.stderr, flush=True)\nwhile True:\n    sys.stdout.write('x' * 65536)\n"
+    )
     assert result.status is ExecStatus.OUTPUT_LIMIT
     assert len(result.stdout) == cap
+    assert result.stderr == b"before\n"  # the other stream is kept whole
     err = await pool.execute("import sys\nwhile True:\n    sys.stderr.write('y' * 65536)\n")
     assert err.status is ExecStatus.OUTPUT_LIMIT and len(err.stderr) == pool.settings.stderr_bytes
     await assert_healthy(pool)

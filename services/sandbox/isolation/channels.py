@@ -65,14 +65,14 @@ class Channel:
             self.sock.close()
 
 
-async def read_capped(fd: int, cap: int, overflow: asyncio.Event) -> bytes:
-    """Read a pipe to its end, keeping at most ``cap`` bytes; set ``overflow`` when it passes the cap.
+async def read_capped(fd: int, cap: int, overflow: asyncio.Event, data: bytearray) -> None:
+    """Read a pipe to its end into ``data``, keeping at most ``cap`` bytes; set ``overflow`` past it.
 
-    The caller owns (and closes) ``fd``; reading stops at the first byte over the cap.
+    The caller owns (and closes) ``fd``; reading stops at the first byte over the cap. What was read
+    stays in ``data`` even if the task is cancelled.
     """
     loop = asyncio.get_running_loop()
     os.set_blocking(fd, False)
-    data = bytearray()
     readable = asyncio.Event()
     loop.add_reader(fd, readable.set)
     try:
@@ -84,11 +84,12 @@ async def read_capped(fd: int, cap: int, overflow: asyncio.Event) -> bytes:
             except BlockingIOError:
                 continue
             if not chunk:
-                return bytes(data)
+                return
             data += chunk
             if len(data) > cap:
                 overflow.set()
-                return bytes(data[:cap])
+                del data[cap:]
+                return
     finally:
         loop.remove_reader(fd)
 

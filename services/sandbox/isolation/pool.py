@@ -362,8 +362,9 @@ class SandboxPool:
         start = time.perf_counter()
         overflow = asyncio.Event()
         feeder = asyncio.create_task(write_all(stdin_handoff.pop(), stdin))
-        stdout = asyncio.create_task(read_capped(out_r, s.stdout_bytes, overflow))
-        stderr = asyncio.create_task(read_capped(err_r, s.stderr_bytes, overflow))
+        out, err = bytearray(), bytearray()
+        stdout = asyncio.create_task(read_capped(out_r, s.stdout_bytes, overflow, out))
+        stderr = asyncio.create_task(read_capped(err_r, s.stderr_bytes, overflow, err))
         report: dict[str, Any] | None = None
         fault: str | None = None
         timed_out = False
@@ -379,7 +380,7 @@ class SandboxPool:
                     report = message
                 elif message.get("op") == "fault":
                     fault = str(message.get("error"))
-            await asyncio.gather(stdout, stderr)
+            await asyncio.wait({stdout, stderr})  # unlike gather, cancelling this leaves them running
 
         body = asyncio.create_task(finish())
         limit = asyncio.create_task(overflow.wait())
@@ -404,11 +405,15 @@ class SandboxPool:
             raise SandboxFault(f"sandbox fault during execution: {fault}")
         if exited is None and report is None and not timed_out and not overflow.is_set():
             raise SandboxFault("the sandbox lost the execution (zygote died)")
-        out, err = await _drained(stdout), await _drained(stderr)
+        # The processes are gone (or were killed): the pipes reach their end promptly.
+        _, pending = await asyncio.wait({stdout, stderr}, timeout=EXIT_GRACE_S)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(stdout, stderr, return_exceptions=True)
         status, exit_code = classify_execution(
             Observed(report, exited, timed_out, overflow.is_set(), cpu_limit_s=float(math.ceil(cpu)))
         )
-        return ExecutionResult(status, exit_code, out, err, duration_ms)
+        return ExecutionResult(status, exit_code, bytes(out), bytes(err), duration_ms)
 
     async def _finish_now(self, zygote: Zygote, spawned: Spawned) -> dict[str, Any] | None:
         """Kill the request now if it still runs; its ``exited`` message, or ``None`` if lost."""
@@ -500,13 +505,6 @@ def _death_reason(exited: dict[str, Any] | None, cpu_limit: float) -> str:
     if sig is not None:
         return f"the checker's process was killed by signal {sig}"
     return f"the checker's process exited (code {exited.get('code')}) before reporting"
-
-
-async def _drained(task: asyncio.Task[bytes]) -> bytes:
-    try:
-        return await task
-    except asyncio.CancelledError:
-        return b""
 
 
 __all__ = ["SandboxPool", "SandboxSession", "StepOutcome"]
