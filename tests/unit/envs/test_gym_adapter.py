@@ -9,6 +9,7 @@ from gymnasium.utils.env_checker import check_env
 
 from spade.envs.examples import EXAMPLES
 from spade.envs.gym_adapter import GymnasiumEnv
+from spade.envs.session import EnvSession
 
 
 @pytest.mark.parametrize("name", ["code_breaker", "order_desk"])
@@ -27,6 +28,7 @@ def test_plays_an_episode_to_a_win() -> None:
     assert env.observation_space.contains(observation)
     assert info["spade"] == {"outcome": "ok", "turn": 0, "max_turns": 25}
     reward, terminated = 0.0, False
+    assert isinstance(env.session, EnvSession)
     for action in env.session.env.solution():
         observation, reward, terminated, truncated, info = env.step(action)
         assert not truncated
@@ -40,6 +42,7 @@ def test_reset_without_seed_visits_different_instances() -> None:
     codes = set()
     for _ in range(5):
         env.reset()
+        assert isinstance(env.session, EnvSession)
         codes.add(tuple(env.session.env.code))
     assert len(codes) > 1
 
@@ -47,7 +50,8 @@ def test_reset_without_seed_visits_different_instances() -> None:
 def test_wraps_any_session_like_object() -> None:
     class Outcome:
         def __init__(self, text: str, done: bool) -> None:
-            self.observation, self.reward, self.terminated, self.truncated, self.info = text, 1.0, done, False, {}
+            self.observation, self.reward, self.terminated, self.truncated = text, 1.0, done, False
+            self.info: dict[str, object] = {}
 
     class RemoteSession:
         def reset(self, seed: int | None = None) -> Outcome:

@@ -19,9 +19,8 @@ from spade.envs.examples import EXAMPLES
 valid = {e.name: check_env_source(e.code, e.setting).valid for e in EXAMPLES.values()}
 session = EnvSession(EXAMPLES["order_desk"].code, "tool", seed=1)
 session.reset()
-third_party = sorted(
-    m for m in sys.modules if m.split(".")[0] not in sys.stdlib_module_names and m.split(".")[0] not in ("spade", "__main__")
-)
+ours = ("spade", "__main__")
+third_party = sorted(m for m in sys.modules if m.split(".")[0] not in (*sys.stdlib_module_names, *ours))
 print(json.dumps({"valid": valid, "third_party": third_party, "site": "site" in sys.modules}))
 """
 
