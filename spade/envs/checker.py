@@ -42,6 +42,10 @@ GAME_PROBES = ("\\boxed{1}", "\\boxed{test}", "hello")
 NOOP_GAME_ACTION = "\\boxed{pass}"
 NOOP_TOOL_ACTION = "Okay."
 RANDOM_POLICY_SEED_BASE = 10_000
+Progress = Callable[[str, "dict[str, Any] | None"], None]
+"""Called with ``(check_name, None)`` when a check starts and ``(check_name, result.to_dict())`` when
+it ends (the sandbox streams these)."""
+
 _PLACEHOLDER = re.compile(r"^(?:[A-Z]|N\d*|<[^>]*>|\.\.\.)$")
 
 
@@ -127,7 +131,10 @@ def _strings_in(value: Any) -> list[str]:
 
 
 class _Checker:
-    def __init__(self, code: str, setting: Setting, config: CheckConfig, repairs: list[str]) -> None:
+    def __init__(
+        self, code: str, setting: Setting, config: CheckConfig, repairs: list[str], progress: Progress | None = None
+    ) -> None:
+        self.progress = progress
         self.code = code
         self.setting = setting
         self.config = config
@@ -139,24 +146,31 @@ class _Checker:
     # --- plumbing ------------------------------------------------------------------------
     def run(self) -> list[CheckResult]:
         for name in CHECK_NAMES:
-            if self.setting is Setting.GAME and name in TOOL_ONLY:
-                self.results[name] = CheckResult(name, True, "not applicable to game envs")
-                continue
-            blocker = self._blocker(name)
-            if blocker:
-                self.results[name] = CheckResult(name, False, f"not run: blocked by the failed {blocker!r} check")
-                continue
-            check = getattr(self, f"check_{name}")
-            try:
-                detail = check()
-                self.results[name] = CheckResult(name, True, detail)
-            except CheckFailed as exc:
-                self.results[name] = CheckResult(name, False, str(exc))
-            except EnvFault as fault:
-                self.results[name] = CheckResult(name, False, f"env code failed: {fault.message}")
-            except Exception as exc:  # The checker must return findings, whatever the env did.
-                self.results[name] = CheckResult(name, False, f"the check could not run: {describe_exception(exc)}")
+            if self.progress is not None:
+                self.progress(name, None)
+            self._run_one(name)
+            if self.progress is not None:
+                self.progress(name, self.results[name].to_dict())
         return [self.results[name] for name in CHECK_NAMES]
+
+    def _run_one(self, name: str) -> None:
+        if self.setting is Setting.GAME and name in TOOL_ONLY:
+            self.results[name] = CheckResult(name, True, "not applicable to game envs")
+            return
+        blocker = self._blocker(name)
+        if blocker:
+            self.results[name] = CheckResult(name, False, f"not run: blocked by the failed {blocker!r} check")
+            return
+        check = getattr(self, f"check_{name}")
+        try:
+            detail = check()
+            self.results[name] = CheckResult(name, True, detail)
+        except CheckFailed as exc:
+            self.results[name] = CheckResult(name, False, str(exc))
+        except EnvFault as fault:
+            self.results[name] = CheckResult(name, False, f"env code failed: {fault.message}")
+        except Exception as exc:  # The checker must return findings, whatever the env did.
+            self.results[name] = CheckResult(name, False, f"the check could not run: {describe_exception(exc)}")
 
     def _blocker(self, name: str) -> str | None:
         dep = DEPENDS_ON.get(name)
@@ -581,13 +595,17 @@ class _Checker:
         return str(session.env.instructions[index])
 
 
-def check_env_source(code: str, setting: str | Setting, config: CheckConfig | None = None) -> ValidationReport:
+def check_env_source(
+    code: str, setting: str | Setting, config: CheckConfig | None = None, *, progress: Progress | None = None
+) -> ValidationReport:
     """Validate env ``code`` for ``setting`` (``"game"`` or ``"tool"``); see the module docstring.
 
     Args:
         code: the env source (an LLM reply's code block; the known repairs are applied first).
         setting: ``"game"`` or ``"tool"``.
         config: limits and thresholds; ``CheckConfig()`` by default.
+        progress: optional callback, ``progress(name, None)`` as each check starts and
+            ``progress(name, result_dict)`` as it ends.
 
     Returns:
         A ``ValidationReport`` whose ``checks`` has one entry per name in ``CHECK_NAMES``, in order.
@@ -601,7 +619,7 @@ def check_env_source(code: str, setting: str | Setting, config: CheckConfig | No
     if not isinstance(code, str):
         raise TypeError(f"code must be a str, got {type(code).__name__}")
     repaired, repairs = repair_code(code)
-    checker = _Checker(repaired, parsed, config, repairs)
+    checker = _Checker(repaired, parsed, config, repairs, progress)
     rng_state = random.getstate()
     try:
         results = checker.run()

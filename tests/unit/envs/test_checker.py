@@ -291,3 +291,11 @@ def test_the_checker_leaves_the_global_rng_as_it_found_it() -> None:
 def test_bad_setting_is_the_callers_error() -> None:
     with pytest.raises(ValueError, match="setting must be 'game' or 'tool'"):
         check_env_source(GUESS_GAME, "board")
+
+
+def test_progress_reports_each_check_as_it_starts_and_ends() -> None:
+    events: list[tuple[str, dict | None]] = []
+    report = check_env_source(GUESS_GAME, "game", progress=lambda name, result: events.append((name, result)))
+    assert [name for name, _ in events] == [n for n in CHECK_NAMES for _ in range(2)]
+    assert [r for _, r in events[1::2]] == [c.to_dict() for c in report.checks]
+    assert all(r is None for _, r in events[0::2])
