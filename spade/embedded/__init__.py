@@ -1,0 +1,1 @@
+"""Embedded mode: every role of SPADE in one process (``spade run``)."""

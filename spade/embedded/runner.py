@@ -1,0 +1,383 @@
+"""The embedded main job: designer, sandbox, memory, rollout, learner and inference in one process.
+
+The same service code as distributed mode runs here, wired to in-process parts: the isolated
+sandbox pool, a SQLite memory, the in-process queue, the embedded SGLang-compatible server (over
+HTTP on loopback, so the same inference client is used) and the learner on CPU.
+
+One step of the loop, for weight version ``v``:
+
+1. the designer writes ``envs_per_step`` environments (validated in the sandbox, deduplicated and
+   stored in the memory, announced on ``envs.ready``); every attempt becomes a designer sample;
+2. the rollout plays each new env on G seeds without and with its hint (the same seeds), and plays
+   the envs whose window is still open on fresh seeds without the hint;
+3. the learner turns the plays into agent advantages and the closed windows into designer rewards,
+   takes one GRPO step, publishes version ``v+1`` to the inference server and announces it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.memory.core.records import Environment, NewEnvironment, Play, RecordResult, StatsUpdate
+from services.memory.service import MemoryService
+from spade.embedded.settings import RunSettings
+
+log = logging.getLogger("spade.run")
+
+Progress = Callable[[str, float, float], None]
+"""``progress(phase, done, total)``: called as each phase advances (the CLI draws bars from it)."""
+
+
+def _no_progress(phase: str, done: float, total: float) -> None:
+    return None
+
+
+class TappedMemory:
+    """The memory as the rollout uses it, keeping a copy of every play recorded in this step."""
+
+    def __init__(self, memory: MemoryService) -> None:
+        self.memory = memory
+        self.plays: list[Play] = []
+
+    async def get_environment(self, env_id: str) -> Environment:
+        return await self.memory.get_environment(env_id)
+
+    async def record_plays(self, plays: Sequence[Play]) -> RecordResult:
+        self.plays.extend(plays)
+        return await self.memory.record_plays(plays)
+
+    async def update_stats(self, env_id: str, update: StatsUpdate) -> Environment:
+        return await self.memory.update_stats(env_id, update)
+
+
+@dataclass
+class RunResult:
+    """What a run left behind."""
+
+    run_dir: Path
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    report: Path | None = None
+    checkpoint: Path | None = None
+    weight_version: int = 0
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def step_metrics(
+    step: int, batch: Any, plays: Sequence[Play], learner_report: Any, inference_version: str, elapsed_s: float
+) -> dict[str, Any]:
+    """One line of ``metrics.jsonl``: designer, agent and learner figures of a step."""
+    unhinted = [p for p in plays if not p.hinted]
+    hinted = [p for p in plays if p.hinted]
+    flat = learner_report.flat_metrics() if learner_report is not None else {}
+    scored = [s.components for s in getattr(learner_report, "designer_rewards", []) if s.components is not None]
+    learnable = [c for c in scored if c.valid]
+    record: dict[str, Any] = {
+        "step": step,
+        "elapsed_s": round(elapsed_s, 1),
+        "designer/attempts": len(batch.records) if batch is not None else 0,
+        "designer/valid": len(batch.env_ids) if batch is not None else 0,
+        "designer/validity_rate": batch.validity_rate if batch is not None else None,
+        "designer/outcomes": dict(batch.outcomes) if batch is not None else {},
+        "agent/plays": len(unhinted),
+        "agent/hinted_plays": len(hinted),
+        "agent/win_rate": _mean([1.0 if p.episode_return >= 1.0 else 0.0 for p in unhinted]),
+        "agent/reward_mean": _mean([p.episode_return for p in unhinted]),
+        "agent/hinted_reward_mean": _mean([p.episode_return for p in hinted]),
+        "designer/scored": len(scored),
+        "designer/reward_mean": _mean([c.blend for c in scored]),
+        "designer/regret_mean": _mean([c.regret for c in scored if c.regret is not None]),
+        "designer/plateau_mean": _mean([c.plateau for c in scored if c.plateau is not None]),
+        "designer/learnable_fraction": (
+            _mean([1.0 if (c.plateau or 0) > 0 or (c.regret_norm or 0) > 0 else 0.0 for c in learnable])
+            if learnable
+            else None
+        ),
+        "learner/trained": bool(getattr(learner_report, "trained", False)),
+        "learner/version": getattr(learner_report, "version", None),
+        "inference/weight_version": inference_version,
+    }
+    record.update({f"learner/{k}": v for k, v in flat.items() if not k.startswith(("designer/", "version"))})
+    return record
+
+
+@contextlib.asynccontextmanager
+async def embedded_system(settings: RunSettings) -> AsyncIterator[dict[str, Any]]:
+    """Start every part of the system in this process; stop all of it on exit."""
+    from services.inference.models import resolve_model_path
+    from services.inference.settings import InferenceSettings
+    from services.inference.wiring import serve_in_thread
+    from services.memory.settings import MemorySettings
+    from services.memory.wiring import build_service
+    from services.sandbox.isolation import SandboxPool
+    from services.sandbox.isolation.settings import IsolationSettings
+    from spade.envs import CheckConfig
+    from spade.inference.client import InferenceClient
+    from spade.queues.inprocess import InProcessQueue
+
+    run_dir = settings.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model = resolve_model_path(settings.model_path)
+    checks = CheckConfig.from_dict(settings.checks) if settings.checks else CheckConfig()
+    async with contextlib.AsyncExitStack() as stack:
+        inference_settings = InferenceSettings(
+            model_path=model,
+            port=0,
+            torch_threads=settings.torch_threads,
+            **settings.inference,
+        )
+        server = serve_in_thread(inference_settings)
+        stack.callback(server.stop)
+        client = InferenceClient([server.url], tokenizer_path=model, timeout_s=1800.0)
+        stack.push_async_callback(client.aclose)
+        await client.wait_ready()
+
+        pool = SandboxPool(IsolationSettings.model_validate(settings.isolation))
+        await pool.start()
+        stack.push_async_callback(pool.stop)
+
+        memory_settings = MemorySettings(
+            dev_mode=True,
+            database_url=f"sqlite:///{(run_dir / 'memory.db').resolve()}",
+            window_versions=settings.window_versions,
+        )
+        memory = build_service(memory_settings)
+        stack.callback(memory.store.engine.dispose)
+
+        queue = InProcessQueue()
+        stack.push_async_callback(queue.close)
+        yield {
+            "model": model,
+            "server": server,
+            "client": client,
+            "pool": pool,
+            "checks": checks,
+            "memory": memory,
+            "queue": queue,
+        }
+
+
+async def seed_pool(settings: RunSettings, parts: dict[str, Any]) -> list[str]:
+    """Store the contract's example envs of this setting (validated) and announce them at version 0."""
+    from services.memory.core.records import EnvStatus
+    from spade.envs.examples import EXAMPLES
+    from spade.queues.base import ENVS_READY
+    from spade.queues.messages import publish_proto
+    from spade.v1 import queues_pb2
+
+    stored: list[str] = []
+    for name, example in sorted(EXAMPLES.items()):
+        if str(example.setting.value) != settings.setting:
+            continue
+        report = await parts["pool"].validate(example.code, settings.setting, parts["checks"])
+        if not report.valid:
+            failed = [c.name for c in report.checks if not c.passed]
+            raise RuntimeError(f"example env {name} failed validation ({failed}): the seed pool must be valid")
+        result = await parts["memory"].put_environment(
+            NewEnvironment(
+                setting=settings.setting,
+                skill=example.skill,
+                code=example.code,
+                hint=example.hint,
+                validation_report=report.to_dict(),
+                status=EnvStatus.VALID,
+                weight_version=0,
+                env_class=report.env_class,
+                corpus_ref=f"seed pool: {name}",
+            )
+        )
+        env_id = result.duplicate_of or result.env_id
+        message = queues_pb2.EnvReady(env_id=env_id, setting=settings.setting, skill=example.skill, weight_version=0)
+        await publish_proto(parts["queue"], ENVS_READY, message, key=f"seed-{env_id}")
+        stored.append(env_id)
+    return stored
+
+
+def _service_settings(settings: RunSettings, parts: dict[str, Any]) -> dict[str, Any]:
+    from services.designer.settings import DesignerSettings
+    from services.learner.settings import LearnerSettings
+    from services.rollout.settings import RolloutSettings
+
+    url = parts["server"].url
+    run_dir = settings.run_dir.resolve()
+    designer = DesignerSettings(
+        **{
+            "dev_mode": True,
+            "setting": settings.setting,
+            "envs_per_batch": settings.envs_per_step,
+            "max_attempts_per_env": settings.designer_attempts,
+            "max_new_tokens": settings.designer_max_new_tokens,
+            "inference_urls": [url],
+            "tokenizer_path": parts["model"],
+            **settings.designer,
+        }
+    )
+    rollout = RolloutSettings(
+        **{
+            "dev_mode": True,
+            "group_size": settings.group_size,
+            "window_versions": settings.window_versions,
+            "max_turns": settings.agent_max_turns,
+            "max_tokens_per_turn": settings.agent_max_tokens_per_turn,
+            "max_total_tokens": settings.agent_max_total_tokens,
+            "queue": {"kind": "inprocess"},
+            "state_url": f"sqlite:///{run_dir / 'rollout.db'}",
+            "block_ms": 50,
+            "inference_urls": [url],
+            "tokenizer_path": parts["model"],
+            **settings.rollout,
+        }
+    )
+    learner = LearnerSettings(
+        **{
+            "dev_mode": True,
+            "model_path": parts["model"],
+            "checkpoint_dir": run_dir / "checkpoints",
+            "weights_dir": run_dir / "weights",
+            "keep_checkpoints": 1,
+            "keep_weights": 2,
+            "checkpoint_every": 1,
+            "lr": settings.lr,
+            "device": "cpu",
+            "agent_group_size": settings.group_size,
+            "window_versions": settings.window_versions,
+            "fill_timeout_s": 1.0,
+            "inference_urls": [url],
+            "queue": {"kind": "inprocess"},
+            "rewards": {"validity_shaping_weight": settings.validity_shaping},
+            **settings.learner,
+        }
+    )
+    return {"designer": designer, "rollout": rollout, "learner": learner}
+
+
+async def run(settings: RunSettings, progress: Progress = _no_progress) -> RunResult:
+    """Run ``settings.steps`` self-play steps and write the run directory (see the module docstring)."""
+    from services.designer.adapters import InferencePolicy, MemoryAdapter, PoolValidator
+    from services.designer.wiring import build_designer
+    from services.learner.wiring import build_learner, close_learner
+    from services.rollout.sandbox import PoolSessions
+    from services.rollout.wiring import rollout_worker
+    from spade.embedded.report import write_report
+
+    result = RunResult(run_dir=settings.run_dir)
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    (settings.run_dir / "config.json").write_text(settings.model_dump_json(indent=2))
+    metrics_path = settings.run_dir / "metrics.jsonl"
+    start = time.monotonic()
+    progress("start", 0, 1)
+    async with embedded_system(settings) as parts:
+        progress("start", 1, 1)
+        services = _service_settings(settings, parts)
+        if settings.seed_pool:
+            seeded = await seed_pool(settings, parts)
+            log.info("seed pool: %d example envs", len(seeded))
+        designer = build_designer(
+            services["designer"],
+            llm=InferencePolicy(parts["client"]),
+            validator=PoolValidator(parts["pool"], parts["checks"]),
+            memory=MemoryAdapter(parts["memory"]),
+            queue=parts["queue"],
+        )
+        tapped = TappedMemory(parts["memory"])
+        learner = build_learner(services["learner"], queue=parts["queue"])
+        try:
+            async with rollout_worker(
+                services["rollout"],
+                queue=parts["queue"],
+                memory=tapped,
+                sessions=PoolSessions(parts["pool"], parts["checks"]),
+                inference=parts["client"],
+            ) as worker:
+                for step in range(1, settings.steps + 1):
+                    progress("step", step - 1, settings.steps)
+                    tapped.plays.clear()
+                    progress("designer", 0, 1)
+                    batch = await designer.run_batch(batch_index=step)
+                    progress("designer", 1, 1)
+                    progress("rollout", 0, 1)
+                    await worker.step_weights()
+                    while await worker.step_envs():
+                        pass
+                    while await worker.step_window():
+                        pass
+                    progress("rollout", 1, 1)
+                    progress("learner", 0, 1)
+                    report = await learner.run_step()
+                    progress("learner", 1, 1)
+                    await worker.step_weights()
+                    infos = await parts["client"].model_info()
+                    version = ",".join(str(i.weight_version) for i in infos)
+                    record = step_metrics(step, batch, tapped.plays, report, version, time.monotonic() - start)
+                    result.steps.append(record)
+                    with metrics_path.open("a") as fh:
+                        fh.write(json.dumps(record, default=str) + "\n")
+                    result.weight_version = learner.version
+                    progress("step", step, settings.steps)
+        finally:
+            await close_learner(learner, close_queue=False)
+        envs = await export_pool(parts["memory"], settings.run_dir / "envs.jsonl")
+    result.checkpoint = _last_checkpoint(settings.run_dir / "checkpoints", settings.run_dir / "last_checkpoint")
+    summary = {
+        "run dir": str(settings.run_dir),
+        "setting": settings.setting,
+        "steps": settings.steps,
+        "weight version": result.weight_version,
+        "environments in pool": len(envs),
+        "last checkpoint": str(result.checkpoint or "none"),
+        "wall time (s)": round(time.monotonic() - start, 1),
+    }
+    result.report = write_report(settings.run_dir, envs, summary)
+    return result
+
+
+async def export_pool(memory: MemoryService, path: Path) -> list[dict[str, Any]]:
+    """Write every stored env (code, hint, report, stats) as JSONL; return the rows for the report."""
+    rows: list[dict[str, Any]] = []
+    cursor: str | None = None
+    with path.open("w") as fh:
+        while True:
+            page = await memory.list_environments(limit=200, cursor=cursor)
+            for env in page.items:
+                failed = [c["name"] for c in env.validation_report.get("checks", []) if not c.get("passed")]
+                row = {
+                    "env_id": env.id,
+                    "setting": env.setting,
+                    "skill": env.skill,
+                    "status": str(env.status),
+                    "env_class": env.env_class,
+                    "weight_version": env.weight_version,
+                    "win_rate": env.stats.win_rate,
+                    "regret": env.stats.regret,
+                    "plays": env.stats.plays,
+                    "failed_check": failed[0] if failed else "",
+                    "corpus_ref": env.corpus_ref,
+                }
+                fh.write(json.dumps({**row, "code": env.code, "hint": env.hint}) + "\n")
+                rows.append(row)
+            cursor = page.next_cursor
+            if not cursor:
+                return rows
+
+
+def _last_checkpoint(checkpoints: Path, target: Path) -> Path | None:
+    """Copy the newest checkpoint to ``target`` (the run's 'last checkpoint'), if there is one."""
+    if not checkpoints.exists():
+        return None
+    found = sorted(p for p in checkpoints.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not found:
+        return None
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(found[-1], target)
+    return target
