@@ -21,15 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.sandbox.isolation import layers as layers_mod
-from services.sandbox.isolation.channels import Channel, read_capped, write_all
-from services.sandbox.isolation.outcomes import (
-    ExecLimits,
-    ExecStatus,
-    ExecutionResult,
-    Observed,
-    SandboxFault,
-    classify_execution,
-)
+from services.sandbox.isolation.channels import Channel
+from services.sandbox.isolation.execution import run_execution
+from services.sandbox.isolation.outcomes import ExecLimits, ExecStatus, ExecutionResult, SandboxFault
 from services.sandbox.isolation.session import SandboxSession, ended_outcome
 from services.sandbox.isolation.settings import IsolationSettings
 from services.sandbox.isolation.staging import remove_staging, stage_sources
@@ -338,82 +332,26 @@ class SandboxPool:
             try:
                 limits_dict = self._limits(cpu_s=cpu, memory_mb=memory)
                 async with self._jail("exec", limits_dict, [stdin_r, out_w, err_w]) as (spawned, zygote, channel):
-                    return await self._run_execution(
-                        spawned, zygote, channel, setup, stdin, stdin_handoff, out_r, err_r, wall, cpu
-                    )
+                    try:
+                        return await run_execution(
+                            channel,
+                            setup,
+                            stdin,
+                            stdin_handoff.pop(),
+                            out_r,
+                            err_r,
+                            wall=wall,
+                            cpu=cpu,
+                            stdout_cap=s.stdout_bytes,
+                            stderr_cap=s.stderr_bytes,
+                            stop=lambda: self._finish_now(zygote, spawned),
+                        )
+                    except SandboxFault:
+                        self.faults += 1
+                        raise
             finally:
                 for fd in (*stdin_handoff, out_r, err_r):
                     os.close(fd)
-
-    async def _run_execution(
-        self,
-        spawned: Spawned,
-        zygote: Zygote,
-        channel: Channel,
-        setup: dict[str, Any],
-        stdin: bytes,
-        stdin_handoff: list[int],
-        out_r: int,
-        err_r: int,
-        wall: float,
-        cpu: float,
-    ) -> ExecutionResult:
-        s = self.settings
-        start = time.perf_counter()
-        overflow = asyncio.Event()
-        feeder = asyncio.create_task(write_all(stdin_handoff.pop(), stdin))
-        out, err = bytearray(), bytearray()
-        stdout = asyncio.create_task(read_capped(out_r, s.stdout_bytes, overflow, out))
-        stderr = asyncio.create_task(read_capped(err_r, s.stderr_bytes, overflow, err))
-        report: dict[str, Any] | None = None
-        fault: str | None = None
-        timed_out = False
-
-        async def finish() -> None:
-            nonlocal report, fault
-            await channel.send(setup)
-            while True:
-                message = await channel.recv()
-                if message is None:
-                    break
-                if message.get("op") == "exit":
-                    report = message
-                elif message.get("op") == "fault":
-                    fault = str(message.get("error"))
-            await asyncio.wait({stdout, stderr})  # unlike gather, cancelling this leaves them running
-
-        body = asyncio.create_task(finish())
-        limit = asyncio.create_task(overflow.wait())
-        try:
-            done, _ = await asyncio.wait({body, limit}, timeout=wall, return_when=asyncio.FIRST_COMPLETED)
-            if not done:
-                timed_out = True
-            elif body in done:
-                body.result()  # re-raise a channel failure
-        except (OSError, ConnectionError) as exc:
-            fault = fault or f"request channel failed: {exc}"
-        finally:
-            for task in (body, limit, feeder):
-                task.cancel()
-            await asyncio.gather(body, limit, feeder, return_exceptions=True)
-        duration_ms = (time.perf_counter() - start) * 1000
-        exited: dict[str, Any] | None = None
-        if report is None or timed_out or overflow.is_set():
-            exited = await self._finish_now(zygote, spawned)
-        if fault is not None and report is None and not timed_out:
-            self.faults += 1
-            raise SandboxFault(f"sandbox fault during execution: {fault}")
-        if exited is None and report is None and not timed_out and not overflow.is_set():
-            raise SandboxFault("the sandbox lost the execution (zygote died)")
-        # The processes are gone (or were killed): the pipes reach their end promptly.
-        _, pending = await asyncio.wait({stdout, stderr}, timeout=EXIT_GRACE_S)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(stdout, stderr, return_exceptions=True)
-        status, exit_code = classify_execution(
-            Observed(report, exited, timed_out, overflow.is_set(), cpu_limit_s=float(math.ceil(cpu)))
-        )
-        return ExecutionResult(status, exit_code, bytes(out), bytes(err), duration_ms)
 
     async def _finish_now(self, zygote: Zygote, spawned: Spawned) -> dict[str, Any] | None:
         """Kill the request now if it still runs; its ``exited`` message, or ``None`` if lost."""
