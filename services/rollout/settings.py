@@ -138,6 +138,12 @@ class RolloutSettings(BaseSettings):
     )
     max_concurrent_plays: int = Field(default=8, ge=1, le=10_000, description="Plays in flight in this worker.")
     sandbox_retries: int = Field(default=2, ge=0, le=100, description="Retries of a play after a sandbox fault.")
+    max_deliveries: int = Field(
+        default=5,
+        ge=1,
+        le=1000,
+        description="An env whose first plays failed on this many deliveries is closed unplayed (poison work).",
+    )
     lease_s: float = Field(
         default=900.0, gt=0, le=86_400, description="A window play not finished by then is given to another worker."
     )

@@ -279,6 +279,18 @@ class RolloutStateStore:
                     )
         return self._envs(EnvStatus.CLOSED)
 
+    async def abandon(self, env_id: str) -> None:
+        """Close an env's window without plays (its first plays keep failing); it retires like any other."""
+        await asyncio.to_thread(self._abandon, env_id)
+
+    def _abandon(self, env_id: str) -> None:
+        with self._engine.begin() as conn:
+            conn.execute(
+                rollout_envs.update()
+                .where(rollout_envs.c.env_id == env_id, rollout_envs.c.status == EnvStatus.ACTIVE.value)
+                .values(status=EnvStatus.CLOSED.value, lease_owner=None, lease_until=None, updated_at=self._clock())
+            )
+
     async def mark_retired(self, env_id: str) -> None:
         """The memory knows the window closed: the env leaves the active set for good."""
         await asyncio.to_thread(self._mark_retired, env_id)

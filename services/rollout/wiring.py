@@ -37,6 +37,7 @@ def worker_config(settings: RolloutSettings) -> WorkerConfig:
         window=settings.window_versions,
         max_concurrent_plays=settings.max_concurrent_plays,
         sandbox_retries=settings.sandbox_retries,
+        max_deliveries=settings.max_deliveries,
         lease_s=settings.lease_s,
         poll_s=settings.poll_s,
         block_ms=settings.block_ms,

@@ -50,6 +50,7 @@ class WorkerConfig:
     window: int = 4
     max_concurrent_plays: int = 8
     sandbox_retries: int = 2
+    max_deliveries: int = 5
     lease_s: float = 600.0
     poll_s: float = 1.0
     block_ms: int = 1000
@@ -138,7 +139,16 @@ class RolloutWorker:
                 window=self.config.window,
             )
         )
-        if env.played_through is None:
+        if env.played_through is None and delivery.deliveries > self.config.max_deliveries:
+            # Poison work (an env that keeps crashing the sandbox, say) must not circle forever.
+            log.error(
+                "env %s failed its first plays on %d deliveries (max_deliveries=%d); closing its window unplayed",
+                env.env_id,
+                delivery.deliveries - 1,
+                self.config.max_deliveries,
+            )
+            await self.store.abandon(env.env_id)
+        elif env.played_through is None:
             plays = await self.play_version(spec, env.first_version, with_hint=True)
             await self._finish(spec, env.first_version, plays)
         await self.queue.ack(delivery.stream, self.config.group, delivery.message_id)
@@ -203,8 +213,15 @@ class RolloutWorker:
         """Play G seeds of ``spec`` for ``version``: unhinted, and if ``with_hint`` hinted on the same seeds."""
         seeds = play_seeds(spec.env_id, version, self.config.group_size)
         arms = [False, True] if with_hint else [False]
-        jobs = [self._play(spec, seed, hinted) for hinted in arms for seed in seeds]
-        return list(await asyncio.gather(*jobs))
+        tasks = [asyncio.create_task(self._play(spec, seed, hinted)) for hinted in arms for seed in seeds]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            # One failed play fails the version: stop its siblings instead of leaving them running.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 
     async def _play(self, spec: EnvSpec, seed: int, hinted: bool) -> Play:
         attempts = self.config.sandbox_retries + 1

@@ -21,7 +21,7 @@ from services.memory.core.records import EnvStatus, NewEnvironment
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from services.rollout.core.episode import EpisodeRunner, PlayLimits
-from services.rollout.core.ports import TurnSampling
+from services.rollout.core.ports import SandboxFault, TurnSampling
 from services.rollout.core.seeds import play_seeds
 from services.rollout.memory import MemoryAdapter
 from services.rollout.policy import FormatterTemplate, Generation
@@ -305,4 +305,22 @@ async def test_run_serves_every_stream_until_stopped(rig: Rig) -> None:
     await asyncio.wait_for(task, 30)
     assert sorted({s.group_id for s in samples}) == [f"{env_id}@v0", f"{env_id}@v1"]
     assert len(samples) == 3 * G
+    worker.store.dispose()
+
+
+async def test_an_env_whose_first_plays_keep_failing_is_closed_not_redelivered_forever(rig: Rig) -> None:
+    env_id = await rig.put_env(version=0)
+    rig.sessions.fault_on.update(play_seeds(env_id, 0, G))  # every first session of every seed faults
+    worker = rig.worker("w1")
+    worker.config = dataclasses.replace(worker.config, sandbox_retries=0, max_deliveries=1)
+    with pytest.raises(SandboxFault):
+        await worker.step_envs()  # delivery 1 fails: left pending
+    for _ in range(100):  # delivery 2 (after claim_idle_ms) exceeds max_deliveries
+        if await worker.step_envs():
+            break
+        await asyncio.sleep(0.05)
+    assert await rig.queue.pending(ENVS_READY, "rollout") == 0
+    assert await worker.step_window() == 1  # the closed window is reported to the memory
+    assert (await rig.memory.get_environment(env_id)).status is EnvStatus.RETIRED
+    assert await rig.samples() == []
     worker.store.dispose()
