@@ -135,6 +135,7 @@ class _Checker:
         self, code: str, setting: Setting, config: CheckConfig, repairs: list[str], progress: Progress | None = None
     ) -> None:
         self.progress = progress
+        self.deadline = time.monotonic() + config.total_time_limit_s
         self.code = code
         self.setting = setting
         self.config = config
@@ -160,6 +161,10 @@ class _Checker:
         blocker = self._blocker(name)
         if blocker:
             self.results[name] = CheckResult(name, False, f"not run: blocked by the failed {blocker!r} check")
+            return
+        if time.monotonic() > self.deadline:
+            budget = f"{self.config.total_time_limit_s:g} s"
+            self.results[name] = CheckResult(name, False, f"not run: the validation budget of {budget} was used up")
             return
         check = getattr(self, f"check_{name}")
         try:
@@ -187,6 +192,11 @@ class _Checker:
 
     def session(self, seed: int) -> EnvSession:
         assert self.env_class is not None
+        if time.monotonic() > self.deadline:
+            raise CheckFailed(
+                f"validation ran past its budget of {self.config.total_time_limit_s:g} s in total; "
+                "make reset()/step() cheaper"
+            )
         return EnvSession.from_class(self.env_class, self.setting, seed, self.config)
 
     def guarded(self, fn: Callable[[], Any], what: str) -> Any:

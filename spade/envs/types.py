@@ -171,6 +171,8 @@ class CheckConfig:
         win_threshold: a terminal reward at or above this counts as a win (0 < x <= 1). Default 1.0.
         max_irrelevant_probes: at most this many off-solution calls are tried per instruction by
             the ``irrelevant_action`` check (1..1000). Default 24.
+        total_time_limit_s: wall-clock budget of one whole validation, in seconds (0 < x <= 3600);
+            checks still to run when it is spent fail saying so. Default 60.
     """
 
     seeds: tuple[int, ...] = (0, 1, 2, 3)
@@ -183,6 +185,7 @@ class CheckConfig:
     observation_cap: int = 8000
     win_threshold: float = 1.0
     max_irrelevant_probes: int = 24
+    total_time_limit_s: float = 60.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
@@ -205,6 +208,8 @@ class CheckConfig:
             problems.append(f"win_threshold must be in (0, 1], got {self.win_threshold!r}")
         if not (1 <= self.max_irrelevant_probes <= 1000):
             problems.append(f"max_irrelevant_probes must be in [1, 1000], got {self.max_irrelevant_probes!r}")
+        if not (0 < self.total_time_limit_s <= 3600):
+            problems.append(f"total_time_limit_s must be in (0, 3600], got {self.total_time_limit_s!r}")
         if problems:
             raise ValueError("invalid CheckConfig: " + "; ".join(problems))
 

@@ -299,3 +299,10 @@ def test_progress_reports_each_check_as_it_starts_and_ends() -> None:
     assert [name for name, _ in events] == [n for n in CHECK_NAMES for _ in range(2)]
     assert [r for _, r in events[1::2]] == [c.to_dict() for c in report.checks]
     assert all(r is None for _, r in events[0::2])
+
+
+def test_total_budget_stops_a_slow_validation_with_a_finding() -> None:
+    code = mutate(GUESS_GAME, "self.turn += 1\n", "self.turn += 1\n        sum(range(200_000))\n")
+    report = check_env_source(code, "game", CheckConfig(total_time_limit_s=0.01))
+    assert not report.valid
+    assert any("budget of 0.01 s" in c.detail for c in report.failed), report.summary()
