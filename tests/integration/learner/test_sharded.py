@@ -48,7 +48,7 @@ def test_two_fsdp2_ranks_match_one_process(tmp_path):
         str(tmp_path),
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = torch.load(tmp_path / "result.pt", weights_only=False)
     assert result["world"] == 2 and result["restored_step"] == 1
