@@ -150,7 +150,7 @@ DEFECTS = {
         ),
         "game",
         "determinism",
-        "gave different results",
+        "differ",
     ),
     "seed_variety: one memorisable instance": (
         mutate(GUESS_GAME, "random.Random(seed)", "random.Random(42)"),
