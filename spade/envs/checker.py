@@ -174,7 +174,7 @@ class _Checker:
             self.results[name] = CheckResult(name, False, str(exc))
         except EnvFault as fault:
             self.results[name] = CheckResult(name, False, f"env code failed: {fault.message}")
-        except Exception as exc:  # The checker must return findings, whatever the env did.
+        except (Exception, SystemExit) as exc:  # The checker returns findings, whatever the env did.
             self.results[name] = CheckResult(name, False, f"the check could not run: {describe_exception(exc)}")
 
     def _blocker(self, name: str) -> str | None:
@@ -208,7 +208,7 @@ class _Checker:
                 f"{what} took longer than the {self.config.call_time_limit_s:g} s per-call limit; "
                 "make it cheaper (no unbounded loops or huge searches)"
             ) from None
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise CheckFailed(f"{what} raised {describe_exception(exc)}") from None
 
     def reset(self, seed: int) -> tuple[EnvSession, StepOutcome]:

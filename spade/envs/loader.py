@@ -163,6 +163,6 @@ def load_env_class(code: str, setting: str | Setting) -> LoadResult:
     parsed = Setting.parse(setting)
     try:
         namespace = exec_env_module(code)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         return LoadResult(None, [f"running the module raised {describe_exception(exc)}"])
     return pick_env_class(namespace, parsed)

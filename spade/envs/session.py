@@ -138,7 +138,7 @@ class EnvSession:
             raise EnvFault(
                 Outcome.TIMEOUT, f"the env took longer than {self.config.call_time_limit_s:g} s to answer"
             ) from None
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # env code calling exit() must not end the process
             raise EnvFault(Outcome.ENV_ERROR, describe_exception(exc)) from None
 
     # --- play ----------------------------------------------------------------------------

@@ -306,3 +306,11 @@ def test_total_budget_stops_a_slow_validation_with_a_finding() -> None:
     report = check_env_source(code, "game", CheckConfig(total_time_limit_s=0.01))
     assert not report.valid
     assert any("budget of 0.01 s" in c.detail for c in report.failed), report.summary()
+
+
+def test_env_code_calling_exit_is_a_finding_not_the_end_of_the_process() -> None:
+    code = mutate(GUESS_GAME, "self.turn += 1\n", "self.turn += 1\n        raise SystemExit(3)\n")
+    report = check_env_source(code, "game")
+    assert not report.check("smoke").passed and "SystemExit: 3" in report.check("smoke").detail
+    at_import = check_env_source("import sys\nsys.exit(1)\n" + GUESS_GAME, "game")
+    assert "SystemExit" in at_import.check("structure").detail
