@@ -55,7 +55,7 @@ class ZygotePlan:
             "tmpfs_bytes": s.tmpfs_mb << 20,
             "spares": s.spares,
             # Names this pool's processes in `ps` (and lets tests find any that outlive it).
-            "instance": self.staging.name,
+            "instance": str(self.staging),
         }
         argv = [str(s.python), "-I", "-S", "-B", f"{root}/{ZYGOTE_SCRIPT}", json.dumps(config)]
         if self.use_bwrap:
