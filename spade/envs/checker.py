@@ -460,10 +460,12 @@ class _Checker:
                         f"failed: {_short(result.get('output', ''))}"
                     )
             if env.current != i + 1:
+                raised = env.criterion_errors.get(i)
                 raise CheckFailed(
                     f"seed {seed}: after its {len(block)} solution calls, instruction {i + 1} "
-                    f"({_short(env.instructions[i], 80)}) is not complete: its criterion did not go False->True; "
-                    "make solution() and the criterion agree"
+                    f"({_short(env.instructions[i], 80)}) is not complete: its criterion did not go False->True"
+                    + (f" (it raised {raised})" if raised else "")
+                    + "; make solution() and the criterion agree"
                 )
         if not (outcome.terminated and outcome.reward >= self.config.win_threshold):
             raise CheckFailed(f"seed {seed}: all instructions completed but the episode did not end with reward 1.0")

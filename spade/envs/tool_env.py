@@ -121,6 +121,7 @@ class ToolEnv:
         self.rng = random.Random(0)
         self.turn = 0
         self.current = 0
+        self.criterion_errors: dict[int, str] = {}
 
     # --- what subclasses implement -------------------------------------------------------
     def setup(self, rng: random.Random) -> None:
@@ -179,6 +180,7 @@ class ToolEnv:
         self.state = {}
         self.instructions = []
         self.criteria = []
+        self.criterion_errors = {}
         self.setup(self.rng)
         count = len(self.instructions)
         if not (MIN_INSTRUCTIONS <= count <= MAX_INSTRUCTIONS):
@@ -197,8 +199,18 @@ class ToolEnv:
         return self.instructions[0], info
 
     def criterion_holds(self, index: int) -> bool:
-        """Whether the criterion of instruction ``index`` holds on the current state."""
-        return bool(self.criteria[index](self.state))
+        """Whether the criterion of instruction ``index`` holds on the current state.
+
+        A criterion that raises (typically: it looks up a record the agent has not created yet)
+        does not hold; the error is kept in ``criterion_errors[index]`` for the checker's findings.
+        """
+        try:
+            held = bool(self.criteria[index](self.state))
+        except Exception as exc:
+            self.criterion_errors[index] = f"{type(exc).__name__}: {exc}"[:200]
+            return False
+        self.criterion_errors.pop(index, None)
+        return held
 
     def call_tool(self, call: ToolCall) -> tuple[str, bool]:
         """Run one call against the backend; returns (output, ok). Never raises for agent errors."""

@@ -314,3 +314,12 @@ def test_env_code_calling_exit_is_a_finding_not_the_end_of_the_process() -> None
     assert not report.check("smoke").passed and "SystemExit: 3" in report.check("smoke").detail
     at_import = check_env_source("import sys\nsys.exit(1)\n" + GUESS_GAME, "game")
     assert "SystemExit" in at_import.check("structure").detail
+
+
+def test_a_criterion_that_raises_does_not_hold() -> None:
+    """`s["notes"][a]` raises until the note exists: that is "not yet", not an env crash."""
+    lookup = mutate(NOTES_TOOL, 's["notes"].get(a) == {', 's["notes"][a] == {')
+    assert check_env_source(lookup, "tool").valid
+    broken = mutate(NOTES_TOOL, 's["notes"].get(a) == {', 's["missing"][a] == {')
+    report = check_env_source(broken, "tool")
+    assert "(it raised KeyError: 'missing')" in report.check("solution_replay").detail
