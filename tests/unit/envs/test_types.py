@@ -1,0 +1,68 @@
+"""Result and config types: JSON round trips, bounds with clear errors, and the modules' doctests."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import json
+
+import pytest
+
+from spade.envs.types import CHECK_NAMES, CheckConfig, CheckResult, Outcome, Setting, ValidationReport
+
+
+def test_check_names_are_exactly_the_design_checks() -> None:
+    assert CHECK_NAMES == (
+        "syntax", "structure", "smoke", "determinism", "seed_variety", "solution_replay",
+        "random_policy", "termination", "reset_gate", "irrelevant_action",
+    )  # fmt: skip
+
+
+def test_enums_are_strings_on_the_wire() -> None:
+    assert [o.value for o in Outcome] == ["ok", "env_error", "timeout", "limit", "sandbox_fault"]
+    assert Setting.parse(" Tool ") is Setting.TOOL and Setting.parse(Setting.GAME) is Setting.GAME
+    assert json.dumps({"o": Outcome.LIMIT}) == '{"o": "limit"}'
+
+
+def test_check_config_round_trip_and_defaults() -> None:
+    config = CheckConfig(seeds=[5, 6], call_time_limit_s=0.5)  # type: ignore[arg-type]
+    assert config.seeds == (5, 6)
+    assert CheckConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    assert CheckConfig().max_turns_cap == 25
+    assert CheckConfig().effective_max_turns(10) == 10 and CheckConfig().effective_max_turns(True) == 25
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"seeds": (1,)}, "at least 2 distinct ints"),
+        ({"seeds": (1, 1)}, "at least 2 distinct ints"),
+        ({"call_time_limit_s": 0}, "call_time_limit_s must be in (0, 60]"),
+        ({"random_policy_max_win_rate": 1.5}, "random_policy_max_win_rate must be in [0, 1]"),
+        ({"observation_cap": 10}, "observation_cap must be in [100, 1000000]"),
+    ],
+)
+def test_check_config_rejects_out_of_bounds_values(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        CheckConfig(**kwargs)
+    assert fragment in str(raised.value)
+
+
+def test_check_config_from_dict_rejects_unknown_fields() -> None:
+    with pytest.raises(ValueError, match="unknown CheckConfig fields \\['sedes'\\]"):
+        CheckConfig.from_dict({"sedes": [1, 2]})
+
+
+def test_report_lookup_and_summary() -> None:
+    checks = [CheckResult(n, n != "smoke", f"{n} detail") for n in CHECK_NAMES]
+    report = ValidationReport(False, "game", "XEnv", checks, "code")
+    assert report.check("smoke").detail == "smoke detail"
+    assert report.summary() == "smoke: smoke detail"
+    with pytest.raises(KeyError, match="no check named 'speed'"):
+        report.check("speed")
+
+
+@pytest.mark.parametrize("module", ["actions", "repair", "schema", "types", "session"])
+def test_doctests(module: str) -> None:
+    result = doctest.testmod(importlib.import_module(f"spade.envs.{module}"))
+    assert result.failed == 0 and result.attempted > 0
