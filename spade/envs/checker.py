@@ -233,11 +233,19 @@ class _Checker:
         self.solutions.setdefault(seed, list(actions))
         return list(actions)
 
-    def solution_actions(self, session: EnvSession, seed: int) -> list[str]:
-        sol = self.solution(session, seed)
+    def try_solution(self, session: EnvSession, seed: int) -> Any:
+        """``solution()`` or None when it fails: only ``solution_replay`` reports solution defects."""
+        try:
+            return self.solution(session, seed)
+        except CheckFailed:
+            return None
+
+    def as_actions(self, solution: Any) -> list[str]:
+        if solution is None:
+            return []
         if self.setting is Setting.TOOL:
-            return [call.to_text() for block in sol for call in block]
-        return list(sol)
+            return [call.to_text() for block in solution for call in block]
+        return list(solution)
 
     def policy(self, rng: random.Random, exclude_seed: int | None = None) -> _RandomPolicy:
         others = [s for seed, s in sorted(self.solutions.items()) if seed != exclude_seed]
@@ -291,7 +299,10 @@ class _Checker:
         if self.setting is Setting.TOOL and not info.get("tools"):
             raise CheckFailed("reset() info has no 'tools'; let ToolEnv.reset() build it")
         if self.setting is Setting.GAME:
-            first = self.guarded(env.solution, f"solution() on seed {seed}")
+            try:
+                first = self.guarded(env.solution, f"solution() on seed {seed}")
+            except CheckFailed:  # solution_replay reports it
+                first = None
             probes = [*GAME_PROBES]
             if isinstance(first, list | tuple) and first and isinstance(first[0], str):
                 probes.insert(0, first[0])
@@ -349,9 +360,10 @@ class _Checker:
         try:
             for seed in self.config.seeds[:2]:
                 session, _ = self.reset(seed)
-                actions = self.solution_actions(session, seed)
+                solution = self.try_solution(session, seed)
+                actions = self.as_actions(solution)
                 policy = self.policy(random.Random(self.config.random_policy_seed + seed))
-                actions = [*actions[:-1], policy.action(""), policy.action(""), *actions[-1:]]
+                actions = [*actions[:-1], *(policy.action("") for _ in range(3)), *actions[-1:]]
                 first, touched_a = self._trace(seed, actions, global_seed=1)
                 second, touched_b = self._trace(seed, actions, global_seed=2)
                 if touched_a or touched_b:
@@ -371,8 +383,8 @@ class _Checker:
                 if len(first) != len(second):
                     raise CheckFailed(f"seed {seed} with the same actions ended after different numbers of steps")
                 compared += len(first)
-                again = self.solution(self.reset(seed)[0], seed)
-                if repr(again) != repr(self.solutions[seed]):
+                again = self.try_solution(self.reset(seed)[0], seed)
+                if repr(again) != repr(solution):
                     raise CheckFailed(
                         f"solution() differs between two reset(seed={seed}) calls; derive it from the seed"
                     )
@@ -382,20 +394,33 @@ class _Checker:
         return f"seeds {seeds}: {compared} identical steps across fresh instances; global RNG untouched"
 
     def check_seed_variety(self) -> str:
-        signatures = set()
+        signatures: dict[int, list[Any]] = {}
         for seed in self.config.seeds:
             session, first = self.reset(seed)
-            solution = self.solution(session, seed)
-            signature = [first.observation, repr(solution)]
+            solution = self.try_solution(session, seed)
+            signatures[seed] = [first.observation, repr(solution)]
             if self.setting is Setting.TOOL:
-                signature.append(repr(session.env.state))
-            signatures.add(tuple(signature))
-        if len(signatures) == 1:
+                signatures[seed].append(repr(session.env.state))
+        # Hidden state shows in how each instance answers the same probe actions.
+        policy = self.policy(random.Random(0))
+        for seed in self.config.seeds:
+            session, outcome = self.reset(seed)
+            policy.rng = random.Random(self.config.random_policy_seed)
+            for _ in range(3):
+                if outcome.done:
+                    break
+                outcome = session.step(policy.action(outcome.observation))
+                signatures[seed].append(outcome.observation)
+        distinct = len({repr(s) for s in signatures.values()})
+        if distinct == 1:
+            if all(s[1] == "None" for s in signatures.values()):
+                return "inconclusive: solution() failed (see solution_replay) and observations match across seeds"
             raise CheckFailed(
                 f"all {len(self.config.seeds)} seeds {list(self.config.seeds)} gave the same instance (same "
-                "observation and solution): a memorisable instance. Build it from random.Random(seed)"
+                "observation, solution and answers to probe actions): a memorisable instance. "
+                "Build it from random.Random(seed)"
             )
-        return f"{len(signatures)} distinct instances across seeds {list(self.config.seeds)}"
+        return f"{distinct} distinct instances across seeds {list(self.config.seeds)}"
 
     def check_solution_replay(self) -> str:
         turns = []

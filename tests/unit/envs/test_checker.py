@@ -249,8 +249,6 @@ DEFECTS = {
 ALSO_FAILS = {
     # A criterion true at reset also can never flip when its instruction arrives.
     "reset_gate: criterion already true at reset": ("solution_replay",),
-    # determinism and seed_variety compare solution() across instances, so they see it first.
-    "solution_replay: solution() is not a list of actions": ("determinism", "seed_variety"),
 }
 
 
