@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import itertools
 import logging
 import math
 import os
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +37,8 @@ log = logging.getLogger(__name__)
 
 EXIT_GRACE_S = 5.0
 """How long the pool waits for the zygote to confirm a request's processes are gone."""
+REPAIR_CACHE_SIZE = 4096
+"""Valid envs whose repaired code the pool remembers (two digests each)."""
 CANARY = (
     "import os, sys\n"
     "fields = dict(line.split(':', 1) for line in open('/proc/self/status') if ':' in line)\n"
@@ -72,6 +76,7 @@ class SandboxPool:
         self._reaping: set[asyncio.Task[None]] = set()
         self._watchers: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self._repaired: OrderedDict[str, str] = OrderedDict()
         self.faults = 0
 
     async def __aenter__(self) -> SandboxPool:
@@ -373,6 +378,10 @@ class SandboxPool:
         """
         s = self.settings
         limits = self._limits(cpu_s=s.session_cpu_seconds, memory_mb=s.memory_mb)
+        request: dict[str, Any] = {"code": code, "setting": setting, "seed": seed, "config": config.to_dict()}
+        repaired = self._repaired.get(_digest(code))
+        if repaired is not None:
+            request.update(code=repaired, repaired=True)
         jail = self._jail("session", limits, [])
         try:
             spawned, zygote, channel = await jail.__aenter__()
@@ -382,10 +391,23 @@ class SandboxPool:
         channel.max_frame = s.observation_bytes
         session = SandboxSession(self, jail, spawned, zygote, channel, s.step_seconds)
         self._sessions.add(session)
-        await session.begin(
-            {"code": code, "setting": setting, "seed": seed, "config": config.to_dict()}, s.session_start_seconds
-        )
+        await session.begin(request, s.session_start_seconds)
         return session
+
+    def _remember_repair(self, code: str, report: ValidationReport) -> None:
+        """Remember what the repairs made of a valid env, so its sessions can skip them.
+
+        The report comes from the jail that ran the env, so a hostile env could make its own entry
+        map to other code; that code still runs only in its own sessions' jails, as the env's code
+        would. Bounded (least recently validated first out).
+        """
+        if not report.valid or not report.repaired_code:
+            return
+        for key in (_digest(code), _digest(report.repaired_code)):
+            self._repaired[key] = report.repaired_code
+            self._repaired.move_to_end(key)
+        while len(self._repaired) > REPAIR_CACHE_SIZE:
+            self._repaired.popitem(last=False)
 
     def _forget(self, session: SandboxSession) -> None:
         self._sessions.discard(session)
@@ -417,7 +439,9 @@ class SandboxPool:
                             if isinstance(message.get("result"), dict):
                                 finished.append(message["result"])
                         elif op == "report":
-                            return ValidationReport.from_dict(message["report"])
+                            report = ValidationReport.from_dict(message["report"])
+                            self._remember_repair(code, report)
+                            return report
                         elif op == "fault":
                             self.faults += 1
                             raise SandboxFault(f"sandbox fault during validation: {message.get('error')}")
@@ -430,6 +454,10 @@ class SandboxPool:
             except Exception as exc:  # a frame too large, a broken channel
                 reason = f"the checker's process misbehaved ({type(exc).__name__}: {exc})"
         return stopped_report(setting, code, running, finished, reason, (time.perf_counter() - start) * 1000)
+
+
+def _digest(code: str) -> str:
+    return hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _death_reason(exited: dict[str, Any] | None, cpu_limit: float) -> str:

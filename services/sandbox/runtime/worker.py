@@ -284,15 +284,8 @@ def run_session(ctl: socket.socket) -> int:
     request = recv_frame(ctl)
     if request is None:
         return 0
-    from spade.envs import CheckConfig, EnvSession
-
     try:
-        session = EnvSession(
-            str(request["code"]),
-            str(request["setting"]),
-            int(request["seed"]),
-            CheckConfig.from_dict(dict(request["config"])),
-        )
+        session = _load_session(request)
         outcome = session.reset()
     except Exception as exc:
         send_frame(ctl, {"op": "env_error", "error": _describe(exc)})
@@ -311,6 +304,30 @@ def run_session(ctl: socket.socket) -> int:
             send_frame(ctl, {"op": "env_error", "error": _describe(exc)})
             return 0
         send_frame(ctl, {"op": "outcome", "outcome": outcome.to_dict()})
+
+
+def _load_session(request: dict[str, Any]) -> Any:
+    """An ``EnvSession`` for the request; code the service marks ``repaired`` skips the repairs.
+
+    ``EnvSession(code)`` is ``repair_code`` + ``load_env_class`` + ``from_class``; the repairs (a
+    tokenizer pass and several parses) are most of a session's start. The service marks code it has
+    seen come out of the repairs in a validation, which repairing again would leave unchanged.
+    """
+    from spade.envs import CheckConfig, EnvLoadError, EnvSession, load_env_class
+    from spade.envs.limits import CallTimeout, guarded
+
+    code, setting, seed = str(request["code"]), str(request["setting"]), int(request["seed"])
+    config = CheckConfig.from_dict(dict(request["config"]))
+    if not request.get("repaired"):
+        return EnvSession(code, setting, seed, config)
+    try:
+        with guarded(config.call_time_limit_s):
+            loaded = load_env_class(code, setting)
+    except CallTimeout:
+        raise EnvLoadError(f"loading the env code took longer than {config.call_time_limit_s:g} s") from None
+    if not loaded.ok or loaded.env_class is None:
+        raise EnvLoadError("; ".join(loaded.problems))
+    return EnvSession.from_class(loaded.env_class, setting, seed, config)
 
 
 def run_validate(ctl: socket.socket) -> int:

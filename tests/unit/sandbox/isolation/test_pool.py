@@ -93,3 +93,46 @@ async def test_zygote_death_fails_in_flight_requests_and_is_restarted() -> None:
         assert result.stdout == b"back\n"
         health = pool.health()
         assert health["zygotes"][0]["restarts"] == 1 and health["status"] == "ok"
+
+
+NEEDS_REPAIR = """
+import random
+
+
+class EchoNumberEnv:
+    max_turns = 3
+
+    def reset(self, seed=None):
+        self.rng = random.Random(seed)
+        self.n = self.rng.randint(1, 1000)
+        self.t = 0
+        return f"The number is {self.n}. Reply \\\\boxed{guess N} with it, or \\\\boxed{done} to give up.", {}
+
+    def step(self, action):
+        self.t += 1
+        if action.strip() == f"\\\\boxed{{guess {self.n}}}":
+            return "won", 1.0, True, False, {}
+        return "no", 0.0, False, self.t >= self.max_turns, {}
+
+    def solution(self):
+        return [f"\\\\boxed{{guess {self.n}}}"]
+"""
+
+
+async def test_sessions_of_validated_code_skip_the_repairs_and_play_the_same() -> None:
+    async with SandboxPool(IsolationSettings()) as pool:
+        cold = await pool.open_session(NEEDS_REPAIR, "game", 5, CheckConfig())
+        assert cold.initial.outcome is Outcome.OK, cold.initial  # EnvSession repaired the f-string
+        report = await pool.validate(NEEDS_REPAIR, "game", CheckConfig())
+        assert report.valid, report.summary()
+        assert report.repaired_code != NEEDS_REPAIR
+        assert len(pool._repaired) == 2  # the code as sent and as repaired both map to the repaired code
+        for code in (NEEDS_REPAIR, report.repaired_code):
+            warm = await pool.open_session(code, "game", 5, CheckConfig())
+            assert warm.initial.outcome is Outcome.OK, warm.initial
+            assert warm.initial.observation == cold.initial.observation
+            number = warm.initial.observation.split()[3].rstrip(".")
+            won = await warm.step(f"\\boxed{{guess {number}}}")
+            assert won.terminated and won.reward == 1.0
+            await warm.close()
+        await cold.close()
