@@ -72,6 +72,14 @@ EXAMPLES: dict[str, Example] = {
             "when blocked, follow one wall instead of retrying the same move.",
         ),
         _example(
+            "sequence_oracle",
+            Setting.GAME,
+            "Pattern Recognition",
+            "Query a few more early terms and look at the differences between consecutive terms, at their "
+            "ratios, and at odd and even positions separately; settle on the rule that fits every known term "
+            "before extrapolating.",
+        ),
+        _example(
             "order_desk",
             Setting.TOOL,
             "Multi-Step Workflows",
