@@ -62,6 +62,7 @@ class AttemptRecord:
         skill: Target skill name.
         outcome: How it ended.
         prompt_ids: Chat-templated prompt token ids.
+        prompt_messages: The chat messages those ids were rendered from (for inspection).
         output_ids: Generated token ids (code + hint).
         logprobs: Rollout logprob of each output token.
         weight_version: Policy version that generated the output (-1 when nothing was generated).
@@ -84,6 +85,7 @@ class AttemptRecord:
     skill: str
     outcome: AttemptOutcome
     prompt_ids: Sequence[int] = ()
+    prompt_messages: tuple[dict[str, str], ...] = ()
     output_ids: Sequence[int] = ()
     logprobs: Sequence[float] = ()
     weight_version: int = -1

@@ -269,6 +269,7 @@ class Designer:
             skill=skill.name,
             outcome=AttemptOutcome.GENERATION_FAILED,
             prompt_ids=tuple(fitted.prompt_ids),
+            prompt_messages=tuple(fitted.messages),
             source=dict(document.metadata),
         )
         try:
