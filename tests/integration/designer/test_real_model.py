@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -50,7 +51,7 @@ async def client() -> AsyncIterator[InferenceClient]:
 
 
 @pytest.mark.slow
-async def test_every_attempt_of_the_real_model_is_a_token_exact_sample(client: InferenceClient, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_every_attempt_of_the_real_model_is_a_token_exact_sample(client: InferenceClient, tmp_path: Path) -> None:
     engine = make_engine(f"sqlite:///{tmp_path / 'memory.db'}")
     migrate(engine)
     queue = InProcessQueue(InProcessQueueConfig(max_len=100))
