@@ -141,6 +141,16 @@ class EnvSession:
         except (Exception, SystemExit) as exc:  # env code calling exit() must not end the process
             raise EnvFault(Outcome.ENV_ERROR, describe_exception(exc)) from None
 
+    def _safe_info(self, info: dict[str, Any]) -> dict[str, Any]:
+        """``info`` made JSON-safe, with tool outputs cut to the observation cap like observations."""
+        safe = jsonable(info)
+        if not isinstance(safe, dict):
+            return {}
+        for result in safe.get("tool_results") or []:
+            if isinstance(result, dict) and isinstance(result.get("output"), str):
+                result["output"] = cap_text(result["output"], self.config.observation_cap)
+        return safe
+
     # --- play ----------------------------------------------------------------------------
     def _fault(self, where: str, fault: EnvFault) -> StepOutcome:
         prefix = "Environment error" if fault.outcome is Outcome.ENV_ERROR else "Environment timeout"
@@ -176,7 +186,7 @@ class EnvSession:
             reward=0.0,
             terminated=False,
             truncated=False,
-            info=jsonable(info),
+            info=self._safe_info(info),
             turn=0,
             max_turns=self.max_turns,
             outcome=Outcome.OK,
@@ -217,7 +227,7 @@ class EnvSession:
             reward=min(max(reward, 0.0), 1.0),
             terminated=terminated,
             truncated=truncated and not terminated,
-            info=jsonable(info),
+            info=self._safe_info(info),
             turn=self.turn,
             max_turns=self.max_turns,
             outcome=outcome,

@@ -224,3 +224,13 @@ def test_tool_env_class_is_preinjected_and_setting_is_enforced() -> None:
     assert any("overrides step()" in p for p in load_env_class(overriding, "tool").problems)
     with pytest.raises(ValueError, match="setting must be 'game' or 'tool'"):
         load_env_class(GUESS_GAME, "puzzle")
+
+
+def test_tool_outputs_in_info_are_cut_like_observations() -> None:
+    code = mutate(NOTES_TOOL, 'return "12:00"', 'return "t" * 20_000')
+    s = EnvSession(code, "tool", seed=0, config=CheckConfig(observation_cap=500))
+    s.reset()
+    out = s.step('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
+    assert len(out.observation) <= 500
+    output = out.info["tool_results"][0]["output"]
+    assert len(output) <= 500 and "observation cut" in output
