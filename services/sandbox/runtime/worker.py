@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import contextlib
 import errno
 import inspect
 import io
@@ -149,7 +150,7 @@ def run(config: dict[str, Any], program: bytes | None, alive_fd: int) -> int:
 def _write_files(files: dict[str, str]) -> None:
     for path, content in files.items():
         normal = posixpath.normpath(path)
-        if normal.startswith(("/", "..")) or normal in (".", "", PROGRAM_NAME):
+        if normal.startswith(("/", "..")) or normal in (".", ""):
             raise ValueError(f"file path {path[:80]!r} is outside the working directory")
         parent = posixpath.dirname(normal)
         if parent:
@@ -164,9 +165,14 @@ def run_exec(ctl: socket.socket) -> int:
         return 0
     try:
         _write_files(dict(setup.get("files") or {}))
-    except OSError as exc:
-        # The files are the caller's data: too many or too large for the limits is their error.
-        send_frame(ctl, {"op": "exit", "code": 1, "setup_error": f"could not write files: {exc.strerror}"})
+    except (OSError, ValueError) as exc:
+        # The files are the caller's data (too large for the limits, clashing paths): their error,
+        # reported like a program that failed before it started.
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        with contextlib.suppress(OSError):
+            os.write(2, f"could not write the execution's files: {reason}\n".encode())
+        file_limit = isinstance(exc, OSError) and exc.errno in (errno.EFBIG, errno.ENOSPC)
+        send_frame(ctl, {"op": "exit", "code": 1, "file_limit": file_limit, "setup_error": reason})
         return 0
     marker_r, marker_w = os.pipe()
     pid = os.fork()

@@ -136,3 +136,14 @@ async def test_sessions_of_validated_code_skip_the_repairs_and_play_the_same() -
             assert won.terminated and won.reward == 1.0
             await warm.close()
         await cold.close()
+
+
+async def test_files_that_cannot_be_written_are_the_callers_error() -> None:
+    async with SandboxPool(IsolationSettings(file_size_mb=1)) as pool:
+        clash = await pool.execute("print('ran')", files={"a": b"x", "a/b": b"y"})
+        assert clash.status is ExecStatus.ERROR and clash.stdout == b""
+        assert b"could not write the execution's files" in clash.stderr
+        too_big = await pool.execute("print('ran')", files={"big.bin": b"x" * (2 << 20)})
+        assert too_big.status is ExecStatus.OUTPUT_LIMIT
+        named_main = await pool.execute("print(open('main.py').read())", files={"main.py": b"data"})
+        assert named_main.stdout == b"data\n"
