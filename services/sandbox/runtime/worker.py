@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import contextlib
 import errno
 import inspect
 import io
