@@ -94,6 +94,8 @@ class SandboxPool:
             SandboxUnavailable: a layer is missing and ``allow_degraded`` does not name it.
             SandboxFault: the zygote could not start, or the canary did not echo its input.
         """
+        if self._plan is not None:
+            raise RuntimeError("this SandboxPool is already started: stop() it before starting it again")
         self.layers = await asyncio.to_thread(layers_mod.probe_layers, self.settings)
         self.degraded = layers_mod.require_layers(self.settings, self.layers)
         ok = {name: status.available for name, status in self.layers.items()}
