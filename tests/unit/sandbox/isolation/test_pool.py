@@ -147,3 +147,15 @@ async def test_files_that_cannot_be_written_are_the_callers_error() -> None:
         assert too_big.status is ExecStatus.OUTPUT_LIMIT
         named_main = await pool.execute("print(open('main.py').read())", files={"main.py": b"data"})
         assert named_main.stdout == b"data\n"
+
+
+async def test_concurrent_requests_never_cross_channels() -> None:
+    # Each request's fds travel to the zygote with its own spawn message; under concurrency every
+    # program must still read its own stdin and write to its own stdout.
+    async with SandboxPool(IsolationSettings(zygotes=2)) as pool:
+        tokens = [f"token-{i}".encode() for i in range(16)]
+        program = "import sys, os\nsys.stdout.write(sys.stdin.read() + ' ' + str(len(os.listdir('/tmp'))))"
+        results = await asyncio.gather(
+            *(pool.execute(program, stdin=token, files={f"f{i}": b""}) for i, token in enumerate(tokens))
+        )
+        assert [r.stdout for r in results] == [token + b" 1" for token in tokens]
