@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import ast
 import random
-import re
 import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from spade.envs.actions import ToolCall, find_boxed, normalize_game_action
+from spade.envs import tool_checks
+from spade.envs.actions import ToolCall, normalize_game_action
 from spade.envs.contract import ContractError, unpack_reset, unpack_step
+from spade.envs.findings import CheckFailed, short
 from spade.envs.limits import CallTimeout, describe_exception, guarded
 from spade.envs.loader import load_env_class
+from spade.envs.policy import RandomPolicy, noop_action
 from spade.envs.repair import repair_code
 from spade.envs.schema import example_value
 from spade.envs.session import EnvFault, EnvSession
@@ -39,95 +41,10 @@ DEPENDS_ON: dict[str, str] = {
 }
 TOOL_ONLY = ("reset_gate", "irrelevant_action")
 GAME_PROBES = ("\\boxed{1}", "\\boxed{test}", "hello")
-NOOP_GAME_ACTION = "\\boxed{pass}"
-NOOP_TOOL_ACTION = "Okay."
 RANDOM_POLICY_SEED_BASE = 10_000
 Progress = Callable[[str, "dict[str, Any] | None"], None]
 """Called with ``(check_name, None)`` when a check starts and ``(check_name, result.to_dict())`` when
 it ends (the sandbox streams these)."""
-
-_PLACEHOLDER = re.compile(r"^(?:[A-Z]|N\d*|<[^>]*>|\.\.\.)$")
-
-
-class CheckFailed(Exception):
-    """A check's finding that the env breaks its rule (the message is the detail)."""
-
-
-def _short(text: Any, limit: int = 120) -> str:
-    s = str(text).replace("\n", " ")
-    return repr(s if len(s) <= limit else s[: limit - 3] + "...")
-
-
-class _RandomPolicy:
-    """Random and no-op actions for an env, with no knowledge of the instance being played.
-
-    Game: commands from other instances' solutions, ``\\boxed{...}`` commands shown in the current
-    observation (placeholders filled at random), random numbers and noise. Tool: calls from other
-    instances' solutions, random calls built from the tool schemas, plain replies, malformed calls.
-    """
-
-    def __init__(self, setting: Setting, rng: random.Random, other_solutions: list[Any], tools: dict[str, Any]):
-        self.setting = setting
-        self.rng = rng
-        self.tools = tools
-        self.actions: list[str] = []
-        self.strings: list[str] = []
-        for solution in other_solutions:
-            if setting is Setting.GAME:
-                self.actions += [a for a in solution if isinstance(a, str)]
-            else:
-                for call in (c for block in solution for c in block):
-                    self.actions.append(call.to_text())
-                    self.strings += _strings_in(call.arguments)
-
-    def _fill(self, command: str) -> str:
-        words = []
-        for word in command.split():
-            if "|" in word and word != "|":
-                words.append(self.rng.choice([w for w in word.split("|") if w] or [word]))
-            elif _PLACEHOLDER.match(word):
-                words.append(str(self.rng.randint(1, 9)))
-            else:
-                words.append(word)
-        return " ".join(words)
-
-    def action(self, observation: str) -> str:
-        rng = self.rng
-        if self.setting is Setting.GAME:
-            shown = find_boxed(observation)
-            choices: list[Callable[[], str]] = [
-                lambda: f"\\boxed{{{rng.randint(0, 100)}}}",
-                lambda: rng.choice(["I am not sure.", "\\boxed{}", NOOP_GAME_ACTION]),
-            ]
-            if shown:
-                choices += [lambda: "\\boxed{" + self._fill(rng.choice(shown)) + "}"] * 2
-            if self.actions:
-                choices += [lambda: rng.choice(self.actions)] * 2
-            return rng.choice(choices)()
-        calls: list[Callable[[], str]] = [
-            lambda: rng.choice(["I cannot help with that.", NOOP_TOOL_ACTION]),
-            lambda: '<tool_call>{"name": "' + rng.choice([*self.tools, "unknown"]) + '", "arguments": [}</tool_call>',
-        ]
-        if self.tools:
-            calls += [self._random_call] * 3
-        if self.actions:
-            calls += [lambda: rng.choice(self.actions)] * 3
-        return rng.choice(calls)()
-
-    def _random_call(self) -> str:
-        name = self.rng.choice(sorted(self.tools))
-        arguments = example_value(self.tools[name]["parameters"], self.rng, self.strings)
-        return ToolCall(name, arguments if isinstance(arguments, dict) else {}).to_text()
-
-
-def _strings_in(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _strings_in(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in _strings_in(v)]
-    return []
 
 
 class _Checker:
@@ -228,7 +145,7 @@ class _Checker:
         actions = self.guarded(env.solution, f"solution() on seed {seed}")
         if not isinstance(actions, list | tuple) or not actions or not all(isinstance(a, str) for a in actions):
             raise CheckFailed(
-                f"solution() on seed {seed} must return a non-empty list of action strings, got {_short(actions)}"
+                f"solution() on seed {seed} must return a non-empty list of action strings, got {short(actions)}"
             )
         self.solutions.setdefault(seed, list(actions))
         return list(actions)
@@ -247,12 +164,18 @@ class _Checker:
             return [call.to_text() for block in solution for call in block]
         return list(solution)
 
-    def policy(self, rng: random.Random, exclude_seed: int | None = None) -> _RandomPolicy:
+    def policy(self, rng: random.Random, exclude_seed: int | None = None) -> RandomPolicy:
         others = [s for seed, s in sorted(self.solutions.items()) if seed != exclude_seed]
         tools = self.env_class.tool_schemas() if self.setting is Setting.TOOL and self.env_class else {}
-        return _RandomPolicy(self.setting, rng, others, tools)
+        return RandomPolicy(self.setting, rng, others, tools)
 
     # --- the checks ----------------------------------------------------------------------
+    def check_reset_gate(self) -> str:
+        return tool_checks.check_reset_gate(self)
+
+    def check_irrelevant_action(self) -> str:
+        return tool_checks.check_irrelevant_action(self)
+
     def check_syntax(self) -> str:
         try:
             ast.parse(self.code)
@@ -314,14 +237,14 @@ class _Checker:
         steps = 0
         for probe in probes:
             action = normalize_game_action(probe) if self.setting is Setting.GAME else probe
-            raw = self.guarded(partial(env.step, action), f"step({_short(action, 60)}) on seed {seed}")
+            raw = self.guarded(partial(env.step, action), f"step({short(action, 60)}) on seed {seed}")
             try:
                 observation, reward, terminated, truncated, _ = unpack_step(raw)
             except ContractError as exc:
-                raise CheckFailed(f"step({_short(action, 60)}): {exc}") from None
+                raise CheckFailed(f"step({short(action, 60)}): {exc}") from None
             if not 0.0 <= reward <= 1.0:
                 raise CheckFailed(
-                    f"step({_short(action, 60)}) returned reward {reward}; rewards must lie in [0, 1] "
+                    f"step({short(action, 60)}) returned reward {reward}; rewards must lie in [0, 1] "
                     "(1.0 for a win, 0 otherwise or partial credit)"
                 )
             if len(observation) > cap:
@@ -376,7 +299,7 @@ class _Checker:
                         where = "reset()" if i == 0 else f"step {i}"
                         raise CheckFailed(
                             f"seed {seed} with the same actions gave different results at {where}: "
-                            f"{_short(a[0] if i else a[1])} vs {_short(b[0] if i else b[1])}; the same seed "
+                            f"{short(a[0] if i else a[1])} vs {short(b[0] if i else b[1])}; the same seed "
                             "and actions must give the same observations (no time, global RNG or unseeded "
                             "random.Random())"
                         )
@@ -427,7 +350,7 @@ class _Checker:
         for seed in self.config.seeds:
             session, _ = self.reset(seed)
             if self.setting is Setting.TOOL:
-                turns.append(self._replay_tool(session, seed))
+                turns.append(tool_checks.replay_tool_solution(self, session, seed))
             else:
                 turns.append(self._replay_game(session, seed))
         return f"solution() wins on every seed {list(self.config.seeds)} in {min(turns)}-{max(turns)} turns"
@@ -448,53 +371,12 @@ class _Checker:
             how = "terminated" if outcome.terminated else f"truncated at turn {outcome.turn}/{session.max_turns}"
             raise CheckFailed(
                 f"replaying solution() on seed {seed} did not win: {how} with reward {outcome.reward} "
-                f"(last observation {_short(outcome.observation)}); solution() must return the winning actions"
+                f"(last observation {short(outcome.observation)}); solution() must return the winning actions"
             )
         raise CheckFailed(
             f"replaying all {len(actions)} solution() actions on seed {seed} did not end the episode "
-            f"(last observation {_short(outcome.observation)}); solution() must return the winning actions"
+            f"(last observation {short(outcome.observation)}); solution() must return the winning actions"
         )
-
-    def _replay_tool(self, session: EnvSession, seed: int) -> int:
-        blocks = self.solution(session, seed)
-        env = session.env
-        total = sum(len(b) for b in blocks)
-        if total > session.max_turns:
-            raise CheckFailed(f"solution() on seed {seed} needs {total} calls but max_turns is {session.max_turns}")
-        outcome = session.last
-        assert outcome is not None
-        for i, block in enumerate(blocks):
-            if session.guarded_call(env.criterion_holds, i):
-                raise CheckFailed(
-                    f"seed {seed}: the criterion of instruction {i + 1} is already true when that instruction "
-                    "arrives, so no call can flip it; make it depend on a change the instruction asks for"
-                )
-            for k, call in enumerate(block):
-                if env.current != i:
-                    raise CheckFailed(
-                        f"seed {seed}: instruction {i + 1} completed after call {k} of its {len(block)} "
-                        "solution calls; drop the extra calls or make the criterion require them"
-                    )
-                outcome = session.step(call.to_text())
-                if outcome.outcome is not Outcome.OK:
-                    raise CheckFailed(f"seed {seed}, instruction {i + 1}, call {call.name}: {outcome.observation}")
-                result = (outcome.info.get("tool_results") or [{}])[0]
-                if not result.get("ok", False):
-                    raise CheckFailed(
-                        f"seed {seed}, instruction {i + 1}: solution call {call.name}({_short(call.arguments, 80)}) "
-                        f"failed: {_short(result.get('output', ''))}"
-                    )
-            if env.current != i + 1:
-                raised = env.criterion_errors.get(i)
-                raise CheckFailed(
-                    f"seed {seed}: after its {len(block)} solution calls, instruction {i + 1} "
-                    f"({_short(env.instructions[i], 80)}) is not complete: its criterion did not go False->True"
-                    + (f" (it raised {raised})" if raised else "")
-                    + "; make solution() and the criterion agree"
-                )
-        if not (outcome.terminated and outcome.reward >= self.config.win_threshold):
-            raise CheckFailed(f"seed {seed}: all instructions completed but the episode did not end with reward 1.0")
-        return outcome.turn
 
     def check_random_policy(self) -> str:
         rng = random.Random(self.config.random_policy_seed)
@@ -504,13 +386,13 @@ class _Checker:
             seed = RANDOM_POLICY_SEED_BASE + episode
             session, outcome = self.reset(seed)
             policy = self.policy(rng, exclude_seed=seed)
-            noop = NOOP_GAME_ACTION if self.setting is Setting.GAME else NOOP_TOOL_ACTION
+            noop = noop_action(self.setting)
             while not outcome.done:
                 action = noop if episode == 0 else policy.action(outcome.observation)
                 outcome = session.step(action)
                 if outcome.outcome in (Outcome.ENV_ERROR, Outcome.TIMEOUT):
                     raise CheckFailed(
-                        f"random play on seed {seed} broke the env after {_short(action, 60)}: {outcome.observation}"
+                        f"random play on seed {seed} broke the env after {short(action, 60)}: {outcome.observation}"
                     )
             wins += outcome.terminated and outcome.reward >= self.config.win_threshold
         rate = wins / episodes
@@ -531,7 +413,7 @@ class _Checker:
         if declared is None:
             return f"declares no max_turns; sessions truncate at {self.config.effective_max_turns(None)} turns"
         if isinstance(declared, bool) or not isinstance(declared, int) or declared < 1:
-            raise CheckFailed(f"max_turns must be a positive int, got {_short(declared)}")
+            raise CheckFailed(f"max_turns must be a positive int, got {short(declared)}")
         if declared > cap:
             return f"declares max_turns={declared}; sessions cap it at {cap} turns"
         for seed in self.config.seeds[:2]:
@@ -541,10 +423,7 @@ class _Checker:
                 policy = self.policy(random.Random(seed), exclude_seed=seed)
                 ended = False
                 for _ in range(declared):
-                    if policy_name == "no-op":
-                        action = NOOP_GAME_ACTION if self.setting is Setting.GAME else NOOP_TOOL_ACTION
-                    else:
-                        action = policy.action(observation)
+                    action = noop_action(self.setting) if policy_name == "no-op" else policy.action(observation)
                     if self.setting is Setting.GAME:
                         action = normalize_game_action(action)
                     raw = self.guarded(partial(env.step, action), f"step() on seed {seed}")
@@ -558,78 +437,6 @@ class _Checker:
                         "terminated nor truncated; return truncated=True once the turn count reaches max_turns"
                     )
         return f"episodes end within max_turns={declared} under no-op and random play"
-
-    def check_reset_gate(self) -> str:
-        for seed in self.config.seeds:
-            session, _ = self.reset(seed)
-            env = session.env
-            for i, instruction in enumerate(env.instructions):
-                if session.guarded_call(env.criterion_holds, i):
-                    raise CheckFailed(
-                        f"seed {seed}: the criterion of instruction {i + 1} ({_short(instruction, 80)}) is already "
-                        "true right after reset(); it must be false until the agent's calls make it true"
-                    )
-        return f"every criterion is false right after reset() on seeds {list(self.config.seeds)}"
-
-    def _advance_after(self, seed: int, prefix: list[ToolCall], calls: list[ToolCall], index: int) -> bool | None:
-        """Replay ``prefix`` then ``calls`` on a fresh instance; whether instruction ``index`` completed.
-
-        None when the prefix did not bring the env to instruction ``index``.
-        """
-        session, _ = self.reset(seed)
-        env = session.env
-        for call in prefix:
-            session.step(call.to_text())
-        if env.current != index or session.done:
-            return None
-        for call in calls:
-            outcome = session.step(call.to_text())
-            if outcome.outcome in (Outcome.ENV_ERROR, Outcome.TIMEOUT):
-                raise CheckFailed(f"seed {seed}, calling {call.name}: {outcome.observation}")
-            if env.current > index:
-                return True
-            if outcome.done:
-                break
-        return False
-
-    def check_irrelevant_action(self) -> str:
-        assert self.env_class is not None
-        tools = self.env_class.tool_schemas()
-        probes_run = 0
-        for seed in self.config.seeds[:2]:
-            blocks: list[list[ToolCall]] = self.solutions[seed]
-            for i, block in enumerate(blocks):
-                prefix = [c for b in blocks[:i] for c in b]
-                own = {c.to_text() for c in block}
-                used = {c.name for c in block}
-                probes: list[ToolCall] = []
-                for j, other in enumerate(blocks):
-                    probes += [c for c in other if j != i and c.to_text() not in own]
-                probes += [
-                    ToolCall(n, example_value(t["parameters"])) for n, t in sorted(tools.items()) if n not in used
-                ]
-                unique = {p.to_text(): p for p in probes}
-                for probe in list(unique.values())[: self.config.max_irrelevant_probes]:
-                    probes_run += 1
-                    if self._advance_after(seed, prefix, [probe], i):
-                        raise CheckFailed(
-                            f"seed {seed}: calling {probe.name}({_short(probe.arguments, 80)}) while instruction "
-                            f"{i + 1} ({_short(blocks and self._instruction(seed, i), 80)}) is open completes it, "
-                            "but that call is not part of its solution; tie the criterion to the requested change"
-                        )
-                if len(block) > 1:
-                    for k, skipped in enumerate(block):
-                        probes_run += 1
-                        if self._advance_after(seed, prefix, block[:k] + block[k + 1 :], i):
-                            raise CheckFailed(
-                                f"seed {seed}: skipping solution call {k + 1} ({skipped.name}) of instruction {i + 1} "
-                                "still completes it; the criterion must require every step of the solution"
-                            )
-        return f"{probes_run} off-solution and skipped-step probes completed no instruction"
-
-    def _instruction(self, seed: int, index: int) -> str:
-        session, _ = self.reset(seed)
-        return str(session.env.instructions[index])
 
 
 def check_env_source(
