@@ -10,9 +10,12 @@ never change code whose behaviour anyone could have meant. Standard library only
 from __future__ import annotations
 
 import ast
+import builtins
 import io
 import re
 import tokenize
+
+_BUILTINS = frozenset(dir(builtins))
 
 _PYTHON_FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 _ANY_FENCE = re.compile(r"```[ \t]*[a-zA-Z0-9_+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -89,7 +92,43 @@ def _is_expression_field(content: str) -> bool:
     return False
 
 
-def _rewrite_fstring_body(body: str, generic: bool) -> tuple[str, int, int]:
+def _bound_names(code: str) -> frozenset[str]:
+    """Every name the code binds anywhere (assignments, arguments, imports, defs)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return frozenset(re.findall(r"\b([A-Za-z_]\w*)\s*=(?!=)", code)) | {"self"}
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+    return frozenset(names)
+
+
+def _is_value(content: str, bound: frozenset[str]) -> bool:
+    """Whether a boxed field's content is an interpolated value, not a literal command.
+
+    Only compound expressions over names the code binds count (``self.secret``,
+    ``len(self.code)``); a bare word (``done``, ``answer``) or anything that is not an
+    expression is a literal, whatever variables share its name.
+    """
+    try:
+        tree = ast.parse(content.strip(), mode="eval")
+    except SyntaxError:
+        return False
+    if isinstance(tree.body, ast.Name | ast.Constant):
+        return False
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return bool(names & bound) and names <= bound | _BUILTINS
+
+
+def _rewrite_fstring_body(body: str, generic: bool, bound: frozenset[str]) -> tuple[str, int, int]:
     """Double the braces of boxed fields (and, if ``generic``, of every field that is not an
     expression, and of lone ``}``). Returns the new body and the counts of both kinds of fix."""
     out: list[str] = []
@@ -127,7 +166,8 @@ def _rewrite_fstring_body(body: str, generic: bool) -> tuple[str, int, int]:
             break
         content = body[i + 1 : j]
         if _BOXED_BEFORE.search("".join(out)):
-            out.append("{{" + content + "}}")
+            # `\boxed{self.secret}` meant the value inside the box; `\boxed{done}` meant the word.
+            out.append("{{{" + content + "}}}" if _is_value(content, bound) else "{{" + content + "}}")
             boxed += 1
         elif generic and not _is_expression_field(content):
             out.append("{{" + content + "}}")
@@ -138,7 +178,7 @@ def _rewrite_fstring_body(body: str, generic: bool) -> tuple[str, int, int]:
     return "".join(out), boxed, other
 
 
-def _rewrite_literal(literal: str, generic: bool) -> tuple[str, int, int, int]:
+def _rewrite_literal(literal: str, generic: bool, bound: frozenset[str]) -> tuple[str, int, int, int]:
     """Repair one string literal token; returns it with (boxed, other, backspace) fix counts."""
     match = _STRING_PREFIX.match(literal)
     if match is None:
@@ -152,16 +192,17 @@ def _rewrite_literal(literal: str, generic: bool) -> tuple[str, int, int, int]:
         body, backspace = _BACKSPACE_BOXED.subn(lambda m: m.group(1) + "\\\\boxed", body)
     boxed = other = 0
     if "f" in prefix:
-        body, boxed, other = _rewrite_fstring_body(body, generic)
+        body, boxed, other = _rewrite_fstring_body(body, generic, bound)
     return match.group(0) + body + quote, boxed, other, backspace
 
 
 def _rewrite(code: str, generic: bool) -> tuple[str, int, int, int]:
+    bound = _bound_names(code)
     totals = [0, 0, 0]
     parts: list[str] = []
     pos = 0
     for start, end in _string_spans(code):
-        new, *counts = _rewrite_literal(code[start:end], generic)
+        new, *counts = _rewrite_literal(code[start:end], generic, bound)
         for k, n in enumerate(counts):
             totals[k] += n
         parts.append(code[pos:start])

@@ -102,3 +102,21 @@ def test_repair_is_idempotent() -> None:
 )
 def test_extract_code(reply: str, expected: str) -> None:
     assert extract_code(reply) == expected
+
+
+def test_boxed_value_expressions_are_interpolated_inside_the_box() -> None:
+    """`f"\\\\boxed{self.secret}"` meant the value in a box; a bare word stays a literal command."""
+    code = (
+        "class G:\n"
+        "    def __init__(self):\n"
+        "        self.secret = 42\n"
+        "        done = False\n"
+        '        self.a = f"\\\\boxed{self.secret}"\n'
+        '        self.b = f"\\\\boxed{len(str(self.secret))} \\\\boxed{done} \\\\boxed{max}"\n'
+        "g = G()\n"
+    )
+    fixed, repairs = repair_code(code)
+    g = run(fixed)["g"]
+    assert g.a == "\\boxed{42}"
+    assert g.b == "\\boxed{2} \\boxed{done} \\boxed{max}"
+    assert repairs
