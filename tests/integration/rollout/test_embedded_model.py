@@ -57,10 +57,10 @@ async def test_first_version_plays_with_the_real_model_keep_sampled_tokens_and_l
     settings = RolloutSettings.model_validate(
         {
             "dev_mode": True,
-            "group_size": 2,
+            "group_size": 1,
             "window_versions": 2,
             "max_turns": 2,
-            "max_tokens_per_turn": 16,
+            "max_tokens_per_turn": 8,
             "max_total_tokens": 600,
             "temperature": TEMPERATURE,
             "state_url": f"sqlite:///{tmp_path / 'rollout.db'}",
@@ -100,8 +100,8 @@ async def test_first_version_plays_with_the_real_model_keep_sampled_tokens_and_l
         await queue.close()
         mem_engine.dispose()
 
-    assert len(samples) == len(got) == 4
-    seeds = play_seeds(put.env_id, 3, 2)
+    assert len(samples) == len(got) == 2
+    seeds = play_seeds(put.env_id, 3, 1)
     assert (
         sorted(s.seed for s in samples if s.hinted) == sorted(s.seed for s in samples if not s.hinted) == sorted(seeds)
     )
@@ -120,4 +120,4 @@ async def test_first_version_plays_with_the_real_model_keep_sampled_tokens_and_l
             else:
                 assert lp == 0.0
     plays, _ = await memory.plays(put.env_id)
-    assert len(plays) == 4
+    assert len(plays) == 2
