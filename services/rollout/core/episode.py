@@ -182,7 +182,7 @@ class EpisodeRunner:
             delta = builder.delta_ids(new_messages)
             if len(builder.trajectory) + len(delta) >= limits.max_total_tokens:
                 return done(FinishReason.TOKEN_LIMIT, turns=turns)
-            builder.add_messages(new_messages)
+            builder.add_delta(delta)
 
     async def _game_turn(
         self, session: EnvSession, reply: str

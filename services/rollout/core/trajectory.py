@@ -154,8 +154,12 @@ class TrajectoryBuilder:
     def add_messages(self, new_messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """Append the template delta for ``new_messages`` (mask 0) and return its ids."""
         ids = self.delta_ids(new_messages)
-        self._append_context(ids)
+        self.add_delta(ids)
         return ids
+
+    def add_delta(self, ids: Sequence[int]) -> None:
+        """Append ids computed by ``delta_ids`` (mask 0, logprob 0)."""
+        self._append_context(ids)
 
     def _missing_closing(self) -> str:
         closing = self.turn_closing
