@@ -135,6 +135,34 @@ def generate_response(outcome: GenerationOutcome, return_logprob: bool) -> Gener
     return GenerateResponse(text=outcome.text, output_ids=outcome.output_ids, meta_info=meta)
 
 
+def assistant_message(text: str, finish_type: str, tools_enabled: bool) -> tuple[dict[str, Any], str]:
+    """The OpenAI assistant message and ``finish_reason`` for a generated reply.
+
+    With tools enabled, tool calls are parsed from the text (``<tool_call>`` blocks or bare JSON,
+    nested arguments kept) and returned in ``tool_calls`` with JSON-string arguments, the rest of the
+    text as ``content``, and ``finish_reason == "tool_calls"``.
+    """
+    message: dict[str, Any] = {"role": "assistant", "content": text, "reasoning_content": None}
+    if not tools_enabled:
+        return message, finish_type
+    from spade.envs.actions import parse_tool_calls
+
+    parsed = parse_tool_calls(text)
+    if not parsed.calls:
+        return message, finish_type
+    message["content"] = parsed.content or None
+    message["tool_calls"] = [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "index": i,
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+        }
+        for i, c in enumerate(parsed.calls)
+    ]
+    return message, "tool_calls"
+
+
 def create_app(engine: BatchEngine, *, served_model_name: str | None = None, health_timeout_s: float = 20.0) -> FastAPI:
     """The HTTP app over a started ``engine`` (the caller owns the engine's lifecycle)."""
     app = FastAPI(title="SPADE embedded inference (SGLang-compatible)", version="1")
@@ -215,28 +243,11 @@ def create_app(engine: BatchEngine, *, served_model_name: str | None = None, hea
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> dict[str, Any]:
-        from spade.envs.actions import parse_tool_calls
-
         tools = body.tools if body.tool_choice != "none" else None
         prompt = formatter.apply(body.messages, tools)
         job = GenerationJob(input_ids=prompt, params=body.sampling(), return_logprob=body.logprobs)
         outcome = await engine.generate(job)
-        message: dict[str, Any] = {"role": "assistant", "content": outcome.text, "reasoning_content": None}
-        finish = str(outcome.finish_reason.get("type", "stop"))
-        if tools:
-            parsed = parse_tool_calls(outcome.text)
-            if parsed.calls:
-                message["content"] = parsed.content or None
-                message["tool_calls"] = [
-                    {
-                        "id": f"call_{uuid.uuid4().hex[:24]}",
-                        "index": i,
-                        "type": "function",
-                        "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
-                    }
-                    for i, c in enumerate(parsed.calls)
-                ]
-                finish = "tool_calls"
+        message, finish = assistant_message(outcome.text, str(outcome.finish_reason.get("type")), bool(tools))
         choice: dict[str, Any] = {
             "index": 0,
             "message": message,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import logging
 import threading
 import time
@@ -207,8 +206,9 @@ class BatchEngine:
         self._positions: list[int] = []
         self._update_lock = asyncio.Lock()
         self._thread: threading.Thread | None = None
-        self._steps = itertools.count()
         self.last_progress = time.monotonic()
+        #: Most sequences ever decoded in one forward pass (observability; proves batching happens).
+        self.peak_batch_rows = 0
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -446,7 +446,7 @@ class BatchEngine:
             attention_mask=mask,
             cache=self._batch.cache,
         )[:, -1, :]
-        next(self._steps)
+        self.peak_batch_rows = max(self.peak_batch_rows, len(self._rows))
         for i, row in enumerate(self._rows):
             self._append_token(row, logits[i])
             self._next_tokens[i] = row.output_ids[-1]

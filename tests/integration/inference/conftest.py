@@ -1,0 +1,61 @@
+"""Fixtures: the real SmolLM2 model, one batching engine per session, an in-process HTTP client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from services.inference.app import create_app
+from services.inference.engine import BatchEngine
+from services.inference.models import ensure_default_model
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    """The default model, converted from the shipped GGUF once (cached across runs)."""
+    return ensure_default_model()
+
+
+@pytest.fixture(scope="session")
+def engine(model_dir: Path) -> Iterator[BatchEngine]:
+    """A started engine shared by the session. Tests that swap weights must swap them back."""
+    # One intra-op thread: on a shared 2-core machine, OpenMP threads spinning at barriers make a
+    # 2-thread forward pass tens of times slower under load; 1 thread degrades gracefully.
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    eng = BatchEngine(model_dir, weight_version="0", max_batch_size=16)
+    eng.start()
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+async def http(engine: BatchEngine) -> AsyncIterator[httpx.AsyncClient]:
+    """HTTP client to the app over ASGI (the engine is already started)."""
+    app = create_app(engine)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://inference") as client:
+        yield client
+
+
+def chat_ids(engine: BatchEngine, text: str) -> list[int]:
+    """Prompt ids of one user message with the model's own chat template."""
+    ids = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False
+    )
+    return [int(t) for t in ids]
+
+
+def teacher_forced_logprobs(
+    model: torch.nn.Module, prompt: list[int], output: list[int], temperature: float
+) -> list[float]:
+    """Logprobs of ``output`` after ``prompt`` from one full forward pass, as a float32 learner computes them."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0].float()
+    if temperature > 0:
+        logits = logits / temperature
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return [float(logprobs[len(prompt) - 1 + j, tok]) for j, tok in enumerate(output)]
