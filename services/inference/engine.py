@@ -136,6 +136,7 @@ class _Swap:
     abort_all: bool
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[WeightUpdateOutcome]
+    paused: int | None = None  # requests in flight when the scheduler first saw the swap
 
 
 def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], value: Any) -> None:
@@ -204,7 +205,7 @@ class BatchEngine:
         self._batch = KVBatch()
         self._next_tokens: list[int] = []
         self._positions: list[int] = []
-        self._update_lock = asyncio.Lock()
+        self._update_locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         self._thread: threading.Thread | None = None
         self.last_progress = time.monotonic()
         #: Most sequences ever decoded in one forward pass (observability; proves batching happens).
@@ -288,7 +289,7 @@ class BatchEngine:
         Failures (missing path, incompatible vocabulary) return ``success=False`` and keep the
         current weights.
         """
-        async with self._update_lock:
+        async with self._update_lock():
             try:
                 path = resolve_model_path(Path(model_path))
                 model = await asyncio.to_thread(load_model, path, self.dtype)
@@ -300,15 +301,36 @@ class BatchEngine:
                     f"{model_path} has vocabulary size {model.config.vocab_size}, the served model "
                     f"{self.vocab_size}; a weight update must keep the tokenizer",
                 )
-            loop = asyncio.get_running_loop()
             version = weight_version if weight_version is not None else _next_version(self.weight_version)
-            swap = _Swap(model, path, version, abort_all_requests, loop, loop.create_future())
-            with self._cond:
-                if self._stopping or self._thread is None:
-                    return WeightUpdateOutcome(False, "the inference engine is not running")
-                self._swap = swap
-                self._cond.notify_all()
-            return await swap.future
+            return await self._swap_in(model, path, version, abort_all_requests)
+
+    def _update_lock(self) -> asyncio.Lock:
+        """Serialises weight updates (one asyncio lock per event loop that calls us)."""
+        loop = asyncio.get_running_loop()
+        lock = self._update_locks.get(loop)
+        if lock is None:
+            self._update_locks = {lp: lk for lp, lk in self._update_locks.items() if not lp.is_closed()}
+            lock = self._update_locks[loop] = asyncio.Lock()
+        return lock
+
+    async def swap_weights(
+        self, model: Any, model_path: Path, weight_version: str, *, abort_all_requests: bool = False
+    ) -> WeightUpdateOutcome:
+        """Swap in an already loaded model (same semantics as :meth:`update_weights`, minus the load)."""
+        if int(model.config.vocab_size) != self.vocab_size:
+            return WeightUpdateOutcome(False, f"vocabulary size {model.config.vocab_size} != {self.vocab_size}")
+        async with self._update_lock():
+            return await self._swap_in(model, model_path, weight_version, abort_all_requests)
+
+    async def _swap_in(self, model: Any, path: Path, version: str, abort_all: bool) -> WeightUpdateOutcome:
+        loop = asyncio.get_running_loop()
+        swap = _Swap(model.eval(), path, version, abort_all, loop, loop.create_future())
+        with self._cond:
+            if self._stopping or self._thread is None:
+                return WeightUpdateOutcome(False, "the inference engine is not running")
+            self._swap = swap
+            self._cond.notify_all()
+        return await swap.future
 
     # -- scheduler thread ----------------------------------------------------------------------------
 
@@ -354,7 +376,8 @@ class BatchEngine:
         swap = self._swap
         if swap is None:
             return
-        paused = len(self._rows)
+        if swap.paused is None:
+            swap.paused = len(self._rows)
         if swap.abort_all and self._rows:
             for row in self._rows:
                 row.finish = {"type": "abort", "message": "aborted by a weight update", "status_code": 503}
@@ -368,7 +391,7 @@ class BatchEngine:
             self._swap = None
         message = f"Succeeded to update model weights from {swap.path}; weight_version={swap.version}"
         logger.info(message)
-        _resolve(swap.loop, swap.future, WeightUpdateOutcome(True, message, paused))
+        _resolve(swap.loop, swap.future, WeightUpdateOutcome(True, message, swap.paused))
 
     def _forward(self, **kwargs: Any) -> torch.Tensor:
         out = self.model(use_cache=True, return_dict=True, **kwargs)

@@ -46,7 +46,7 @@ def chat_ids(engine: BatchEngine, text: str) -> list[int]:
     ids = engine.tokenizer.apply_chat_template(
         [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False
     )
-    return [int(t) for t in ids]
+    return [int(t) for t in ids]  # type: ignore[arg-type]
 
 
 def teacher_forced_logprobs(
