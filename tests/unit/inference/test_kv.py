@@ -1,0 +1,67 @@
+"""The left-padded batch KV cache: merging, growth, dropping and trimming rows."""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from services.inference.kv import KVBatch, _kv
+
+LAYERS, HEADS, DIM = 2, 3, 4
+
+
+def _prefilled(length: int, fill: float) -> DynamicCache:
+    cache = DynamicCache()
+    for layer in range(LAYERS):
+        k = torch.full((1, HEADS, length, DIM), fill + layer)
+        cache.update(k, -k, layer)
+    return cache
+
+
+def _keys(batch: KVBatch, layer: int) -> torch.Tensor:
+    assert batch.cache is not None
+    return _kv(batch.cache.layers[layer])[0]
+
+
+def test_rows_are_right_aligned_and_masked() -> None:
+    batch = KVBatch()
+    batch.add_rows([_prefilled(3, 1.0), _prefilled(5, 2.0)])
+    assert (batch.rows, batch.length) == (2, 5)
+    assert batch.mask.tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]
+    keys = _keys(batch, 1)
+    assert keys.shape == (2, HEADS, 5, DIM)
+    assert torch.all(keys[0, :, :2] == 0) and torch.all(keys[0, :, 2:] == 2.0)
+    assert torch.all(keys[1] == 3.0)
+
+
+def test_a_longer_newcomer_repads_the_running_rows() -> None:
+    batch = KVBatch()
+    batch.add_rows([_prefilled(2, 1.0)])
+    batch.add_rows([_prefilled(4, 5.0)])
+    assert batch.mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
+    keys = _keys(batch, 0)
+    assert torch.all(keys[0, :, 2:] == 1.0) and torch.all(keys[0, :, :2] == 0)
+
+
+def test_decode_appends_in_place_beyond_the_initial_capacity() -> None:
+    batch = KVBatch()
+    batch.add_rows([_prefilled(2, 1.0), _prefilled(3, 1.0)])
+    for step in range(100):  # more than the preallocated headroom
+        batch.step_mask()
+        for layer in range(LAYERS):
+            new = torch.full((2, HEADS, 1, DIM), float(step))
+            batch.cache.update(new, new, layer)  # type: ignore[union-attr]
+    assert batch.length == 103
+    assert batch.cache.get_seq_length() == 103  # type: ignore[union-attr]
+    assert torch.all(_keys(batch, 0)[:, :, -1] == 99.0)
+
+
+def test_dropping_rows_trims_columns_that_became_padding() -> None:
+    batch = KVBatch()
+    batch.add_rows([_prefilled(2, 1.0), _prefilled(6, 2.0), _prefilled(4, 3.0)])
+    batch.keep_rows([0, 2])
+    assert batch.mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
+    keys = _keys(batch, 0)
+    assert keys.shape[2] == 4 and torch.all(keys[1] == 3.0)
+    batch.keep_rows([])
+    assert batch.rows == 0 and batch.cache is None

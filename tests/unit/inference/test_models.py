@@ -1,0 +1,58 @@
+"""Model location, conversion failures and settings: the checks that need no model weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.inference import models
+from services.inference.settings import InferenceSettings
+
+
+def test_cache_dir_is_overridable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(models.MODEL_CACHE_ENV, str(tmp_path / "m"))
+    assert models.model_cache_dir() == tmp_path / "m"
+
+
+def test_the_shipped_gguf_is_found_without_a_hard_coded_path() -> None:
+    path = models.default_gguf_path()
+    assert path.name == models.DEFAULT_GGUF_FILE and path.is_file()
+
+
+def test_a_foreign_directory_in_the_cache_is_not_trusted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(models.MODEL_CACHE_ENV, str(tmp_path))
+    (tmp_path / models.DEFAULT_MODEL_NAME).mkdir()
+    with pytest.raises(models.ModelError, match="not a finished conversion"):
+        models.ensure_default_model()
+
+
+def test_a_failed_conversion_leaves_nothing_behind(tmp_path: Path) -> None:
+    garbage = tmp_path / "broken.gguf"
+    garbage.write_bytes(b"not a gguf file")
+    target = tmp_path / "cache" / "Broken"
+    with pytest.raises(Exception):  # noqa: B017 - whatever the GGUF reader raises
+        models.convert_gguf(garbage, target)
+    assert not target.exists()
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_a_configured_path_must_be_a_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(models.ModelError, match=r"config\.json"):
+        models.resolve_model_path(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert models.resolve_model_path(tmp_path) == tmp_path
+
+
+def test_settings_refuse_an_exposed_unauthenticated_server() -> None:
+    InferenceSettings().check_safe()
+    with pytest.raises(ValueError, match="unauthenticated"):
+        InferenceSettings(host="0.0.0.0").check_safe()
+    InferenceSettings(host="0.0.0.0", trusted_network=True).check_safe()
+
+
+def test_settings_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPADE_INFERENCE_MAX_BATCH_SIZE", "0")
+    with pytest.raises(ValueError, match="max_batch_size"):
+        InferenceSettings()
