@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from services.learner.core.batching import Collated, TrainSample, collate, pack_by_tokens
 from services.learner.core.losses import LossInputs, PolicyLoss
@@ -61,8 +62,86 @@ class StepMetrics:
         return {k: float(v) for k, v in asdict(self).items()}
 
 
-def token_logprobs(model: nn.Module, batch: Collated, temperature: float = 1.0) -> torch.Tensor:
-    """Logprob of each next token, ``(B, T−1)``, at least float32, at the sampling temperature."""
+def _chunk_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    logits = nn.functional.linear(hidden, weight, bias)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _output_head(model: nn.Module) -> nn.Linear | None:
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    return head if isinstance(head, nn.Linear) else None
+
+
+def _fusable(model: nn.Module) -> bool:
+    """Whether the LM head's output is the logits as they are (no soft-capping or scaling after it)."""
+    config = getattr(model, "config", None)
+    if config is None or _output_head(model) is None:
+        return False
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    post = ("logit_scale", "logits_scaling", "output_multiplier")
+    scaled = any(getattr(text, k, None) not in (None, 1.0) for k in post)
+    return not scaled and getattr(text, "final_logit_softcapping", None) is None
+
+
+@contextlib.contextmanager
+def _logprob_head(model: nn.Module, targets: torch.Tensor, temperature: float, chunk: int) -> Iterator[None]:
+    """Make the LM head return next-token logprobs ``(B, T−1)`` instead of logits ``(B, T, V)``.
+
+    The logits are computed ``chunk`` positions at a time and recomputed in backward (activation
+    checkpointing), so the full ``(B, T, V)`` tensor and its gradient never exist at once. The head
+    is patched on the instance, inside the model's own forward, so FSDP2's hooks on the root module
+    still gather its weight.
+    """
+    head = _output_head(model)
+    assert head is not None
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        hidden = hidden[:, :-1]
+        parts = []
+        for start in range(0, hidden.shape[1], chunk):
+            args = (hidden[:, start : start + chunk], head.weight, head.bias, targets[:, start : start + chunk])
+            if torch.is_grad_enabled():
+                part = checkpoint(_chunk_logprobs, *args, temperature, use_reentrant=False)
+            else:
+                part = _chunk_logprobs(*args, temperature)
+            parts.append(part)
+        return torch.cat(parts, dim=1)
+
+    head.forward = forward  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def token_logprobs(
+    model: nn.Module, batch: Collated, temperature: float = 1.0, *, logits_budget: int = 1 << 24, fused: bool = True
+) -> torch.Tensor:
+    """Logprob of each next token, ``(B, T−1)``, at least float32, at the sampling temperature.
+
+    Args:
+        model: A causal LM.
+        batch: The micro-batch.
+        temperature: The temperature the tokens were sampled at.
+        logits_budget: Most logits elements materialised at once (chunked head); models whose
+            head output is post-processed (soft-capping, scaling) compute full logits instead.
+        fused: Use the chunked head when the model allows it (``False``: full logits).
+    """
+    if fused and _fusable(model):
+        head = _output_head(model)
+        assert head is not None
+        vocab = head.weight.shape[0]
+        chunk = max(1, logits_budget // max(1, batch.input_ids.shape[0] * vocab))
+        with _logprob_head(model, batch.targets, temperature, chunk):
+            out: torch.Tensor = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        return out
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()

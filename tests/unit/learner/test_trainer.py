@@ -85,3 +85,23 @@ def test_empty_or_untrainable_batches_are_rejected():
     untrained = [replace(s, loss_mask=(False,) * len(s.token_ids)) for s in random_batch(n=2)]
     with pytest.raises(ValueError, match="no trained token"):
         trainer.train_step(untrained)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_chunked_logprob_head_equals_full_logits_values_and_gradients(temperature):
+    from services.learner.core.batching import collate
+    from services.learner.trainer import token_logprobs
+
+    batch = collate(random_batch(n=4, seed=8))
+    results = []
+    for kwargs in ({"fused": False}, {"logits_budget": 64 * 4 * 3}):  # 3 positions per chunk
+        model = tiny_llama(seed=4)
+        logp = token_logprobs(model, batch, temperature, **kwargs)
+        (logp * batch.loss_mask).sum().backward()
+        results.append((logp.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+        assert model.lm_head.forward.__self__ is model.lm_head  # the patch is undone
+    (full, g_full), (chunked, g_chunked) = results
+    assert torch.allclose(full, chunked, atol=1e-6)
+    assert len(g_full) == len(g_chunked)
+    for a, b in zip(g_full, g_chunked, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
