@@ -28,16 +28,19 @@ async def serve_forever(
     stop: asyncio.Event,
     consumer: str = "designer-0",
     initial_version: int = 0,
-) -> list[BatchResult]:
+) -> list[tuple[int, BatchResult]]:
     """Design a batch now, then after every ``regenerate_every`` published versions, until ``stop``.
 
+    Several versions published while a batch runs count once: the next batch uses the newest
+    weights rather than running one batch per missed window.
+
     Returns:
-        The batches run (for logs and tests).
+        ``(weight version seen, batch)`` for every batch run (for logs and tests).
     """
     if regenerate_every < 1:
         raise ValueError(f"regenerate_every must be >= 1, got {regenerate_every}")
-    results = [await designer.run_batch()]
     last_version = initial_version
+    results = [(last_version, await designer.run_batch())]
     while not stop.is_set():
         deliveries = await queue.consume(WEIGHTS_PUBLISHED, CONSUMER_GROUP, consumer, count=16, block_ms=500)
         newest = last_version
@@ -46,7 +49,7 @@ async def serve_forever(
             newest = max(newest, int(message.weight_version))
         if newest - last_version >= regenerate_every:
             log.info("weights v%d published: designing a new batch", newest)
-            results.append(await designer.run_batch())
+            results.append((newest, await designer.run_batch()))
             last_version = newest
         for delivery in deliveries:
             await queue.ack(WEIGHTS_PUBLISHED, CONSUMER_GROUP, delivery.message_id)
