@@ -80,6 +80,13 @@ EXAMPLES: dict[str, Example] = {
             "before extrapolating.",
         ),
         _example(
+            "number_hunt",
+            Setting.GAME,
+            "Mathematical Reasoning",
+            "Always guess the middle of the range that is still possible: each answer halves it. If the last "
+            "guess cannot be certain, pick the middle anyway; it is the closest on average.",
+        ),
+        _example(
             "order_desk",
             Setting.TOOL,
             "Multi-Step Workflows",
