@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from services.designer.adapters import MemoryAdapter, parse_weight_version
 from services.designer.cli import designer as designer_cli
@@ -42,7 +42,7 @@ def test_settings_come_from_the_environment_and_unsafe_defaults_refuse_to_start(
     with pytest.raises(ValueError, match="SANDBOX_API_KEY"):
         settings.require_safe()
     DesignerSettings(dev_mode=True).require_safe()
-    DesignerSettings(sandbox_api_key="k").require_safe()
+    DesignerSettings(sandbox_api_key=SecretStr("k")).require_safe()
 
 
 def test_weight_versions_from_the_server_become_integers() -> None:
