@@ -393,7 +393,11 @@ class SandboxPool:
         channel.max_frame = s.observation_bytes
         session = SandboxSession(self, jail, spawned, zygote, channel, s.step_seconds)
         self._sessions.add(session)
-        await session.begin(request, s.session_start_seconds)
+        try:
+            await session.begin(request, s.session_start_seconds)
+        except BaseException:  # cancelled while opening: nobody will ever close it
+            await asyncio.shield(session.close())
+            raise
         return session
 
     def _remember_repair(self, code: str, report: ValidationReport) -> None:

@@ -114,6 +114,10 @@ class SandboxSession:
             outcome = ended_outcome(
                 Outcome.TIMEOUT, f"{what} ran past its wall-clock limit of {timeout_s:g} s", self.last
             )
+        except asyncio.CancelledError:
+            # A reply may still be on its way: the channel is out of step for good, so end it.
+            await asyncio.shield(self.close())
+            raise
         except FrameTooLarge as exc:
             outcome = ended_outcome(
                 Outcome.LIMIT, f"the env's reply was {exc.size} bytes, over the limit of {exc.limit}", self.last

@@ -159,3 +159,19 @@ async def test_concurrent_requests_never_cross_channels() -> None:
             *(pool.execute(program, stdin=token, files={f"f{i}": b""}) for i, token in enumerate(tokens))
         )
         assert [r.stdout for r in results] == [token + b" 1" for token in tokens]
+
+
+async def test_a_cancelled_step_ends_the_session_instead_of_desynchronising_it() -> None:
+    slow_step = NEEDS_REPAIR.replace(
+        "        self.t += 1\n", "        self.t += 1\n        import time\n        time.sleep(0.5)\n"
+    )
+    async with SandboxPool(IsolationSettings()) as pool:
+        session = await pool.open_session(slow_step, "game", 1, CheckConfig())
+        assert session.initial.outcome is Outcome.OK
+        step = asyncio.create_task(session.step("\\boxed{guess 1}"))
+        await asyncio.sleep(0.1)
+        step.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await step
+        assert not session.alive
+        assert pool.health()["sessions"] == 0
