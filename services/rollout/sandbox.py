@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import grpc
@@ -73,34 +74,55 @@ def _outcome(state: sandbox_pb2.SessionState) -> StepOutcome:
     )
 
 
+async def _requests(outbox: asyncio.Queue[sandbox_pb2.PlayRequest | None]) -> AsyncIterator[sandbox_pb2.PlayRequest]:
+    """The stream's requests, fed by the session (None ends the stream).
+
+    gRPC sends them from its own request iterator: a ``write`` racing the server's early abort would
+    otherwise fail locally with "Internal error from Core" and hide the server's real status.
+    """
+    while True:
+        item = await outbox.get()
+        if item is None:
+            return
+        yield item
+
+
 class GrpcSession:
     """One env session on a ``Play`` stream."""
 
-    def __init__(self, call: Any, initial: StepOutcome) -> None:
+    def __init__(self, call: Any, outbox: asyncio.Queue[sandbox_pb2.PlayRequest | None], initial: StepOutcome) -> None:
         self._call = call
+        self._outbox = outbox
         self.initial = initial
 
     async def step(self, action: str) -> StepOutcome:
         """Send one action and wait for the env's answer."""
+        await self._outbox.put(sandbox_pb2.PlayRequest(action=action))
         try:
-            await self._call.write(sandbox_pb2.PlayRequest(action=action))
             response = await self._call.read()
         except grpc.aio.AioRpcError as exc:
-            raise _fault(exc) from exc
+            raise _fault(exc.code(), exc.details()) from exc
         if response is _EOF:
             raise SandboxFault("the sandbox closed the Play stream mid-session")
         return _outcome(response.state)
 
     async def close(self) -> None:
         """End the stream (the sandbox closes the session)."""
-        self._call.cancel()
+        await _end(self._call, self._outbox)
 
 
-def _fault(exc: grpc.aio.AioRpcError) -> Exception:
-    if exc.code() in _RETRYABLE:
-        return SandboxFault(f"sandbox gRPC {exc.code().name}: {exc.details()}")
+async def _end(call: Any, outbox: asyncio.Queue[sandbox_pb2.PlayRequest | None]) -> None:
+    """Finish the request iterator first (gRPC cannot close it while it waits), then the call."""
+    await outbox.put(None)
+    await asyncio.sleep(0)
+    call.cancel()
+
+
+def _fault(code: grpc.StatusCode, details: str | None) -> Exception:
+    if code in _RETRYABLE:
+        return SandboxFault(f"sandbox gRPC {code.name}: {details}")
     return RuntimeError(
-        f"the sandbox refused the session ({exc.code().name}: {exc.details()}); check the rollout's "
+        f"the sandbox refused the session ({code.name}: {details}); check the rollout's "
         "sandbox API key and the sandbox's limits"
     )
 
@@ -122,20 +144,22 @@ class GrpcSandboxSessions:
 
     async def open_session(self, code: str, setting: str, seed: int) -> GrpcSession:
         """Open a ``Play`` stream and reset the env on it."""
-        call = self._stub.Play(metadata=self._metadata)
+        outbox: asyncio.Queue[sandbox_pb2.PlayRequest | None] = asyncio.Queue()
+        open_request = sandbox_pb2.OpenSessionRequest(code=code, setting=setting, seed=seed)
+        await outbox.put(sandbox_pb2.PlayRequest(open=open_request))
+        call = self._stub.Play(_requests(outbox), metadata=self._metadata)
         try:
-            await call.write(
-                sandbox_pb2.PlayRequest(open=sandbox_pb2.OpenSessionRequest(code=code, setting=setting, seed=seed))
-            )
             response = await asyncio.wait_for(call.read(), self._open_timeout_s)
         except TimeoutError as exc:
-            call.cancel()
+            await _end(call, outbox)
             raise SandboxFault(f"the sandbox did not open a session within {self._open_timeout_s}s") from exc
         except grpc.aio.AioRpcError as exc:
-            raise _fault(exc) from exc
+            await _end(call, outbox)
+            raise _fault(exc.code(), exc.details()) from exc
         if response is _EOF:
+            await _end(call, outbox)
             raise SandboxFault("the sandbox closed the Play stream before the session opened")
-        return GrpcSession(call, _outcome(response.state))
+        return GrpcSession(call, outbox, _outcome(response.state))
 
     async def close(self) -> None:
         """Close the channel."""

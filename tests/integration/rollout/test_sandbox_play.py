@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
+import json
+import signal
+import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
+import grpc
 import pytest
 import pytest_asyncio
 
@@ -17,8 +21,6 @@ from services.rollout.sandbox import GrpcSandboxSessions, PoolSessions
 from services.sandbox.core.auth import hash_key
 from services.sandbox.isolation import SandboxPool
 from services.sandbox.isolation.settings import IsolationSettings
-from services.sandbox.settings import SandboxSettings
-from services.sandbox.wiring import serving
 from tests.unit.rollout.players import ScriptedPolicy
 
 ROLLOUT_KEY = "rollout-test-key"
@@ -64,45 +66,41 @@ async def pool() -> AsyncIterator[SandboxPool]:
         await pool.stop()
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @pytest.fixture(scope="module")
-def sandbox_target() -> Iterator[str]:
-    """The sandbox service on loopback, on its own loop in a thread (a separate server)."""
-    settings = SandboxSettings.model_validate(
-        {
-            "host": "127.0.0.1",
-            "grpc_port": 0,
-            "http_port": 0,
-            "api_keys": [{"tenant": "rollout", "key_sha256": hash_key(ROLLOUT_KEY), "max_sessions": 16}],
-        }
+def sandbox_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``spade serve sandbox`` as its own process on loopback, with a tenant key for the rollout."""
+    grpc_port, http_port = _free_port(), _free_port()
+    config = tmp_path_factory.mktemp("sandbox") / "sandbox.json"
+    config.write_text(
+        json.dumps(
+            {
+                "host": "127.0.0.1",
+                "grpc_port": grpc_port,
+                "http_port": http_port,
+                "api_keys": [{"tenant": "rollout", "key_sha256": hash_key(ROLLOUT_KEY), "max_sessions": 16}],
+            }
+        )
     )
-    target: list[str] = []
-    failure: list[BaseException] = []
-    started = threading.Event()
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-
-    async def main() -> None:
-        try:
-            async with serving(settings) as running:
-                target.append(f"127.0.0.1:{running.grpc_port}")
-                started.set()
-                await stop.wait()
-        except BaseException as exc:
-            failure.append(exc)
-            started.set()
-
-    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
-    thread.start()
-    started.wait(120)
-    if failure:
-        raise failure[0]
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.Popen([sys.executable, "-m", "spade.cli", "serve", "sandbox", "--config", str(config)], cwd=root)
+    target = f"127.0.0.1:{grpc_port}"
     try:
-        yield target[0]
+        with grpc.insecure_channel(target) as channel:
+            grpc.channel_ready_future(channel).result(timeout=120)
+        yield target
     finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(30)
-        with contextlib.suppress(Exception):
-            loop.close()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
 
 
 SPEC = EnvSpec("colour", "game", "Pattern Recognition", COLOUR_ENV, hint="Read the observation.")
