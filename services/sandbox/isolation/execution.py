@@ -70,33 +70,36 @@ async def run_execution(
                 fault = str(message.get("error"))
         await asyncio.wait({stdout, stderr})  # unlike gather, cancelling this leaves them running
 
-    body = asyncio.create_task(finish())
-    limit = asyncio.create_task(overflow.wait())
     try:
-        done, _ = await asyncio.wait({body, limit}, timeout=wall, return_when=asyncio.FIRST_COMPLETED)
-        if not done:
-            timed_out = True
-        elif body in done:
-            body.result()  # re-raise a channel failure
-    except (OSError, ConnectionError) as exc:
-        fault = fault or f"request channel failed: {exc}"
+        body = asyncio.create_task(finish())
+        limit = asyncio.create_task(overflow.wait())
+        try:
+            done, _ = await asyncio.wait({body, limit}, timeout=wall, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                timed_out = True
+            elif body in done:
+                body.result()  # re-raise a channel failure
+        except (OSError, ConnectionError) as exc:
+            fault = fault or f"request channel failed: {exc}"
+        finally:
+            for task in (body, limit, feeder):
+                task.cancel()
+            await asyncio.gather(body, limit, feeder, return_exceptions=True)
+        duration_ms = (time.perf_counter() - start) * 1000
+        exited: dict[str, Any] | None = None
+        if report is None or timed_out or overflow.is_set():
+            exited = await stop()
+        if fault is not None and report is None and not timed_out:
+            raise SandboxFault(f"sandbox fault during execution: {fault}")
+        if exited is None and report is None and not timed_out and not overflow.is_set():
+            raise SandboxFault("the sandbox lost the execution (zygote died)")
+        # The processes are gone (or were killed): the pipes reach their end promptly.
+        await asyncio.wait({stdout, stderr}, timeout=EXIT_GRACE_S)
     finally:
-        for task in (body, limit, feeder):
+        # Whatever happened (even cancellation), no reader may outlive the pipes the caller closes.
+        for task in (stdout, stderr):
             task.cancel()
-        await asyncio.gather(body, limit, feeder, return_exceptions=True)
-    duration_ms = (time.perf_counter() - start) * 1000
-    exited: dict[str, Any] | None = None
-    if report is None or timed_out or overflow.is_set():
-        exited = await stop()
-    if fault is not None and report is None and not timed_out:
-        raise SandboxFault(f"sandbox fault during execution: {fault}")
-    if exited is None and report is None and not timed_out and not overflow.is_set():
-        raise SandboxFault("the sandbox lost the execution (zygote died)")
-    # The processes are gone (or were killed): the pipes reach their end promptly.
-    _, pending = await asyncio.wait({stdout, stderr}, timeout=EXIT_GRACE_S)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(stdout, stderr, return_exceptions=True)
+        await asyncio.gather(stdout, stderr, return_exceptions=True)
     status, exit_code = classify_execution(
         Observed(report, exited, timed_out, overflow.is_set(), cpu_limit_s=float(math.ceil(cpu)))
     )

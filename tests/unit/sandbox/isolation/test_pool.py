@@ -175,3 +175,14 @@ async def test_a_cancelled_step_ends_the_session_instead_of_desynchronising_it()
             await step
         assert not session.alive
         assert pool.health()["sessions"] == 0
+
+
+async def test_a_cancelled_execution_is_killed_and_the_pool_carries_on() -> None:
+    async with SandboxPool(IsolationSettings()) as pool:
+        running = asyncio.create_task(pool.execute("import sys, time\nprint('up', flush=True)\ntime.sleep(30)"))
+        await asyncio.sleep(0.5)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        result = await pool.execute("print('next')")
+        assert result.stdout == b"next\n"
