@@ -209,12 +209,21 @@ class CheckpointManager:
             model_state.update(load_file(str(shard)))
         if not model_state:
             raise CheckpointError(f"checkpoint {path} holds no safetensors weights")
-        # Tied weights are stored once; the other names are filled from the model itself.
-        own = get_model_state_dict(model, options=_full_options())
-        missing = sorted(set(own) - set(model_state))
-        for name in missing:
-            model_state[name] = own[name]
-        set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True, strict=False))
+        # Tied weights are stored once (save_pretrained drops the duplicates): every other name of
+        # the same parameter takes the stored tensor.
+        names_of: dict[int, list[str]] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            names_of.setdefault(id(param), []).append(name)
+        for names in names_of.values():
+            stored = next((n for n in names if n in model_state), None)
+            if stored is not None:
+                for name in names:
+                    model_state.setdefault(name, model_state[stored])
+        expected = set(get_model_state_dict(model, options=_full_options()))
+        missing = sorted(expected - set(model_state))
+        if missing:
+            raise CheckpointError(f"checkpoint {path} lacks {len(missing)} tensors of the model, e.g. {missing[:5]}")
+        set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True))
         optim_state = torch.load(path / "optimizer.pt", weights_only=False)
         set_optimizer_state_dict(model, optimizer, optim_state, options=StateDictOptions(full_state_dict=True))
         rng = torch.load(path / "rng.pt", weights_only=False)
