@@ -163,3 +163,14 @@ async def test_hostile_env_cannot_forge_a_valid_report(pool: SandboxPool) -> Non
     report = await pool.validate(code, "game", CONFIG)
     assert not report.valid
     await assert_healthy(pool)
+
+
+async def test_validation_report_flood_is_bounded(pool: SandboxPool) -> None:
+    # Module code floods the report channel with one enormous frame announcement.
+    code = env("return 'ready', {}") + (
+        "\nimport socket, struct\nsocket.socket(fileno=3).sendall(struct.pack('>I', 2**31) + b'x' * 65536)\n"
+    )
+    report = await pool.validate(code, "game", CONFIG)
+    assert not report.valid
+    assert any("misbehaved" in c.detail for c in report.checks), report.checks
+    await assert_healthy(pool)

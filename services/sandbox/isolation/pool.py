@@ -339,6 +339,7 @@ class SandboxPool:
             try:
                 limits_dict = self._limits(cpu_s=cpu, memory_mb=memory)
                 async with self._jail("exec", limits_dict, [stdin_r, out_w, err_w]) as (spawned, zygote, channel):
+                    channel.max_frame = 1 << 16  # pid 1's report is a few numbers
                     try:
                         return await run_execution(
                             channel,
@@ -431,6 +432,8 @@ class SandboxPool:
         running: str | None = None
         finished: list[dict[str, Any]] = []
         async with self._concurrency, self._jail("validate", limits, []) as (spawned, zygote, channel):
+            # A report holds the repaired code and one line per check: bounded, whatever the env does.
+            channel.max_frame = s.observation_bytes + 2 * len(code.encode("utf-8", "surrogatepass")) + (1 << 20)
             reason: str
             try:
                 async with asyncio.timeout(s.validate_wall_seconds):
