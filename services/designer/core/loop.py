@@ -204,7 +204,15 @@ class Designer:
         tasks = [asyncio.create_task(slot_task(slot, skill)) for slot, skill in enumerate(skills)]
         timed_out = False
         if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=config.batch_timeout_s)
+            try:
+                _, pending = await asyncio.wait(tasks, timeout=config.batch_timeout_s)
+            except asyncio.CancelledError:
+                # The caller gave up on the batch: stop the slots (attempts already generated still
+                # finish and publish on their own, shielded).
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
             if pending:
                 timed_out = True
                 log.warning(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from services.designer.adapters import MemoryAdapter
@@ -223,3 +224,28 @@ async def test_memory_examples_reach_the_prompt(
     # A memory outage while storing a valid env is not the designer's fault: no sample, no env.
     assert result.records[0].outcome is AttemptOutcome.INFRA_FAILED
     assert await samples(queue) == [] and await ready(queue) == []
+
+
+async def test_cancelling_a_batch_still_publishes_generated_attempts(
+    config_for: Callable[..., DesignerConfig],
+    queue: InProcessQueue,
+    memory: MemoryAdapter,
+    documents: CorpusSampler,
+) -> None:
+    import asyncio
+
+    policy = ScriptedPolicy([answer("Validating", marker="slow"), answer("Never")], delays=[0.0, float("inf")])
+    validator = MarkerValidator(release=policy.cancelled)
+    designer = make(config_for(envs_per_batch=2, concurrency=2), policy, queue, memory, documents, validator)
+    batch = asyncio.create_task(designer.run_batch())
+    while validator.calls == 0 or len(policy.prompts) < 2:
+        await asyncio.sleep(0.01)
+    batch.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await batch
+    assert batch.cancelled()
+    published: list[queues_pb2.DesignerSample] = []
+    while not published:  # the shielded attempt finishes on its own
+        published = await samples(queue)
+    assert [s.valid for s in published] == [True]
+    assert len(await ready(queue)) == 1
