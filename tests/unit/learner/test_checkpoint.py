@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -39,7 +40,7 @@ def test_round_trip_restores_model_optimizer_state_and_ties(tmp_path):
     source = trained(0)
     manager = CheckpointManager(tmp_path, keep=2)
     path = manager.save(7, source.model, source.optimizer, {"version": 7, "window": {"k": 2}})
-    assert path == tmp_path / "step-00000007"
+    assert path is not None and path == tmp_path / "step-00000007"
     assert (path / "model" / "model.safetensors").is_file() and (path / "model" / "config.json").is_file()
 
     target = trained(1)  # different weights and optimizer moments
@@ -48,7 +49,8 @@ def test_round_trip_restores_model_optimizer_state_and_ties(tmp_path):
     assert restored.state == {"step": 7, "version": 7, "window": {"k": 2}}
     for (name, a), b in zip(source.model.state_dict().items(), target.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
-    assert target.model.lm_head.weight is target.model.model.embed_tokens.weight
+    model: Any = target.model
+    assert model.lm_head.weight is model.model.embed_tokens.weight
     src_state = list(source.optimizer.state.values())
     dst_state = list(target.optimizer.state.values())
     for a, b in zip(src_state, dst_state, strict=True):
