@@ -174,8 +174,14 @@ def create_app(engine: BatchEngine, *, served_model_name: str | None = None, hea
     async def generate(body: GenerateRequest) -> dict[str, Any]:
         if body.stream:
             raise InvalidRequest("streaming is not supported by the embedded server; send stream=false")
+        if body.input_ids is not None:
+            input_ids = body.input_ids
+        else:
+            input_ids = [int(t) for t in engine.tokenizer(body.text or "", add_special_tokens=False)["input_ids"]]
+            if not input_ids:
+                raise InvalidRequest("text tokenises to no tokens; send a non-empty prompt")
         job = GenerationJob(
-            input_ids=body.input_ids,
+            input_ids=input_ids,
             params=body.sampling_params,
             return_logprob=body.return_logprob,
             logprob_start_len=body.logprob_start_len,

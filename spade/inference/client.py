@@ -303,7 +303,7 @@ class InferenceClient:
             InferenceUnavailable: no worker answered within the retry budget.
         """
         request = GenerateRequest(
-            input_ids=list(input_ids),
+            input_ids=[int(t) for t in input_ids],
             sampling_params=sampling or SamplingParams(),
             return_logprob=return_logprob,
             rid=rid,

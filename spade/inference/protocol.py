@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 #: The SGLang release these shapes were read from.
 SGLANG_VERSION = "0.5.23"
@@ -69,7 +69,10 @@ class GenerateRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    input_ids: list[int] = Field(description="The prompt, already tokenised (chat template applied).")
+    input_ids: list[int] | None = Field(
+        default=None, description="The prompt, already tokenised (chat template applied)."
+    )
+    text: str | None = Field(default=None, description="The prompt as text (tokenised by the server); SPADE sends ids.")
     sampling_params: SamplingParams = SamplingParams()  # pydantic copies mutable defaults
     return_logprob: bool = Field(default=False, description="Return per-token logprobs in meta_info.")
     logprob_start_len: int = Field(
@@ -80,12 +83,20 @@ class GenerateRequest(BaseModel):
 
     @field_validator("input_ids")
     @classmethod
-    def _input_ids(cls, value: list[int]) -> list[int]:
+    def _input_ids(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return None
         if not value:
             raise ValueError("input_ids must hold at least one token id")
         if any(t < 0 for t in value):
             raise ValueError("input_ids must be non-negative token ids")
         return value
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateRequest:
+        if (self.input_ids is None) == (self.text is None):
+            raise ValueError("give exactly one of input_ids (token ids) or text")
+        return self
 
 
 FinishType = Literal["stop", "length", "abort"]

@@ -146,9 +146,22 @@ async def test_input_logprobs_match_teacher_forcing(http: httpx.AsyncClient, eng
         ({"input_ids": [1, 2], "sampling_params": {"temperature": -1}}, "temperature"),
         ({"input_ids": [1, 2], "sampling_params": {"top_k": 0}}, "top_k"),
         ({"input_ids": [1, 2], "stream": True}, "streaming"),
+        ({"sampling_params": {}}, "exactly one of input_ids"),
+        ({"input_ids": [1], "text": "hi"}, "exactly one of input_ids"),
     ],
 )
 async def test_bad_requests_get_400_with_the_reason(http: httpx.AsyncClient, body: dict, needle: str) -> None:
     response = await http.post("/generate", json=body)
     assert response.status_code == 400
     assert needle in response.json()["error"]["message"]
+
+
+async def test_a_text_prompt_is_tokenised_by_the_server(http: httpx.AsyncClient, engine: BatchEngine) -> None:
+    text = "The capital of France is"
+    body = {"text": text, "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+    by_text = (await http.post("/generate", json=body)).json()
+    ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+    by_ids = (await http.post("/generate", json=body)).json()
+    assert by_text["output_ids"] == by_ids["output_ids"]
+    assert by_text["meta_info"]["prompt_tokens"] == len(ids)
