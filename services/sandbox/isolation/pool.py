@@ -31,7 +31,7 @@ from services.sandbox.isolation.settings import IsolationSettings
 from services.sandbox.isolation.staging import remove_staging, stage_sources
 from services.sandbox.isolation.validation import stopped_report
 from services.sandbox.isolation.zygote import Spawned, Zygote, ZygotePlan
-from spade.envs.types import CheckConfig, Outcome, StepOutcome, ValidationReport
+from spade.envs.types import CheckConfig, Outcome, ValidationReport
 
 log = logging.getLogger(__name__)
 
@@ -482,4 +482,4 @@ def _death_reason(exited: dict[str, Any] | None, cpu_limit: float) -> str:
     return f"the checker's process exited (code {exited.get('code')}) before reporting"
 
 
-__all__ = ["SandboxPool", "SandboxSession", "StepOutcome"]
+__all__ = ["SandboxPool", "SandboxSession"]
