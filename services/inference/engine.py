@@ -386,6 +386,7 @@ class BatchEngine:
             return  # drain: in-flight requests finish on the old weights
         old = self.model
         self.model, self.model_path, self.weight_version = swap.model, swap.path, swap.version
+        self.config = swap.model.config
         del old
         with self._cond:
             self._swap = None

@@ -165,3 +165,16 @@ async def test_a_text_prompt_is_tokenised_by_the_server(http: httpx.AsyncClient,
     by_ids = (await http.post("/generate", json=body)).json()
     assert by_text["output_ids"] == by_ids["output_ids"]
     assert by_text["meta_info"]["prompt_tokens"] == len(ids)
+
+
+async def test_a_full_queue_answers_503(http: httpx.AsyncClient, engine: BatchEngine) -> None:
+    limit = engine.max_waiting
+    engine.max_waiting = 0  # every new request finds the queue full
+    try:
+        response = await http.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}})
+        assert response.status_code == 503
+        assert "max_waiting" in response.json()["error"]["message"]
+    finally:
+        engine.max_waiting = limit
+    response = await http.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}})
+    assert response.status_code == 200
