@@ -8,6 +8,7 @@ the sandbox uid, with empty package ``__init__`` files above them. Only that dir
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -53,7 +54,8 @@ def stage_sources(parent: str | None = None) -> Path:
     Args:
         parent: directory to create it in (default: the system temp dir).
     """
-    root = Path(tempfile.mkdtemp(prefix="spade-sandbox-", dir=parent))
+    # The service's pid in the name tells whose sandbox a process belongs to (ps, tests).
+    root = Path(tempfile.mkdtemp(prefix=f"spade-sandbox-{os.getpid()}-", dir=parent))
     root.chmod(0o755)
     _package(root / "spade", "Staged copy: only the env contract library is present.")
     envs = _envs_dir()
