@@ -38,9 +38,9 @@ def test_bad_settings_are_refused_with_the_fix():
     with pytest.raises(ValidationError, match="min_agent_groups"):
         LearnerSettings(dev_mode=True, min_agent_groups=5, agent_groups_per_step=2)
     with pytest.raises(ValidationError, match="zero_low < low"):
-        LearnerSettings(dev_mode=True, rewards={"plateau_low": 0.1})
+        LearnerSettings.model_validate({"dev_mode": True, "rewards": {"plateau_low": 0.1}})
     with pytest.raises(ValidationError):
-        LearnerSettings(dev_mode=True, loss={"type": "grpo", "eps_low": 1.5})
+        LearnerSettings.model_validate({"dev_mode": True, "loss": {"type": "grpo", "eps_low": 1.5}})
 
 
 def test_cli_refuses_a_standalone_learner_on_the_in_process_queue(monkeypatch, tmp_path):
