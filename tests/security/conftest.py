@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -99,9 +100,14 @@ async def pool(planted: dict[str, Path]) -> AsyncIterator[SandboxPool]:
     finally:
         await pool.stop()
         os.environ.pop("SPADE_ESCAPE_SECRET", None)
-    # Nothing may outlive the pool: not a zygote, not a jail, not a fork-bomb child.
-    mine = descendants(os.getpid())
-    stray = {pid: cmd for pid, cmd in sandbox_pids().items() if pid not in before}
-    assert not mine & set(stray), f"sandbox processes outlived the pool: {stray}"
-    leaked = {pid: cmd for pid, cmd in sandbox_pids().items() if instance in cmd}
-    assert not leaked, f"sandbox processes outlived the pool: {leaked}"
+    # Nothing may outlive the pool: not a zygote, not a jail, not a fork-bomb child. (A killed
+    # jail's last process may take a moment to be reaped; a leak never goes away.)
+    deadline = time.monotonic() + 3.0
+    while True:
+        sandboxed = sandbox_pids()
+        outlived = {pid: cmd for pid, cmd in sandboxed.items() if pid not in before and pid in descendants(os.getpid())}
+        outlived |= {pid: cmd for pid, cmd in sandboxed.items() if instance in cmd}
+        if not outlived or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not outlived, f"sandbox processes outlived the pool: {outlived}"
