@@ -46,7 +46,7 @@ class DesignerSettings(BaseSettings):
     max_prompt_tokens: int = Field(
         default=5632, ge=256, le=1_048_576, description="Budget of the chat-templated prompt; parts shrink to fit."
     )
-    max_new_tokens: int = Field(default=2048, ge=64, le=262_144, description="Most tokens generated per attempt.")
+    max_new_tokens: int = Field(default=2048, ge=1, le=262_144, description="Most tokens generated per attempt.")
     temperature: float = Field(default=0.6, ge=0.0, le=2.0, description="Sampling temperature (0.6 as the paper).")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     doc_max_words: int = Field(

@@ -1,104 +1,120 @@
-"""One designer batch with the real embedded model: SmolLM2-135M served by the in-repo SGLang-compatible
-server, called through the real inference client, validated by the real sandbox.
+"""The designer as a separate service (``designer_service`` wiring) with the real model.
 
-A 135M model rarely writes a valid env; what must hold is that every attempt it makes becomes a
-trainable sample carrying the exact prompt ids, its output ids with one logprob each, and the
+Everything is real and reached the way distributed mode reaches it: the embedded SGLang-compatible
+server with SmolLM2-135M over HTTP, the sandbox and the memory over gRPC on loopback, and the queue on
+the real Redis. A 135M model rarely writes a valid env; what must hold is that its attempt becomes
+a trainable sample carrying the exact prompt ids, its output ids with one logprob each and the
 weight version that produced them, with a named reason when it is not valid.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from services.designer.adapters import InferencePolicy, MemoryAdapter, PoolValidator
 from services.designer.core.attempt import AttemptOutcome
-from services.designer.core.loop import Designer, DesignerConfig
-from services.designer.core.ports import Sampling
-from services.designer.corpus.loader import CorpusSampler, parse_lines
-from services.designer.wiring import repair
-from services.inference.app import create_app
-from services.inference.engine import BatchEngine
-from services.inference.models import ensure_default_model
-from services.memory.service import MemoryService
-from services.memory.store.sql import SqlStore, make_engine, migrate
-from services.sandbox.isolation import IsolationSettings, SandboxPool
-from spade.envs import CHECK_NAMES, CheckConfig
-from spade.inference.client import InferenceClient
+from services.designer.settings import DesignerSettings
+from services.designer.wiring import designer_service
+from services.inference.settings import InferenceSettings
+from services.inference.wiring import ServerHandle, serve_in_thread
+from services.memory.grpc_server import start_grpc
+from services.memory.settings import MemorySettings
+from services.memory.wiring import build_service
+from services.sandbox.settings import SandboxSettings
+from services.sandbox.wiring import serving
+from spade.envs import CHECK_NAMES
 from spade.queues.base import SAMPLES_DESIGNER
-from spade.queues.config import InProcessQueueConfig
-from spade.queues.inprocess import InProcessQueue
+from spade.queues.config import RedisQueueConfig
+from spade.queues.redis_streams import RedisStreamQueue
 from spade.v1 import queues_pb2
+from tests.conftest import REDIS_URL
 
-URL = "http://inference"
+
+async def drop_keys(prefix: str) -> None:
+    import redis.asyncio as redis
+
+    client = redis.from_url(REDIS_URL)
+    try:
+        keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(scope="module")
+def inference() -> Iterator[ServerHandle]:
+    handle = serve_in_thread(InferenceSettings.model_validate({"port": 0, "weight_version": "5", "max_batch_size": 4}))
+    try:
+        yield handle
+    finally:
+        handle.stop()
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[InferenceClient]:
-    model_dir = ensure_default_model()
-    engine = BatchEngine(model_dir, weight_version="0", max_batch_size=4)
-    engine.start()
-    transport = httpx.ASGITransport(app=create_app(engine))
+async def addresses(tmp_path: Path) -> AsyncIterator[dict[str, str]]:
+    memory = build_service(
+        MemorySettings.model_validate({"database_url": f"sqlite:///{tmp_path / 'm.db'}", "dev_mode": True})
+    )
+    server, port = await start_grpc(memory, "127.0.0.1:0")
+    sandbox = SandboxSettings.model_validate({"host": "127.0.0.1", "grpc_port": 0, "http_port": 0, "dev_mode": True})
     try:
-        async with InferenceClient([URL], tokenizer_path=model_dir, transports={URL: transport}) as client:
-            yield client
+        async with serving(sandbox) as running:
+            yield {"memory": f"127.0.0.1:{port}", "sandbox": f"127.0.0.1:{running.grpc_port}"}
     finally:
-        engine.close()
+        await server.stop(None)
+        memory.store.engine.dispose()
 
 
 @pytest.mark.slow
-async def test_every_attempt_of_the_real_model_is_a_token_exact_sample(client: InferenceClient, tmp_path: Path) -> None:
-    engine = make_engine(f"sqlite:///{tmp_path / 'memory.db'}")
-    migrate(engine)
-    queue = InProcessQueue(InProcessQueueConfig(max_len=100))
-    policy = InferencePolicy(client)
-    config = DesignerConfig(
-        setting="game",
-        envs_per_batch=1,
-        max_attempts_per_env=1,
-        concurrency=1,
-        # Small on purpose: CPU generation on 2 shared cores is slow; the path is what is tested.
-        sampling=Sampling(max_new_tokens=8, temperature=0.6),
-        max_prompt_tokens=1000,
-        doc_max_words=40,
-        doc_min_words=20,
-        n_positive=0,
-        n_negative=0,
+async def test_the_wired_designer_turns_a_real_model_attempt_into_a_token_exact_sample(
+    inference: ServerHandle, addresses: dict[str, str], tmp_path: Path
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"text": "The greatest common divisor of two integers divides both."}) + "\n")
+    queue_config = {"kind": "redis", "url": REDIS_URL, "prefix": f"test-designer-{uuid.uuid4().hex[:8]}"}
+    settings = DesignerSettings.model_validate(
+        {
+            "dev_mode": True,
+            "setting": "game",
+            "envs_per_batch": 1,
+            "max_attempts_per_env": 1,
+            # Small on purpose: CPU generation on 2 shared cores is the cost; the path is what is tested.
+            "max_new_tokens": 8,
+            "max_prompt_tokens": 1000,  # the example env (~1.2k tokens) is dropped to fit
+            "doc_max_words": 40,
+            "doc_min_words": 20,
+            "n_positive": 0,
+            "n_negative": 0,
+            "corpus_path": corpus,
+            "inference_urls": [inference.url],
+            "tokenizer_path": inference.engine.model_path,
+            "sandbox_address": addresses["sandbox"],
+            "memory_address": addresses["memory"],
+            "queue": queue_config,
+        }
     )
-    docs = [json.dumps({"text": "The greatest common divisor of two integers divides both.", "id": "gcd"})]
-    async with SandboxPool(IsolationSettings()) as pool:
-        designer = Designer(
-            config,
-            llm=policy,
-            validator=PoolValidator(pool, CheckConfig(seeds=(0, 1), random_policy_episodes=5)),
-            memory=MemoryAdapter(MemoryService(SqlStore(engine))),
-            queue=queue,
-            documents=CorpusSampler(parse_lines(docs)),
-            examples=(),  # the example env alone is ~1.2k tokens; budget fitting is tested elsewhere
-            repair=repair,
-        )
-        result = await designer.run_batch()
+    async with designer_service(settings) as runtime:
+        result = await runtime.designer.run_batch()
 
-    assert len(result.records) == 1
-    assert all(r.outcome.trainable for r in result.records), [r.error for r in result.records]
-    samples = []
-    while batch := await queue.consume(SAMPLES_DESIGNER, "t", "t", count=10, block_ms=10):
-        samples += [queues_pb2.DesignerSample.FromString(d.payload) for d in batch]
-    assert len(samples) == 1
-    for record, sample in zip(
-        sorted(result.records, key=lambda r: r.sample_id), sorted(samples, key=lambda s: s.sample_id), strict=True
-    ):
-        assert sample.sample_id == record.sample_id and sample.batch_id == result.batch_id
-        assert 0 < len(sample.output_ids) <= 8
-        assert len(sample.output_logprobs) == len(sample.output_ids)
-        assert all(lp <= 0.0 for lp in sample.output_logprobs)
-        assert sample.weight_version == 0
-        assert len(sample.prompt_ids) <= 1000
-        assert client.apply_chat_template(list(record.prompt_messages)) == list(sample.prompt_ids)
-        if record.outcome is not AttemptOutcome.VALID:
-            assert not sample.valid and sample.failed_check in (*CHECK_NAMES, "output_format", "duplicate")
-    await queue.close()
+    (record,) = result.records
+    assert record.outcome.trainable, record.error
+    reader = RedisStreamQueue(RedisQueueConfig.model_validate(queue_config))
+    try:
+        (delivery,) = await reader.consume(SAMPLES_DESIGNER, "test", "t", count=10, block_ms=1000)
+        sample = queues_pb2.DesignerSample.FromString(delivery.payload)
+    finally:
+        await reader.close()
+        await drop_keys(queue_config["prefix"])
+    assert sample.sample_id == record.sample_id and sample.batch_id == result.batch_id
+    assert list(sample.prompt_ids) == list(record.prompt_ids) and 0 < len(sample.prompt_ids) <= 1000
+    assert 0 < len(sample.output_ids) <= 8
+    assert len(sample.output_logprobs) == len(sample.output_ids)
+    assert all(lp <= 0.0 for lp in sample.output_logprobs)
+    assert sample.weight_version == 5
+    if record.outcome is not AttemptOutcome.VALID:
+        assert not sample.valid and sample.failed_check in (*CHECK_NAMES, "output_format", "duplicate")
