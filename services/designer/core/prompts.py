@@ -47,7 +47,7 @@ Write one game class whose name ends in `Env`:
 - Standard library only; no input(), files, network or printing."""
 
 TOOL_CONTRACT = """\
-Write one class whose name ends in `Env` and subclasses `ToolEnv` (import it as the example does).
+Write one class whose name ends in `Env` and subclasses `ToolEnv` (`from spade.envs import ToolEnv`).
 `ToolEnv` owns `reset()` and `step()`; you write:
 - `tools`: a class attribute, a list of OpenAI function schemas `{"name", "description",
   "parameters"}` (nested object and array arguments and `enum` allowed);

@@ -64,7 +64,7 @@ def test_the_example_is_shown_in_the_exact_answer_format_the_parser_reads() -> N
 
 def test_tool_prompt_uses_the_tool_contract_and_plan_hints() -> None:
     text = render_messages(parts(setting="tool", skill=skill_named("tool", "Error Recovery")))[1]["content"]
-    assert "ToolEnv" in text and "setup(self, rng)" in text and "criteria" in text
+    assert "from spade.envs import ToolEnv" in text and "setup(self, rng)" in text and "criteria" in text
     assert "False right after setup" in text
     assert "step plan" in text and "no argument values" in text
 
