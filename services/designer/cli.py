@@ -109,3 +109,7 @@ def show_prompt(setting: str, skill: str | None, corpus_path: Path | None, seed:
     for message in fitted.messages:
         click.echo(f"--- {message['role']} ---\n{message['content']}\n")
     click.echo(f"--- {len(fitted.prompt_ids)} prompt tokens (budget {settings.max_prompt_tokens}) ---")
+
+
+if __name__ == "__main__":
+    designer()
