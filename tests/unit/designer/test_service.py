@@ -90,3 +90,13 @@ def test_build_corpus_command_writes_the_tool_corpus(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "tool:" in result.output
     assert len(load_jsonl(tmp_path / "tool.jsonl")) > 500
+
+
+def test_serve_refuses_to_start_without_a_sandbox_key_outside_dev_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.designer.cli import serve
+
+    monkeypatch.delenv("SPADE_DESIGNER_SANDBOX_API_KEY", raising=False)
+    monkeypatch.delenv("SPADE_DESIGNER_DEV_MODE", raising=False)
+    result = CliRunner().invoke(serve, [])
+    assert result.exit_code == 2
+    assert "SANDBOX_API_KEY" in result.output
