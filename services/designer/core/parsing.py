@@ -9,10 +9,10 @@ The designer answers with one fenced Python block followed by a marked hint sect
     Walls only block moves, so ...
 
 The hint is part of the trained output, so an answer without one is an invalid attempt (with a
-reason), never silently completed. Parsing is tolerant of what small models do: a ``HINT:`` or
-``## Hint`` marker, text before the fence, an untagged fence, a missing closing fence right before
-the marker. The marker is only recognised outside code fences (``### HINT`` inside the code is a
-Python comment, not the hint section).
+reason), never silently completed. Parsing is tolerant of what small models do: a ``HINT:``,
+``## Hint`` or ``<hint>...</hint>`` marker, text before the fence, an untagged fence, a missing
+closing fence right before the marker. The marker is only recognised outside code fences
+(``### HINT`` inside the code is a Python comment, not the hint section).
 """
 
 from __future__ import annotations
@@ -24,8 +24,11 @@ from dataclasses import dataclass
 HINT_MARKER = "### HINT"
 OUTPUT_FORMAT_CHECK = "output_format"
 
-# A marker line: "### HINT", "## Hint:", "**HINT**", "HINT:" (the latter may carry the hint on the same line).
-_MARKER = re.compile(r"^\s*(?:#{1,6}\s*|\*\*\s*)?hint\b\s*(?:\*\*)?\s*:?\s*(?:\*\*)?\s*(?P<rest>.*)$", re.IGNORECASE)
+# A marker line: "### HINT", "## Hint:", "**HINT**", "HINT:", "<hint>" (all but the first may carry the
+# hint on the same line).
+_MARKER = re.compile(
+    r"^\s*(?:#{1,6}\s*|\*\*\s*|<)?hint\b\s*(?:\*\*|>)?\s*:?\s*(?:\*\*)?\s*(?P<rest>.*)$", re.IGNORECASE
+)
 _FENCE = re.compile(r"^\s*(```|~~~)")
 
 
@@ -140,8 +143,8 @@ def parse_output(
     code = extract(before).strip()
     if not code or not re.search(r"^\s*class\s+\w+", code, re.MULTILINE):
         return ParseFailure("no environment class in a ```python block before the hint section")
-    # A fence or a second code block inside the hint is formatting noise, not hint content.
-    hint = re.sub(r"```[a-zA-Z]*", "", hint).strip()
+    # Fences and a closing </hint> tag are formatting noise, not hint content.
+    hint = re.sub(r"```[a-zA-Z]*|</hint\s*>", "", hint, flags=re.IGNORECASE).strip()
     if not hint:
         return ParseFailure(f"the '{HINT_MARKER}' section is empty: state the key insight or step plan")
     if len(hint) > max_hint_chars:

@@ -35,7 +35,7 @@ def test_a_hint_comment_inside_the_code_is_not_the_hint_section() -> None:
 
 
 def test_marker_variants_small_models_write() -> None:
-    for marker in ("### HINT", "## Hint", "HINT:", "**Hint:**", "### Hint:"):
+    for marker in ("### HINT", "## Hint", "HINT:", "**Hint:**", "### Hint:", "<hint>"):
         parsed = parse_output(f"```python\n{CODE}```\n{marker}\nPairs cancel out.")
         assert isinstance(parsed, ParsedOutput), marker
         assert parsed.hint == "Pairs cancel out."
@@ -71,3 +71,9 @@ def test_prose_mentioning_hints_before_the_code_is_not_the_marker() -> None:
     assert isinstance(parsed, ParsedOutput)
     assert parsed.hint == "Pairs cancel out."
     assert isinstance(parse_output(f"Hints matter.\n```python\n{CODE}```\nno marker"), ParseFailure)
+
+
+def test_a_hint_tag_is_read_without_the_tags() -> None:
+    parsed = parse_output(f"```python\n{CODE}```\n<hint>Pairs cancel out.</hint>")
+    assert isinstance(parsed, ParsedOutput)
+    assert parsed.hint == "Pairs cancel out."
