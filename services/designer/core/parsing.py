@@ -72,7 +72,7 @@ def split_hint(text: str) -> tuple[str, str] | None:
 
     >>> split_hint("```python\\nx = 1  # HINT: no\\n```\\n### HINT\\nThink.")
     ('```python\\nx = 1  # HINT: no\\n```\\n', 'Think.')
-    >>> split_hint("```python\\n### HINT\\n") is None
+    >>> split_hint("```python\\n### HINT\\n```\\n") is None
     True
     """
     lines = text.splitlines(keepends=True)

@@ -5,7 +5,7 @@ setting; the starting skill advances from batch to batch so that a batch smaller
 covers every skill over consecutive batches.
 
 >>> [s.name for s in assign_skills("game", 3, batch_index=1)]
-['Logical Deduction', 'Spatial Reasoning', 'Pattern Recognition']
+['Pattern Recognition', 'Optimization', 'Causal Inference']
 """
 
 from __future__ import annotations
