@@ -77,7 +77,7 @@ async def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    engine = BatchEngine(None, max_batch_size=max(args.levels))
+    engine = BatchEngine(None, max_batch_size=max(args.levels), torch_threads=args.threads)
     engine.start()
     app = create_app(engine)
     try:

@@ -168,6 +168,8 @@ class BatchEngine:
         max_prefill_tokens: prompt tokens admitted per scheduler iteration (at least one request).
         context_length: longest prompt + completion; ``None``: the model's ``max_position_embeddings``.
         dtype: weights' dtype (float32 keeps logprobs within 1e-4 of a float32 learner).
+        torch_threads: intra-op threads of the scheduler thread (which does all model compute);
+            ``None``: torch's default. Set only for that thread, so the rest of the process keeps its own.
     """
 
     def __init__(
@@ -180,6 +182,7 @@ class BatchEngine:
         max_prefill_tokens: int = 8192,
         context_length: int | None = None,
         dtype: torch.dtype = torch.float32,
+        torch_threads: int | None = None,
     ) -> None:
         self.model_path = resolve_model_path(model_path)
         self.tokenizer_path = self.model_path
@@ -188,6 +191,7 @@ class BatchEngine:
         self.max_waiting = max_waiting
         self.max_prefill_tokens = max_prefill_tokens
         self.dtype = dtype
+        self.torch_threads = torch_threads
         self.tokenizer = load_tokenizer(self.model_path)
         self.model = load_model(self.model_path, dtype)
         self.config = self.model.config
@@ -336,6 +340,8 @@ class BatchEngine:
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
+        if self.torch_threads is not None:
+            torch.set_num_threads(self.torch_threads)  # OpenMP: this thread only
         while True:
             with self._cond:
                 while not (self._stopping or self._waiting or self._rows or self._swap):

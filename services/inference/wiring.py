@@ -9,7 +9,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import torch
 import uvicorn
 from fastapi import FastAPI
 
@@ -22,8 +21,6 @@ logger = logging.getLogger(__name__)
 
 def build_engine(settings: InferenceSettings) -> BatchEngine:
     """Load the model and build the (not yet started) batching engine."""
-    if settings.torch_threads is not None:
-        torch.set_num_threads(settings.torch_threads)
     return BatchEngine(
         settings.model_path,
         weight_version=settings.weight_version,
@@ -31,6 +28,7 @@ def build_engine(settings: InferenceSettings) -> BatchEngine:
         max_waiting=settings.max_waiting,
         max_prefill_tokens=settings.max_prefill_tokens,
         context_length=settings.context_length,
+        torch_threads=settings.torch_threads,
     )
 
 

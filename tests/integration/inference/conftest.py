@@ -23,11 +23,9 @@ def model_dir() -> Path:
 @pytest.fixture(scope="session")
 def engine(model_dir: Path) -> Iterator[BatchEngine]:
     """A started engine shared by the session. Tests that swap weights must swap them back."""
-    # One intra-op thread: on a shared 2-core machine, OpenMP threads spinning at barriers make a
-    # 2-thread forward pass tens of times slower under load; 1 thread degrades gracefully.
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    eng = BatchEngine(model_dir, weight_version="0", max_batch_size=16)
+    # One intra-op thread (for the engine's thread only): on a shared 2-core machine, OpenMP threads
+    # spinning at barriers make a 2-thread forward pass tens of times slower under load.
+    eng = BatchEngine(model_dir, weight_version="0", max_batch_size=16, torch_threads=1)
     eng.start()
     yield eng
     eng.close()
@@ -53,8 +51,13 @@ def teacher_forced_logprobs(
     model: torch.nn.Module, prompt: list[int], output: list[int], temperature: float
 ) -> list[float]:
     """Logprobs of ``output`` after ``prompt`` from one full forward pass, as a float32 learner computes them."""
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + output])).logits[0].float()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # see the engine fixture; restored for the rest of the session
+    try:
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + output])).logits[0].float()
+    finally:
+        torch.set_num_threads(threads)
     if temperature > 0:
         logits = logits / temperature
     logprobs = torch.log_softmax(logits, dim=-1)
