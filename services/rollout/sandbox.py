@@ -134,16 +134,37 @@ class GrpcSandboxSessions:
         target: ``host:port`` of the sandbox's gRPC server.
         api_key: The rollout's tenant key (sent as ``authorization: Bearer …``); None in dev mode.
         open_timeout_s: Longest wait for a session to open.
+        open_attempts: Tries of one open on transient statuses before ``SandboxFault``.
     """
 
-    def __init__(self, target: str, api_key: str | None = None, *, open_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, target: str, api_key: str | None = None, *, open_timeout_s: float = 60.0, open_attempts: int = 3
+    ) -> None:
+        if open_attempts < 1:
+            raise ValueError(f"open_attempts must be >= 1, got {open_attempts}")
+        self._open_attempts = open_attempts
         self._channel = grpc.aio.insecure_channel(target)
         self._stub = sandbox_pb2_grpc.SandboxStub(self._channel)
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self._open_timeout_s = open_timeout_s
 
     async def open_session(self, code: str, setting: str, seed: int) -> GrpcSession:
-        """Open a ``Play`` stream and reset the env on it."""
+        """Open a ``Play`` stream and reset the env on it.
+
+        Opening is retried on transient statuses: grpc.aio sometimes reports a server's immediate
+        verdict (a bad key, say) as INTERNAL when the verdict races the open request, and a retry
+        then reads the real one. A failed open leaves nothing behind: the stream's end closes it.
+        """
+        for attempt in range(1, self._open_attempts + 1):
+            try:
+                return await self._open(code, setting, seed)
+            except SandboxFault:
+                if attempt == self._open_attempts:
+                    raise
+                await asyncio.sleep(0.05 * attempt)
+        raise AssertionError("unreachable")
+
+    async def _open(self, code: str, setting: str, seed: int) -> GrpcSession:
         outbox: asyncio.Queue[sandbox_pb2.PlayRequest | None] = asyncio.Queue()
         open_request = sandbox_pb2.OpenSessionRequest(code=code, setting=setting, seed=seed)
         await outbox.put(sandbox_pb2.PlayRequest(open=open_request))
