@@ -53,7 +53,8 @@ class PoolSessions:
         return await self._pool.open_session(code, setting, seed, self._checks)
 
 
-def _outcome(state: sandbox_pb2.SessionState) -> StepOutcome:
+def state_outcome(state: sandbox_pb2.SessionState) -> StepOutcome:
+    """A ``SessionState`` from the wire as a ``StepOutcome`` (an unknown verdict counts as a sandbox fault)."""
     try:
         info = json.loads(state.info_json) if state.info_json else {}
     except json.JSONDecodeError:
@@ -104,7 +105,7 @@ class GrpcSession:
             raise _fault(exc.code(), exc.details()) from exc
         if response is _EOF:
             raise SandboxFault("the sandbox closed the Play stream mid-session")
-        return _outcome(response.state)
+        return state_outcome(response.state)
 
     async def close(self) -> None:
         """End the stream (the sandbox closes the session)."""
@@ -180,7 +181,7 @@ class GrpcSandboxSessions:
         if response is _EOF:
             await _end(call, outbox)
             raise SandboxFault("the sandbox closed the Play stream before the session opened")
-        return GrpcSession(call, outbox, _outcome(response.state))
+        return GrpcSession(call, outbox, state_outcome(response.state))
 
     async def close(self) -> None:
         """Close the channel."""

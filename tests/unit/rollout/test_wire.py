@@ -8,7 +8,7 @@ from services.rollout.core.episode import Play, tool_turn_messages
 from services.rollout.core.ports import EnvSpec, FinishReason
 from services.rollout.core.trajectory import Trajectory
 from services.rollout.samples import to_agent_sample, to_play_record
-from services.rollout.sandbox import _outcome
+from services.rollout.sandbox import state_outcome
 from spade.envs import Outcome, StepOutcome
 from spade.v1 import sandbox_pb2
 
@@ -17,7 +17,7 @@ def test_sandbox_states_become_step_outcomes_and_unknown_verdicts_are_faults() -
     state = sandbox_pb2.SessionState(
         observation="o", reward=1.0, terminated=True, info_json=json.dumps({"tools": [1]}), turn=2, outcome="ok"
     )
-    got = _outcome(state)
+    got = state_outcome(state)
     assert (got.observation, got.reward, got.terminated, got.info, got.outcome) == (
         "o",
         1.0,
@@ -25,9 +25,9 @@ def test_sandbox_states_become_step_outcomes_and_unknown_verdicts_are_faults() -
         {"tools": [1]},
         Outcome.OK,
     )
-    assert _outcome(sandbox_pb2.SessionState(outcome="timeout")).outcome is Outcome.TIMEOUT
-    assert _outcome(sandbox_pb2.SessionState(outcome="exploded")).outcome is Outcome.SANDBOX_FAULT
-    assert _outcome(sandbox_pb2.SessionState(info_json="not json")).info == {}
+    assert state_outcome(sandbox_pb2.SessionState(outcome="timeout")).outcome is Outcome.TIMEOUT
+    assert state_outcome(sandbox_pb2.SessionState(outcome="exploded")).outcome is Outcome.SANDBOX_FAULT
+    assert state_outcome(sandbox_pb2.SessionState(info_json="not json")).info == {}
 
 
 def _step(info: dict[str, object], observation: str = "obs") -> StepOutcome:
