@@ -21,6 +21,9 @@ from services.rollout.sandbox import GrpcSandboxSessions, PoolSessions
 from services.sandbox.core.auth import hash_key
 from services.sandbox.isolation import SandboxPool
 from services.sandbox.isolation.settings import IsolationSettings
+from spade.envs import Setting, ToolCall
+from spade.envs.examples import EXAMPLES, Example
+from spade.envs.loader import load_env_class
 from tests.unit.rollout.players import ScriptedPolicy
 
 ROLLOUT_KEY = "rollout-test-key"
@@ -143,3 +146,28 @@ async def test_a_wrong_api_key_is_a_clear_error_not_a_retry(sandbox_target: str,
             await sessions.open_session(COLOUR_ENV, "game", 1)
     finally:
         await sessions.close()
+
+
+def _solution_replies(example: Example, seed: int) -> list[str]:
+    """The example's own solution() for ``seed``, as agent replies (our trusted repo code, loaded here)."""
+    loaded = load_env_class(example.code, example.setting)
+    assert loaded.env_class is not None, loaded.problems
+    env = loaded.env_class()
+    env.reset(seed=seed)
+    if example.setting is Setting.GAME:
+        return [f"My move: {action}" for action in env.solution()]
+    return ["\n".join(ToolCall.from_dict(dict(c)).to_text() for c in calls) for calls in env.solution()]
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+async def test_every_example_env_is_won_by_replaying_its_solution_through_the_pool(
+    name: str, pool: SandboxPool, template: FormatterTemplate
+) -> None:
+    example = EXAMPLES[name]
+    seed = 1234
+    replies = _solution_replies(example, seed)
+    spec = EnvSpec(name, example.setting.value, example.skill, example.code, example.hint)
+    limits = PlayLimits(max_turns=len(replies), max_tokens_per_turn=1024, max_total_tokens=32_000)
+    runner = EpisodeRunner(PoolSessions(pool), ScriptedPolicy(template, replies), template, limits)
+    play = await runner.play(spec, seed, hinted=True)
+    assert (play.finish_reason, play.episode_return, play.turns) == (FinishReason.TERMINATED, 1.0, len(replies))
