@@ -120,9 +120,12 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServicer):
         session_id: str | None = None
         who: Tenant | None = None
         try:
-            who = self._tenant(context)
             async for message in request_iterator:
                 kind = message.WhichOneof("kind")
+                if who is None:
+                    # Authenticate once the first message is in: an early abort before the client has
+                    # sent anything surfaces in grpc.aio clients as an INTERNAL error instead of ours.
+                    who = self._tenant(context)
                 if session_id is None:
                     if kind != "open":
                         raise InvalidRequest("the first Play message must be 'open' with code, setting and seed")

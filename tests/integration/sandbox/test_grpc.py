@@ -100,3 +100,10 @@ def test_another_tenant_cannot_step_a_session(stub: sandbox_pb2_grpc.SandboxStub
         assert _code(excinfo) == grpc.StatusCode.PERMISSION_DENIED
     finally:
         stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id=state.session_id), metadata=ALICE)
+
+
+def test_play_stream_with_a_bad_key_is_unauthenticated(stub: sandbox_pb2_grpc.SandboxStub) -> None:
+    opening = sandbox_pb2.PlayRequest(open=sandbox_pb2.OpenSessionRequest(code=COUNTER_ENV, seed=1))
+    with pytest.raises(grpc.RpcError) as excinfo:
+        list(stub.Play(iter([opening]), metadata=(("authorization", "Bearer wrong"),)))
+    assert _code(excinfo) == grpc.StatusCode.UNAUTHENTICATED
