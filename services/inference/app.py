@@ -7,7 +7,7 @@ Routes and field names follow SGLang 0.5.x (``sglang/srt/entrypoints/http_server
 statuses in :func:`_install_error_handlers`, the one place that does so.
 
 Differences from SGLang: one prompt per ``/generate`` request (no batched ``input_ids`` lists), no
-streaming, no prefix cache (``/flush_cache`` only checks that the server is idle, as SGLang does),
+streaming, a simple LRU prefix cache instead of a radix tree (``/flush_cache`` clears it when idle),
 ``n == 1`` in chat completions.
 """
 
@@ -123,7 +123,7 @@ def generate_response(outcome: GenerationOutcome, return_logprob: bool) -> Gener
         finish_reason=outcome.finish_reason,
         prompt_tokens=outcome.prompt_tokens,
         completion_tokens=len(outcome.output_ids),
-        cached_tokens=0,
+        cached_tokens=outcome.cached_tokens,
         weight_version=outcome.weight_version,
         e2e_latency=outcome.latency_s,
     )
@@ -224,9 +224,9 @@ def create_app(engine: BatchEngine, *, served_model_name: str | None = None, hea
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> PlainTextResponse:
-        if engine.num_running or engine.num_waiting:
+        if not engine.flush_cache():
             return PlainTextResponse("Flush cache failed: there are running or waiting requests.\n", status_code=400)
-        return PlainTextResponse("Cache flushed.\n(The embedded server keeps no prefix cache.)\n")
+        return PlainTextResponse("Cache flushed.\n")
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest) -> JSONResponse:

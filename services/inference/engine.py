@@ -39,6 +39,7 @@ from transformers.cache_utils import DynamicCache
 
 from services.inference.kv import KVBatch
 from services.inference.models import load_model, load_tokenizer, resolve_model_path
+from services.inference.prefix_cache import PrefixCache
 from services.inference.sampling import (
     StopRule,
     finish_for_token,
@@ -95,6 +96,7 @@ class GenerationOutcome:
     prompt_tokens: int
     text: str
     latency_s: float
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ class _Row:
     input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     finish: dict[str, Any] | None = None
     stop_string: str | None = None
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -153,6 +156,10 @@ def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], value
     loop.call_soon_threadsafe(apply)
 
 
+def _layer_kv(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return layer.keys, layer.values
+
+
 def _next_version(current: str) -> str:
     return str(int(current) + 1) if current.isdigit() else current
 
@@ -170,6 +177,7 @@ class BatchEngine:
         dtype: weights' dtype (float32 keeps logprobs within 1e-4 of a float32 learner).
         torch_threads: intra-op threads of the scheduler thread (which does all model compute);
             ``None``: torch's default. Set only for that thread, so the rest of the process keeps its own.
+        prefix_cache_tokens: prompt tokens whose KV is kept for reuse (:mod:`.prefix_cache`); 0: off.
     """
 
     def __init__(
@@ -183,6 +191,7 @@ class BatchEngine:
         context_length: int | None = None,
         dtype: torch.dtype = torch.float32,
         torch_threads: int | None = None,
+        prefix_cache_tokens: int = 8192,
     ) -> None:
         self.model_path = resolve_model_path(model_path)
         self.tokenizer_path = self.model_path
@@ -192,6 +201,7 @@ class BatchEngine:
         self.max_prefill_tokens = max_prefill_tokens
         self.dtype = dtype
         self.torch_threads = torch_threads
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.tokenizer = load_tokenizer(self.model_path)
         self.model = load_model(self.model_path, dtype)
         self.config = self.model.config
@@ -336,6 +346,13 @@ class BatchEngine:
             self._cond.notify_all()
         return await swap.future
 
+    def flush_cache(self) -> bool:
+        """Drop the prefix cache if the server is idle (SGLang refuses while requests run)."""
+        if self._rows or self._waiting:
+            return False
+        self.prefix_cache.clear()
+        return True
+
     # -- scheduler thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -393,6 +410,7 @@ class BatchEngine:
         old = self.model
         self.model, self.model_path, self.weight_version = swap.model, swap.path, swap.version
         self.config = swap.model.config
+        self.prefix_cache.clear()  # the cached KV was computed by the old weights
         del old
         with self._cond:
             self._swap = None
@@ -410,20 +428,24 @@ class BatchEngine:
             job = pending.job
             if pending.cancelled:
                 continue
-            prompt = torch.tensor([job.input_ids], dtype=torch.long)
             cache = DynamicCache(config=self.config)
             want_inputs = job.return_logprob and job.logprob_start_len >= 0
+            reused, prefix = (0, None) if want_inputs else self.prefix_cache.lookup(job.input_ids)
+            for layer_index, (keys, values) in enumerate(prefix or []):
+                cache.update(keys, values, layer_index)
             logits = self._forward(
-                input_ids=prompt,
+                input_ids=torch.tensor([job.input_ids[reused:]], dtype=torch.long),
                 cache=cache,
-                position_ids=torch.arange(prompt.shape[1]).unsqueeze(0),
+                position_ids=torch.arange(reused, len(job.input_ids)).unsqueeze(0),
                 logits_to_keep=0 if want_inputs else 1,
             )[0]
+            self.prefix_cache.insert(job.input_ids, [_layer_kv(layer) for layer in cache.layers])
             budget = min(job.params.max_new_tokens, self.context_length - len(job.input_ids))
             generator = None
             if job.params.sampling_seed is not None:
                 generator = torch.Generator().manual_seed(job.params.sampling_seed)
             row = _Row(pending, StopRule.build(job.params, self.eos_ids, budget), generator, self.weight_version)
+            row.cached_tokens = reused
             if want_inputs:
                 row.input_logprobs = self._input_logprobs(logits, job.input_ids, job.logprob_start_len)
             if budget <= 0:
@@ -486,19 +508,22 @@ class BatchEngine:
     def _retire(self) -> None:
         """Deliver finished and drop cancelled rows; compact the batch."""
         keep: list[int] = []
+        done: list[_Row] = []
         for i, row in enumerate(self._rows):
             if row.pending.cancelled:
                 continue
             if row.finish is None:
                 keep.append(i)
-                continue
+            else:
+                done.append(row)
+        if len(keep) != len(self._rows):
+            # Compact before delivering, so a caller that sees its answer never sees its row running.
+            self._rows = [self._rows[i] for i in keep]
+            self._next_tokens = [self._next_tokens[i] for i in keep]
+            self._positions = [self._positions[i] for i in keep]
+            self._batch.keep_rows(keep)
+        for row in done:
             self._deliver(row)
-        if len(keep) == len(self._rows):
-            return
-        self._rows = [self._rows[i] for i in keep]
-        self._next_tokens = [self._next_tokens[i] for i in keep]
-        self._positions = [self._positions[i] for i in keep]
-        self._batch.keep_rows(keep)
 
     def _deliver(self, row: _Row) -> None:
         job, finish = row.pending.job, row.finish or {"type": "abort", "message": "unfinished"}
@@ -515,6 +540,7 @@ class BatchEngine:
             prompt_tokens=len(job.input_ids),
             text=text,
             latency_s=time.monotonic() - row.pending.arrived,
+            cached_tokens=row.cached_tokens,
         )
         _resolve(row.pending.loop, row.pending.future, outcome)
 

@@ -29,6 +29,7 @@ def build_engine(settings: InferenceSettings) -> BatchEngine:
         max_prefill_tokens=settings.max_prefill_tokens,
         context_length=settings.context_length,
         torch_threads=settings.torch_threads,
+        prefix_cache_tokens=settings.prefix_cache_tokens,
     )
 
 

@@ -178,3 +178,36 @@ async def test_a_full_queue_answers_503(http: httpx.AsyncClient, engine: BatchEn
         engine.max_waiting = limit
     response = await http.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}})
     assert response.status_code == 200
+
+
+async def test_a_repeated_prefix_is_reused_without_changing_the_result(
+    http: httpx.AsyncClient, engine: BatchEngine
+) -> None:
+    """A multi-turn conversation resends its history: the second turn prefills only the new tokens,
+    and its tokens and logprobs are still those of a full teacher-forced pass."""
+    assert (await http.post("/flush_cache")).status_code == 200
+    first_turn = chat_ids(engine, "Name a fruit.")
+    body = {"input_ids": first_turn, "sampling_params": {"max_new_tokens": 6, "temperature": 0}, "return_logprob": True}
+    first = (await http.post("/generate", json=body)).json()
+    assert first["meta_info"]["cached_tokens"] == 0
+    history = [
+        {"role": "user", "content": "Name a fruit."},
+        {"role": "assistant", "content": first["text"]},
+        {"role": "user", "content": "And a vegetable?"},
+    ]
+    rendered = engine.tokenizer.apply_chat_template(history, add_generation_prompt=True, return_dict=False)
+    second_turn = [int(t) for t in rendered]  # type: ignore[arg-type]
+    body = {
+        "input_ids": second_turn,
+        "sampling_params": {"max_new_tokens": 6, "temperature": 0.8},
+        "return_logprob": True,
+    }
+    second = (await http.post("/generate", json=body)).json()
+    assert second["meta_info"]["cached_tokens"] >= len(first_turn) - 1
+    served = [lp for lp, _, _ in second["meta_info"]["output_token_logprobs"]]
+    reference = teacher_forced_logprobs(engine.model, second_turn, second["output_ids"], 0.8)
+    assert max(abs(a - b) for a, b in zip(served, reference, strict=True)) < 1e-4
+    # Flushing forgets it.
+    assert (await http.post("/flush_cache")).status_code == 200
+    again = (await http.post("/generate", json=body)).json()
+    assert again["meta_info"]["cached_tokens"] == 0
