@@ -7,6 +7,7 @@ a sharded checkpoint must reload into a freshly sharded model exactly.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -70,3 +71,62 @@ def test_two_fsdp2_ranks_match_one_process(tmp_path):
     for name, value in model.state_dict().items():
         assert torch.allclose(result["state"][name], value, atol=1e-6), name
         assert torch.equal(result["reloaded"][name], result["state"][name]), name
+
+
+@pytest.mark.slow
+async def test_the_whole_learner_sharded_over_two_ranks_matches_one_process(tmp_path, base_model):
+    from services.learner.wiring import build_learner, close_learner
+    from spade.queues.inprocess import InProcessQueue
+
+    from .conftest import make_settings
+    from .test_learner_loop import phase_one, phase_two
+
+    sharded_dir = tmp_path / "sharded"
+    sharded_dir.mkdir()
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        str(Path(__file__).with_name("learner_worker.py")),
+        str(sharded_dir),
+        str(base_model),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, cwd=ROOT, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+    _, stderr = await asyncio.wait_for(proc.communicate(), timeout=300)
+    assert proc.returncode == 0, stderr.decode()[-4000:]
+    result = torch.load(sharded_dir / "result.pt", weights_only=False)
+
+    single_dir = tmp_path / "single"
+    queue = InProcessQueue()
+    learner = build_learner(make_settings(single_dir, base_model, keep_checkpoints=3), queue=queue)
+    await phase_one(queue)
+    reports = [await learner.run_step()]
+    await phase_two(queue)
+    reports += [await learner.run_step(), await learner.run_step()]
+    await close_learner(learner)
+
+    assert result["version"] == learner.version == 3
+    for ours, theirs in zip([r.flat_metrics() for r in reports], result["metrics"], strict=True):
+        for key in ("loss", "grad_norm", "trained_tokens", "samples", "designer/blend_mean"):
+            if key not in ours:
+                assert key not in theirs, key
+                continue
+            assert theirs[key] == pytest.approx(ours[key], rel=1e-4, abs=1e-7), key
+        assert {k: v for k, v in theirs.items() if k.startswith("count/")} == {
+            k: v for k, v in ours.items() if k.startswith("count/")
+        }
+    # Step 1's gradients (Adam's first moment, saved in the step-1 checkpoint) agree name by name.
+    sharded_optim = torch.load(sharded_dir / "ckpt" / "step-00000001" / "optimizer.pt", weights_only=False)
+    single_optim = torch.load(single_dir / "ckpt" / "step-00000001" / "optimizer.pt", weights_only=False)
+    for name, state in single_optim["state"].items():
+        assert torch.allclose(state["exp_avg"], sharded_optim["state"][name]["exp_avg"], atol=1e-8, rtol=1e-4), name
+    assert set(result["state"]) == set(learner.trainer.model.state_dict())
