@@ -4,7 +4,8 @@ Prints generated tokens/s at several concurrency levels through the real client 
 (in-process ASGI transport), and the same model's ``model.generate`` run sequentially on the same
 prompts as the baseline, measured in the same run; the ratio is throughput / baseline. Both sides
 decode greedily and produce exactly ``--tokens`` tokens per prompt (EOS ignored), so they do the
-same work.
+same work. The engine's prefix cache (on by default, as SGLang's radix cache is) reuses the KV of
+the system prompt that all chat prompts share; ``--prefix-cache-tokens 0`` measures without it.
 
     .venv/bin/python bench/inference_bench.py [--tokens 32] [--levels 1 4 16] [--threads N]
 """
@@ -73,11 +74,19 @@ async def main() -> None:
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16], help="concurrency levels")
     parser.add_argument("--baseline-prompts", type=int, default=4, help="prompts in the sequential baseline")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument(
+        "--prefix-cache-tokens", type=int, default=8192, help="engine prefix cache size; 0 turns it off"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    engine = BatchEngine(None, max_batch_size=max(args.levels), torch_threads=args.threads)
+    engine = BatchEngine(
+        None,
+        max_batch_size=max(args.levels),
+        torch_threads=args.threads,
+        prefix_cache_tokens=args.prefix_cache_tokens,
+    )
     engine.start()
     app = create_app(engine)
     try:
@@ -86,7 +95,10 @@ async def main() -> None:
         ) as client:
             await served(client, prompts(engine, 2), 4)  # warm-up
             base = baseline(engine, prompts(engine, args.baseline_prompts), args.tokens)
-            print(f"torch threads: {torch.get_num_threads()}, tokens per request: {args.tokens}")
+            print(
+                f"torch threads: {args.threads or torch.get_num_threads()}, tokens per request: {args.tokens}, "
+                f"prefix cache: {args.prefix_cache_tokens} tokens (prompts share the chat template's system prompt)"
+            )
             print(f"baseline  sequential model.generate: {base:8.1f} tok/s")
             for level in args.levels:
                 rate = await served(client, prompts(engine, level), args.tokens)
