@@ -54,3 +54,44 @@ def test_compose_services_run_known_commands() -> None:
         command = service.get("command")
         if service.get("image", "").startswith("spade"):
             assert command[0] == "serve" and command[1] in SERVICES, name
+
+
+def _settings_fields() -> dict[str, set[str]]:
+    from services.designer.settings import DesignerSettings
+    from services.inference.settings import InferenceSettings
+    from services.learner.settings import LearnerSettings
+    from services.memory.settings import MemorySettings
+    from services.rollout.settings import RolloutSettings
+    from services.sandbox.settings import SandboxSettings
+
+    classes = {
+        "SANDBOX": SandboxSettings,
+        "MEMORY": MemorySettings,
+        "DESIGNER": DesignerSettings,
+        "ROLLOUT": RolloutSettings,
+        "LEARNER": LearnerSettings,
+        "INFERENCE": InferenceSettings,
+    }
+    return {prefix: set(cls.model_fields) for prefix, cls in classes.items()}
+
+
+def _env_names() -> set[str]:
+    names: set[str] = set()
+    for doc in _k8s_docs():
+        if doc["kind"] == "ConfigMap":
+            names |= set(doc["data"])
+        for container in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+            names |= {e["name"] for e in container.get("env", [])}
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for service in compose["services"].values():
+        names |= set(service.get("environment") or {})
+    return names
+
+
+def test_every_spade_variable_names_a_real_setting() -> None:
+    fields = _settings_fields()
+    for name in sorted(n for n in _env_names() if n.startswith("SPADE_")):
+        service, _, rest = name.removeprefix("SPADE_").partition("_")
+        assert service in fields, f"{name}: no service {service}"
+        field = rest.split("__")[0].lower()
+        assert field in fields[service], f"{name}: {service} settings have no field {field!r}"
