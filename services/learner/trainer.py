@@ -91,28 +91,42 @@ def _fusable(model: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def _logprob_head(model: nn.Module, targets: torch.Tensor, temperature: float, chunk: int) -> Iterator[None]:
+def _logprob_head(
+    model: nn.Module, targets: torch.Tensor, mask: torch.Tensor, temperature: float, rows: int
+) -> Iterator[None]:
     """Make the LM head return next-token logprobs ``(B, T−1)`` instead of logits ``(B, T, V)``.
 
-    The logits are computed ``chunk`` positions at a time and recomputed in backward (activation
-    checkpointing), so the full ``(B, T, V)`` tensor and its gradient never exist at once. The head
-    is patched on the instance, inside the model's own forward, so FSDP2's hooks on the root module
-    still gather its weight.
+    Only the trained positions (``mask``) go through the head, ``rows`` of them at a time, and each
+    chunk's logits are recomputed in backward (activation checkpointing): the ``(B, T, V)`` logits
+    and their gradient never exist, and prompt/observation tokens cost no head compute. Untrained
+    positions hold 0. The head is patched on the instance, inside the model's own forward, so
+    FSDP2's hooks on the root module still gather its weight.
     """
     head = _output_head(model)
     assert head is not None
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         hidden = hidden[:, :-1]
+        where = mask > 0
+        if not bool(where.any()):
+            # Nothing trains here (an inert micro-batch): still run one position through the head,
+            # scaled by 0, so backward reaches every parameter (FSDP needs the collectives).
+            where = torch.zeros_like(where)
+            where[0, 0] = True
+            scale = 0.0
+        else:
+            scale = 1.0
+        picked_h, picked_t = hidden[where], targets[where]
         parts = []
-        for start in range(0, hidden.shape[1], chunk):
-            args = (hidden[:, start : start + chunk], head.weight, head.bias, targets[:, start : start + chunk])
+        for start in range(0, picked_h.shape[0], rows):
+            args = (picked_h[start : start + rows], head.weight, head.bias, picked_t[start : start + rows])
             if torch.is_grad_enabled():
-                part = checkpoint(_chunk_logprobs, *args, temperature, use_reentrant=False)
+                parts.append(checkpoint(_chunk_logprobs, *args, temperature, use_reentrant=False))
             else:
-                part = _chunk_logprobs(*args, temperature)
-            parts.append(part)
-        return torch.cat(parts, dim=1)
+                parts.append(_chunk_logprobs(*args, temperature))
+        flat = torch.cat(parts) * scale
+        out = torch.zeros(hidden.shape[:2], dtype=flat.dtype, device=hidden.device)
+        return out.index_put(where.nonzero(as_tuple=True), flat)
 
     head.forward = forward  # type: ignore[method-assign,assignment]
     try:
@@ -126,20 +140,22 @@ def token_logprobs(
 ) -> torch.Tensor:
     """Logprob of each next token, ``(B, T−1)``, at least float32, at the sampling temperature.
 
+    With the fused head (the default) only positions where ``batch.loss_mask`` is set are
+    computed; the others hold 0 (every consumer multiplies by the mask).
+
     Args:
         model: A causal LM.
         batch: The micro-batch.
         temperature: The temperature the tokens were sampled at.
-        logits_budget: Most logits elements materialised at once (chunked head); models whose
-            head output is post-processed (soft-capping, scaling) compute full logits instead.
-        fused: Use the chunked head when the model allows it (``False``: full logits).
+        logits_budget: Most logits elements materialised at once (fused head); models whose head
+            output is post-processed (soft-capping, scaling) compute full logits instead.
+        fused: Use the fused head when the model allows it (``False``: full logits, every position).
     """
     if fused and _fusable(model):
         head = _output_head(model)
         assert head is not None
-        vocab = head.weight.shape[0]
-        chunk = max(1, logits_budget // max(1, batch.input_ids.shape[0] * vocab))
-        with _logprob_head(model, batch.targets, temperature, chunk):
+        rows = max(1, logits_budget // head.weight.shape[0])
+        with _logprob_head(model, batch.targets, batch.loss_mask, temperature, rows):
             out: torch.Tensor = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         return out
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
