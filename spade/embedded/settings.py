@@ -35,11 +35,16 @@ class RunSettings(BaseSettings):
     setting: Literal["game", "tool"] = Field("game", description="Which kind of environment to design and play.")
     steps: int = Field(3, ge=1, le=100_000, description="Learner steps (each publishes a new weight version).")
     envs_per_step: int = Field(2, ge=1, le=4096, description="Environments the designer writes per step.")
-    designer_attempts: int = Field(1, ge=1, le=64, description="Attempts per environment slot.")
+    designer_attempts: int = Field(
+        2, ge=1, le=64, description="Attempts per slot (two give the per-skill centring a pair to compare)."
+    )
     designer_max_new_tokens: int = Field(512, ge=32, le=262_144, description="Tokens per designer attempt.")
+    designer_max_prompt_tokens: int = Field(
+        2048, ge=512, le=1_048_576, description="Token budget of a designer prompt (CPU prefill cost grows with it)."
+    )
     group_size: int = Field(4, ge=2, le=1024, description="G: seeds per env and weight version (each arm).")
     window_versions: int = Field(1, ge=1, le=1000, description="k: weight versions an environment stays active.")
-    agent_max_turns: int = Field(4, ge=1, le=1000, description="Model turns per play.")
+    agent_max_turns: int = Field(3, ge=1, le=1000, description="Model turns per play.")
     agent_max_tokens_per_turn: int = Field(48, ge=1, le=1_000_000, description="Tokens one agent turn may generate.")
     agent_max_total_tokens: int = Field(2048, ge=64, le=10_000_000, description="Length cap of one trajectory.")
     seed_pool: bool = Field(True, description="Start the memory with the contract's example envs (played from step 1).")
