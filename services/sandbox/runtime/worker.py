@@ -67,6 +67,13 @@ def preload() -> dict[str, Any]:
     return {"ok": True, "warm_up": warmed}
 
 
+def degraded_workdir(holder_pid: int) -> str:
+    """The working directory of a request without namespaces (named after its holder)."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"spade-req-{holder_pid}")
+
+
 def report_fault(fd: int, error: str) -> None:
     """Best-effort fault report on the control channel at ``fd`` (sandbox failures only)."""
     with contextlib.suppress(OSError):
@@ -109,10 +116,9 @@ def run(config: dict[str, Any], program: bytes | None, alive_fd: int) -> int:
     jail.keep_fds([0])  # the assignment socket; the zygote's log is closed from here on
     workdir = WORKDIR
     if not userns:
-        # Degraded mode: no private tmpfs; a fresh directory in the zygote's /tmp instead.
-        import tempfile
-
-        workdir = tempfile.mkdtemp(prefix="req-")
+        # Degraded mode: no private tmpfs; a fresh directory the zygote removes after the request.
+        workdir = degraded_workdir(os.getppid())
+        os.mkdir(workdir, 0o700)
     lock_down(program)
     os.chdir(workdir)
     os.environ.clear()

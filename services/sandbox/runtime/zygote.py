@@ -21,6 +21,7 @@ import gc
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import sys
@@ -130,8 +131,7 @@ class Zygote:
         elif op == "kill":
             pid = self.by_id.get(int(message["id"]))
             if pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                kill_jail(pid)
         elif op == "ping":
             self.send({"op": "pong", "children": len(self.children), "warm": len(self.warm)})
 
@@ -199,6 +199,7 @@ class Zygote:
             if pid == 0:
                 return
             request_id = self.children.pop(pid, None)
+            self.cleanup(pid)
             if request_id is None:
                 for jail in [j for j in self.warm if j[0] == pid]:
                     self.warm.remove(jail)
@@ -212,19 +213,36 @@ class Zygote:
                 message["code"] = os.waitstatus_to_exitcode(status)
             self.send(message)
 
+    def cleanup(self, holder_pid: int) -> None:
+        """After a jail's holder is gone: kill what is left of its process group, remove its files.
+
+        With namespaces the pid namespace's end already killed everything and the tmpfs vanished
+        with it; in the degraded mode without them this is what stops leftovers.
+        """
+        kill_jail(holder_pid)
+        if not self.config.get("userns", True):
+            shutil.rmtree(worker.degraded_workdir(holder_pid), ignore_errors=True)
+
     def kill_all(self) -> None:
         for pid in list(self.children):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            kill_jail(pid)
         for pid in list(self.children):
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
+            self.cleanup(pid)
         self.children.clear()
 
     def send(self, message: dict[str, Any]) -> None:
         # If the service is gone, the main loop sees the end of stream next.
         with contextlib.suppress(OSError):
             self.ctl.sendall(encode_frame(message))
+
+
+def kill_jail(holder_pid: int) -> None:
+    """SIGKILL a jail's holder and its process group (the holder leads one of its own)."""
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(holder_pid, signal.SIGKILL)
 
 
 def holder(zygote_pid: int, assignment_fd: int, config: dict[str, Any], program: bytes | None) -> int:
@@ -236,6 +254,7 @@ def holder(zygote_pid: int, assignment_fd: int, config: dict[str, Any], program:
     jail.reset_signals()
     jail.keep_fds([assignment_fd, 2])  # 0: the assignment socket, 1: the service's log
     try:
+        os.setpgid(0, 0)
         jail.prctl(jail.PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != zygote_pid:
             return 137
