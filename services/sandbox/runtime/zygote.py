@@ -219,8 +219,11 @@ class Zygote:
         With namespaces the pid namespace's end already killed everything and the tmpfs vanished
         with it; in the degraded mode without them this is what stops leftovers.
         """
-        kill_jail(holder_pid)
         if not self.config.get("userns", True):
+            # Right after the reap: the id stays taken while members remain, and pids are handed out
+            # cyclically, so it names no other group. With namespaces nothing is left to kill.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(holder_pid, signal.SIGKILL)
             shutil.rmtree(worker.degraded_workdir(holder_pid), ignore_errors=True)
 
     def kill_all(self) -> None:
