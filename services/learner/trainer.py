@@ -179,6 +179,15 @@ def shard_model(model: nn.Module) -> None:
     fully_shard(model)
 
 
+def _adamw(params: list[nn.Parameter], optim: OptimConfig) -> torch.optim.AdamW:
+    """AdamW, fused where torch has a fused kernel for the parameters (several times faster on CPU)."""
+    kwargs = {"lr": optim.lr, "betas": optim.betas, "weight_decay": optim.weight_decay}
+    try:
+        return torch.optim.AdamW(params, fused=True, **kwargs)  # type: ignore[arg-type]
+    except (RuntimeError, ValueError, TypeError):
+        return torch.optim.AdamW(params, foreach=True, **kwargs)  # type: ignore[arg-type]
+
+
 class Trainer:
     """GRPO updates of a causal LM.
 
@@ -211,12 +220,7 @@ class Trainer:
         if ref_model is not None:
             ref_model.eval()
             ref_model.requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=optim.lr,
-            betas=optim.betas,
-            weight_decay=optim.weight_decay,
-        )
+        self.optimizer = _adamw([p for p in model.parameters() if p.requires_grad], optim)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.optim_config.bf16 and self.device.type == "cuda":
