@@ -172,5 +172,8 @@ async def test_validation_report_flood_is_bounded(pool: SandboxPool) -> None:
     )
     report = await pool.validate(code, "game", CONFIG)
     assert not report.valid
-    assert any("misbehaved" in c.detail for c in report.checks), report.checks
+    # Whether the service reads the oversized frame header before it sees the process end is a race;
+    # either way the report must say the checker was cut off, never pass a check it did not run.
+    details = " ".join(c.detail for c in report.checks)
+    assert "misbehaved" in details or "stopped" in details, report.checks
     await assert_healthy(pool)
