@@ -379,3 +379,15 @@ def _real_uid(entry: Path) -> int | None:
     except OSError:
         return None
     return None
+
+
+async def test_hash_seed_is_fixed_across_zygotes(pool: SandboxPool) -> None:
+    # Both regret arms may play in different zygotes (or replicas): str hashing, hence set and dict
+    # iteration order and the instances an env builds from them, must not differ between them.
+    from services.sandbox.isolation.settings import IsolationSettings
+
+    code = "print(hash('spade'), list({'alpha', 'beta', 'gamma', 'delta', 'epsilon'}))"
+    first = await pool.execute(code, b"", {})
+    async with SandboxPool(IsolationSettings()) as other:
+        second = await other.execute(code, b"", {})
+    assert first.status == ExecStatus.OK and first.stdout == second.stdout

@@ -57,7 +57,11 @@ class ZygotePlan:
             # Names this pool's processes in `ps` (and lets tests find any that outlive it).
             "instance": str(self.staging),
         }
-        argv = [str(s.python), "-I", "-S", "-B", f"{root}/{ZYGOTE_SCRIPT}", json.dumps(config)]
+        # Not -I: it implies -E, and the hash seed must come from PYTHONHASHSEED (set below, and the
+        # only variable the process sees). A fixed seed makes set/dict-of-str iteration order, hence an
+        # env's instances, the same in every jail, zygote and replica: both regret arms then face the
+        # same instances. -P -s -S keep the isolation -I gave (no script dir, user site or site).
+        argv = [str(s.python), "-P", "-s", "-S", "-B", f"{root}/{ZYGOTE_SCRIPT}", json.dumps(config)]
         if self.use_bwrap:
             argv = [
                 str(s.bwrap),
@@ -66,6 +70,7 @@ class ZygotePlan:
                 "--die-with-parent",
                 "--new-session",
                 "--clearenv",
+                "--setenv", "PYTHONHASHSEED", "0",
                 "--ro-bind", "/usr", "/usr",
                 "--symlink", "usr/lib", "/lib",
                 "--symlink", "usr/lib64", "/lib64",
@@ -137,7 +142,7 @@ class Zygote:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 pass_fds=(child.fileno(),),
-                env={},
+                env={"PYTHONHASHSEED": "0"},
                 cwd="/",
                 start_new_session=True,
                 **identity,
