@@ -136,7 +136,7 @@ class RolloutWorker:
                 skill=msg.skill or spec.skill,
                 designer_sample_id=msg.designer_sample_id,
                 first_version=msg.weight_version,
-                window=self.config.window,
+                window=msg.window_versions or self.config.window,
             )
         )
         if env.played_through is None and delivery.deliveries > self.config.max_deliveries:

@@ -197,7 +197,15 @@ async def seed_pool(settings: RunSettings, parts: dict[str, Any]) -> list[str]:
             )
         )
         env_id = result.duplicate_of or result.env_id
-        message = queues_pb2.EnvReady(env_id=env_id, setting=settings.setting, skill=example.skill, weight_version=0)
+        # The seed pool stays active for the whole run (designed envs use k), so the agent always has
+        # something to play, even while the designer cannot yet write a valid env.
+        message = queues_pb2.EnvReady(
+            env_id=env_id,
+            setting=settings.setting,
+            skill=example.skill,
+            weight_version=0,
+            window_versions=settings.steps + 1,
+        )
         await publish_proto(parts["queue"], ENVS_READY, message, key=f"seed-{env_id}")
         stored.append(env_id)
     return stored
@@ -218,6 +226,7 @@ def _service_settings(settings: RunSettings, parts: dict[str, Any]) -> dict[str,
             "max_attempts_per_env": settings.designer_attempts,
             "max_new_tokens": settings.designer_max_new_tokens,
             "max_prompt_tokens": settings.designer_max_prompt_tokens,
+            "temperature": settings.temperature,
             "inference_urls": [url],
             "tokenizer_path": parts["model"],
             **settings.designer,
@@ -231,6 +240,7 @@ def _service_settings(settings: RunSettings, parts: dict[str, Any]) -> dict[str,
             "max_turns": settings.agent_max_turns,
             "max_tokens_per_turn": settings.agent_max_tokens_per_turn,
             "max_total_tokens": settings.agent_max_total_tokens,
+            "temperature": settings.temperature,
             "queue": {"kind": "inprocess"},
             "state_url": f"sqlite:///{run_dir / 'rollout.db'}",
             "block_ms": 50,
@@ -249,6 +259,7 @@ def _service_settings(settings: RunSettings, parts: dict[str, Any]) -> dict[str,
             "keep_weights": 2,
             "checkpoint_every": 1,
             "lr": settings.lr,
+            "temperature": settings.temperature,
             "device": "cpu",
             "agent_group_size": settings.group_size,
             "window_versions": settings.window_versions,

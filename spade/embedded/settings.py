@@ -47,6 +47,9 @@ class RunSettings(BaseSettings):
     agent_max_turns: int = Field(3, ge=1, le=1000, description="Model turns per play.")
     agent_max_tokens_per_turn: int = Field(48, ge=1, le=1_000_000, description="Tokens one agent turn may generate.")
     agent_max_total_tokens: int = Field(2048, ge=64, le=10_000_000, description="Length cap of one trajectory.")
+    temperature: float = Field(
+        0.6, gt=0.0, le=2.0, description="Sampling temperature of both roles (the learner rescales logits by it)."
+    )
     seed_pool: bool = Field(True, description="Start the memory with the contract's example envs (played from step 1).")
     lr: float = Field(
         1e-5, gt=0, le=1.0, description="Learning rate (the paper's 1e-6 moves a 135M model too little in 3 steps)."

@@ -34,12 +34,17 @@ class EnvReady(_message.Message):
     SKILL_FIELD_NUMBER: _builtins.int
     WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
     DESIGNER_SAMPLE_ID_FIELD_NUMBER: _builtins.int
+    WINDOW_VERSIONS_FIELD_NUMBER: _builtins.int
     env_id: _builtins.str
     setting: _builtins.str
     skill: _builtins.str
     weight_version: _builtins.int
     """Weight version that designed it: its window starts here."""
     designer_sample_id: _builtins.str
+    window_versions: _builtins.int
+    """Weight versions the env stays active; 0 means the rollout's configured k. The seed pool uses a
+    longer window than designed envs, so the agent always has something to play.
+    """
     def __init__(
         self,
         *,
@@ -48,10 +53,11 @@ class EnvReady(_message.Message):
         skill: _builtins.str = ...,
         weight_version: _builtins.int = ...,
         designer_sample_id: _builtins.str = ...,
+        window_versions: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["designer_sample_id", b"designer_sample_id", "env_id", b"env_id", "setting", b"setting", "skill", b"skill", "weight_version", b"weight_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["designer_sample_id", b"designer_sample_id", "env_id", b"env_id", "setting", b"setting", "skill", b"skill", "weight_version", b"weight_version", "window_versions", b"window_versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
