@@ -144,7 +144,12 @@ class Learner:
         self.on_designer_reward = on_designer_reward
         self.reward_config: DesignerRewardConfig = settings.rewards.to_config()
         self.version = 0
-        self.window = DesignerWindow(k=settings.window_versions, config=self.reward_config)
+        self.window = DesignerWindow(
+            k=settings.window_versions,
+            config=self.reward_config,
+            group_size=settings.agent_group_size,
+            grace=settings.window_grace_versions,
+        )
         self.groups: dict[str, list[AgentPlaySample]] = {}
         self.totals: Counter[str] = Counter()
         self._seen: set[str] = set()
@@ -167,7 +172,12 @@ class Learner:
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore ``state()`` output."""
         self.version = int(state["version"])
-        self.window = DesignerWindow.from_json(state["window"], self.reward_config)
+        self.window = DesignerWindow.from_json(
+            state["window"],
+            self.reward_config,
+            group_size=self.settings.agent_group_size,
+            grace=self.settings.window_grace_versions,
+        )
         self.groups = {k: [play_sample_from_json(p) for p in v] for k, v in state["groups"].items()}
         self.totals = Counter(state.get("totals", {}))
 
@@ -234,10 +244,6 @@ class Learner:
         size = self.settings.agent_group_size
         return [k for k, v in self.groups.items() if len(v) >= size]
 
-    def _designer_due(self) -> bool:
-        k = self.window.k
-        return any(self.version >= a.weight_version + k for a in self.window.pending.values())
-
     async def _fill(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.fill_timeout_s
@@ -295,7 +301,8 @@ class Learner:
         designer, dkept, ddropped = designer_advantages(scored)
         counts["designer_groups"] += dkept
         counts["designer_groups_zero_variance"] += ddropped
-        counts["envs_pruned"] += self.window.prune(self.version, self.window.k + self.settings.max_staleness + 1)
+        keep = self.window.k + self.window.grace + self.settings.max_staleness + 1
+        counts["envs_pruned"] += self.window.prune(self.version, keep)
         batch = agent + designer
         if self.settings.role_normalization:
             batch = normalize_per_role(batch)

@@ -119,6 +119,12 @@ class LearnerSettings(BaseSettings):
         le=10_000,
         description="k: a designer sample is scored k versions after its env's first.",
     )
+    window_grace_versions: int = Field(
+        default=2,
+        ge=0,
+        le=10_000,
+        description="Extra versions a designer sample waits for late plays of its window before being scored.",
+    )
     rewards: RewardSettings = Field(default_factory=RewardSettings, description="Designer reward constants.")
 
     # --- publishing --------------------------------------------------------------------------------

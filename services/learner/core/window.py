@@ -86,13 +86,25 @@ class ScoredAttempt:
 class DesignerWindow:
     """Accumulates plays per env and scores designer attempts when their window closes.
 
+    An attempt is ready once the learner's version is at least its first version + ``k`` **and** its
+    window is complete: ``group_size`` unhinted plays at every version of the window and as many
+    hinted plays at the first version. Plays can lag behind the learner (queue latency, a restart
+    waiting for re-deliveries), so an incomplete window waits up to ``grace`` more versions and is
+    then scored with what arrived (or found unscorable). Invalid attempts need no plays. The
+    attempts of one regeneration batch (``batch_id``) are due together, once all are ready, since
+    their rewards are centred per skill within the batch.
+
     Args:
         k: Window length in weight versions (>= 1).
         config: The designer reward configuration.
+        group_size: Plays per (env, version) group the rollout sends.
+        grace: Extra versions an incomplete window may wait for late plays.
     """
 
     k: int
     config: DesignerRewardConfig = field(default_factory=DesignerRewardConfig)
+    group_size: int = 1
+    grace: int = 0
     plays: dict[str, dict[str, Play]] = field(default_factory=dict)
     pending: dict[str, DesignerAttempt] = field(default_factory=dict)
 
@@ -120,13 +132,49 @@ class DesignerWindow:
 
         The accumulators of scored envs are released. Attempts come back in arrival order.
         """
-        ready = [a for a in self.pending.values() if learner_version >= a.weight_version + self.k]
+        ready = self._due_attempts(learner_version)
         out = [self._score(a) for a in ready]
         for a in ready:
             del self.pending[a.sample_id]
             if a.env_id and not any(p.env_id == a.env_id for p in self.pending.values()):
                 self.plays.pop(a.env_id, None)
         return out
+
+    def _ready(self, attempt: DesignerAttempt, learner_version: int) -> bool:
+        closes = attempt.weight_version + self.k
+        if learner_version < closes:
+            return False
+        if not attempt.scorable_env or learner_version >= closes + self.grace:
+            return True
+        return self.window_complete(attempt)
+
+    def window_complete(self, attempt: DesignerAttempt) -> bool:
+        """Whether every version of the attempt's window has its plays (see the class docstring)."""
+        first = attempt.weight_version
+        counts: dict[tuple[int, bool], int] = {}
+        for p in self.plays.get(attempt.env_id, {}).values():
+            counts[(p.weight_version, p.hinted)] = counts.get((p.weight_version, p.hinted), 0) + 1
+        if counts.get((first, True), 0) < self.group_size:
+            return False
+        return all(counts.get((v, False), 0) >= self.group_size for v in range(first, first + self.k))
+
+    def _due_attempts(self, learner_version: int) -> list[DesignerAttempt]:
+        # A regeneration batch is scored as a unit (its rewards are centred per skill within it):
+        # it is due when every pending attempt of the batch is.
+        by_batch: dict[str, list[DesignerAttempt]] = {}
+        for a in self.pending.values():
+            by_batch.setdefault(a.batch_id or f"\x00{a.sample_id}", []).append(a)
+        due = {
+            id(a)
+            for members in by_batch.values()
+            if all(self._ready(m, learner_version) for m in members)
+            for a in members
+        }
+        return [a for a in self.pending.values() if id(a) in due]
+
+    def has_due(self, learner_version: int) -> bool:
+        """Whether ``due`` would return anything now."""
+        return bool(self._due_attempts(learner_version))
 
     def prune(self, learner_version: int, keep_versions: int) -> int:
         """Drop accumulators of envs no attempt waits for, last played more than ``keep_versions`` ago.
@@ -174,9 +222,11 @@ class DesignerWindow:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], config: DesignerRewardConfig) -> DesignerWindow:
+    def from_json(
+        cls, data: dict[str, Any], config: DesignerRewardConfig, *, group_size: int = 1, grace: int = 0
+    ) -> DesignerWindow:
         """Restore a snapshot written by ``to_json``; ``k`` comes from the snapshot."""
-        window = cls(k=int(data["k"]), config=config)
+        window = cls(k=int(data["k"]), config=config, group_size=group_size, grace=grace)
         for env, plays in data["plays"].items():
             window.plays[env] = {p["sample_id"]: Play(**p) for p in plays}
         for a in data["pending"]:

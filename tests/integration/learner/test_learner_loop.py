@@ -146,7 +146,13 @@ async def _run(tmp_path: Path, base: Path, queue: WorkQueue, crash_after_two: bo
         await close_learner(learner, close_queue=False)  # the process dies here
         learner = build_learner(settings, queue=queue)
         assert learner.version == 2 and set(learner.window.pending) == {"d1", "d2", "d3"}
-        r3 = await learner.run_step()  # phase two is re-delivered once its claim times out
+        # Phase two comes back once its claim times out; until then the designer window is
+        # incomplete, so the learner waits (steps without training) instead of scoring early.
+        for _ in range(50):
+            r3 = await learner.run_step()
+            if r3.trained:
+                break
+            assert r3.designer_rewards == []
     out = params(learner), r3
     await close_learner(learner, close_queue=False)
     return out

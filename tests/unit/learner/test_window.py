@@ -179,3 +179,35 @@ def test_pack_by_tokens_respects_the_budget():
     for b in bins:
         assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 10
     assert pack_by_tokens([20, 3], 10) == [[0], [1]]
+
+
+def test_incomplete_windows_wait_for_late_plays_up_to_the_grace():
+    w = DesignerWindow(k=2, group_size=4, grace=2)
+    w.add_attempt(attempt(version=3))
+    for seed in range(4):
+        w.record_play(play(f"h{seed}", seed=seed, hinted=True, version=3, ret=1.0))
+        w.record_play(play(f"u{seed}", seed=seed, version=3, ret=0.0))
+    assert not w.has_due(5) and w.due(5) == []  # version 4's plays have not arrived
+    for seed in range(10, 13):
+        w.record_play(play(f"v{seed}", seed=seed, version=4, ret=1.0))
+    assert not w.has_due(6)  # 3 of 4 plays: still incomplete
+    w.record_play(play("v13", seed=13, version=4, ret=1.0))
+    assert w.has_due(5)
+    (s,) = w.due(5)
+    assert s.components is not None and s.components.window_win_rate == pytest.approx(0.5)
+
+
+def test_after_the_grace_an_incomplete_window_is_scored_with_what_arrived():
+    w = DesignerWindow(k=2, group_size=4, grace=2)
+    w.add_attempt(attempt(version=0))
+    w.add_attempt(attempt("bad", valid=False, version=0))
+    w.add_attempt(attempt("alone", valid=False, version=0, batch="b2"))
+    w.record_play(play("h", seed=1, hinted=True, version=0, ret=1.0))
+    w.record_play(play("u", seed=1, version=0, ret=0.0))
+    # Invalid attempts need no plays, but wait for the rest of their batch.
+    assert [s.attempt.sample_id for s in w.due(2)] == ["alone"]
+    assert w.due(3) == []
+    s, bad = w.due(4)
+    assert bad.attempt.sample_id == "bad" and bad.outcome is ScoreOutcome.INVALID
+    assert s.outcome is ScoreOutcome.SCORED and s.components is not None
+    assert s.components.window_win_rate == 0.0
