@@ -1,0 +1,257 @@
+"""Distributed mode end to end: every service a separate ``spade serve`` process, talking gRPC on
+loopback, through the real Redis and Postgres of this machine. One learner step lands, and a rollout
+worker SIGKILLed mid-play has its env re-delivered to the other worker: nothing lost, nothing twice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from services.memory.core.records import EnvStatus, NewEnvironment
+from services.memory.grpc_client import MemoryClient
+from services.sandbox.core.auth import hash_key
+from spade.envs.examples import EXAMPLES
+from spade.queues.base import ENVS_READY, SAMPLES_DESIGNER, WEIGHTS_PUBLISHED
+from spade.queues.config import RedisQueueConfig
+from spade.queues.messages import publish_proto
+from spade.queues.redis_streams import RedisStreamQueue
+from spade.v1 import queues_pb2
+from tests.conftest import REDIS_URL
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SPADE = [sys.executable, "-m", "spade.cli"]
+G = 6
+SANDBOX_KEY = "e2e-sandbox-key"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    """A fresh Postgres database for this test (memory + rollout state), dropped afterwards."""
+    name = f"spade_e2e_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+class Cluster:
+    """The processes of one distributed deployment, each with its own log file."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        log = (self.tmp / f"{name}.log").open("wb")
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **env}
+        proc = subprocess.Popen([*SPADE, *args], cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        return proc
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None and not name.endswith("-killed"):
+                log = (self.tmp / f"{name}.log").read_text()[-3000:]
+                raise AssertionError(f"{name} exited with {proc.returncode}:\n{log}")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def _wait_port(port: int, cluster: Cluster, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        cluster.check_alive()
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"nothing listened on port {port} within {timeout_s} s")
+
+
+def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, database: str) -> None:
+    prefix = f"e2e-{uuid.uuid4().hex[:8]}:"
+    ports = {name: _free_port() for name in ("sb_grpc", "sb_http", "mem_grpc", "mem_rest", "inference")}
+    inference_url = f"http://127.0.0.1:{ports['inference']}"
+    queue = {"kind": "redis", "url": REDIS_URL, "prefix": prefix}
+    rollout_queue = {**queue, "claim_idle_ms": 15_000}
+    cluster = Cluster(tmp_path)
+    r = redis.Redis.from_url(REDIS_URL)
+
+    def stream(name: str) -> str:
+        return f"{prefix}{{{name}}}"  # the queue's key layout (spade.queues.redis_streams)
+
+    try:
+        cluster.start(
+            "sandbox",
+            ["serve", "sandbox", "--grpc-port", str(ports["sb_grpc"]), "--http-port", str(ports["sb_http"])],
+            {"SPADE_SANDBOX_API_KEYS": json.dumps([{"tenant": "e2e", "key_sha256": hash_key(SANDBOX_KEY)}])},
+        )
+        cluster.start(
+            "memory",
+            ["serve", "memory"],
+            {
+                "SPADE_MEMORY_DEV_MODE": "true",
+                "SPADE_MEMORY_DATABASE_URL": database,
+                "SPADE_MEMORY_GRPC_HOST": "127.0.0.1",
+                "SPADE_MEMORY_GRPC_PORT": str(ports["mem_grpc"]),
+                "SPADE_MEMORY_REST_PORT": str(ports["mem_rest"]),
+                "SPADE_MEMORY_WINDOW_VERSIONS": "1",
+            },
+        )
+        cluster.start("inference", ["serve", "inference", "--port", str(ports["inference"])], {})
+        for port in ports.values():
+            _wait_port(port, cluster)
+
+        # The seed pool, as an operator would load it: one env in the memory, announced on envs.ready.
+        example = EXAMPLES["number_hunt"]
+        memory = MemoryClient(f"127.0.0.1:{ports['mem_grpc']}")
+        redis_queue = RedisStreamQueue(RedisQueueConfig(**{k: v for k, v in queue.items() if k != "kind"}))
+
+        async def seed() -> str:
+            put = await memory.put_environment(
+                NewEnvironment(
+                    setting="game",
+                    skill=example.skill,
+                    code=example.code,
+                    hint=example.hint,
+                    status=EnvStatus.VALID,
+                    weight_version=0,
+                )
+            )
+            msg = queues_pb2.EnvReady(env_id=put.env_id, setting="game", skill=example.skill, weight_version=0)
+            await publish_proto(redis_queue, ENVS_READY, msg, key=f"seed-{put.env_id}")
+            return put.env_id
+
+        env_id = asyncio.run(seed())
+
+        rollout_env = {
+            "SPADE_ROLLOUT_QUEUE": json.dumps(rollout_queue),
+            "SPADE_ROLLOUT_SANDBOX": json.dumps(
+                {"kind": "grpc", "target": f"127.0.0.1:{ports['sb_grpc']}", "api_key": SANDBOX_KEY}
+            ),
+            "SPADE_ROLLOUT_MEMORY": json.dumps({"kind": "grpc", "target": f"127.0.0.1:{ports['mem_grpc']}"}),
+            "SPADE_ROLLOUT_INFERENCE_URLS": json.dumps([inference_url]),
+            "SPADE_ROLLOUT_STATE_URL": database,
+            "SPADE_ROLLOUT_GROUP_SIZE": str(G),
+            "SPADE_ROLLOUT_WINDOW_VERSIONS": "1",
+            "SPADE_ROLLOUT_MAX_TURNS": "3",
+            "SPADE_ROLLOUT_MAX_TOKENS_PER_TURN": "8",
+            "SPADE_ROLLOUT_TEMPERATURE": "1.0",
+            "SPADE_ROLLOUT_BLOCK_MS": "200",
+        }
+        workers = {}
+        for name in ("rollout-a", "rollout-b"):
+            workers[name] = cluster.start(
+                name, ["serve", "rollout"], {**rollout_env, "SPADE_ROLLOUT_CONSUMER_NAME": name}
+            )
+
+        # Kill whichever worker took the env, while its plays are in flight.
+        deadline = time.monotonic() + 300
+        owner = None
+        while owner is None:
+            cluster.check_alive()
+            assert time.monotonic() < deadline, "no rollout worker took the env"
+            with contextlib.suppress(redis.ResponseError):
+                pending = r.xpending_range(stream(ENVS_READY), "rollout", "-", "+", 10)
+                owner = pending[0]["consumer"].decode() if pending else None
+            time.sleep(0.2)
+        workers[owner].kill()
+        workers[owner].wait(30)
+        cluster.procs[f"{owner}-killed"] = cluster.procs.pop(owner)
+
+        cluster.start(
+            "learner",
+            ["serve", "learner"],
+            {
+                "SPADE_LEARNER_DEV_MODE": "true",
+                "SPADE_LEARNER_QUEUE": json.dumps(queue),
+                "SPADE_LEARNER_INFERENCE_URLS": json.dumps([inference_url]),
+                "SPADE_LEARNER_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+                "SPADE_LEARNER_WEIGHTS_DIR": str(tmp_path / "weights"),
+                "SPADE_LEARNER_AGENT_GROUP_SIZE": str(G),
+                "SPADE_LEARNER_AGENT_GROUPS_PER_STEP": "1",
+                "SPADE_LEARNER_WINDOW_VERSIONS": "1",
+                "SPADE_LEARNER_TEMPERATURE": "1.0",
+                "SPADE_LEARNER_LR": "1e-4",
+                "SPADE_LEARNER_DEVICE": "cpu",
+            },
+        )
+        cluster.start(
+            "designer",
+            ["serve", "designer"],
+            {
+                "SPADE_DESIGNER_DEV_MODE": "true",
+                "SPADE_DESIGNER_QUEUE": json.dumps(queue),
+                "SPADE_DESIGNER_SANDBOX_ADDRESS": f"127.0.0.1:{ports['sb_grpc']}",
+                "SPADE_DESIGNER_SANDBOX_API_KEY": SANDBOX_KEY,
+                "SPADE_DESIGNER_MEMORY_ADDRESS": f"127.0.0.1:{ports['mem_grpc']}",
+                "SPADE_DESIGNER_INFERENCE_URLS": json.dumps([inference_url]),
+                "SPADE_DESIGNER_ENVS_PER_BATCH": "1",
+                "SPADE_DESIGNER_MAX_ATTEMPTS_PER_ENV": "1",
+                "SPADE_DESIGNER_MAX_NEW_TOKENS": "32",
+                "SPADE_DESIGNER_MAX_PROMPT_TOKENS": "1536",
+            },
+        )
+
+        # The survivor plays the env, the learner trains and publishes version 1.
+        deadline = time.monotonic() + 600
+        while r.xlen(stream(WEIGHTS_PUBLISHED)) == 0:
+            cluster.check_alive()
+            assert time.monotonic() < deadline, "no weights were published"
+            time.sleep(1)
+        published = queues_pb2.WeightsPublished.FromString(r.xrange(f"{prefix}{WEIGHTS_PUBLISHED}")[0][1][b"payload"])
+        assert published.weight_version == 1 and published.workers_ok and not published.workers_failed
+
+        with psycopg.connect(database.replace("+psycopg", "")) as conn:
+            recorded = conn.execute(
+                "SELECT seed, hinted, weight_version, trajectory_id FROM plays WHERE env_id = %s", (env_id,)
+            ).fetchall()
+        first = [row for row in recorded if row[2] == 0]
+        unhinted = sorted(row[0] for row in first if not row[1])
+        hinted = sorted(row[0] for row in first if row[1])
+        assert len(unhinted) == G and unhinted == hinted, "each seed must be played once in each arm"
+        assert len({row[3] for row in recorded}) == len(recorded)
+
+        deadline = time.monotonic() + 300
+        while r.xlen(stream(SAMPLES_DESIGNER)) == 0:
+            cluster.check_alive()
+            assert time.monotonic() < deadline, "the designer produced no sample"
+            time.sleep(1)
+        cluster.check_alive()
+    finally:
+        cluster.stop()
+        for key in r.scan_iter(f"{prefix}*"):
+            r.delete(key)
