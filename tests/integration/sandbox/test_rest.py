@@ -43,7 +43,9 @@ def test_requests_without_a_valid_key_get_401(http: httpx.Client, headers: dict)
 
 def test_every_example_env_validates(http: httpx.Client) -> None:
     for example in EXAMPLES.values():
-        response = http.post("/v1/validate", json={"code": example.code, "setting": example.setting.value}, headers=ALICE)
+        response = http.post(
+            "/v1/validate", json={"code": example.code, "setting": example.setting.value}, headers=ALICE
+        )
         assert response.status_code == 200
         report = response.json()
         assert [c["name"] for c in report["checks"]] == list(CHECK_NAMES)
