@@ -19,7 +19,7 @@ def run(config: Path | None, steps: int | None, setting: str | None, run_dir: Pa
     """Run the whole SPADE loop in embedded mode (SQLite, in-process queues, CPU model and learner)."""
     from pydantic import ValidationError
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     from spade.embedded.runner import run as run_loop
     from spade.embedded.settings import load_run_settings
@@ -33,7 +33,7 @@ def run(config: Path | None, steps: int | None, setting: str | None, run_dir: Pa
     console.print(f"[bold]SPADE[/bold] embedded run → {settings.run_dir}")
     columns = (TextColumn("{task.description:<10}"), BarColumn(), TextColumn("{task.completed:g}/{task.total:g}"))
     with Progress(*columns, TimeElapsedColumn(), console=console) as bars:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def progress(phase: str, done: float, total: float) -> None:
             if phase not in tasks:

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -186,7 +187,7 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
             assert time.monotonic() < deadline, "no rollout worker took the env"
             with contextlib.suppress(redis.ResponseError):
                 pending = r.xpending_range(stream(ENVS_READY), "rollout", "-", "+", 10)
-                owner = pending[0]["consumer"].decode() if pending else None
+                owner = str(pending[0]["consumer"], "utf-8") if pending else None  # type: ignore[arg-type]
             time.sleep(0.2)
         workers[owner].kill()
         workers[owner].wait(30)
@@ -232,7 +233,8 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
             cluster.check_alive()
             assert time.monotonic() < deadline, "no weights were published"
             time.sleep(1)
-        published = queues_pb2.WeightsPublished.FromString(r.xrange(f"{prefix}{WEIGHTS_PUBLISHED}")[0][1][b"payload"])
+        entries: Any = r.xrange(stream(WEIGHTS_PUBLISHED))
+        published = queues_pb2.WeightsPublished.FromString(entries[0][1][b"d"])
         assert published.weight_version == 1 and published.workers_ok and not published.workers_failed
 
         with psycopg.connect(database.replace("+psycopg", "")) as conn:

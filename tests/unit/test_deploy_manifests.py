@@ -64,7 +64,7 @@ def _settings_fields() -> dict[str, set[str]]:
     from services.rollout.settings import RolloutSettings
     from services.sandbox.settings import SandboxSettings
 
-    classes = {
+    classes: dict[str, Any] = {
         "SANDBOX": SandboxSettings,
         "MEMORY": MemorySettings,
         "DESIGNER": DesignerSettings,

@@ -24,7 +24,7 @@ def stub(sandbox_service: Service) -> Iterator[sandbox_pb2_grpc.SandboxStub]:
 
 
 def _code(excinfo: pytest.ExceptionInfo[grpc.RpcError]) -> grpc.StatusCode:
-    return excinfo.value.code()  # type: ignore[attr-defined,no-any-return]
+    return excinfo.value.code()
 
 
 def test_validate_reports_every_check(stub: sandbox_pb2_grpc.SandboxStub) -> None:
@@ -86,7 +86,7 @@ def test_auth_and_bad_input_statuses(stub: sandbox_pb2_grpc.SandboxStub) -> None
     with pytest.raises(grpc.RpcError) as excinfo:
         stub.OpenSession(sandbox_pb2.OpenSessionRequest(code=COUNTER_ENV, setting="chess"), metadata=ALICE)
     assert _code(excinfo) == grpc.StatusCode.INVALID_ARGUMENT
-    assert "Traceback" not in (excinfo.value.details() or "")  # type: ignore[attr-defined]
+    assert "Traceback" not in (excinfo.value.details() or "")
     with pytest.raises(grpc.RpcError) as excinfo:
         stub.Execute(sandbox_pb2.ExecuteRequest(code="x" * (600 * 1024)), metadata=ALICE)
     assert _code(excinfo) == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import pytest
 
@@ -14,7 +16,7 @@ BOB = {"Authorization": f"Bearer {BOB_KEY}"}
 
 
 @pytest.fixture
-def http(sandbox_service: Service) -> httpx.Client:
+def http(sandbox_service: Service) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=sandbox_service.http_url, timeout=60) as client:
         yield client
 
