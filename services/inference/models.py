@@ -18,6 +18,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -171,15 +172,23 @@ def resolve_model_path(path: Path | None) -> Path:
     return path
 
 
+_LOAD_LOCK = threading.Lock()
+
+
 def load_model(path: Path, dtype: Any = None) -> PreTrainedModel:
-    """Load a causal LM from a local checkpoint for inference (eval mode, float32 by default)."""
+    """Load a causal LM from a local checkpoint for inference (eval mode, float32 by default).
+
+    Loads are serialised process-wide: two concurrent ``from_pretrained`` calls (two engines, or a
+    weight update racing another load) were seen to leave the tied ``lm_head`` on the meta device.
+    """
     offline()
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=dtype or torch.float32, local_files_only=True, attn_implementation="sdpa"
-    )
+    with _LOAD_LOCK:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype or torch.float32, local_files_only=True, attn_implementation="sdpa"
+        )
     model.eval()
     return model
 

@@ -102,6 +102,26 @@ def _wait_port(port: int, cluster: Cluster, timeout_s: float = 240) -> None:
     raise AssertionError(f"nothing listened on port {port} within {timeout_s} s")
 
 
+def _next_message(stream: str, queue: dict[str, Any], cluster: Cluster, timeout_s: float) -> bytes:
+    """The first message on ``stream`` seen by the test's own consumer group (waits for it)."""
+
+    async def poll() -> bytes | None:
+        observer = RedisStreamQueue(RedisQueueConfig.model_validate(queue))
+        try:
+            got = await observer.consume(stream, "e2e-observer", "test", block_ms=1000)
+            return got[0].payload if got else None
+        finally:
+            await observer.close()
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        cluster.check_alive()
+        payload = asyncio.run(poll())
+        if payload is not None:
+            return payload
+        assert time.monotonic() < deadline, f"nothing arrived on {stream} within {timeout_s} s"
+
+
 def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, database: str) -> None:
     prefix = f"e2e-{uuid.uuid4().hex[:8]}:"
     ports = {name: _free_port() for name in ("sb_grpc", "sb_http", "mem_grpc", "mem_rest", "inference")}
@@ -138,10 +158,10 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
 
         # The seed pool, as an operator would load it: one env in the memory, announced on envs.ready.
         example = EXAMPLES["number_hunt"]
-        memory = MemoryClient(f"127.0.0.1:{ports['mem_grpc']}")
-        redis_queue = RedisStreamQueue(RedisQueueConfig(**{k: v for k, v in queue.items() if k != "kind"}))
 
         async def seed() -> str:
+            redis_queue = RedisStreamQueue(RedisQueueConfig.model_validate(queue))
+            memory = MemoryClient(f"127.0.0.1:{ports['mem_grpc']}")  # grpc.aio binds to this loop
             put = await memory.put_environment(
                 NewEnvironment(
                     setting="game",
@@ -154,6 +174,12 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
             )
             msg = queues_pb2.EnvReady(env_id=put.env_id, setting="game", skill=example.skill, weight_version=0)
             await publish_proto(redis_queue, ENVS_READY, msg, key=f"seed-{put.env_id}")
+            # Our own consumer groups, made before anything is published there: a message stays in
+            # its stream until every group has acknowledged it.
+            for watched in (WEIGHTS_PUBLISHED, SAMPLES_DESIGNER):
+                await redis_queue.consume(watched, "e2e-observer", "test", block_ms=1)
+            await memory.close()
+            await redis_queue.close()
             return put.env_id
 
         env_id = asyncio.run(seed())
@@ -228,13 +254,7 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
         )
 
         # The survivor plays the env, the learner trains and publishes version 1.
-        deadline = time.monotonic() + 600
-        while r.xlen(stream(WEIGHTS_PUBLISHED)) == 0:
-            cluster.check_alive()
-            assert time.monotonic() < deadline, "no weights were published"
-            time.sleep(1)
-        entries: Any = r.xrange(stream(WEIGHTS_PUBLISHED))
-        published = queues_pb2.WeightsPublished.FromString(entries[0][1][b"d"])
+        published = queues_pb2.WeightsPublished.FromString(_next_message(WEIGHTS_PUBLISHED, queue, cluster, 600))
         assert published.weight_version == 1 and published.workers_ok and not published.workers_failed
 
         with psycopg.connect(database.replace("+psycopg", "")) as conn:
@@ -247,11 +267,8 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
         assert len(unhinted) == G and unhinted == hinted, "each seed must be played once in each arm"
         assert len({row[3] for row in recorded}) == len(recorded)
 
-        deadline = time.monotonic() + 300
-        while r.xlen(stream(SAMPLES_DESIGNER)) == 0:
-            cluster.check_alive()
-            assert time.monotonic() < deadline, "the designer produced no sample"
-            time.sleep(1)
+        sample = queues_pb2.DesignerSample.FromString(_next_message(SAMPLES_DESIGNER, queue, cluster, 300))
+        assert sample.prompt_ids and sample.output_ids and len(sample.output_logprobs) == len(sample.output_ids)
         cluster.check_alive()
     finally:
         cluster.stop()
