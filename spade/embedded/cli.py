@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 import click
@@ -25,6 +26,14 @@ def run(config: Path | None, steps: int | None, setting: str | None, run_dir: Pa
     from spade.embedded.settings import load_run_settings
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    if not verbose:
+        # Our own bars say what is happening; the libraries' per-load bars would interleave with them.
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
     try:
         settings = load_run_settings(config, steps=steps, setting=setting, run_dir=run_dir)
     except (ValidationError, ValueError) as exc:
