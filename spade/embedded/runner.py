@@ -59,6 +59,19 @@ class TappedMemory:
 
 
 @dataclass
+class EmbeddedParts:
+    """What every role of the embedded system shares (built by ``embedded_system``)."""
+
+    model: Path
+    server: Any  # services.inference.wiring.ServerHandle
+    client: Any  # spade.inference.client.InferenceClient
+    pool: Any  # services.sandbox.isolation.SandboxPool
+    checks: Any  # spade.envs.CheckConfig
+    memory: MemoryService
+    queue: Any  # spade.queues.inprocess.InProcessQueue
+
+
+@dataclass
 class RunResult:
     """What a run left behind."""
 
@@ -112,7 +125,7 @@ def step_metrics(
 
 
 @contextlib.asynccontextmanager
-async def embedded_system(settings: RunSettings) -> AsyncIterator[dict[str, Any]]:
+async def embedded_system(settings: RunSettings) -> AsyncIterator[EmbeddedParts]:
     """Start every part of the system in this process; stop all of it on exit."""
     from services.inference.models import resolve_model_path
     from services.inference.settings import InferenceSettings
@@ -156,18 +169,12 @@ async def embedded_system(settings: RunSettings) -> AsyncIterator[dict[str, Any]
 
         queue = InProcessQueue()
         stack.push_async_callback(queue.close)
-        yield {
-            "model": model,
-            "server": server,
-            "client": client,
-            "pool": pool,
-            "checks": checks,
-            "memory": memory,
-            "queue": queue,
-        }
+        yield EmbeddedParts(
+            model=model, server=server, client=client, pool=pool, checks=checks, memory=memory, queue=queue
+        )
 
 
-async def seed_pool(settings: RunSettings, parts: dict[str, Any]) -> list[str]:
+async def seed_pool(settings: RunSettings, parts: EmbeddedParts) -> list[str]:
     """Store the contract's example envs of this setting (validated) and announce them at version 0."""
     from services.memory.core.records import EnvStatus
     from spade.envs.examples import EXAMPLES
@@ -179,11 +186,11 @@ async def seed_pool(settings: RunSettings, parts: dict[str, Any]) -> list[str]:
     for name, example in sorted(EXAMPLES.items()):
         if str(example.setting.value) != settings.setting:
             continue
-        report = await parts["pool"].validate(example.code, settings.setting, parts["checks"])
+        report = await parts.pool.validate(example.code, settings.setting, parts.checks)
         if not report.valid:
             failed = [c.name for c in report.checks if not c.passed]
             raise RuntimeError(f"example env {name} failed validation ({failed}): the seed pool must be valid")
-        result = await parts["memory"].put_environment(
+        result = await parts.memory.put_environment(
             NewEnvironment(
                 setting=settings.setting,
                 skill=example.skill,
@@ -206,17 +213,17 @@ async def seed_pool(settings: RunSettings, parts: dict[str, Any]) -> list[str]:
             weight_version=0,
             window_versions=settings.steps + 1,
         )
-        await publish_proto(parts["queue"], ENVS_READY, message, key=f"seed-{env_id}")
+        await publish_proto(parts.queue, ENVS_READY, message, key=f"seed-{env_id}")
         stored.append(env_id)
     return stored
 
 
-def _service_settings(settings: RunSettings, parts: dict[str, Any]) -> dict[str, Any]:
+def _service_settings(settings: RunSettings, parts: EmbeddedParts) -> dict[str, Any]:
     from services.designer.settings import DesignerSettings
     from services.learner.settings import LearnerSettings
     from services.rollout.settings import RolloutSettings
 
-    url = parts["server"].url
+    url = parts.server.url
     run_dir = settings.run_dir.resolve()
     designer = DesignerSettings(
         **{
@@ -228,7 +235,7 @@ def _service_settings(settings: RunSettings, parts: dict[str, Any]) -> dict[str,
             "max_prompt_tokens": settings.designer_max_prompt_tokens,
             "temperature": settings.temperature,
             "inference_urls": [url],
-            "tokenizer_path": parts["model"],
+            "tokenizer_path": parts.model,
             **settings.designer,
         }
     )
@@ -245,14 +252,14 @@ def _service_settings(settings: RunSettings, parts: dict[str, Any]) -> dict[str,
             "state_url": f"sqlite:///{run_dir / 'rollout.db'}",
             "block_ms": 50,
             "inference_urls": [url],
-            "tokenizer_path": parts["model"],
+            "tokenizer_path": parts.model,
             **settings.rollout,
         }
     )
     learner = LearnerSettings(
         **{
             "dev_mode": True,
-            "model_path": parts["model"],
+            "model_path": parts.model,
             "checkpoint_dir": run_dir / "checkpoints",
             "weights_dir": run_dir / "weights",
             "keep_checkpoints": 1,
@@ -296,20 +303,20 @@ async def run(settings: RunSettings, progress: Progress = _no_progress) -> RunRe
             log.info("seed pool: %d example envs", len(seeded))
         designer = build_designer(
             services["designer"],
-            llm=InferencePolicy(parts["client"]),
-            validator=PoolValidator(parts["pool"], parts["checks"]),
-            memory=MemoryAdapter(parts["memory"]),
-            queue=parts["queue"],
+            llm=InferencePolicy(parts.client),
+            validator=PoolValidator(parts.pool, parts.checks),
+            memory=MemoryAdapter(parts.memory),
+            queue=parts.queue,
         )
-        tapped = TappedMemory(parts["memory"])
-        learner = build_learner(services["learner"], queue=parts["queue"])
+        tapped = TappedMemory(parts.memory)
+        learner = build_learner(services["learner"], queue=parts.queue)
         try:
             async with rollout_worker(
                 services["rollout"],
-                queue=parts["queue"],
+                queue=parts.queue,
                 memory=tapped,
-                sessions=PoolSessions(parts["pool"], parts["checks"]),
-                inference=parts["client"],
+                sessions=PoolSessions(parts.pool, parts.checks),
+                inference=parts.client,
             ) as worker:
                 for step in range(1, settings.steps + 1):
                     progress("step", step - 1, settings.steps)
@@ -328,7 +335,7 @@ async def run(settings: RunSettings, progress: Progress = _no_progress) -> RunRe
                     report = await learner.run_step()
                     progress("learner", 1, 1)
                     await worker.step_weights()
-                    infos = await parts["client"].model_info()
+                    infos = await parts.client.model_info()
                     version = ",".join(str(i.weight_version) for i in infos)
                     record = step_metrics(step, batch, tapped.plays, report, version, time.monotonic() - start)
                     result.steps.append(record)
@@ -338,7 +345,7 @@ async def run(settings: RunSettings, progress: Progress = _no_progress) -> RunRe
                     progress("step", step, settings.steps)
         finally:
             await close_learner(learner, close_queue=False)
-        envs = await export_pool(parts["memory"], settings.run_dir / "envs.jsonl")
+        envs = await export_pool(parts.memory, settings.run_dir / "envs.jsonl")
     result.checkpoint = _last_checkpoint(settings.run_dir / "checkpoints", settings.run_dir / "last_checkpoint")
     summary = {
         "run dir": str(settings.run_dir),
