@@ -233,3 +233,98 @@ def hash_token_cmd(token: str | None, generate: bool) -> None:
     elif token is None:
         token = click.prompt("token", hide_input=True)
     click.echo(f"sha256: {hash_token(token or '')}" if generate else hash_token(token or ""))
+
+
+@envs.command("seed")
+@click.option("--setting", type=click.Choice(["game", "tool"]), default="game", show_default=True)
+@click.option("--memory", "memory_target", default="127.0.0.1:50052", show_default=True, help="Memory gRPC host:port.")
+@click.option(
+    "--queue",
+    "queue_json",
+    default='{"kind": "redis", "url": "redis://127.0.0.1:6379/0"}',
+    show_default=True,
+    help="Queue configuration (JSON, as SPADE_ROLLOUT_QUEUE).",
+)
+@click.option(
+    "--window", type=click.IntRange(0, 100_000), default=0, help="Versions the envs stay active (0: rollout's k)."
+)
+@click.option("--sandbox", "sandbox_target", default=None, help="Sandbox gRPC host:port: validate each example first.")
+@click.option("--sandbox-key", envvar="SPADE_SANDBOX_API_KEY", default=None, help="Bearer key for --sandbox.")
+@click.option("--example", "names", multiple=True, help="Only this example env (repeatable; default: all).")
+def seed(
+    setting: str,
+    memory_target: str,
+    queue_json: str,
+    window: int,
+    sandbox_target: str | None,
+    sandbox_key: str | None,
+    names: tuple[str, ...],
+) -> None:
+    """Load the seed pool: store the example envs in the memory and announce them on envs.ready.
+
+    Idempotent: seeding twice stores and announces nothing new.
+    """
+    from spade.queues.config import QueueConfigAdapter
+
+    try:
+        queue_config = QueueConfigAdapter.validate_json(queue_json)
+    except ValidationError as exc:
+        raise click.UsageError(f"--queue is not a valid queue configuration: {exc}") from None
+    from services.memory.seed_pool import SeedPoolError
+
+    try:
+        ids = asyncio.run(_seed(setting, memory_target, queue_config, window, sandbox_target, sandbox_key, names))
+    except SeedPoolError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"seed pool: {len(ids)} {setting} environments stored and announced")
+    for env_id in ids:
+        click.echo(env_id)
+
+
+async def _seed(
+    setting: str,
+    memory_target: str,
+    queue_config: Any,
+    window: int,
+    sandbox_target: str | None,
+    key: str | None,
+    names: tuple[str, ...],
+) -> list[str]:
+    import grpc
+
+    from services.memory.grpc_client import MemoryClient
+    from services.memory.seed_pool import seed_pool
+    from spade.queues.config import make_queue
+    from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
+
+    memory = MemoryClient(memory_target)
+    queue = make_queue(queue_config)
+    channel = grpc.aio.insecure_channel(sandbox_target) if sandbox_target else None
+    try:
+        validate = None
+        if channel is not None:
+            stub = sandbox_pb2_grpc.SandboxStub(channel)
+            metadata = (("authorization", f"Bearer {key}"),) if key else ()
+
+            async def validate(code: str, env_setting: str) -> Any:
+                from spade.envs import ValidationReport
+
+                reply = await stub.Validate(
+                    sandbox_pb2.ValidateRequest(code=code, setting=env_setting), metadata=metadata
+                )
+                return ValidationReport.from_dict(
+                    {
+                        "valid": reply.valid,
+                        "setting": reply.setting,
+                        "env_class": reply.env_class,
+                        "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in reply.checks],
+                        "repaired_code": reply.repaired_code,
+                    }
+                )
+
+        return await seed_pool(setting, memory, queue, window_versions=window, validate=validate, names=names)
+    finally:
+        await memory.close()
+        await queue.close()
+        if channel is not None:
+            await channel.close(None)

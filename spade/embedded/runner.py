@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.memory.core.records import Environment, NewEnvironment, Play, RecordResult, StatsUpdate
+from services.memory.core.records import Environment, Play, RecordResult, StatsUpdate
 from services.memory.service import MemoryService
 from spade.embedded.settings import RunSettings
 
@@ -175,47 +175,17 @@ async def embedded_system(settings: RunSettings) -> AsyncIterator[EmbeddedParts]
 
 
 async def seed_pool(settings: RunSettings, parts: EmbeddedParts) -> list[str]:
-    """Store the contract's example envs of this setting (validated) and announce them at version 0."""
-    from services.memory.core.records import EnvStatus
-    from spade.envs.examples import EXAMPLES
-    from spade.queues.base import ENVS_READY
-    from spade.queues.messages import publish_proto
-    from spade.v1 import queues_pb2
+    """Store the contract's example envs (validated in the sandbox) for the whole run."""
+    from services.memory.seed_pool import seed_pool as load_seed_pool
 
-    stored: list[str] = []
-    for name, example in sorted(EXAMPLES.items()):
-        if str(example.setting.value) != settings.setting:
-            continue
-        report = await parts.pool.validate(example.code, settings.setting, parts.checks)
-        if not report.valid:
-            failed = [c.name for c in report.checks if not c.passed]
-            raise RuntimeError(f"example env {name} failed validation ({failed}): the seed pool must be valid")
-        result = await parts.memory.put_environment(
-            NewEnvironment(
-                setting=settings.setting,
-                skill=example.skill,
-                code=example.code,
-                hint=example.hint,
-                validation_report=report.to_dict(),
-                status=EnvStatus.VALID,
-                weight_version=0,
-                env_class=report.env_class,
-                corpus_ref=f"seed pool: {name}",
-            )
-        )
-        env_id = result.duplicate_of or result.env_id
-        # The seed pool stays active for the whole run (designed envs use k), so the agent always has
-        # something to play, even while the designer cannot yet write a valid env.
-        message = queues_pb2.EnvReady(
-            env_id=env_id,
-            setting=settings.setting,
-            skill=example.skill,
-            weight_version=0,
-            window_versions=settings.steps + 1,
-        )
-        await publish_proto(parts.queue, ENVS_READY, message, key=f"seed-{env_id}")
-        stored.append(env_id)
-    return stored
+    async def validate(code: str, setting: str) -> Any:
+        return await parts.pool.validate(code, setting, parts.checks)
+
+    # The seed pool stays active for the whole run (designed envs use k), so the agent always has
+    # something to play, even while the designer cannot yet write a valid env.
+    return await load_seed_pool(
+        settings.setting, parts.memory, parts.queue, window_versions=settings.steps + 1, validate=validate
+    )
 
 
 def _service_settings(settings: RunSettings, parts: EmbeddedParts) -> dict[str, Any]:

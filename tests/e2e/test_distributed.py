@@ -22,13 +22,9 @@ import psycopg
 import pytest
 import redis
 
-from services.memory.core.records import EnvStatus, NewEnvironment
-from services.memory.grpc_client import MemoryClient
 from services.sandbox.core.auth import hash_key
-from spade.envs.examples import EXAMPLES
 from spade.queues.base import ENVS_READY, SAMPLES_DESIGNER, WEIGHTS_PUBLISHED
 from spade.queues.config import RedisQueueConfig
-from spade.queues.messages import publish_proto
 from spade.queues.redis_streams import RedisStreamQueue
 from spade.v1 import queues_pb2
 from tests.conftest import REDIS_URL
@@ -156,33 +152,30 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
         for port in ports.values():
             _wait_port(port, cluster)
 
-        # The seed pool, as an operator would load it: one env in the memory, announced on envs.ready.
-        example = EXAMPLES["number_hunt"]
+        # The seed pool, as an operator loads it: validated by the sandbox, stored, announced.
+        seeded = subprocess.run(
+            [
+                *SPADE, "envs", "seed",
+                "--memory", f"127.0.0.1:{ports['mem_grpc']}",
+                "--queue", json.dumps(queue),
+                "--sandbox", f"127.0.0.1:{ports['sb_grpc']}",
+                "--sandbox-key", SANDBOX_KEY,
+                "--example", "number_hunt",
+            ],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+        )  # fmt: skip
+        assert "seed pool: 1 game environments" in seeded.stdout, seeded.stdout
+        env_id = seeded.stdout.split()[-1]
 
-        async def seed() -> str:
-            redis_queue = RedisStreamQueue(RedisQueueConfig.model_validate(queue))
-            memory = MemoryClient(f"127.0.0.1:{ports['mem_grpc']}")  # grpc.aio binds to this loop
-            put = await memory.put_environment(
-                NewEnvironment(
-                    setting="game",
-                    skill=example.skill,
-                    code=example.code,
-                    hint=example.hint,
-                    status=EnvStatus.VALID,
-                    weight_version=0,
-                )
-            )
-            msg = queues_pb2.EnvReady(env_id=put.env_id, setting="game", skill=example.skill, weight_version=0)
-            await publish_proto(redis_queue, ENVS_READY, msg, key=f"seed-{put.env_id}")
+        async def observe() -> None:
             # Our own consumer groups, made before anything is published there: a message stays in
             # its stream until every group has acknowledged it.
+            observer = RedisStreamQueue(RedisQueueConfig.model_validate(queue))
             for watched in (WEIGHTS_PUBLISHED, SAMPLES_DESIGNER):
-                await redis_queue.consume(watched, "e2e-observer", "test", block_ms=1)
-            await memory.close()
-            await redis_queue.close()
-            return put.env_id
+                await observer.consume(watched, "e2e-observer", "test", block_ms=1)
+            await observer.close()
 
-        env_id = asyncio.run(seed())
+        asyncio.run(observe())
 
         rollout_env = {
             "SPADE_ROLLOUT_QUEUE": json.dumps(rollout_queue),
