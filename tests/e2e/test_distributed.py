@@ -76,6 +76,12 @@ class Cluster:
                 log = (self.tmp / f"{name}.log").read_text()[-3000:]
                 raise AssertionError(f"{name} exited with {proc.returncode}:\n{log}")
 
+    def logs(self) -> str:
+        """The tail of every process's log, for failure messages."""
+        return "\n".join(
+            f"--- {path.stem}\n{path.read_text(errors='replace')[-1500:]}" for path in sorted(self.tmp.glob("*.log"))
+        )
+
     def stop(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
@@ -115,7 +121,7 @@ def _next_message(stream: str, queue: dict[str, Any], cluster: Cluster, timeout_
         payload = asyncio.run(poll())
         if payload is not None:
             return payload
-        assert time.monotonic() < deadline, f"nothing arrived on {stream} within {timeout_s} s"
+        assert time.monotonic() < deadline, f"nothing arrived on {stream} within {timeout_s} s\n{cluster.logs()}"
 
 
 def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, database: str) -> None:
@@ -203,7 +209,7 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
         owner = None
         while owner is None:
             cluster.check_alive()
-            assert time.monotonic() < deadline, "no rollout worker took the env"
+            assert time.monotonic() < deadline, f"no rollout worker took the env\n{cluster.logs()}"
             with contextlib.suppress(redis.ResponseError):
                 pending = r.xpending_range(stream(ENVS_READY), "rollout", "-", "+", 10)
                 owner = str(pending[0]["consumer"], "utf-8") if pending else None  # type: ignore[arg-type]
