@@ -213,7 +213,7 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
             with contextlib.suppress(redis.ResponseError):
                 pending = r.xpending_range(stream(ENVS_READY), "rollout", "-", "+", 10)
                 owner = str(pending[0]["consumer"], "utf-8") if pending else None  # type: ignore[arg-type]
-            time.sleep(0.2)
+            time.sleep(0.05)
         workers[owner].kill()
         workers[owner].wait(30)
         cluster.procs[f"{owner}-killed"] = cluster.procs.pop(owner)
