@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
-import inspect
 import io
 import linecache
 import os
@@ -355,36 +354,6 @@ def run_validate(ctl: socket.socket) -> int:
             message["result"] = result
         send_frame(ctl, message)
 
-    kwargs: dict[str, Any] = {}
-    if "progress" in inspect.signature(check_env_source).parameters:
-        kwargs["progress"] = progress
-    else:
-        _instrument_checker(progress)
-    report = check_env_source(str(request["code"]), str(request["setting"]), config, **kwargs)
+    report = check_env_source(str(request["code"]), str(request["setting"]), config, progress=progress)
     send_frame(ctl, {"op": "report", "report": report.to_dict()})
     return 0
-
-
-def _instrument_checker(progress: Any) -> None:
-    """Stream which check runs when ``check_env_source`` has no ``progress`` hook of its own.
-
-    Wraps the checker's per-check methods (``check_<name>``) in this process only (the request's
-    private copy of the module); a check that returns has passed with its detail.
-    """
-    from spade.envs import CHECK_NAMES, checker
-
-    cls = getattr(checker, "_Checker", None)
-    if cls is None:
-        return
-    for name in CHECK_NAMES:
-        method = getattr(cls, f"check_{name}", None)
-        if method is None:
-            continue
-
-        def wrapped(self: Any, _name: str = name, _method: Any = method) -> Any:
-            progress(_name)
-            detail = _method(self)
-            progress(_name, {"name": _name, "passed": True, "detail": str(detail)})
-            return detail
-
-        setattr(cls, f"check_{name}", wrapped)
