@@ -194,7 +194,9 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
             "SPADE_ROLLOUT_GROUP_SIZE": str(G),
             "SPADE_ROLLOUT_WINDOW_VERSIONS": "1",
             "SPADE_ROLLOUT_MAX_TURNS": "3",
-            "SPADE_ROLLOUT_MAX_TOKENS_PER_TURN": "8",
+            # Long enough for a guess in most replies: NumberHunt's graded reward then differs across
+            # seeds (each has its own target), so the group has the variance the learner needs.
+            "SPADE_ROLLOUT_MAX_TOKENS_PER_TURN": "24",
             "SPADE_ROLLOUT_TEMPERATURE": "1.0",
             "SPADE_ROLLOUT_BLOCK_MS": "200",
         }

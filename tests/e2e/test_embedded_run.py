@@ -31,7 +31,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object
         designer_max_prompt_tokens=1536,
         group_size=4,
         agent_max_turns=3,
-        agent_max_tokens_per_turn=12,
+        agent_max_tokens_per_turn=24,
         lr=1e-4,
         temperature=1.0,
     )
