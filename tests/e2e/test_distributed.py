@@ -29,7 +29,7 @@ from spade.queues.redis_streams import RedisStreamQueue
 from spade.v1 import queues_pb2
 from tests.conftest import REDIS_URL
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SPADE = [sys.executable, "-m", "spade.cli"]

@@ -16,7 +16,7 @@ from services.inference.models import ensure_default_model
 from spade.embedded.runner import run
 from spade.embedded.settings import RunSettings
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")
