@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SPADE = [sys.executable, "-m", "spade.cli"]
-G = 6
+G = 8
 SANDBOX_KEY = "e2e-sandbox-key"
 
 
@@ -196,7 +196,7 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
             "SPADE_ROLLOUT_MAX_TURNS": "3",
             # Long enough for a guess in most replies: NumberHunt's graded reward then differs across
             # seeds (each has its own target), so the group has the variance the learner needs.
-            "SPADE_ROLLOUT_MAX_TOKENS_PER_TURN": "24",
+            "SPADE_ROLLOUT_MAX_TOKENS_PER_TURN": "16",
             "SPADE_ROLLOUT_TEMPERATURE": "1.0",
             "SPADE_ROLLOUT_BLOCK_MS": "200",
         }
