@@ -1,0 +1,359 @@
+"""The SPADE signal: one definition of each quantity, imported by every service that uses it.
+
+The memory's stored statistics, the learner's rewards and advantages, the run's metrics, the report
+and ``spade eval`` all compute these quantities through this module and nowhere else (DESIGN §5), so
+the examples the designer is shown and the reward it is trained on can never disagree.
+
+Pure Python (standard library only): no torch, no I/O, no service imports.
+
+- ``win_rate``: mean return over plays; returns lie in [0, 1].
+- ``solved_fraction``: share of plays with return >= 1 (display only, never a reward).
+- ``learnable``: win rate in [0.2, 0.8] (the paper's metric).
+- ``regret``: mean hinted return minus mean unhinted return, both arms on the same seeds the same
+  number of times (at the env's first window version); anything else raises.
+- ``regret_norm``: ``clip(regret / 0.15, 0, 1)``.
+- ``plateau(w)``: 1 on [0.4, 0.6], linear to 0 at 0.15 and 0.85.
+- ``designer_blend``: ``0.4 * regret_norm + 0.6 * plateau(w)``; invalid attempts get 0 (or the
+  optional validity shaping).
+- ``group_zscores``: the agent's advantage within one group (one env, one version, one arm).
+- ``designer_advantages``: blend minus the mean blend of the same skill in the round; a skill group
+  with fewer than 2 scored envs is centred on the running mean of that skill's recent blends.
+
+>>> win_rate([1.0, 0.0, 0.5])
+0.5
+>>> solved_fraction([1.0, 0.0, 0.5])
+0.3333333333333333
+>>> learnable(0.5), learnable(0.9)
+(True, False)
+>>> plateau(0.5), plateau(0.15), plateau(0.3)
+(1.0, 0.0, 0.6)
+>>> regret([(1, 1.0), (2, 1.0)], [(2, 0.0), (1, 0.5)])
+0.75
+>>> round(designer_blend(0.06, 0.5).blend, 6)
+0.76
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+LEARNABLE_BAND: tuple[float, float] = (0.2, 0.8)
+"""Win rates in this closed interval make an environment learnable (the paper's metric)."""
+
+SOLVED_RETURN = 1.0
+"""A play whose return reaches this solved its instance (the env's win reward)."""
+
+
+class SignalError(ValueError):
+    """Inputs that break a rule of the signal (the message names the rule, the value and the fix)."""
+
+
+class MismatchedArmsError(SignalError):
+    """The hinted and unhinted arms were not played on the same seeds the same number of times."""
+
+
+def _finite(value: float, name: str) -> float:
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        raise SignalError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _returns(returns: Iterable[float], what: str) -> list[float]:
+    values = [_finite(r, f"{what} return") for r in returns]
+    if not values:
+        raise SignalError(f"{what}: no plays; a rate over zero plays is undefined (check before asking for it)")
+    for r in values:
+        if not 0.0 <= r <= 1.0:
+            raise SignalError(f"{what}: return {r} lies outside [0, 1]; episode returns are rewards in [0, 1]")
+    return values
+
+
+def clip(value: float, low: float, high: float) -> float:
+    """``value`` clipped into ``[low, high]``."""
+    return min(max(value, low), high)
+
+
+def win_rate(returns: Iterable[float]) -> float:
+    """Mean return over plays (returns lie in [0, 1]).
+
+    Raises:
+        SignalError: No plays, or a return outside [0, 1] or not finite.
+    """
+    values = _returns(returns, "win_rate")
+    return sum(values) / len(values)
+
+
+def solved_fraction(returns: Iterable[float]) -> float:
+    """Share of plays whose return reached :data:`SOLVED_RETURN` (for display only)."""
+    values = _returns(returns, "solved_fraction")
+    return sum(1.0 for r in values if r >= SOLVED_RETURN) / len(values)
+
+
+def learnable(rate: float, band: tuple[float, float] = LEARNABLE_BAND) -> bool:
+    """Whether a win rate lies in the learnable band (the paper's metric: [0.2, 0.8])."""
+    w = _finite(rate, "win_rate")
+    return band[0] <= w <= band[1]
+
+
+def learnable_fraction(rates: Iterable[float], band: tuple[float, float] = LEARNABLE_BAND) -> float | None:
+    """Share of environments whose win rate is learnable; ``None`` when no environment has a win rate."""
+    flags = [learnable(r, band) for r in rates]
+    return sum(flags) / len(flags) if flags else None
+
+
+@dataclass(frozen=True)
+class PlateauBand:
+    """The difficulty plateau: 1 on ``[low, high]``, linear to 0 at ``zero_low`` and ``zero_high``.
+
+    Defaults are the paper's (0.15, 0.4, 0.6, 0.85).
+    """
+
+    zero_low: float = 0.15
+    low: float = 0.4
+    high: float = 0.6
+    zero_high: float = 0.85
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.zero_low < self.low <= self.high < self.zero_high <= 1.0):
+            raise SignalError(
+                "plateau band must satisfy 0 <= zero_low < low <= high < zero_high <= 1, got "
+                f"({self.zero_low}, {self.low}, {self.high}, {self.zero_high}); fix the band configuration"
+            )
+
+
+def plateau(rate: float, band: PlateauBand = PlateauBand()) -> float:
+    """The difficulty plateau of a win rate: 1 on ``[low, high]``, linear to 0 at the band's zeros.
+
+    Raises:
+        SignalError: ``rate`` is not a finite number in [0, 1].
+    """
+    w = _finite(rate, "win_rate")
+    if not 0.0 <= w <= 1.0:
+        raise SignalError(f"win_rate must lie in [0, 1], got {w}; returns are rewards in [0, 1]")
+    if band.low <= w <= band.high:
+        return 1.0
+    if w < band.low:
+        return max(0.0, (w - band.zero_low) / (band.low - band.zero_low))
+    return max(0.0, (band.zero_high - w) / (band.zero_high - band.high))
+
+
+def regret(hinted: Sequence[tuple[int, float]], unhinted: Sequence[tuple[int, float]]) -> float:
+    """Hint-based regret: mean hinted return minus mean unhinted return.
+
+    Both arms are ``(seed, return)`` pairs from the env's first window version. They must come from
+    the same seeds, each seed played the same number of times in both arms: otherwise the two means
+    measure different instances and the difference is meaningless (the reference implementation's
+    defect), so this raises instead of returning a number.
+
+    Raises:
+        MismatchedArmsError: The arms differ in seeds or counts.
+        SignalError: An arm is empty or holds a return outside [0, 1].
+    """
+    if not hinted or not unhinted:
+        raise SignalError(f"regret needs plays in both arms; got {len(hinted)} hinted and {len(unhinted)} unhinted")
+    mean_h = win_rate(r for _, r in hinted)
+    mean_u = win_rate(r for _, r in unhinted)
+    hinted_seeds = Counter(seed for seed, _ in hinted)
+    unhinted_seeds = Counter(seed for seed, _ in unhinted)
+    if hinted_seeds != unhinted_seeds:
+        only_h = sorted((hinted_seeds - unhinted_seeds).elements())
+        only_u = sorted((unhinted_seeds - hinted_seeds).elements())
+        raise MismatchedArmsError(
+            f"regret arms must be played on the same seeds the same number of times: "
+            f"{len(hinted)} hinted vs {len(unhinted)} unhinted plays, seeds only hinted {only_h[:8]}, "
+            f"only unhinted {only_u[:8]}; the rollout must play both arms on identical seeds"
+        )
+    return mean_h - mean_u
+
+
+def regret_norm(value: float, scale: float = 0.15) -> float:
+    """``clip(regret / scale, 0, 1)`` (the paper's scale 0.15 saturates the term)."""
+    if scale <= 0:
+        raise SignalError(f"regret scale must be > 0, got {scale}; the paper uses 0.15")
+    return clip(_finite(value, "regret") / scale, 0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class DesignerRewardConfig:
+    """Weights of the designer blend; the defaults are the paper's.
+
+    Attributes:
+        regret_weight: Weight of the normalised regret (0.4).
+        plateau_weight: Weight of the plateau of the window win rate (0.6).
+        regret_scale: Regret that saturates the regret term (0.15).
+        band: The plateau band.
+        validity_shaping_weight: Reward per unit fraction of validation checks passed, for invalid
+            attempts only. 0 (the default, and the paper) turns shaping off: invalid attempts get 0.
+    """
+
+    regret_weight: float = 0.4
+    plateau_weight: float = 0.6
+    regret_scale: float = 0.15
+    band: PlateauBand = PlateauBand()
+    validity_shaping_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.regret_scale <= 0:
+            raise SignalError(f"regret_scale must be > 0, got {self.regret_scale}; the paper uses 0.15")
+        for name in ("regret_weight", "plateau_weight", "validity_shaping_weight"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise SignalError(f"{name} must be a finite number >= 0, got {value}")
+
+
+@dataclass(frozen=True)
+class DesignerRewardComponents:
+    """Every term of one designer reward, for metrics, the memory and the report.
+
+    ``regret``, ``regret_norm``, ``window_win_rate`` and ``plateau`` are ``None`` for an invalid
+    attempt (nothing was played).
+    """
+
+    valid: bool
+    regret: float | None
+    regret_norm: float | None
+    window_win_rate: float | None
+    plateau: float | None
+    validity_fraction: float | None
+    blend: float
+
+
+def validity_fraction(passed: Iterable[bool]) -> float:
+    """Fraction of validation checks passed (0 when there were none)."""
+    flags = list(passed)
+    return sum(flags) / len(flags) if flags else 0.0
+
+
+def designer_blend(
+    regret_value: float | None,
+    window_win_rate: float | None,
+    valid: bool = True,
+    config: DesignerRewardConfig = DesignerRewardConfig(),
+    validity_fraction_value: float | None = None,
+) -> DesignerRewardComponents:
+    """The designer's reward ``w_r * regret_norm(regret) + w_p * plateau(window_win_rate)``.
+
+    An invalid attempt gets 0, or ``validity_shaping_weight * validity_fraction`` when shaping is
+    configured (off by default).
+
+    Args:
+        regret_value: :func:`regret` at the env's first window version (ignored when invalid).
+        window_win_rate: :func:`win_rate` of the unhinted plays over the env's whole window.
+        valid: Whether the attempt produced a stored, validated environment.
+        config: Weights, scale, band and shaping.
+        validity_fraction_value: Fraction of validation checks passed, for shaping invalid attempts.
+
+    Raises:
+        SignalError: A valid env without regret or win rate, or non-finite inputs.
+    """
+    if not valid:
+        frac = None if validity_fraction_value is None else clip(validity_fraction_value, 0.0, 1.0)
+        blend = config.validity_shaping_weight * frac if frac is not None else 0.0
+        return DesignerRewardComponents(False, None, None, None, None, frac, blend)
+    if regret_value is None or window_win_rate is None:
+        raise SignalError(
+            "a valid environment needs both its regret and its window win rate; "
+            f"got regret={regret_value}, window_win_rate={window_win_rate}"
+        )
+    r = _finite(regret_value, "regret")
+    r_norm = regret_norm(r, config.regret_scale)
+    p = plateau(window_win_rate, config.band)
+    blend = config.regret_weight * r_norm + config.plateau_weight * p
+    return DesignerRewardComponents(True, r, r_norm, float(window_win_rate), p, None, blend)
+
+
+def group_zscores(returns: Sequence[float], eps: float = 1e-6) -> list[float] | None:
+    """The agent's advantages: z-scores of one group's returns, ``None`` when the group has no variance.
+
+    A group is the plays of one env at one weight version in one arm. Uses the population std; a
+    group whose std is below ``eps`` carries no learning signal.
+
+    >>> group_zscores([1.0, 0.0])
+    [1.0, -1.0]
+    >>> group_zscores([0.5, 0.5]) is None
+    True
+    """
+    if not returns:
+        raise SignalError("a group needs at least one return")
+    values = [_finite(r, "return") for r in returns]
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    if std < eps:
+        return None
+    return [(v - mean) / std for v in values]
+
+
+@dataclass
+class SkillBaselines:
+    """Running means of each skill's recent designer blends (the fallback centre of small groups).
+
+    Plain data (``to_dict``/``from_dict``), so the learner persists it with its checkpoint and a
+    restart centres exactly as before.
+
+    Args:
+        length: How many recent blends of a skill the running mean covers.
+    """
+
+    length: int = 32
+    recent: dict[str, deque[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.length < 1:
+            raise SignalError(f"the skill baseline length must be >= 1 blend, got {self.length}")
+        self.recent = {k: deque(v, maxlen=self.length) for k, v in self.recent.items()}
+
+    def mean(self, skill: str) -> float | None:
+        """The running mean of ``skill``'s recent blends; ``None`` before its first blend."""
+        values = self.recent.get(skill)
+        return sum(values) / len(values) if values else None
+
+    def add(self, skill: str, blends: Iterable[float]) -> None:
+        """Remember ``blends`` as ``skill``'s most recent ones."""
+        self.recent.setdefault(skill, deque(maxlen=self.length)).extend(_finite(b, "blend") for b in blends)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"length": self.length, "recent": {k: list(v) for k, v in self.recent.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SkillBaselines:
+        return cls(length=int(data["length"]), recent={k: deque(v) for k, v in data["recent"].items()})
+
+
+def designer_advantages(
+    blends: Sequence[float], skills: Sequence[str], baselines: SkillBaselines, *, min_group: int = 2
+) -> list[float]:
+    """The designer's advantages for one round: each blend minus the mean blend of its skill in the round.
+
+    A skill with fewer than ``min_group`` scored envs in the round is centred on the running mean of
+    that skill's recent blends instead, never dropped; before any blend of that skill was seen, on the
+    mean blend of the whole round.
+    Afterwards the round's blends are added to ``baselines``.
+
+    >>> b = SkillBaselines(length=4)
+    >>> [round(a, 6) for a in designer_advantages([0.8, 0.2, 0.5], ["logic", "logic", "math"], b)]
+    [0.3, -0.3, 0.0]
+    >>> [round(a, 6) for a in designer_advantages([0.7], ["math"], b)]
+    [0.2]
+    """
+    if len(blends) != len(skills):
+        raise SignalError(f"got {len(blends)} blends but {len(skills)} skills; they must pair up")
+    values = [_finite(b, "blend") for b in blends]
+    groups: dict[str, list[float]] = {}
+    for value, skill in zip(values, skills, strict=True):
+        groups.setdefault(skill, []).append(value)
+    round_mean = sum(values) / len(values) if values else 0.0
+    centres: dict[str, float] = {}
+    for skill, group in groups.items():
+        if len(group) >= min_group:
+            centres[skill] = sum(group) / len(group)
+        else:
+            running = baselines.mean(skill)
+            centres[skill] = running if running is not None else round_mean
+    advantages = [value - centres[skill] for value, skill in zip(values, skills, strict=True)]
+    for skill, group in groups.items():
+        baselines.add(skill, group)
+    return advantages

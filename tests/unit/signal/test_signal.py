@@ -1,0 +1,123 @@
+"""The one definition of each signal quantity (spade/signal.py): rules, edges and errors."""
+
+from __future__ import annotations
+
+import doctest
+import math
+
+import pytest
+
+from spade import signal
+from spade.signal import (
+    DesignerRewardConfig,
+    MismatchedArmsError,
+    PlateauBand,
+    SignalError,
+    SkillBaselines,
+    designer_advantages,
+    designer_blend,
+    group_zscores,
+    learnable,
+    learnable_fraction,
+    plateau,
+    regret,
+    regret_norm,
+    solved_fraction,
+    win_rate,
+)
+
+
+def test_doctests() -> None:
+    failures, tried = doctest.testmod(signal)
+    assert tried > 10 and failures == 0
+
+
+def test_win_rate_is_the_mean_return_not_the_solved_share() -> None:
+    returns = [1.0, 0.5, 0.5, 0.0]
+    assert win_rate(returns) == 0.5
+    assert solved_fraction(returns) == 0.25
+
+
+@pytest.mark.parametrize("bad", [[], [1.5], [-0.1], [math.nan], [math.inf]])
+def test_rates_refuse_what_is_not_a_return(bad: list[float]) -> None:
+    with pytest.raises(SignalError):
+        win_rate(bad)
+    with pytest.raises(SignalError):
+        solved_fraction(bad)
+
+
+def test_learnable_is_the_papers_band_inclusive() -> None:
+    assert [learnable(w) for w in (0.19, 0.2, 0.5, 0.8, 0.81)] == [False, True, True, True, False]
+    assert learnable_fraction([0.1, 0.5, 0.7, 0.95]) == 0.5
+    assert learnable_fraction([]) is None
+
+
+def test_plateau_shape() -> None:
+    assert plateau(0.4) == plateau(0.6) == 1.0
+    assert plateau(0.15) == plateau(0.85) == 0.0
+    assert plateau(0.0) == plateau(1.0) == 0.0
+    assert plateau(0.275) == pytest.approx(0.5)
+    assert plateau(0.725) == pytest.approx(0.5)
+    with pytest.raises(SignalError):
+        plateau(1.2)
+    with pytest.raises(SignalError):
+        PlateauBand(0.5, 0.4, 0.6, 0.85)
+
+
+def test_regret_needs_the_same_seeds_the_same_number_of_times() -> None:
+    assert regret([(1, 1.0), (2, 0.0)], [(2, 0.0), (1, 0.0)]) == 0.5
+    with pytest.raises(MismatchedArmsError, match="same seeds"):
+        regret([(1, 1.0), (2, 1.0)], [(1, 0.0), (3, 0.0)])
+    with pytest.raises(MismatchedArmsError):
+        regret([(1, 1.0), (1, 1.0)], [(1, 0.0)])
+    with pytest.raises(SignalError):
+        regret([], [(1, 0.0)])
+
+
+def test_regret_norm_clips_at_the_scale() -> None:
+    assert regret_norm(-0.3) == 0.0
+    assert regret_norm(0.075) == pytest.approx(0.5)
+    assert regret_norm(0.5) == 1.0
+    with pytest.raises(SignalError):
+        regret_norm(0.1, scale=0.0)
+
+
+def test_designer_blend_weights_and_invalid_attempts() -> None:
+    c = designer_blend(0.15, 0.5)
+    assert (c.regret_norm, c.plateau, c.blend) == (1.0, 1.0, pytest.approx(1.0))
+    c = designer_blend(0.0, 0.9)
+    assert c.blend == 0.0
+    invalid = designer_blend(None, None, valid=False, validity_fraction_value=0.5)
+    assert invalid.blend == 0.0 and not invalid.valid
+    shaped = designer_blend(None, None, False, DesignerRewardConfig(validity_shaping_weight=0.2), 0.5)
+    assert shaped.blend == pytest.approx(0.1)
+    with pytest.raises(SignalError):
+        designer_blend(None, 0.5, valid=True)
+
+
+def test_group_zscores() -> None:
+    z = group_zscores([1.0, 0.0, 0.5, 0.5])
+    assert z is not None and sum(z) == pytest.approx(0.0)
+    assert group_zscores([0.3, 0.3, 0.3]) is None
+
+
+def test_designer_advantages_centre_within_skill_and_fall_back_to_the_running_mean() -> None:
+    baselines = SkillBaselines(length=3)
+    adv = designer_advantages([0.9, 0.1, 0.6, 0.2], ["a", "a", "b", "b"], baselines)
+    assert adv == pytest.approx([0.4, -0.4, 0.2, -0.2])
+    # A lone env of skill "a" is centred on a's recent blends (0.9, 0.1), not dropped and not zero.
+    assert designer_advantages([0.8], ["a"], baselines) == pytest.approx([0.3])
+    # The running mean covers only the last `length` blends: (0.1, 0.8, 0.3) after this round.
+    designer_advantages([0.3], ["a"], baselines)
+    assert baselines.mean("a") == pytest.approx((0.1 + 0.8 + 0.3) / 3)
+    # A skill never seen and alone in its round is centred on the round's mean blend.
+    assert designer_advantages([0.7, 0.2, 0.3], ["c", "a", "a"], baselines) == pytest.approx([0.3, -0.05, 0.05])
+
+
+def test_skill_baselines_round_trip() -> None:
+    b = SkillBaselines(length=2)
+    b.add("a", [0.1, 0.2, 0.3])
+    again = SkillBaselines.from_dict(b.to_dict())
+    assert again.mean("a") == pytest.approx(0.25) and again.length == 2
+    with pytest.raises(SignalError):
+        SkillBaselines(length=0)
