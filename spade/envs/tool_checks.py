@@ -1,22 +1,19 @@
 """The checks that only tool envs have: solution replay in instruction order, the reset gate and
-irrelevant actions (DESIGN §4, §6). Each takes the running checker. Standard library only."""
+irrelevant actions (DESIGN §4, §6). Each is a function over the public ``CheckContext``, registered
+by name in ``spade.envs.checker.CHECKS``. Standard library only."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from spade.envs.actions import ToolCall
+from spade.envs.check_context import CheckContext
 from spade.envs.findings import CheckFailed, short
 from spade.envs.schema import example_value
 from spade.envs.session import EnvSession
 from spade.envs.types import Outcome
 
-if TYPE_CHECKING:
-    from spade.envs.checker import _Checker
 
-
-def replay_tool_solution(ck: _Checker, session: EnvSession, seed: int) -> int:
-    blocks = ck.solution(session, seed)
+def replay_tool_solution(ctx: CheckContext, session: EnvSession, seed: int) -> int:
+    blocks = ctx.solution(session, seed)
     env = session.env
     total = sum(len(b) for b in blocks)
     if total > session.max_turns:
@@ -52,14 +49,14 @@ def replay_tool_solution(ck: _Checker, session: EnvSession, seed: int) -> int:
                 + (f" (it raised {raised})" if raised else "")
                 + "; make solution() and the criterion agree"
             )
-    if not (outcome.terminated and outcome.reward >= ck.config.win_threshold):
+    if not (outcome.terminated and outcome.reward >= ctx.config.win_threshold):
         raise CheckFailed(f"seed {seed}: all instructions completed but the episode did not end with reward 1.0")
     return outcome.turn
 
 
-def check_reset_gate(ck: _Checker) -> str:
-    for seed in ck.config.seeds:
-        session, _ = ck.reset(seed)
+def check_reset_gate(ctx: CheckContext) -> str:
+    for seed in ctx.config.seeds:
+        session, _ = ctx.reset(seed)
         env = session.env
         for i, instruction in enumerate(env.instructions):
             if session.guarded_call(env.criterion_holds, i):
@@ -67,15 +64,17 @@ def check_reset_gate(ck: _Checker) -> str:
                     f"seed {seed}: the criterion of instruction {i + 1} ({short(instruction, 80)}) is already "
                     "true right after reset(); it must be false until the agent's calls make it true"
                 )
-    return f"every criterion is false right after reset() on seeds {list(ck.config.seeds)}"
+    return f"every criterion is false right after reset() on seeds {list(ctx.config.seeds)}"
 
 
-def _advance_after(ck: _Checker, seed: int, prefix: list[ToolCall], calls: list[ToolCall], index: int) -> bool | None:
+def _advance_after(
+    ctx: CheckContext, seed: int, prefix: list[ToolCall], calls: list[ToolCall], index: int
+) -> bool | None:
     """Replay ``prefix`` then ``calls`` on a fresh instance; whether instruction ``index`` completed.
 
     None when the prefix did not bring the env to instruction ``index``.
     """
-    session, _ = ck.reset(seed)
+    session, _ = ctx.reset(seed)
     env = session.env
     for call in prefix:
         session.step(call.to_text())
@@ -92,12 +91,12 @@ def _advance_after(ck: _Checker, seed: int, prefix: list[ToolCall], calls: list[
     return False
 
 
-def check_irrelevant_action(ck: _Checker) -> str:
-    assert ck.env_class is not None
-    tools = ck.env_class.tool_schemas()
+def check_irrelevant_action(ctx: CheckContext) -> str:
+    assert ctx.env_class is not None
+    tools = ctx.env_class.tool_schemas()
     probes_run = 0
-    for seed in ck.config.seeds[:2]:
-        blocks: list[list[ToolCall]] = ck.solutions[seed]
+    for seed in ctx.config.seeds[:2]:
+        blocks: list[list[ToolCall]] = ctx.solutions[seed]
         for i, block in enumerate(blocks):
             prefix = [c for b in blocks[:i] for c in b]
             own = {c.to_text() for c in block}
@@ -107,18 +106,18 @@ def check_irrelevant_action(ck: _Checker) -> str:
                 probes += [c for c in other if j != i and c.to_text() not in own]
             probes += [ToolCall(n, example_value(t["parameters"])) for n, t in sorted(tools.items()) if n not in used]
             unique = {p.to_text(): p for p in probes}
-            for probe in list(unique.values())[: ck.config.max_irrelevant_probes]:
+            for probe in list(unique.values())[: ctx.config.max_irrelevant_probes]:
                 probes_run += 1
-                if _advance_after(ck, seed, prefix, [probe], i):
+                if _advance_after(ctx, seed, prefix, [probe], i):
                     raise CheckFailed(
                         f"seed {seed}: calling {probe.name}({short(probe.arguments, 80)}) while instruction "
-                        f"{i + 1} ({short(blocks and _instruction(ck, seed, i), 80)}) is open completes it, "
+                        f"{i + 1} ({short(blocks and _instruction(ctx, seed, i), 80)}) is open completes it, "
                         "but that call is not part of its solution; tie the criterion to the requested change"
                     )
             if len(block) > 1:
                 for k, skipped in enumerate(block):
                     probes_run += 1
-                    if _advance_after(ck, seed, prefix, block[:k] + block[k + 1 :], i):
+                    if _advance_after(ctx, seed, prefix, block[:k] + block[k + 1 :], i):
                         raise CheckFailed(
                             f"seed {seed}: skipping solution call {k + 1} ({skipped.name}) of instruction {i + 1} "
                             "still completes it; the criterion must require every step of the solution"
@@ -126,6 +125,6 @@ def check_irrelevant_action(ck: _Checker) -> str:
     return f"{probes_run} off-solution and skipped-step probes completed no instruction"
 
 
-def _instruction(ck: _Checker, seed: int, index: int) -> str:
-    session, _ = ck.reset(seed)
+def _instruction(ctx: CheckContext, seed: int, index: int) -> str:
+    session, _ = ctx.reset(seed)
     return str(session.env.instructions[index])

@@ -7,9 +7,11 @@ import json
 
 import pytest
 
-from spade.envs.checker import check_env_source
+from spade.envs.check_context import CheckContext
+from spade.envs.checker import CHECKS, check_env_source
 from spade.envs.examples import EXAMPLES
-from spade.envs.types import CHECK_NAMES, CheckConfig, ValidationReport
+from spade.envs.findings import CheckFailed
+from spade.envs.types import CHECK_NAMES, CheckConfig, Setting, ValidationReport
 from tests.unit.envs.sample_envs import GUESS_GAME, NOTES_TOOL, mutate
 
 
@@ -321,3 +323,25 @@ def test_a_criterion_that_raises_does_not_hold() -> None:
     broken = mutate(NOTES_TOOL, 's["notes"].get(a) == {', 's["missing"][a] == {')
     report = check_env_source(broken, "tool")
     assert "(it raised KeyError: 'missing')" in report.check("solution_replay").detail
+
+
+def test_the_registry_names_every_check_in_pipeline_order_each_after_the_one_it_needs() -> None:
+    assert list(CHECKS) == list(CHECK_NAMES)
+    for name, check in CHECKS.items():
+        assert check.name == name
+        assert check.needs is None or CHECK_NAMES.index(check.needs) < CHECK_NAMES.index(name), name
+    assert [n for n, c in CHECKS.items() if c.tool_only] == ["reset_gate", "irrelevant_action"]
+
+
+def test_a_registered_check_runs_on_the_public_context_alone() -> None:
+    """A check needs only what ``CheckContext`` offers: here the tool reset gate, on a broken env."""
+    code = mutate(NOTES_TOOL, '{c: {"body": "old", "meta": {"tags": ["home"]}}}', "{}")
+    ctx = CheckContext(code, Setting.TOOL, CheckConfig(), repairs=[])
+    assert CHECKS["structure"].run(ctx).startswith("one env class NotesEnv (ToolEnv)")
+    assert ctx.env_class is not None and ctx.env_class.__name__ == "NotesEnv"
+    with pytest.raises(CheckFailed, match="already true right after reset"):
+        CHECKS["reset_gate"].run(ctx)
+    valid = CheckContext(NOTES_TOOL, Setting.TOOL, CheckConfig(), repairs=[])
+    CHECKS["structure"].run(valid)
+    assert CHECKS["solution_replay"].run(valid).startswith("solution() wins on every seed")
+    assert sorted(valid.solutions) == list(CheckConfig().seeds)  # recorded for the later checks

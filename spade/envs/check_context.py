@@ -1,0 +1,142 @@
+"""What a check of the env checker may use: the public ``CheckContext`` and the ``EnvCheck`` entry.
+
+A check is a function ``check(ctx) -> detail``: it returns the detail of a pass, or raises
+``CheckFailed`` whose message is the finding (rule, value seen, fix). The context gives every check
+the same things and nothing else: the (repaired) code, the setting, the limits, the env class the
+``structure`` check loaded, fresh sessions of it within the validation budget, guarded calls, and
+the solutions recorded so far (shared so that later checks can play off-solution probes). The
+checker (``spade.envs.checker``) owns the registry and the order; checks never see each other's
+results. Standard library only.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from spade.envs.findings import CheckFailed, short
+from spade.envs.limits import CallTimeout, describe_exception, guarded
+from spade.envs.policy import RandomPolicy
+from spade.envs.session import EnvSession
+from spade.envs.types import CheckConfig, Outcome, Setting, StepOutcome
+
+
+class CheckContext:
+    """The running validation of one env source, as the checks see it.
+
+    Args:
+        code: The env source after the known repairs.
+        setting: Game or tool.
+        config: Limits and thresholds of this validation.
+        repairs: The repairs that were applied, in order (for the ``syntax`` finding).
+
+    Attributes:
+        env_class: The env class, once the ``structure`` check has loaded it (``None`` before).
+        solutions: Seed -> the env's solution on that seed (game: action strings; tool: one list of
+            ``ToolCall`` per instruction), recorded the first time a check asks for it.
+    """
+
+    def __init__(self, code: str, setting: Setting, config: CheckConfig, repairs: list[str]) -> None:
+        self.code = code
+        self.setting = setting
+        self.config = config
+        self.repairs = list(repairs)
+        self.env_class: Any = None
+        self.solutions: dict[int, Any] = {}
+        self._deadline = time.monotonic() + config.total_time_limit_s
+
+    @property
+    def over_budget(self) -> bool:
+        """Whether the validation has used up ``config.total_time_limit_s``."""
+        return time.monotonic() > self._deadline
+
+    def session(self, seed: int) -> EnvSession:
+        """A fresh session of the loaded env class on ``seed`` (not yet reset).
+
+        Raises:
+            CheckFailed: The validation budget is used up.
+        """
+        assert self.env_class is not None
+        if self.over_budget:
+            raise CheckFailed(
+                f"validation ran past its budget of {self.config.total_time_limit_s:g} s in total; "
+                "make reset()/step() cheaper"
+            )
+        return EnvSession.from_class(self.env_class, self.setting, seed, self.config)
+
+    def guarded(self, fn: Callable[[], Any], what: str) -> Any:
+        """``fn()`` under the per-call time limit; a timeout or any exception becomes a finding."""
+        try:
+            with guarded(self.config.call_time_limit_s):
+                return fn()
+        except CallTimeout:
+            raise CheckFailed(
+                f"{what} took longer than the {self.config.call_time_limit_s:g} s per-call limit; "
+                "make it cheaper (no unbounded loops or huge searches)"
+            ) from None
+        except (Exception, SystemExit) as exc:
+            raise CheckFailed(f"{what} raised {describe_exception(exc)}") from None
+
+    def reset(self, seed: int) -> tuple[EnvSession, StepOutcome]:
+        """A fresh session reset on ``seed`` and its first outcome (a failed reset is a finding)."""
+        session = self.session(seed)
+        first = session.reset()
+        if first.outcome is not Outcome.OK:
+            raise CheckFailed(f"reset(seed={seed}): {first.observation}")
+        return session, first
+
+    def solution(self, session: EnvSession, seed: int) -> Any:
+        """The env's solution for its current instance, validated, normalised and recorded."""
+        env = session.env
+        if self.setting is Setting.TOOL:
+            blocks = self.guarded(env.solution_calls, f"solution() on seed {seed}")
+            self.solutions.setdefault(seed, blocks)
+            return blocks
+        actions = self.guarded(env.solution, f"solution() on seed {seed}")
+        if not isinstance(actions, list | tuple) or not actions or not all(isinstance(a, str) for a in actions):
+            raise CheckFailed(
+                f"solution() on seed {seed} must return a non-empty list of action strings, got {short(actions)}"
+            )
+        self.solutions.setdefault(seed, list(actions))
+        return list(actions)
+
+    def try_solution(self, session: EnvSession, seed: int) -> Any:
+        """``solution()`` or None when it fails: only ``solution_replay`` reports solution defects."""
+        try:
+            return self.solution(session, seed)
+        except CheckFailed:
+            return None
+
+    def as_actions(self, solution: Any) -> list[str]:
+        """A solution as the action strings an agent would send."""
+        if solution is None:
+            return []
+        if self.setting is Setting.TOOL:
+            return [call.to_text() for block in solution for call in block]
+        return list(solution)
+
+    def policy(self, rng: random.Random, exclude_seed: int | None = None) -> RandomPolicy:
+        """A random policy that also replays other seeds' recorded solution steps."""
+        others = [s for seed, s in sorted(self.solutions.items()) if seed != exclude_seed]
+        tools = self.env_class.tool_schemas() if self.setting is Setting.TOOL and self.env_class else {}
+        return RandomPolicy(self.setting, rng, others, tools)
+
+
+@dataclass(frozen=True)
+class EnvCheck:
+    """One entry of the checker's registry.
+
+    Attributes:
+        name: The check's name (one of ``CHECK_NAMES``).
+        run: The check: ``run(ctx)`` returns the pass detail or raises ``CheckFailed``.
+        needs: The check that must have passed for this one to run (``None``: always runs).
+        tool_only: Whether the check applies to tool envs only (game envs pass it as not applicable).
+    """
+
+    name: str
+    run: Callable[[CheckContext], str]
+    needs: str | None = None
+    tool_only: bool = False
