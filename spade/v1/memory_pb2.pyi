@@ -50,6 +50,7 @@ class EnvStats(_message.Message):
     REGRET_FIELD_NUMBER: _builtins.int
     LEARNABLE_FIELD_NUMBER: _builtins.int
     REWARD_COMPONENTS_FIELD_NUMBER: _builtins.int
+    SOLVED_FRACTION_FIELD_NUMBER: _builtins.int
     plays: _builtins.int
     """Every recorded play."""
     window_plays: _builtins.int
@@ -59,6 +60,8 @@ class EnvStats(_message.Message):
     regret: _builtins.float
     """Mean hinted minus mean unhinted return on shared seeds at the first version; absent until measured."""
     learnable: _builtins.bool
+    solved_fraction: _builtins.float
+    """Share of window plays whose return reached 1 (display only; win_rate is the mean return)."""
     @_builtins.property
     def reward_components(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
     def __init__(
@@ -70,17 +73,22 @@ class EnvStats(_message.Message):
         regret: _builtins.float | None = ...,
         learnable: _builtins.bool = ...,
         reward_components: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        solved_fraction: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_regret", b"_regret", "_win_rate", b"_win_rate", "regret", b"regret", "win_rate", b"win_rate"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_regret", b"_regret", "_solved_fraction", b"_solved_fraction", "_win_rate", b"_win_rate", "regret", b"regret", "solved_fraction", b"solved_fraction", "win_rate", b"win_rate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_regret", b"_regret", "_win_rate", b"_win_rate", "learnable", b"learnable", "plays", b"plays", "regret", b"regret", "reward_components", b"reward_components", "win_rate", b"win_rate", "window_plays", b"window_plays"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_regret", b"_regret", "_solved_fraction", b"_solved_fraction", "_win_rate", b"_win_rate", "learnable", b"learnable", "plays", b"plays", "regret", b"regret", "reward_components", b"reward_components", "solved_fraction", b"solved_fraction", "win_rate", b"win_rate", "window_plays", b"window_plays"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__regret: _TypeAlias = _typing.Literal["regret"]  # noqa: Y015
     _WhichOneofArgType__regret: _TypeAlias = _typing.Literal["_regret", b"_regret"]  # noqa: Y015
+    _WhichOneofReturnType__solved_fraction: _TypeAlias = _typing.Literal["solved_fraction"]  # noqa: Y015
+    _WhichOneofArgType__solved_fraction: _TypeAlias = _typing.Literal["_solved_fraction", b"_solved_fraction"]  # noqa: Y015
     _WhichOneofReturnType__win_rate: _TypeAlias = _typing.Literal["win_rate"]  # noqa: Y015
     _WhichOneofArgType__win_rate: _TypeAlias = _typing.Literal["_win_rate", b"_win_rate"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__regret) -> _WhichOneofReturnType__regret | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__solved_fraction) -> _WhichOneofReturnType__solved_fraction | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__win_rate) -> _WhichOneofReturnType__win_rate | None: ...
 
@@ -162,6 +170,8 @@ class StoredEnvironment(_message.Message):
     PARENT_IDS_FIELD_NUMBER: _builtins.int
     CREATED_AT_MS_FIELD_NUMBER: _builtins.int
     STATS_FIELD_NUMBER: _builtins.int
+    WINDOW_START_FIELD_NUMBER: _builtins.int
+    WINDOW_VERSIONS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     setting: _builtins.str
     skill: _builtins.str
@@ -178,6 +188,9 @@ class StoredEnvironment(_message.Message):
     corpus_ref: _builtins.str
     batch_id: _builtins.str
     created_at_ms: _builtins.int
+    window_start: _builtins.int
+    """The env's window, fixed when the rollout first played it; absent before."""
+    window_versions: _builtins.int
     @_builtins.property
     def parent_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -201,12 +214,16 @@ class StoredEnvironment(_message.Message):
         parent_ids: _abc.Iterable[_builtins.str] | None = ...,
         created_at_ms: _builtins.int = ...,
         stats: Global___EnvStats | None = ...,
+        window_start: _builtins.int | None = ...,
+        window_versions: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_window_start", b"_window_start", "stats", b"stats", "window_start", b"window_start"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "code", b"code", "code_hash", b"code_hash", "corpus_ref", b"corpus_ref", "created_at_ms", b"created_at_ms", "designer_sample_id", b"designer_sample_id", "env_class", b"env_class", "hint", b"hint", "id", b"id", "parent_ids", b"parent_ids", "setting", b"setting", "skill", b"skill", "stats", b"stats", "status", b"status", "validation_report_json", b"validation_report_json", "weight_version", b"weight_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_window_start", b"_window_start", "batch_id", b"batch_id", "code", b"code", "code_hash", b"code_hash", "corpus_ref", b"corpus_ref", "created_at_ms", b"created_at_ms", "designer_sample_id", b"designer_sample_id", "env_class", b"env_class", "hint", b"hint", "id", b"id", "parent_ids", b"parent_ids", "setting", b"setting", "skill", b"skill", "stats", b"stats", "status", b"status", "validation_report_json", b"validation_report_json", "weight_version", b"weight_version", "window_start", b"window_start", "window_versions", b"window_versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__window_start: _TypeAlias = _typing.Literal["window_start"]  # noqa: Y015
+    _WhichOneofArgType__window_start: _TypeAlias = _typing.Literal["_window_start", b"_window_start"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__window_start) -> _WhichOneofReturnType__window_start | None: ...
 
 Global___StoredEnvironment: _TypeAlias = StoredEnvironment  # noqa: Y015
 
@@ -379,6 +396,9 @@ class PlayRecord(_message.Message):
     TRAJECTORY_ID_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     PLAYED_AT_MS_FIELD_NUMBER: _builtins.int
+    WINDOW_START_FIELD_NUMBER: _builtins.int
+    WINDOW_INDEX_FIELD_NUMBER: _builtins.int
+    SPEC_ID_FIELD_NUMBER: _builtins.int
     env_id: _builtins.str
     seed: _builtins.int
     hinted: _builtins.bool
@@ -390,6 +410,10 @@ class PlayRecord(_message.Message):
     finish_reason: _builtins.str
     played_at_ms: _builtins.int
     """Zero means "now"."""
+    window_start: _builtins.int
+    """The env's window this play belongs to (see AgentSample.window_start / window_index)."""
+    window_index: _builtins.int
+    spec_id: _builtins.str
     def __init__(
         self,
         *,
@@ -402,14 +426,193 @@ class PlayRecord(_message.Message):
         trajectory_id: _builtins.str = ...,
         finish_reason: _builtins.str = ...,
         played_at_ms: _builtins.int = ...,
+        window_start: _builtins.int = ...,
+        window_index: _builtins.int = ...,
+        spec_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_id", b"env_id", "episode_return", b"episode_return", "finish_reason", b"finish_reason", "hinted", b"hinted", "played_at_ms", b"played_at_ms", "seed", b"seed", "trajectory_id", b"trajectory_id", "turns", b"turns", "weight_version", b"weight_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_id", b"env_id", "episode_return", b"episode_return", "finish_reason", b"finish_reason", "hinted", b"hinted", "played_at_ms", b"played_at_ms", "seed", b"seed", "spec_id", b"spec_id", "trajectory_id", b"trajectory_id", "turns", b"turns", "weight_version", b"weight_version", "window_index", b"window_index", "window_start", b"window_start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PlayRecord: _TypeAlias = PlayRecord  # noqa: Y015
+
+@_typing.final
+class SetWindowRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENV_ID_FIELD_NUMBER: _builtins.int
+    WINDOW_START_FIELD_NUMBER: _builtins.int
+    WINDOW_VERSIONS_FIELD_NUMBER: _builtins.int
+    env_id: _builtins.str
+    window_start: _builtins.int
+    """The env's first window version and its length k."""
+    window_versions: _builtins.int
+    def __init__(
+        self,
+        *,
+        env_id: _builtins.str = ...,
+        window_start: _builtins.int = ...,
+        window_versions: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_id", b"env_id", "window_start", b"window_start", "window_versions", b"window_versions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetWindowRequest: _TypeAlias = SetWindowRequest  # noqa: Y015
+
+@_typing.final
+class DesignerAttempt(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SAMPLE_ID_FIELD_NUMBER: _builtins.int
+    SETTING_FIELD_NUMBER: _builtins.int
+    SKILL_FIELD_NUMBER: _builtins.int
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    ENV_ID_FIELD_NUMBER: _builtins.int
+    SPEC_ID_FIELD_NUMBER: _builtins.int
+    CREATED_AT_MS_FIELD_NUMBER: _builtins.int
+    sample_id: _builtins.str
+    setting: _builtins.str
+    skill: _builtins.str
+    batch_id: _builtins.str
+    weight_version: _builtins.int
+    outcome: _builtins.str
+    """"valid", "malformed", "duplicate" or the failing check's name."""
+    env_id: _builtins.str
+    """The stored environment, empty when the attempt stored none."""
+    spec_id: _builtins.str
+    created_at_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        sample_id: _builtins.str = ...,
+        setting: _builtins.str = ...,
+        skill: _builtins.str = ...,
+        batch_id: _builtins.str = ...,
+        weight_version: _builtins.int = ...,
+        outcome: _builtins.str = ...,
+        env_id: _builtins.str = ...,
+        spec_id: _builtins.str = ...,
+        created_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "created_at_ms", b"created_at_ms", "env_id", b"env_id", "outcome", b"outcome", "sample_id", b"sample_id", "setting", b"setting", "skill", b"skill", "spec_id", b"spec_id", "weight_version", b"weight_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DesignerAttempt: _TypeAlias = DesignerAttempt  # noqa: Y015
+
+@_typing.final
+class RecordAttemptsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___DesignerAttempt]: ...
+    def __init__(
+        self,
+        *,
+        attempts: _abc.Iterable[Global___DesignerAttempt] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordAttemptsRequest: _TypeAlias = RecordAttemptsRequest  # noqa: Y015
+
+@_typing.final
+class RecordAttemptsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDED_FIELD_NUMBER: _builtins.int
+    DUPLICATES_FIELD_NUMBER: _builtins.int
+    recorded: _builtins.int
+    duplicates: _builtins.int
+    def __init__(
+        self,
+        *,
+        recorded: _builtins.int = ...,
+        duplicates: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicates", b"duplicates", "recorded", b"recorded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordAttemptsResponse: _TypeAlias = RecordAttemptsResponse  # noqa: Y015
+
+@_typing.final
+class GetRunSpecRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunSpecRequest: _TypeAlias = GetRunSpecRequest  # noqa: Y015
+
+@_typing.final
+class SetRunSpecRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_JSON_FIELD_NUMBER: _builtins.int
+    REPLACE_FIELD_NUMBER: _builtins.int
+    spec_json: _builtins.str
+    """spade.runspec.RunSpec as JSON."""
+    replace: _builtins.bool
+    def __init__(
+        self,
+        *,
+        spec_json: _builtins.str = ...,
+        replace: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["replace", b"replace", "spec_json", b"spec_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetRunSpecRequest: _TypeAlias = SetRunSpecRequest  # noqa: Y015
+
+@_typing.final
+class RunSpecRecord(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_ID_FIELD_NUMBER: _builtins.int
+    SPEC_JSON_FIELD_NUMBER: _builtins.int
+    SET_AT_MS_FIELD_NUMBER: _builtins.int
+    spec_id: _builtins.str
+    spec_json: _builtins.str
+    set_at_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        spec_id: _builtins.str = ...,
+        spec_json: _builtins.str = ...,
+        set_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["set_at_ms", b"set_at_ms", "spec_id", b"spec_id", "spec_json", b"spec_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunSpecRecord: _TypeAlias = RunSpecRecord  # noqa: Y015
 
 @_typing.final
 class RecordPlaysRequest(_message.Message):

@@ -64,6 +64,26 @@ class MemoryStub:
                 request_serializer=spade_dot_v1_dot_memory__pb2.SampleExamplesRequest.SerializeToString,
                 response_deserializer=spade_dot_v1_dot_memory__pb2.SampleExamplesResponse.FromString,
                 _registered_method=True)
+        self.SetWindow = channel.unary_unary(
+                '/spade.v1.Memory/SetWindow',
+                request_serializer=spade_dot_v1_dot_memory__pb2.SetWindowRequest.SerializeToString,
+                response_deserializer=spade_dot_v1_dot_memory__pb2.StoredEnvironment.FromString,
+                _registered_method=True)
+        self.RecordAttempts = channel.unary_unary(
+                '/spade.v1.Memory/RecordAttempts',
+                request_serializer=spade_dot_v1_dot_memory__pb2.RecordAttemptsRequest.SerializeToString,
+                response_deserializer=spade_dot_v1_dot_memory__pb2.RecordAttemptsResponse.FromString,
+                _registered_method=True)
+        self.GetRunSpec = channel.unary_unary(
+                '/spade.v1.Memory/GetRunSpec',
+                request_serializer=spade_dot_v1_dot_memory__pb2.GetRunSpecRequest.SerializeToString,
+                response_deserializer=spade_dot_v1_dot_memory__pb2.RunSpecRecord.FromString,
+                _registered_method=True)
+        self.SetRunSpec = channel.unary_unary(
+                '/spade.v1.Memory/SetRunSpec',
+                request_serializer=spade_dot_v1_dot_memory__pb2.SetRunSpecRequest.SerializeToString,
+                response_deserializer=spade_dot_v1_dot_memory__pb2.RunSpecRecord.FromString,
+                _registered_method=True)
 
 
 class MemoryServicer:
@@ -111,6 +131,36 @@ class MemoryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetWindow(self, request, context):
+        """Fix an environment's window (first writer wins): the answer carries the stored window, which
+        differs from the request when another worker fixed it first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordAttempts(self, request, context):
+        """Record designer attempts, valid or not (malformed included), for the pool's validity figures.
+        Idempotent by sample id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRunSpec(self, request, context):
+        """The run spec every service reads at start. NOT_FOUND before one is set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetRunSpec(self, request, context):
+        """Store the run spec; FAILED_PRECONDITION when a different one is already set (unless replace).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +193,26 @@ def add_MemoryServicer_to_server(servicer, server):
                     servicer.SampleExamples,
                     request_deserializer=spade_dot_v1_dot_memory__pb2.SampleExamplesRequest.FromString,
                     response_serializer=spade_dot_v1_dot_memory__pb2.SampleExamplesResponse.SerializeToString,
+            ),
+            'SetWindow': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWindow,
+                    request_deserializer=spade_dot_v1_dot_memory__pb2.SetWindowRequest.FromString,
+                    response_serializer=spade_dot_v1_dot_memory__pb2.StoredEnvironment.SerializeToString,
+            ),
+            'RecordAttempts': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordAttempts,
+                    request_deserializer=spade_dot_v1_dot_memory__pb2.RecordAttemptsRequest.FromString,
+                    response_serializer=spade_dot_v1_dot_memory__pb2.RecordAttemptsResponse.SerializeToString,
+            ),
+            'GetRunSpec': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRunSpec,
+                    request_deserializer=spade_dot_v1_dot_memory__pb2.GetRunSpecRequest.FromString,
+                    response_serializer=spade_dot_v1_dot_memory__pb2.RunSpecRecord.SerializeToString,
+            ),
+            'SetRunSpec': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRunSpec,
+                    request_deserializer=spade_dot_v1_dot_memory__pb2.SetRunSpecRequest.FromString,
+                    response_serializer=spade_dot_v1_dot_memory__pb2.RunSpecRecord.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +377,114 @@ class Memory:
             '/spade.v1.Memory/SampleExamples',
             spade_dot_v1_dot_memory__pb2.SampleExamplesRequest.SerializeToString,
             spade_dot_v1_dot_memory__pb2.SampleExamplesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWindow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spade.v1.Memory/SetWindow',
+            spade_dot_v1_dot_memory__pb2.SetWindowRequest.SerializeToString,
+            spade_dot_v1_dot_memory__pb2.StoredEnvironment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordAttempts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spade.v1.Memory/RecordAttempts',
+            spade_dot_v1_dot_memory__pb2.RecordAttemptsRequest.SerializeToString,
+            spade_dot_v1_dot_memory__pb2.RecordAttemptsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRunSpec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spade.v1.Memory/GetRunSpec',
+            spade_dot_v1_dot_memory__pb2.GetRunSpecRequest.SerializeToString,
+            spade_dot_v1_dot_memory__pb2.RunSpecRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRunSpec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spade.v1.Memory/SetRunSpec',
+            spade_dot_v1_dot_memory__pb2.SetRunSpecRequest.SerializeToString,
+            spade_dot_v1_dot_memory__pb2.RunSpecRecord.FromString,
             options,
             channel_credentials,
             insecure,

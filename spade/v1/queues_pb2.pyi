@@ -35,6 +35,7 @@ class EnvReady(_message.Message):
     WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
     DESIGNER_SAMPLE_ID_FIELD_NUMBER: _builtins.int
     WINDOW_VERSIONS_FIELD_NUMBER: _builtins.int
+    SPEC_ID_FIELD_NUMBER: _builtins.int
     env_id: _builtins.str
     setting: _builtins.str
     skill: _builtins.str
@@ -45,6 +46,8 @@ class EnvReady(_message.Message):
     """Weight versions the env stays active; 0 means the rollout's configured k. The seed pool uses a
     longer window than designed envs, so the agent always has something to play.
     """
+    spec_id: _builtins.str
+    """The run spec this env was designed under (spade/runspec.py); empty only for legacy producers."""
     def __init__(
         self,
         *,
@@ -54,10 +57,11 @@ class EnvReady(_message.Message):
         weight_version: _builtins.int = ...,
         designer_sample_id: _builtins.str = ...,
         window_versions: _builtins.int = ...,
+        spec_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["designer_sample_id", b"designer_sample_id", "env_id", b"env_id", "setting", b"setting", "skill", b"skill", "weight_version", b"weight_version", "window_versions", b"window_versions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["designer_sample_id", b"designer_sample_id", "env_id", b"env_id", "setting", b"setting", "skill", b"skill", "spec_id", b"spec_id", "weight_version", b"weight_version", "window_versions", b"window_versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -83,6 +87,9 @@ class AgentSample(_message.Message):
     TURNS_FIELD_NUMBER: _builtins.int
     WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
+    SPEC_ID_FIELD_NUMBER: _builtins.int
+    WINDOW_START_FIELD_NUMBER: _builtins.int
+    WINDOW_INDEX_FIELD_NUMBER: _builtins.int
     sample_id: _builtins.str
     env_id: _builtins.str
     setting: _builtins.str
@@ -96,7 +103,18 @@ class AgentSample(_message.Message):
     weight_version: _builtins.int
     """Weight version of the policy that generated every model token."""
     finish_reason: _builtins.str
-    """"terminated", "truncated", "turn_limit", "token_limit", "env_error" or "timeout"."""
+    """How the play ended: a spade.envs.types.FinishReason value ("terminated", "truncated",
+    "turn_limit", "token_limit", "env_error", or a resource fault "fault_wall_clock", "fault_cpu",
+    "fault_memory", "fault_output", "fault_killed").
+    """
+    spec_id: _builtins.str
+    """The run spec the play was made under."""
+    window_start: _builtins.int
+    """The env's window, fixed by the rollout when it first played the env (recorded in the memory):
+    its first version, and which of its k versions this play belongs to (0 = the first version,
+    where both arms are played). Scoring uses these, never the generating weight_version.
+    """
+    window_index: _builtins.int
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Prompt and every turn, concatenated."""
@@ -126,10 +144,13 @@ class AgentSample(_message.Message):
         turns: _builtins.int = ...,
         weight_version: _builtins.int = ...,
         finish_reason: _builtins.str = ...,
+        spec_id: _builtins.str = ...,
+        window_start: _builtins.int = ...,
+        window_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_id", b"env_id", "episode_return", b"episode_return", "finish_reason", b"finish_reason", "group_id", b"group_id", "hinted", b"hinted", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "sample_id", b"sample_id", "seed", b"seed", "setting", b"setting", "skill", b"skill", "token_ids", b"token_ids", "turns", b"turns", "weight_version", b"weight_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_id", b"env_id", "episode_return", b"episode_return", "finish_reason", b"finish_reason", "group_id", b"group_id", "hinted", b"hinted", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "sample_id", b"sample_id", "seed", b"seed", "setting", b"setting", "skill", b"skill", "spec_id", b"spec_id", "token_ids", b"token_ids", "turns", b"turns", "weight_version", b"weight_version", "window_index", b"window_index", "window_start", b"window_start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -153,6 +174,9 @@ class DesignerSample(_message.Message):
     FAILED_CHECK_FIELD_NUMBER: _builtins.int
     CHECKS_FIELD_NUMBER: _builtins.int
     BATCH_ID_FIELD_NUMBER: _builtins.int
+    SPEC_ID_FIELD_NUMBER: _builtins.int
+    TRAINABLE_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
     sample_id: _builtins.str
     env_id: _builtins.str
     """Empty when the attempt produced no stored environment."""
@@ -163,7 +187,13 @@ class DesignerSample(_message.Message):
     failed_check: _builtins.str
     """First failing validation check, empty when valid."""
     batch_id: _builtins.str
-    """Identity of the regeneration batch (per-skill centering happens within it)."""
+    """Identity of the regeneration round (per-skill centering happens within it)."""
+    spec_id: _builtins.str
+    """The run spec the attempt was made under."""
+    trainable: _builtins.bool
+    """False for attempts that are scored but never trained on (a pool designer, a frozen designer)."""
+    outcome: _builtins.str
+    """"valid", "malformed" (no code/hint could be parsed), "duplicate", or the failing check's name."""
     @_builtins.property
     def prompt_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -187,10 +217,13 @@ class DesignerSample(_message.Message):
         failed_check: _builtins.str = ...,
         checks: _abc.Iterable[_sandbox_pb2.CheckResult] | None = ...,
         batch_id: _builtins.str = ...,
+        spec_id: _builtins.str = ...,
+        trainable: _builtins.bool = ...,
+        outcome: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "checks", b"checks", "env_id", b"env_id", "failed_check", b"failed_check", "output_ids", b"output_ids", "output_logprobs", b"output_logprobs", "prompt_ids", b"prompt_ids", "sample_id", b"sample_id", "setting", b"setting", "skill", b"skill", "valid", b"valid", "weight_version", b"weight_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "checks", b"checks", "env_id", b"env_id", "failed_check", b"failed_check", "outcome", b"outcome", "output_ids", b"output_ids", "output_logprobs", b"output_logprobs", "prompt_ids", b"prompt_ids", "sample_id", b"sample_id", "setting", b"setting", "skill", b"skill", "spec_id", b"spec_id", "trainable", b"trainable", "valid", b"valid", "weight_version", b"weight_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -207,9 +240,12 @@ class WeightsPublished(_message.Message):
     WORKERS_OK_FIELD_NUMBER: _builtins.int
     WORKERS_FAILED_FIELD_NUMBER: _builtins.int
     PUBLISHED_AT_MS_FIELD_NUMBER: _builtins.int
+    SPEC_ID_FIELD_NUMBER: _builtins.int
     weight_version: _builtins.int
     checkpoint_path: _builtins.str
     published_at_ms: _builtins.int
+    spec_id: _builtins.str
+    """The run spec of the learner that published it."""
     @_builtins.property
     def workers_ok(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -222,10 +258,11 @@ class WeightsPublished(_message.Message):
         workers_ok: _abc.Iterable[_builtins.str] | None = ...,
         workers_failed: _abc.Iterable[_builtins.str] | None = ...,
         published_at_ms: _builtins.int = ...,
+        spec_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "published_at_ms", b"published_at_ms", "weight_version", b"weight_version", "workers_failed", b"workers_failed", "workers_ok", b"workers_ok"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "published_at_ms", b"published_at_ms", "spec_id", b"spec_id", "weight_version", b"weight_version", "workers_failed", b"workers_failed", "workers_ok", b"workers_ok"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
