@@ -38,8 +38,12 @@ class Outcome(StrEnum):
 
     - ``ok``: the env answered; read ``terminated``/``truncated`` for the episode state.
     - ``env_error``: the env code raised or returned something that breaks the contract.
-    - ``timeout``: the call ran past the per-call time limit.
+    - ``timeout``: the call ran past the per-call wall-clock limit.
     - ``limit``: the framework ended the episode at its ``max_turns`` cap (the env did not).
+    - ``cpu_limit``: the env's process used up its CPU-time limit.
+    - ``memory_limit``: the env's process ran out of its memory limit.
+    - ``output_limit``: the env produced an observation or output over its size cap.
+    - ``killed``: the env's process was killed by a signal nobody asked for.
     - ``sandbox_fault``: the sandbox itself failed (set by the sandbox runtime, never by env code).
     """
 
@@ -47,7 +51,73 @@ class Outcome(StrEnum):
     ENV_ERROR = "env_error"
     TIMEOUT = "timeout"
     LIMIT = "limit"
+    CPU_LIMIT = "cpu_limit"
+    MEMORY_LIMIT = "memory_limit"
+    OUTPUT_LIMIT = "output_limit"
+    KILLED = "killed"
     SANDBOX_FAULT = "sandbox_fault"
+
+
+class FinishReason(StrEnum):
+    """How a whole play ended, end to end: sandbox -> rollout -> samples -> memory -> metrics.
+
+    One definition for every service. Only ``terminated`` plays carry the env's terminal reward as
+    their return; every other reason gives return 0. Resource faults are the env's fault but not a
+    turn cap: they are never reported as ``truncated``, and the learner treats them as configured.
+    """
+
+    TERMINATED = "terminated"
+    """The env ended the episode (win or loss): the return is its terminal reward."""
+    TRUNCATED = "truncated"
+    """The env truncated the episode itself (its own turn limit, clamped to the agent's budget)."""
+    TURN_LIMIT = "turn_limit"
+    """The agent's turn budget (the run spec's) ended the play."""
+    TOKEN_LIMIT = "token_limit"
+    """The agent's token budget ran out."""
+    ENV_ERROR = "env_error"
+    """The env raised or broke the contract."""
+    FAULT_WALL_CLOCK = "fault_wall_clock"
+    """An env call ran past its wall-clock limit."""
+    FAULT_CPU = "fault_cpu"
+    """The env used up its CPU-time limit."""
+    FAULT_MEMORY = "fault_memory"
+    """The env ran out of its memory limit."""
+    FAULT_OUTPUT = "fault_output"
+    """The env produced output over its cap."""
+    FAULT_KILLED = "fault_killed"
+    """The env's process was killed by an unexpected signal."""
+
+    @property
+    def is_resource_fault(self) -> bool:
+        """Whether the play ended because the env hit a resource limit."""
+        return self.value.startswith("fault_")
+
+    @classmethod
+    def for_outcome(cls, outcome: Outcome) -> FinishReason:
+        """The play's finish reason when a call ended with a failing ``outcome``.
+
+        Raises:
+            ValueError: ``outcome`` is ``ok`` (read the step's flags instead) or ``sandbox_fault``
+                (an infrastructure failure: retry the play, never record it as the env's).
+        """
+        try:
+            return _FAILED_CALL[outcome]
+        except KeyError:
+            raise ValueError(
+                f"outcome {outcome.value!r} does not end a play by itself: 'ok' is read from the step's "
+                "flags, and a 'sandbox_fault' is retried, never recorded as the env's"
+            ) from None
+
+
+_FAILED_CALL: dict[Outcome, FinishReason] = {
+    Outcome.ENV_ERROR: FinishReason.ENV_ERROR,
+    Outcome.TIMEOUT: FinishReason.FAULT_WALL_CLOCK,
+    Outcome.LIMIT: FinishReason.TURN_LIMIT,
+    Outcome.CPU_LIMIT: FinishReason.FAULT_CPU,
+    Outcome.MEMORY_LIMIT: FinishReason.FAULT_MEMORY,
+    Outcome.OUTPUT_LIMIT: FinishReason.FAULT_OUTPUT,
+    Outcome.KILLED: FinishReason.FAULT_KILLED,
+}
 
 
 CHECK_NAMES: tuple[str, ...] = (

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from spade.envs.types import CHECK_NAMES, CheckConfig, CheckResult, Outcome, Setting, ValidationReport
+from spade.envs.types import CHECK_NAMES, CheckConfig, CheckResult, FinishReason, Outcome, Setting, ValidationReport
 
 
 def test_check_names_are_exactly_the_design_checks() -> None:
@@ -19,9 +19,37 @@ def test_check_names_are_exactly_the_design_checks() -> None:
 
 
 def test_enums_are_strings_on_the_wire() -> None:
-    assert [o.value for o in Outcome] == ["ok", "env_error", "timeout", "limit", "sandbox_fault"]
+    assert [o.value for o in Outcome] == [
+        "ok",
+        "env_error",
+        "timeout",
+        "limit",
+        "cpu_limit",
+        "memory_limit",
+        "output_limit",
+        "killed",
+        "sandbox_fault",
+    ]
     assert Setting.parse(" Tool ") is Setting.TOOL and Setting.parse(Setting.GAME) is Setting.GAME
     assert json.dumps({"o": Outcome.LIMIT}) == '{"o": "limit"}'
+
+
+def test_every_failing_call_has_its_own_finish_reason() -> None:
+    failing = [o for o in Outcome if o not in (Outcome.OK, Outcome.SANDBOX_FAULT)]
+    reasons = [FinishReason.for_outcome(o) for o in failing]
+    assert len(set(reasons)) == len(failing), "two call outcomes collapse into one finish reason"
+    assert FinishReason.for_outcome(Outcome.MEMORY_LIMIT) is FinishReason.FAULT_MEMORY
+    assert FinishReason.for_outcome(Outcome.LIMIT) is FinishReason.TURN_LIMIT
+    assert [r for r in FinishReason if r.is_resource_fault] == [
+        FinishReason.FAULT_WALL_CLOCK,
+        FinishReason.FAULT_CPU,
+        FinishReason.FAULT_MEMORY,
+        FinishReason.FAULT_OUTPUT,
+        FinishReason.FAULT_KILLED,
+    ]
+    for passthrough in (Outcome.OK, Outcome.SANDBOX_FAULT):
+        with pytest.raises(ValueError, match="does not end a play"):
+            FinishReason.for_outcome(passthrough)
 
 
 def test_check_config_round_trip_and_defaults() -> None:
