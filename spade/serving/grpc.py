@@ -1,0 +1,300 @@
+"""One gRPC server bootstrap for every service: bind, reflection, health, and the interceptors.
+
+:func:`grpc_server` starts a ``grpc.aio`` server with the given servicers and, around every call of
+theirs, one interceptor that:
+
+- **authenticates** the caller from the ``authorization`` metadata (when the service has keys) and
+  makes the principal available to the servicer through :func:`caller`; a client-streaming call is
+  authenticated once its first message is in (an abort before the client has sent anything reaches
+  grpc.aio clients as INTERNAL instead of the real status);
+- **maps errors to statuses** in one place: a :class:`spade.errors.ServiceError` aborts with its
+  kind's status and its message, anything else is logged with its traceback and answered INTERNAL
+  without details;
+- **logs** each call (method, status, duration; failures louder than successes);
+- **counts** calls in Prometheus (``spade_<service>_grpc_requests{method,code}`` and the latency
+  histogram ``spade_<service>_grpc_seconds{method}``) in the service's registry.
+
+The standard health service (``grpc.health.v1.Health``) answers SERVING for the server and each
+service while it runs and NOT_SERVING once shutdown begins; server reflection lists every service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # the stubs lack the aio servicer
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from spade.serving.errors import GRPC_STATUS, ErrorKinds, classify
+from spade.serving.settings import ServerAddress
+
+_CALLER: contextvars.ContextVar[Any] = contextvars.ContextVar("spade_grpc_caller", default=None)
+
+_OPEN_METHODS = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+"""Methods served without authentication, logging or metrics (probes and tooling)."""
+
+Authenticate = Callable[[str | None], Any]
+"""Maps the ``authorization`` metadata value to a principal, raising ``spade.auth.Unauthenticated``."""
+
+
+def caller() -> Any:
+    """The principal the current call was authenticated as (``None`` when the server has no auth)."""
+    return _CALLER.get()
+
+
+@dataclass(frozen=True)
+class GrpcService:
+    """One servicer to serve.
+
+    Attributes:
+        name: The service's full proto name (``spade.v1.Sandbox``), for reflection and health.
+        add: Adds the servicer to a server (``lambda s: add_SandboxServicer_to_server(servicer, s)``).
+    """
+
+    name: str
+    add: Callable[[grpc.aio.Server], None]
+
+
+@dataclass(frozen=True)
+class RunningGrpc:
+    """A started gRPC server: the bound port (resolved when 0 was asked) and the server."""
+
+    port: int
+    server: grpc.aio.Server
+
+
+class _Instruments:
+    def __init__(self, service: str, registry: CollectorRegistry | None) -> None:
+        self.requests = Counter(
+            f"spade_{service}_grpc_requests",
+            "gRPC calls by method and status.",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            f"spade_{service}_grpc_seconds",
+            "gRPC call latency by method (streams: the whole stream).",
+            ["method"],
+            registry=registry,
+        )
+
+
+class ServiceInterceptor(grpc.aio.ServerInterceptor):
+    """Authentication, error mapping, logging and metrics around every call (see the module docstring).
+
+    Args:
+        service: The service's name in logs, errors and metric names (``sandbox``).
+        authenticate: Maps the ``authorization`` metadata to a principal; ``None``: no authentication.
+        registry: Where the call metrics go (the registry the service's ``/metrics`` exposes).
+        errors: Extra exception types that are domain errors (with their kind and code).
+    """
+
+    def __init__(
+        self,
+        service: str,
+        *,
+        authenticate: Authenticate | None = None,
+        registry: CollectorRegistry | None = None,
+        errors: ErrorKinds | None = None,
+    ) -> None:
+        self._service = service
+        self._authenticate = authenticate
+        self._errors = errors
+        self._metrics = _Instruments(service, registry) if registry is not None else None
+        self._log = logging.getLogger(f"spade.{service}.grpc")
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = str(handler_call_details.method)
+        if handler is None or method.startswith(_OPEN_METHODS):
+            return handler
+        wrap: dict[str, Any] = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(self._unary(method, handler.unary_unary), **wrap)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(self._streaming(method, handler.unary_stream, False), **wrap)
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(self._unary(method, handler.stream_unary, True), **wrap)
+        assert handler.stream_stream is not None
+        return grpc.stream_stream_rpc_method_handler(self._streaming(method, handler.stream_stream, True), **wrap)
+
+    # ---- the pieces ---------------------------------------------------------------------------------
+
+    def _principal(self, context: grpc.aio.ServicerContext) -> Any:
+        if self._authenticate is None:
+            return None
+        value = dict(context.invocation_metadata() or ()).get("authorization")
+        return self._authenticate(value if isinstance(value, str) else None)
+
+    async def _fail(self, method: str, exc: BaseException, context: grpc.aio.ServicerContext) -> None:
+        found = classify(exc, self._errors)
+        if found is None:
+            self._log.error("%s failed", method, exc_info=exc)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in the {self._service} service; see its log")
+        else:
+            kind, _ = found
+            self._log.info("%s refused (%s): %s", method, kind.value, exc)
+            await context.abort(GRPC_STATUS[kind], str(exc))
+
+    def _observe(self, method: str, start: float, context: grpc.aio.ServicerContext, failed: bool) -> None:
+        code = "OK"
+        if failed:
+            with contextlib.suppress(Exception):
+                status = context.code()
+                code = status.name if isinstance(status, grpc.StatusCode) else "UNKNOWN"
+            code = "UNKNOWN" if code == "OK" else code
+        elapsed = time.perf_counter() - start
+        if self._metrics is not None:
+            name = method.rsplit("/", 1)[-1]
+            self._metrics.requests.labels(name, code).inc()
+            self._metrics.latency.labels(name).observe(elapsed)
+        self._log.debug("%s %s in %.1f ms", method, code, elapsed * 1000)
+
+    @staticmethod
+    async def _first_then_rest(request_iterator: Any) -> tuple[list[Any], Any]:
+        """Read the first message of a client stream (authentication waits for it)."""
+        iterator = request_iterator.__aiter__()
+        try:
+            return [await iterator.__anext__()], iterator
+        except StopAsyncIteration:
+            return [], iterator
+
+    # ---- wrappers -------------------------------------------------------------------------------------
+
+    def _unary(self, method: str, inner: Callable[..., Any], client_streams: bool = False) -> Callable[..., Any]:
+        async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            start = time.perf_counter()
+            failed = True
+            try:
+                if client_streams:
+                    head, rest = await self._first_then_rest(request)
+                    request = _chain(head, rest)
+                _CALLER.set(self._principal(context))
+                result = inner(request, context)
+                if inspect.isawaitable(result):
+                    result = await result
+                failed = False
+                return result
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await self._fail(method, exc, context)
+                raise
+            finally:
+                self._observe(method, start, context, failed)
+
+        return behavior
+
+    def _streaming(self, method: str, inner: Callable[..., Any], client_streams: bool) -> Callable[..., Any]:
+        async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            start = time.perf_counter()
+            failed = True
+            try:
+                if client_streams:
+                    head, rest = await self._first_then_rest(request)
+                    request = _chain(head, rest)
+                _CALLER.set(self._principal(context))
+                responses = inner(request, context)
+                if inspect.isawaitable(responses):  # a handler that answers with context.write()
+                    await responses
+                else:
+                    async for response in responses:
+                        yield response
+                failed = False
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await self._fail(method, exc, context)
+                raise
+            finally:
+                self._observe(method, start, context, failed)
+
+        return behavior
+
+
+async def _chain(head: list[Any], rest: Any) -> AsyncIterator[Any]:
+    for item in head:
+        yield item
+    async for item in rest:
+        yield item
+
+
+@contextlib.asynccontextmanager
+async def grpc_server(
+    services: Sequence[GrpcService],
+    bind: ServerAddress,
+    *,
+    service: str,
+    authenticate: Authenticate | None = None,
+    registry: CollectorRegistry | None = None,
+    errors: ErrorKinds | None = None,
+    max_receive_bytes: int = 4 * 2**20,
+    max_send_bytes: int = 64 * 2**20,
+    grace_s: float = 5.0,
+) -> AsyncIterator[RunningGrpc]:
+    """Serve ``services`` on ``bind`` until the context exits, then shut down gracefully.
+
+    Args:
+        services: The servicers.
+        bind: Interface and port (port 0 picks a free one; see ``RunningGrpc.port``).
+        service: The service's name in logs, errors and metric names.
+        authenticate: Maps ``authorization`` metadata to a principal (see :func:`caller`); ``None``
+            serves without authentication.
+        registry: Prometheus registry for the call metrics (``None``: not counted).
+        errors: Extra exception types that are domain errors (with their kind and code).
+        max_receive_bytes: Largest request message accepted.
+        max_send_bytes: Largest response message sent.
+        grace_s: How long in-flight calls may finish at shutdown.
+
+    Raises:
+        OSError: The address could not be bound.
+    """
+    interceptor = ServiceInterceptor(service, authenticate=authenticate, registry=registry, errors=errors)
+    server = grpc.aio.server(
+        interceptors=[interceptor],
+        options=[
+            ("grpc.max_receive_message_length", max_receive_bytes),
+            ("grpc.max_send_message_length", max_send_bytes),
+            # A taken port is an error, not a second server silently sharing it.
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    for item in services:
+        item.add(server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+    reflection.enable_server_reflection([*(s.name for s in services), health_name, reflection.SERVICE_NAME], server)
+    try:
+        port = server.add_insecure_port(bind.address)
+    except RuntimeError:  # grpc raises RuntimeError for a busy or invalid address
+        port = 0
+    if port == 0:
+        await server.stop(None)
+        raise OSError(f"could not bind the {service} gRPC server to {bind.address}; is the port free?")
+    await server.start()
+    for name in ("", *(s.name for s in services)):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    logging.getLogger(f"spade.{service}.grpc").info("%s gRPC listening on %s:%d", service, bind.host, port)
+    try:
+        yield RunningGrpc(port=port, server=server)
+    finally:
+        await health.enter_graceful_shutdown()
+        await server.stop(grace=grace_s)

@@ -1,0 +1,276 @@
+"""One HTTP (uvicorn + FastAPI) bootstrap for every service, and the pieces every REST API shares.
+
+- :func:`http_server`: serve an ASGI app on a :class:`ServerAddress` inside the caller's event loop
+  until the context exits, then shut down gracefully. Signals are not uvicorn's business here:
+  ``spade.serving.run`` turns SIGTERM/SIGINT into the stop event every ``spade serve`` waits on.
+- :func:`install_error_handlers`: one error shape, ``{"error": {"code": ..., "message": ...}}``, for
+  domain errors (their kind's status), malformed requests, unknown routes and internal failures
+  (logged, answered without details). Never echoes the caller's input.
+- :func:`bearer_auth`: the FastAPI dependency checking ``Authorization: Bearer <key>`` against the
+  service's :class:`spade.auth.KeyRing`.
+- :func:`ops_router`: ``GET /healthz`` and ``GET /metrics`` (Prometheus), the same for every service.
+- :class:`HttpMetrics`: request counts by route and status, and latency by route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import uvicorn
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from spade.auth import KeyRing
+from spade.errors import ErrorKind, ServiceError
+from spade.serving.errors import HTTP_STATUS, ErrorKinds, classify
+from spade.serving.settings import ServerAddress
+
+P = TypeVar("P")
+
+Health = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
+"""Answers ``(healthy, body)``: ``/healthz`` sends ``body`` with 200 when healthy, else 503."""
+
+
+# -- errors -------------------------------------------------------------------------------------------
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The one REST error body: ``{"error": {"code": code, "message": message}}``."""
+    return JSONResponse(status_code=status, content={"error": {"code": code, "message": message}}, headers=headers)
+
+
+_HTTP_CODES = {
+    400: "invalid_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+}
+
+
+def install_error_handlers(
+    app: FastAPI, *, service: str, errors: ErrorKinds | None = None, invalid_status: int = 422
+) -> None:
+    """Answer every failure of ``app`` in the one error shape, mapping domain errors by kind.
+
+    Args:
+        app: The FastAPI app.
+        service: The service's name in the message of internal errors.
+        errors: Extra exception types that are domain errors (with their kind and code), for libraries
+            whose errors are not ``ServiceError`` subclasses.
+        invalid_status: Status of an invalid request: 422, or 400 where an API imitates one that
+            answers 400 (the inference server follows SGLang).
+    """
+    log = logging.getLogger(f"spade.{service}.http")
+
+    async def domain(_: Request, exc: Exception) -> JSONResponse:
+        found = classify(exc, errors)
+        if found is None:  # registered for a base class whose subclass is not a domain error
+            return await internal(_, exc)
+        kind, code = found
+        status = invalid_status if kind is ErrorKind.INVALID else HTTP_STATUS[kind]
+        headers = {"WWW-Authenticate": "Bearer"} if kind is ErrorKind.UNAUTHENTICATED else None
+        return error_response(status, code, str(exc), headers)
+
+    async def bad_request(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        problems = []
+        for err in exc.errors()[:10]:
+            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+            problems.append(f"{where}: {err.get('msg', 'invalid')}")
+        return error_response(invalid_status, "invalid_request", "; ".join(problems) or "invalid request body")
+
+    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400:
+            # FastAPI's own body-parsing failure (e.g. non-UTF-8 bytes): the same shape as any bad input.
+            return error_response(invalid_status, "invalid_request", "request body is not valid UTF-8 JSON")
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, code, str(exc.detail), dict(exc.headers or {}) or None)
+
+    async def internal(_: Request, exc: Exception) -> JSONResponse:
+        log.error("request failed", exc_info=exc)
+        return error_response(500, "internal", f"internal error in the {service} service; it has been logged")
+
+    app.add_exception_handler(ServiceError, domain)
+    for cls in errors or {}:
+        if issubclass(cls, Exception):
+            app.add_exception_handler(cls, domain)
+    app.add_exception_handler(RequestValidationError, bad_request)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, internal)
+
+
+# -- authentication -----------------------------------------------------------------------------------
+
+_BEARER = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
+
+
+def bearer_auth(keyring: KeyRing[P], *, cookie: str | None = None) -> Callable[..., P]:
+    """A FastAPI dependency answering the caller's principal, or 401 in the one error shape.
+
+    Args:
+        keyring: The service's keys.
+        cookie: A cookie that may carry the key instead of the header (a web page's login).
+    """
+
+    def authenticated(request: Request, _: HTTPAuthorizationCredentials | None = Depends(_BEARER)) -> P:
+        header = request.headers.get("authorization")
+        if not header and cookie and request.cookies.get(cookie):
+            header = f"Bearer {request.cookies[cookie]}"
+        return keyring.authenticate(header)
+
+    return authenticated
+
+
+# -- health and metrics -------------------------------------------------------------------------------
+
+
+def ops_router(*, health: Health, registry: CollectorRegistry) -> APIRouter:
+    """``GET /healthz`` (200 or 503 with ``health``'s body) and ``GET /metrics`` (Prometheus text)."""
+    router = APIRouter(tags=["ops"])
+
+    @router.get("/healthz")
+    async def healthz() -> JSONResponse:
+        healthy, body = await health()
+        return JSONResponse(status_code=200 if healthy else 503, content=body)
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        body = await asyncio.to_thread(generate_latest, registry)
+        return Response(content=body, media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+class HttpMetrics:
+    """ASGI middleware: ``spade_<service>_http_requests{route,code}`` and ``spade_<service>_http_seconds{route}``.
+
+    Args:
+        app: The wrapped app.
+        service: The service's name in the metric names.
+        registry: Where the metrics go.
+    """
+
+    def __init__(self, app: ASGIApp, *, service: str, registry: CollectorRegistry) -> None:
+        self.app = app
+        self.requests = Counter(
+            f"spade_{service}_http_requests", "HTTP requests by route and status.", ["route", "code"], registry=registry
+        )
+        self.latency = Histogram(
+            f"spade_{service}_http_seconds", "HTTP latency by route.", ["route"], registry=registry
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.requests.labels(route, str(status)).inc()
+            self.latency.labels(route).observe(time.perf_counter() - start)
+
+
+# -- the server ---------------------------------------------------------------------------------------
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: ``spade.serving.run`` owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    async def serve_in_task(self, sock: socket.socket) -> None:
+        """``serve`` on a bound socket; uvicorn's ``sys.exit`` on a failed start becomes an error."""
+        try:
+            await self.serve(sockets=[sock])
+        except SystemExit as exc:  # a SystemExit escaping a task would stop the caller's event loop
+            raise RuntimeError(f"uvicorn stopped with exit status {exc.code} (see its log)") from None
+
+
+def bind_socket(bind: ServerAddress) -> socket.socket:
+    """A TCP socket bound to ``bind`` (not yet listening).
+
+    Raises:
+        OSError: The address is taken or invalid.
+    """
+    family = socket.AF_INET6 if ":" in bind.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((bind.host, bind.port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+@dataclass(frozen=True)
+class RunningHttp:
+    """A started HTTP server: the bound port (resolved when 0 was asked) and the server."""
+
+    port: int
+    server: uvicorn.Server
+
+
+@contextlib.asynccontextmanager
+async def http_server(
+    app: ASGIApp,
+    bind: ServerAddress,
+    *,
+    service: str,
+    log_level: str = "warning",
+    lifespan: Literal["auto", "on", "off"] = "auto",
+) -> AsyncIterator[RunningHttp]:
+    """Serve ``app`` on ``bind`` in this event loop until the context exits, then shut down gracefully.
+
+    Raises:
+        OSError: The address could not be bound (the port is taken, say).
+        RuntimeError: The server did not start (the app's lifespan start-up failed, say).
+    """
+    try:
+        sock = bind_socket(bind)
+    except OSError as exc:
+        raise OSError(
+            f"the {service} HTTP server could not bind {bind.address} ({exc.strerror}); is the port free?"
+        ) from exc
+    port = int(sock.getsockname()[1])
+    config = uvicorn.Config(app, host=bind.host, port=port, log_level=log_level, lifespan=lifespan)
+    server = _Server(config)
+    task = asyncio.create_task(server.serve_in_task(sock))
+    try:
+        while not server.started:
+            if task.done():
+                await task  # raises the start-up failure
+                raise RuntimeError(f"the {service} HTTP server stopped while starting on {bind.address}")
+            await asyncio.sleep(0.01)
+        logging.getLogger(f"spade.{service}.http").info("%s HTTP listening on http://%s:%d", service, bind.host, port)
+        yield RunningHttp(port=port, server=server)
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()

@@ -1,0 +1,67 @@
+"""Starting and stopping a service: readable refusals (exit 2) and graceful shutdown on a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from spade.config import ServiceSettings
+from spade.serving.run import config_option, run_until_signalled, settings_or_exit
+
+
+class DemoSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="SPADE_DEMO_")
+    service_name = "demo"
+
+    workers: int = Field(default=1, ge=1, le=8, description="Workers.")
+    api_key: str | None = Field(default=None, description="Key.")
+
+    def unsafe_settings(self) -> list[str]:
+        return [] if self.api_key else [f"no key: set {self.env_name('api_key')}"]
+
+
+@click.command()
+@config_option
+@click.option("--workers", type=int, default=None)
+def demo(config_file: Path | None, workers: int | None) -> None:
+    settings = settings_or_exit(DemoSettings, config_file, workers=workers)
+    click.echo(f"workers={settings.workers}")
+
+
+def test_bad_settings_print_one_line_per_problem_and_exit_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SPADE_DEMO_WORKERS", "99")
+    result = CliRunner().invoke(demo, [])
+    assert result.exit_code == 2
+    assert "SPADE_DEMO_WORKERS" in result.output and "Traceback" not in result.output
+    monkeypatch.setenv("SPADE_DEMO_WORKERS", "3")
+    result = CliRunner().invoke(demo, [])
+    assert result.exit_code == 2 and "SPADE_DEMO_API_KEY" in result.output and "SPADE_DEMO_DEV_MODE" in result.output
+    config = tmp_path / "demo.yaml"
+    config.write_text("api_key: k\nworkers: 5\n")
+    result = CliRunner().invoke(demo, ["--config", str(config), "--workers", "6"])
+    assert result.exit_code == 0 and "workers=6" in result.output  # flags win over the file
+    config.write_text("- not a mapping\n")
+    result = CliRunner().invoke(demo, ["--config", str(config)])
+    assert result.exit_code == 2 and "expected a mapping" in result.output
+
+
+def test_the_first_signal_stops_gracefully() -> None:
+    finished: list[str] = []
+
+    async def service(stop: asyncio.Event) -> None:
+        asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(stop.wait(), timeout=30)
+        await asyncio.sleep(0.01)  # in-flight work finishes after the signal
+        finished.append("drained")
+
+    run_until_signalled(service)
+    assert finished == ["drained"]
+    assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.default_int_handler, None)
