@@ -17,13 +17,14 @@ from services.rollout.core.episode import EpisodeRunner
 from services.rollout.core.ports import SessionOpener
 from services.rollout.memory import MemoryAdapter, MemoryApi
 from services.rollout.policy import FormatterTemplate, InferenceGenerator
-from services.rollout.sandbox import GrpcSandboxSessions, PoolSessions
+from services.rollout.sandbox import PoolSessions
 from services.rollout.settings import GrpcMemory, GrpcSandbox, RolloutSettings
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
 from spade.inference.client import InferenceClient
 from spade.queues.base import WorkQueue
 from spade.queues.config import make_queue
+from spade.sandbox.client import SandboxClient
 
 log = logging.getLogger("spade.rollout")
 
@@ -105,9 +106,9 @@ async def _sessions(settings: RolloutSettings, stack: contextlib.AsyncExitStack)
     cfg = settings.sandbox
     if isinstance(cfg, GrpcSandbox):
         key = cfg.api_key.get_secret_value() if cfg.api_key is not None else None
-        grpc_sessions = GrpcSandboxSessions(cfg.target, key, open_timeout_s=cfg.open_timeout_s)
-        stack.push_async_callback(grpc_sessions.close)
-        return grpc_sessions
+        client = SandboxClient(cfg.target, key, open_timeout_s=cfg.open_timeout_s)
+        stack.push_async_callback(client.close)
+        return client
     from services.sandbox.isolation import SandboxPool
     from services.sandbox.isolation.settings import IsolationSettings
 

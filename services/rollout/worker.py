@@ -24,13 +24,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from services.rollout.core.episode import EpisodeRunner, Play
-from services.rollout.core.ports import EnvSource, EnvSpec, PlayLog, SandboxFault
+from services.rollout.core.ports import EnvSource, EnvSpec, PlayLog
 from services.rollout.core.schedule import ActiveEnv
 from services.rollout.core.seeds import play_seeds
 from services.rollout.samples import to_agent_sample, to_play_record
 from services.rollout.state_store import RolloutStateStore
 from spade.queues.base import ENVS_READY, SAMPLES_AGENT, WEIGHTS_PUBLISHED, Delivery, WorkQueue
 from spade.queues.messages import decode, publish_proto
+from spade.sandbox.errors import SandboxFault
 from spade.v1 import queues_pb2
 
 log = logging.getLogger(__name__)

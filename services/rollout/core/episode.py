@@ -23,7 +23,6 @@ from services.rollout.core.ports import (
     EnvSpec,
     FinishReason,
     Generator,
-    SandboxFault,
     SessionOpener,
     StepResult,
     TurnSampling,
@@ -31,6 +30,7 @@ from services.rollout.core.ports import (
 from services.rollout.core.prompts import first_game_message, with_hint
 from services.rollout.core.trajectory import Trajectory, TrajectoryBuilder
 from spade.envs.actions import normalize_game_action
+from spade.sandbox.errors import SandboxFault
 
 
 @dataclass(frozen=True)

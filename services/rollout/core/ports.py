@@ -177,7 +177,3 @@ class FinishReason(enum.StrEnum):
     """The env raised or broke a sandbox limit (the env's fault): return 0."""
     TIMEOUT = "timeout"
     """An env call ran past its time limit: return 0."""
-
-
-class SandboxFault(RuntimeError):
-    """The sandbox itself failed (not the env): the play is retried, never recorded as a result."""

@@ -1,4 +1,7 @@
-"""Domain types of the isolation layer: execution limits, statuses and results, and their mapping.
+"""Domain types of the isolation layer: execution limits and the mapping of what was observed to a status.
+
+The statuses, results and ``SandboxFault`` themselves live in ``spade.sandbox`` (the client answers
+them too); they are re-exported here for the isolation layer's modules.
 
 ``classify_execution`` is the single place where what the sandbox observed (the program's end as
 witnessed by pid 1, the service's timers and output caps) becomes an ``ExecStatus``.
@@ -8,30 +11,12 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
+from spade.sandbox.errors import SandboxFault
+from spade.sandbox.execution import ExecStatus, ExecutionResult
 
-class SandboxFault(Exception):
-    """The sandbox itself failed (zygote died, jail could not be built); the code is not to blame."""
-
-
-class ExecStatus(StrEnum):
-    """How an execution ended.
-
-    - ``ok``: exited 0. ``error``: exited non-zero (an uncaught exception is exit 1).
-    - ``timeout``: ran past its wall-clock limit or its CPU-time limit.
-    - ``memory_limit``: ran out of its address-space limit (``MemoryError``).
-    - ``output_limit``: wrote more stdout/stderr than the caps, or a file over the file-size limit.
-    - ``killed``: ended by a signal for another reason (e.g. a segfault in native code).
-    """
-
-    OK = "ok"
-    ERROR = "error"
-    TIMEOUT = "timeout"
-    MEMORY_LIMIT = "memory_limit"
-    OUTPUT_LIMIT = "output_limit"
-    KILLED = "killed"
+__all__ = ["ExecLimits", "ExecStatus", "ExecutionResult", "Observed", "SandboxFault", "classify_execution"]
 
 
 @dataclass(frozen=True)
@@ -47,35 +32,6 @@ class ExecLimits:
     timeout_s: float | None = None
     memory_mb: int | None = None
     cpu_s: float | None = None
-
-
-@dataclass(frozen=True)
-class ExecutionResult:
-    """The result of ``SandboxPool.execute``.
-
-    Attributes:
-        status: how the program ended.
-        exit_code: its exit code; ``-N`` when signal ``N`` ended it (as ``subprocess`` reports).
-        stdout: what it wrote to stdout, cut at the cap.
-        stderr: what it wrote to stderr, cut at the cap.
-        duration_ms: wall time from the request reaching the sandbox to the program's end.
-    """
-
-    status: ExecStatus
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
-    duration_ms: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe form (stdout/stderr decoded as UTF-8 with replacement)."""
-        return {
-            "status": self.status.value,
-            "exit_code": self.exit_code,
-            "stdout": self.stdout.decode("utf-8", "replace"),
-            "stderr": self.stderr.decode("utf-8", "replace"),
-            "duration_ms": self.duration_ms,
-        }
 
 
 @dataclass(frozen=True)

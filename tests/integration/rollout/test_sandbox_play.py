@@ -17,13 +17,14 @@ import pytest_asyncio
 from services.rollout.core.episode import EpisodeRunner, PlayLimits
 from services.rollout.core.ports import EnvSpec, FinishReason, SessionOpener
 from services.rollout.policy import FormatterTemplate
-from services.rollout.sandbox import GrpcSandboxSessions, PoolSessions
+from services.rollout.sandbox import PoolSessions
 from services.sandbox.core.auth import hash_key
 from services.sandbox.isolation import SandboxPool
 from services.sandbox.isolation.settings import IsolationSettings
 from spade.envs import Setting, ToolCall
 from spade.envs.examples import EXAMPLES, Example
 from spade.envs.loader import load_env_class
+from spade.sandbox.client import SandboxClient
 from tests.unit.rollout.players import ScriptedPolicy
 
 ROLLOUT_KEY = "rollout-test-key"
@@ -132,7 +133,7 @@ async def test_plays_in_the_isolated_pool(pool: SandboxPool, template: Formatter
 
 
 async def test_plays_over_the_sandbox_grpc_play_stream(sandbox_target: str, template: FormatterTemplate) -> None:
-    sessions = GrpcSandboxSessions(sandbox_target, ROLLOUT_KEY)
+    sessions = SandboxClient(sandbox_target, ROLLOUT_KEY)
     try:
         await _plays(sessions, template)
     finally:
@@ -140,7 +141,7 @@ async def test_plays_over_the_sandbox_grpc_play_stream(sandbox_target: str, temp
 
 
 async def test_a_wrong_api_key_is_a_clear_error_not_a_retry(sandbox_target: str, template: FormatterTemplate) -> None:
-    sessions = GrpcSandboxSessions(sandbox_target, "not-the-key")
+    sessions = SandboxClient(sandbox_target, "not-the-key")
     try:
         with pytest.raises(RuntimeError, match="refused the session"):
             await sessions.open_session(COLOUR_ENV, "game", 1)

@@ -21,7 +21,7 @@ from services.memory.core.records import EnvStatus, NewEnvironment
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from services.rollout.core.episode import EpisodeRunner, PlayLimits
-from services.rollout.core.ports import SandboxFault, TurnSampling
+from services.rollout.core.ports import TurnSampling
 from services.rollout.core.seeds import play_seeds
 from services.rollout.memory import MemoryAdapter
 from services.rollout.policy import FormatterTemplate, Generation
@@ -32,6 +32,7 @@ from spade.queues.config import InProcessQueueConfig, RedisQueueConfig
 from spade.queues.inprocess import InProcessQueue
 from spade.queues.messages import decode, publish_proto
 from spade.queues.redis_streams import RedisStreamQueue
+from spade.sandbox.errors import SandboxFault
 from spade.v1 import queues_pb2
 from tests.conftest import REDIS_URL
 from tests.unit.rollout.envs import CountdownEnv

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from services.rollout.core.episode import EpisodeRunner, PlayLimits
-from services.rollout.core.ports import EnvSpec, FinishReason, SandboxFault
+from services.rollout.core.ports import EnvSpec, FinishReason
 from services.rollout.policy import FormatterTemplate
+from spade.sandbox.errors import SandboxFault
 from tests.unit.rollout.envs import BrokenEnv, CountdownEnv, NotesEnv
 from tests.unit.rollout.players import LocalSessions, ScriptedPolicy
 

@@ -8,8 +8,8 @@ from services.rollout.core.episode import Play, tool_turn_messages
 from services.rollout.core.ports import EnvSpec, FinishReason
 from services.rollout.core.trajectory import Trajectory
 from services.rollout.samples import to_agent_sample, to_play_record
-from services.rollout.sandbox import state_outcome
 from spade.envs import Outcome, StepOutcome
+from spade.sandbox.wire import state_outcome
 from spade.v1 import sandbox_pb2
 
 
