@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 
 from sqlalchemy import create_engine, insert, text
 
-from services.memory.core.records import NewEnvironment
-from services.memory.grpc_client import MemoryClient
+from spade.memory.records import NewEnvironment
+from spade.memory.client import MemoryClient
 from services.memory.grpc_server import start_grpc
 from services.memory.service import MemoryService
 from services.memory.store.models import EnvironmentRow, EnvStatsRow

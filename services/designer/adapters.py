@@ -171,7 +171,7 @@ class MemoryAdapter:
 
     async def store(self, record: EnvironmentRecord) -> StoreResult:
         """Store the environment (valid or invalid, with its report); duplicates are reported."""
-        from services.memory.core.records import EnvStatus, NewEnvironment
+        from spade.memory.records import EnvStatus, NewEnvironment
 
         report = {
             "valid": record.valid,

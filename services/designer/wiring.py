@@ -95,7 +95,7 @@ async def designer_service(
     Args:
         settings: The service settings.
         memory_factory: Builds the memory client from ``settings.memory_address`` (default: the
-            memory service's gRPC client, ``services.memory.grpc_client.MemoryClient``).
+            memory service's gRPC client, ``spade.memory.client.MemoryClient``).
     """
     import grpc
 
@@ -107,7 +107,7 @@ async def designer_service(
     settings.require_safe()
     tokenizer = resolve_model_path(settings.tokenizer_path)
     if memory_factory is None:
-        from services.memory.grpc_client import MemoryClient
+        from spade.memory.client import MemoryClient
 
         memory_factory = MemoryClient
     queue = make_queue(settings.queue)

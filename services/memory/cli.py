@@ -15,8 +15,8 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from services.memory.core.errors import MemoryServiceError
-from services.memory.core.records import EnvFilter, EnvStatus
+from spade.memory.errors import MemoryServiceError
+from spade.memory.records import EnvFilter, EnvStatus
 
 DEFAULT_DB = "sqlite:///spade-memory.db"
 
@@ -292,7 +292,7 @@ async def _seed(
 ) -> list[str]:
     import grpc
 
-    from services.memory.grpc_client import MemoryClient
+    from spade.memory.client import MemoryClient
     from services.memory.seed_pool import seed_pool
     from spade.queues.config import make_queue
     from spade.v1 import sandbox_pb2, sandbox_pb2_grpc

@@ -12,8 +12,8 @@ from typing import TypeVar
 
 import grpc
 
-from services.memory import wire
-from services.memory.core.errors import EnvironmentNotFound, InvalidArgument
+from spade.memory import wire
+from spade.memory.errors import EnvironmentNotFound, InvalidArgument
 from services.memory.service import MemoryService
 from spade.v1 import memory_pb2 as pb
 from spade.v1 import memory_pb2_grpc as pb_grpc

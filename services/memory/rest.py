@@ -29,8 +29,8 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
 
-from services.memory.core.errors import EnvironmentNotFound, InvalidArgument
-from services.memory.core.records import EnvFilter, Environment, EnvStatus, Play, Setting
+from spade.memory.errors import EnvironmentNotFound, InvalidArgument
+from spade.memory.records import EnvFilter, Environment, EnvStatus, Play, Setting
 from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings
 

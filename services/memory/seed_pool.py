@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from services.memory.core.records import EnvStatus, NewEnvironment, PutResult
+from spade.memory.records import EnvStatus, NewEnvironment, PutResult
 from spade.queues.base import ENVS_READY, WorkQueue
 from spade.queues.messages import publish_proto
 from spade.v1 import queues_pb2

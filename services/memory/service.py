@@ -12,7 +12,7 @@ import random
 from collections.abc import Sequence
 
 from services.memory.core.policy import PolicyConfig, choose, with_code
-from services.memory.core.records import (
+from spade.memory.records import (
     EnvFilter,
     Environment,
     Examples,

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from services.memory.core.errors import EnvironmentNotFound
-from services.memory.core.records import Environment, EnvStatus, Play, RecordResult, StatsUpdate
+from spade.memory.errors import EnvironmentNotFound
+from spade.memory.records import Environment, EnvStatus, Play, RecordResult, StatsUpdate
 from services.rollout.core.ports import EnvSpec, PlayRecord
 from services.rollout.worker import EnvNotFound
 

@@ -88,7 +88,7 @@ async def rollout_worker(
 async def _memory(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -> MemoryApi:
     cfg = settings.memory
     if isinstance(cfg, GrpcMemory):
-        from services.memory.grpc_client import MemoryClient
+        from spade.memory.client import MemoryClient
 
         client = MemoryClient(cfg.target, timeout_s=cfg.timeout_s)
         stack.push_async_callback(client.close)

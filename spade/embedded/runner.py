@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.memory.core.records import Environment, Play, RecordResult, StatsUpdate
+from spade.memory.records import Environment, Play, RecordResult, StatsUpdate
 from services.memory.service import MemoryService
 from spade.embedded.settings import RunSettings
 

@@ -1,21 +1,29 @@
 """Queue backends as a discriminated union, and the one factory that builds a queue from it.
 
-A service's settings hold a ``QueueConfig`` field; ``make_queue`` turns it into a ``WorkQueue``. The
-backend is chosen once, here, by the ``kind`` tag — nothing else in a service knows which one runs.
+Every service's settings hold one ``queue: QueueConfig`` field (``SPADE_<SERVICE>_QUEUE__URL=...``);
+``make_queue`` turns it into a ``WorkQueue``. The backend is chosen once, here, by the ``kind`` tag —
+nothing else in a service knows which one runs. Without a ``kind`` the queue is Redis (the
+distributed default; the embedded run passes ``kind: inprocess``).
 
 >>> cfg = QueueConfigAdapter.validate_python({"kind": "inprocess", "max_len": 10})
 >>> type(cfg).__name__, cfg.max_len
 ('InProcessQueueConfig', 10)
+>>> QueueConfigAdapter.validate_python({"url": "redis://redis:6379/0"}).kind
+'redis'
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 
 from spade.queues.base import WorkQueue
+from spade.retry import RetryPolicy
+
+DEFAULT_REDIS_RETRY = RetryPolicy(attempts=9, initial_s=0.05, multiplier=2.0, max_s=2.0, jitter_s=0.05)
+"""Retries of one Redis command after a dropped connection or a silent server (redis-py's own ``Retry``)."""
 
 
 class _CommonQueueConfig(BaseModel):
@@ -57,8 +65,10 @@ class RedisQueueConfig(_CommonQueueConfig):
         max_length=200,
         description="Prefix of every Redis key this queue writes; distinct prefixes are distinct queues.",
     )
-    reconnect_attempts: int = Field(
-        default=8, ge=0, le=100, description="Retries of one operation after a dropped connection before failing."
+    retry: RetryPolicy = Field(
+        default=DEFAULT_REDIS_RETRY,
+        description="Tries of one Redis command after a dropped connection or a reply slower than "
+        "socket_timeout_s, with their back-off (redis-py retries on a fresh connection).",
     )
     socket_timeout_s: float = Field(
         default=30.0,
@@ -66,9 +76,6 @@ class RedisQueueConfig(_CommonQueueConfig):
         le=3600.0,
         description="A Redis reply slower than this counts as a dropped connection (and is retried); "
         "blocking reads are capped just below it, so a silently vanished server is noticed.",
-    )
-    reconnect_backoff_s: float = Field(
-        default=0.05, gt=0.0, le=10.0, description="First back-off after a dropped connection; doubles per retry."
     )
 
 
@@ -78,8 +85,18 @@ class InProcessQueueConfig(_CommonQueueConfig):
     kind: Literal["inprocess"] = "inprocess"
 
 
-QueueConfig = Annotated[RedisQueueConfig | InProcessQueueConfig, Field(discriminator="kind")]
-"""The queue backend of a service, tagged by ``kind`` (``redis`` or ``inprocess``)."""
+def _kind(value: Any) -> str:
+    """The ``kind`` tag of a queue config; absent means ``redis`` (``SPADE_X_QUEUE__URL=...`` alone)."""
+    if isinstance(value, dict):
+        return str(value.get("kind", "redis"))
+    return str(getattr(value, "kind", "redis"))
+
+
+QueueConfig = Annotated[
+    Annotated[RedisQueueConfig, Tag("redis")] | Annotated[InProcessQueueConfig, Tag("inprocess")],
+    Discriminator(_kind),
+]
+"""The queue backend of a service, tagged by ``kind`` (``redis``, the default, or ``inprocess``)."""
 
 QueueConfigAdapter: TypeAdapter[RedisQueueConfig | InProcessQueueConfig] = TypeAdapter(QueueConfig)
 """Validates a plain mapping (from YAML, env, CLI) into a ``QueueConfig`` variant."""

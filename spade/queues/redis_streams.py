@@ -17,23 +17,22 @@ Guarantees and how they are kept:
 - *Re-delivery*: ``consume`` first ``XAUTOCLAIM``s entries pending longer than ``claim_idle_ms`` (their
   consumer died or hung), then reads new ones with ``XREADGROUP``. Groups are created at id ``0`` so
   messages published before the first consumer arrives are delivered too.
-- *Dropped connections*: every operation is retried on a fresh connection with exponential back-off.
-  A read whose reply was lost leaves its messages pending, and they are re-delivered after
-  ``claim_idle_ms``; a publish is safe to retry because it is idempotent.
+- *Dropped connections*: redis-py retries every command on a fresh connection with exponential
+  back-off, under the queue's ``retry`` policy (``spade.retry.RetryPolicy.redis_retry``). A read
+  whose reply was lost leaves its messages pending, and they are re-delivered after
+  ``claim_idle_ms``; a publish is safe to retry because it is idempotent. Once the tries are spent
+  the operation raises ``QueueError`` naming the server (without its password).
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+import tenacity
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -105,8 +104,7 @@ class RedisStreamQueue:
             # Blocking reads are capped below this (see consume), so only a dead peer trips it.
             socket_timeout=config.socket_timeout_s,
             socket_keepalive=True,
-            # Retries are ours (below), counted and backed off; the client must not retry on its own.
-            retry=Retry(NoBackoff(), 0),
+            retry=config.retry.redis_retry(),
         )
         self._publish_script = self._redis.register_script(_PUBLISH_LUA)
         self._ack_script = self._redis.register_script(_ACK_LUA)
@@ -117,20 +115,15 @@ class RedisStreamQueue:
             raise ValueError("stream name must be non-empty")
         return f"{self._config.prefix}{{{stream}}}"
 
-    async def _retrying(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
-        delay = self._config.reconnect_backoff_s
-        for attempt in range(self._config.reconnect_attempts + 1):
-            try:
-                return await op()
-            except (RedisConnectionError, RedisTimeoutError) as exc:
-                if attempt == self._config.reconnect_attempts:
-                    raise QueueError(
-                        f"{what} failed: Redis at {_redacted(self._config.url)} unreachable after "
-                        f"{attempt + 1} attempts ({exc}); check the server or raise reconnect_attempts"
-                    ) from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")
+    async def _call(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
+        """Run one operation (redis-py retries it); a connection still failing becomes ``QueueError``."""
+        try:
+            return await op()
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise QueueError(
+                f"{what} failed: Redis at {_redacted(self._config.url)} unreachable after "
+                f"{self._config.retry.attempts} attempts ({exc}); check the server or raise retry.attempts"
+            ) from exc
 
     async def publish(self, stream: str, payload: bytes, *, key: str, timeout_s: float | None = None) -> str:
         """Append a message unless ``key`` was already published to ``stream``; return its id.
@@ -146,23 +139,24 @@ class RedisStreamQueue:
         keys = [skey, f"{skey}:key:{key}"]
         args: list[bytes | str | int] = [key, payload, self._config.max_len, self._config.idempotency_ttl_s]
         timeout = self._config.publish_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout
-        wait = 0.005
-        while True:
-            status, value = await self._retrying(
-                f"publish to {stream!r}", lambda: self._publish_script(keys=keys, args=args)
+        # A full stream is polled with back-off until room appears or the timeout has passed.
+        room = tenacity.AsyncRetrying(
+            stop=tenacity.stop_before_delay(timeout),
+            wait=tenacity.wait_exponential(multiplier=0.005, max=0.25),
+            retry=tenacity.retry_if_result(lambda reply: int(reply[0]) == 2),
+            retry_error_callback=lambda state: state.outcome.result() if state.outcome is not None else None,
+        )
+        reply: Any = await room(
+            self._call, f"publish to {stream!r}", lambda: self._publish_script(keys=keys, args=args)
+        )
+        status, value = reply
+        if int(status) == 2:
+            raise QueueFull(
+                f"stream {stream!r} holds {int(value)} unacknowledged messages (max_len "
+                f"{self._config.max_len}) and stayed full for {timeout:.3g}s; consumers are not "
+                "keeping up — add consumers, raise max_len or retry later"
             )
-            if int(status) != 2:
-                return bytes(value).decode()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise QueueFull(
-                    f"stream {stream!r} holds {int(value)} unacknowledged messages (max_len "
-                    f"{self._config.max_len}) and stayed full for {timeout:.3g}s; consumers are not "
-                    "keeping up — add consumers, raise max_len or retry later"
-                )
-            await asyncio.sleep(min(wait, remaining))
-            wait = min(wait * 2, 0.25)
+        return bytes(value).decode()
 
     async def _ensure_group(self, skey: str, group: str) -> None:
         if (skey, group) in self._groups:
@@ -197,7 +191,7 @@ class RedisStreamQueue:
             return [self._delivery(stream, mid, fields, 1) for _, entries in reply or [] for mid, fields in entries]
 
         try:
-            return await self._retrying(f"consume from {stream!r}", claim) or await self._retrying(
+            return await self._call(f"consume from {stream!r}", claim) or await self._call(
                 f"consume from {stream!r}", read
             )
         except ResponseError as exc:
@@ -243,7 +237,7 @@ class RedisStreamQueue:
     async def ack(self, stream: str, group: str, message_id: str) -> None:
         """Acknowledge a delivered message; it is deleted once every group has acknowledged it."""
         skey = self._stream_key(stream)
-        await self._retrying(f"ack on {stream!r}", lambda: self._ack_script(keys=[skey], args=[group, message_id]))
+        await self._call(f"ack on {stream!r}", lambda: self._ack_script(keys=[skey], args=[group, message_id]))
 
     async def pending(self, stream: str, group: str) -> int:
         """Number of delivered but unacknowledged messages of ``group``."""
@@ -258,12 +252,12 @@ class RedisStreamQueue:
                 raise
             return int(info["pending"])
 
-        return await self._retrying(f"pending on {stream!r}", op)
+        return await self._call(f"pending on {stream!r}", op)
 
     async def length(self, stream: str) -> int:
         """Messages held by ``stream`` (unread by some group or unacknowledged)."""
         skey = self._stream_key(stream)
-        return int(await self._retrying(f"length of {stream!r}", lambda: self._redis.xlen(skey)))
+        return int(await self._call(f"length of {stream!r}", lambda: self._redis.xlen(skey)))
 
     async def delete_all(self) -> int:
         """Delete every key under this queue's prefix (tests and benchmarks); returns the count."""

@@ -21,7 +21,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from services.memory.core.records import Candidate, Example, Examples, Pick, Picks
+from spade.memory.records import Candidate, Example, Examples, Pick, Picks
 
 
 @dataclass(frozen=True)

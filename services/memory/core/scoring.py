@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from services.memory.core.records import EnvStats, Play
+from spade.memory.records import EnvStats, Play
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from sqlalchemy import Engine, Integer, Select, cast, create_engine, event, func
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.memory.core.errors import EnvironmentNotFound, InvalidArgument
+from spade.memory.errors import EnvironmentNotFound, InvalidArgument
 from services.memory.core.normalise import code_hash
-from services.memory.core.records import (
+from spade.memory.records import (
     Candidate,
     EnvFilter,
     Environment,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-from services.memory.core.records import NewEnvironment
+from spade.memory.records import NewEnvironment
 from services.memory.store.sql import make_engine
 from tests.conftest import POSTGRES_URL
 

@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from services.memory.cli import envs
-from services.memory.core.records import EnvStatus, Play
-from services.memory.grpc_client import MemoryClient
+from spade.memory.records import EnvStatus, Play
+from spade.memory.client import MemoryClient
 from services.memory.settings import hash_token
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from tests.integration.memory.conftest import new_env

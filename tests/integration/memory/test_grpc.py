@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy import Engine
 
-from services.memory.core.errors import EnvironmentNotFound, InvalidArgument
+from spade.memory.errors import EnvironmentNotFound, InvalidArgument
 from services.memory.core.policy import PolicyConfig
-from services.memory.core.records import EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
+from spade.memory.records import EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
 from services.memory.core.scoring import ScoringConfig
-from services.memory.grpc_client import MemoryClient
+from spade.memory.client import MemoryClient
 from services.memory.grpc_server import start_grpc
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, migrate

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import Engine
 
-from services.memory.core.records import EnvStatus, NewEnvironment, Play
+from spade.memory.records import EnvStatus, NewEnvironment, Play
 from services.memory.rest import create_app
 from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings, hash_token

@@ -9,8 +9,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, inspect, text
 
-from services.memory.core.errors import EnvironmentNotFound, InvalidArgument
-from services.memory.core.records import EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
+from spade.memory.errors import EnvironmentNotFound, InvalidArgument
+from spade.memory.records import EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
 from services.memory.core.scoring import ScoringConfig
 from services.memory.store.models import Base
 from services.memory.store.sql import SqlStore, migrate

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from spade.queues import QueueError, RedisQueueConfig
 from spade.queues.redis_streams import RedisStreamQueue
+from spade.retry import RetryPolicy
 from tests.conftest import REDIS_URL
 
 S = "samples.agent"
@@ -100,7 +101,8 @@ async def test_blocked_reader_survives_a_kill(admin: aioredis.Redis, prefix: str
 
 
 async def test_unreachable_redis_fails_with_a_clear_error() -> None:
-    q = RedisStreamQueue(RedisQueueConfig(url="redis://127.0.0.1:1/0", reconnect_attempts=1, reconnect_backoff_s=0.01))
+    retry = RetryPolicy(attempts=2, initial_s=0.01, max_s=0.01, jitter_s=0.0)
+    q = RedisStreamQueue(RedisQueueConfig(url="redis://127.0.0.1:1/0", retry=retry))
     with pytest.raises(QueueError, match="unreachable after 2 attempts"):
         await q.publish(S, b"x", key="k")
     await q.close()

@@ -15,7 +15,7 @@ import torch
 from services.inference.app import create_app
 from services.inference.engine import BatchEngine
 from services.inference.models import ensure_default_model
-from services.memory.core.records import NewEnvironment
+from spade.memory.records import NewEnvironment
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from services.rollout.core.seeds import play_seeds

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from services.memory.core.records import NewEnvironment
+from spade.memory.records import NewEnvironment
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from services.rollout.core.episode import EpisodeRunner, PlayLimits

@@ -6,7 +6,7 @@ import pytest
 
 from services.memory.core.normalise import code_hash, normalise_code
 from services.memory.core.policy import PolicyConfig, choose, excerpt, with_code
-from services.memory.core.records import Candidate, Examples, Play
+from spade.memory.records import Candidate, Examples, Play
 from services.memory.core.scoring import ScoringConfig, score
 
 

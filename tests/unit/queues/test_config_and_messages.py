@@ -20,11 +20,13 @@ from spade.queues import (
 )
 from spade.queues.inprocess import InProcessQueue
 from spade.queues.redis_streams import RedisStreamQueue
+from spade.retry import RetryPolicy
 from spade.v1 import queues_pb2
 
 
 def test_config_kind_selects_the_backend() -> None:
     assert isinstance(QueueConfigAdapter.validate_python({"kind": "redis"}), RedisQueueConfig)
+    assert isinstance(QueueConfigAdapter.validate_python({"url": "redis://redis:6379/0"}), RedisQueueConfig)
     assert isinstance(make_queue(InProcessQueueConfig()), InProcessQueue)
     assert isinstance(make_queue(RedisQueueConfig()), RedisStreamQueue)
 
@@ -69,9 +71,17 @@ async def test_closed_inprocess_queue_refuses_work() -> None:
 
 async def test_unreachable_redis_error_hides_the_password() -> None:
     q = RedisStreamQueue(
-        RedisQueueConfig(url="redis://user:hunter2@127.0.0.1:1/0", reconnect_attempts=0, reconnect_backoff_s=0.01)
+        RedisQueueConfig(url="redis://user:hunter2@127.0.0.1:1/0", retry=RetryPolicy(attempts=1, initial_s=0.01))
     )
     with pytest.raises(QueueError) as info:
         await q.publish(ENVS_READY, b"x", key="k")
     assert "hunter2" not in str(info.value) and "user:***@127.0.0.1:1" in str(info.value)
+    await q.close()
+
+
+async def test_redis_retries_are_redis_py_s_own_under_the_queue_s_policy() -> None:
+    config = RedisQueueConfig(retry=RetryPolicy(attempts=5, initial_s=0.1, max_s=1.0))
+    q = RedisStreamQueue(config)
+    retry = q._redis.get_retry()
+    assert retry is not None and retry.get_retries() == 4  # 5 tries in all, no loop of ours around it
     await q.close()
