@@ -32,11 +32,14 @@ from services.sandbox.isolation.staging import remove_staging, stage_sources
 from services.sandbox.isolation.validation import stopped_report
 from services.sandbox.isolation.zygote import Spawned, Zygote, ZygotePlan
 from spade.envs.types import CheckConfig, Outcome, ValidationReport
+from spade.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
 EXIT_GRACE_S = 5.0
 """How long the pool waits for the zygote to confirm a request's processes are gone."""
+REAP_RETRY = RetryPolicy(attempts=2, initial_s=0.0, max_s=0.0, jitter_s=0.0)
+"""Kills sent to a request that outlives its grace, at once, before its zygote is given up as stuck."""
 REPAIR_CACHE_SIZE = 4096
 """Valid envs whose repaired code the pool remembers (two digests each)."""
 CANARY = (
@@ -273,19 +276,19 @@ class SandboxPool:
 
     async def _reap(self, zygote: Zygote, spawned: Spawned) -> None:
         """Kill the request's processes and wait until the zygote confirms they are gone."""
-        for attempt in range(2):
-            await zygote.kill(spawned)
-            try:
-                async with asyncio.timeout(EXIT_GRACE_S):
-                    await asyncio.shield(spawned.exited)
-                return
-            except SandboxFault:
-                return  # the zygote died: its children died with it
-            except TimeoutError:
-                log.warning("request %d still running after kill (attempt %d)", spawned.request_id, attempt + 1)
-        self.faults += 1
-        log.error("zygote did not confirm the end of request %d; restarting it", spawned.request_id)
-        await zygote.close(timeout_s=1.0)
+        what = f"killing request {spawned.request_id} (confirmed within {EXIT_GRACE_S:g} s)"
+        try:
+            async for attempt in REAP_RETRY.async_retrying(TimeoutError, logger=log, what=what):
+                with attempt:
+                    await zygote.kill(spawned)
+                    async with asyncio.timeout(EXIT_GRACE_S):
+                        await asyncio.shield(spawned.exited)
+        except SandboxFault:
+            pass  # the zygote died: its children died with it
+        except TimeoutError:
+            self.faults += 1
+            log.error("zygote did not confirm the end of request %d; restarting it", spawned.request_id)
+            await zygote.close(timeout_s=1.0)
 
     # -- execute -------------------------------------------------------------------------------
     async def execute(
@@ -392,7 +395,9 @@ class SandboxPool:
             self.faults += 1
             return SandboxSession.failed(ended_outcome(Outcome.SANDBOX_FAULT, str(exc), None))
         channel.max_frame = s.observation_bytes
-        session = SandboxSession(self, jail, spawned, zygote, channel, s.step_seconds)
+        session = SandboxSession(
+            jail, spawned, zygote, channel, s.step_seconds, on_fault=self._count_fault, on_close=self._sessions.discard
+        )
         self._sessions.add(session)
         try:
             await session.begin(request, s.session_start_seconds)
@@ -416,8 +421,8 @@ class SandboxPool:
         while len(self._repaired) > REPAIR_CACHE_SIZE:
             self._repaired.popitem(last=False)
 
-    def _forget(self, session: SandboxSession) -> None:
-        self._sessions.discard(session)
+    def _count_fault(self) -> None:
+        self.faults += 1
 
     # -- validation ----------------------------------------------------------------------------
     async def validate(self, code: str, setting: str, config: CheckConfig) -> ValidationReport:

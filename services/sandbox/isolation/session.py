@@ -12,18 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from services.sandbox.isolation.channels import Channel
 from services.sandbox.isolation.outcomes import SandboxFault
 from services.sandbox.isolation.zygote import Spawned, Zygote
 from services.sandbox.runtime.protocol import FrameTooLarge, ProtocolError
 from spade.envs.types import Outcome, StepOutcome
-
-if TYPE_CHECKING:
-    from services.sandbox.isolation.pool import SandboxPool
 
 
 class SessionEnded(RuntimeError):
@@ -47,20 +44,34 @@ def ended_outcome(outcome: Outcome, message: str, last: StepOutcome | None) -> S
 class SandboxSession:
     """A live env session. Create with ``SandboxPool.open_session``; always ``await close()``.
 
+    The session knows its owner only through two callbacks, so neither reaches into the other.
+
+    Args:
+        jail: The jailed process's context (exited on close).
+        spawned: The spawned request (how the process ended, when it dies).
+        zygote: The zygote that spawned it.
+        channel: The channel to the session process.
+        step_seconds: Wall-clock limit of one step.
+        on_fault: Called once per sandbox fault the session process reports (the owner counts them).
+        on_close: Called with the session once it has closed (the owner stops tracking it).
+
     Attributes:
         initial: the outcome of ``reset(seed)``.
     """
 
     def __init__(
         self,
-        pool: SandboxPool | None,
         jail: AbstractAsyncContextManager[Any] | None,
         spawned: Spawned | None,
         zygote: Zygote | None,
         channel: Channel | None,
         step_seconds: float,
+        *,
+        on_fault: Callable[[], None] | None = None,
+        on_close: Callable[[SandboxSession], None] | None = None,
     ) -> None:
-        self._pool = pool
+        self._on_fault = on_fault
+        self._on_close = on_close
         self._jail = jail
         self._spawned = spawned
         self._zygote = zygote
@@ -74,7 +85,7 @@ class SandboxSession:
     @classmethod
     def failed(cls, outcome: StepOutcome) -> SandboxSession:
         """A session that never got a process (its ``initial`` says why)."""
-        session = cls(None, None, None, None, None, 0.0)
+        session = cls(None, None, None, None, 0.0)
         session.initial = session.last = outcome
         session.closed = True
         return session
@@ -143,8 +154,8 @@ class SandboxSession:
         if op == "env_error":
             return ended_outcome(Outcome.ENV_ERROR, f"env error: {message.get('error')}", self.last)
         if op == "fault":
-            if self._pool is not None:
-                self._pool.faults += 1
+            if self._on_fault is not None:
+                self._on_fault()
             return ended_outcome(Outcome.SANDBOX_FAULT, f"sandbox fault: {message.get('error')}", self.last)
         return ended_outcome(Outcome.SANDBOX_FAULT, f"unexpected message {op!r} from the session", self.last)
 
@@ -178,5 +189,5 @@ class SandboxSession:
                 await self._channel.send({"op": "close"})
         if self._jail is not None:
             await self._jail.__aexit__(None, None, None)
-        if self._pool is not None:
-            self._pool._forget(self)
+        if self._on_close is not None:
+            self._on_close(self)
