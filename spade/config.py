@@ -61,7 +61,10 @@ class ServiceSettings(BaseSettings):
     :meth:`unsafe_settings`.
     """
 
-    model_config = SettingsConfigDict(env_nested_delimiter="__", extra="forbid")
+    # Partial update: SPADE_X_HTTP__HOST alone keeps the port of the field's default ``http`` section.
+    model_config = SettingsConfigDict(
+        env_nested_delimiter="__", extra="forbid", nested_model_default_partial_update=True
+    )
 
     service_name: ClassVar[str] = "service"
     """How errors name this service (``spade serve <service_name>``)."""

@@ -10,35 +10,36 @@ from typing import Any
 
 import click
 
+from spade.serving.run import config_option
+
 
 def _settings(config: Path | None, **overrides: Any) -> Any:
-    from pydantic import ValidationError
+    from services.sandbox.settings import SandboxSettings
+    from spade.serving.run import settings_or_exit
 
-    from services.sandbox.settings import load_settings
-
-    try:
-        return load_settings(config, **{k: v for k, v in overrides.items() if v is not None})
-    except (ValidationError, ValueError) as exc:
-        raise click.UsageError(f"invalid sandbox settings: {exc}") from exc
+    return settings_or_exit(SandboxSettings, config, **overrides)
 
 
 @click.command("sandbox")
-@click.option("--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="YAML/JSON settings file.")
-@click.option("--host", default=None, help="Interface to bind (default 127.0.0.1).")
+@config_option
+@click.option("--host", default=None, help="Interface both servers bind (default 127.0.0.1).")
 @click.option("--grpc-port", type=int, default=None, help="gRPC port (default 50051).")
 @click.option("--http-port", type=int, default=None, help="REST port (default 8081).")
 @click.option("--dev", "dev_mode", is_flag=True, default=None, help="Dev mode: anonymous access allowed.")
 def serve(
-    config: Path | None, host: str | None, grpc_port: int | None, http_port: int | None, dev_mode: bool | None
+    config_file: Path | None, host: str | None, grpc_port: int | None, http_port: int | None, dev_mode: bool | None
 ) -> None:
-    """Serve the sandbox over gRPC and REST until interrupted."""
+    """Serve the sandbox over gRPC and REST until SIGTERM/SIGINT (then drain and stop)."""
     from services.sandbox.isolation import SandboxUnavailable
     from services.sandbox.wiring import serve_forever
+    from spade.serving.run import run_until_signalled
 
-    settings = _settings(config, host=host, grpc_port=grpc_port, http_port=http_port, dev_mode=dev_mode)
+    grpc_bind = {k: v for k, v in {"host": host, "port": grpc_port}.items() if v is not None}
+    http_bind = {k: v for k, v in {"host": host, "port": http_port}.items() if v is not None}
+    settings = _settings(config_file, grpc=grpc_bind or None, http=http_bind or None, dev_mode=dev_mode)
     try:
-        asyncio.run(serve_forever(settings))
-    except SandboxUnavailable as exc:
+        run_until_signalled(lambda stop: serve_forever(settings, stop))
+    except (SandboxUnavailable, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 

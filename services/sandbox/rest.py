@@ -1,4 +1,7 @@
-"""REST adapter (FastAPI): translates HTTP to ``SandboxService`` calls and errors to JSON statuses."""
+"""REST adapter (FastAPI): translates HTTP to ``SandboxService`` calls.
+
+Errors, authentication, ``/healthz`` and ``/metrics`` are the shared ones of ``spade.serving.http``.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +9,15 @@ import base64
 import binascii
 from typing import Any, Literal
 
-from fastapi import Depends, FastAPI, Header, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi import Depends, FastAPI, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.sandbox.core.auth import Tenant
-from services.sandbox.core.errors import InvalidRequest, SandboxServiceError
+from services.sandbox.core.errors import InvalidRequest
 from services.sandbox.service import SandboxService
 from spade.envs import StepOutcome, ValidationReport
+from spade.serving.http import HttpMetrics, bearer_auth, error_response, install_error_handlers, ops_router
 
 
 class _Strict(BaseModel):
@@ -79,10 +79,6 @@ def _encode(value: bytes, encoding: str) -> str:
     return base64.b64encode(value).decode("ascii")
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"code": code, "message": message}})
-
-
 class BodyLimit:
     """ASGI middleware: refuse bodies over ``max_bytes`` with 413 before they are parsed."""
 
@@ -115,7 +111,7 @@ class BodyLimit:
             await self._too_large(scope, receive, send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = _error(413, "payload_too_large", f"request body over {self.max_bytes} bytes: send less")
+        response = error_response(413, "payload_too_large", f"request body over {self.max_bytes} bytes: send less")
         await response(scope, receive, send)
 
 
@@ -131,33 +127,8 @@ def create_app(service: SandboxService, *, max_request_bytes: int) -> FastAPI:
         description="Runs untrusted Python: environment validation, sessions, and plain execution.",
     )
 
-    @app.exception_handler(SandboxServiceError)
-    async def _domain_error(_: Request, exc: SandboxServiceError) -> JSONResponse:
-        return _error(exc.http_status, exc.code, str(exc))
-
-    @app.exception_handler(RequestValidationError)
-    async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        # Never echo the caller's input back (it may be their code): name the field and the rule only.
-        problems = []
-        for err in exc.errors()[:10]:
-            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-            problems.append(f"{where}: {err.get('msg', 'invalid')}")
-        return _error(422, "invalid_request", "; ".join(problems) or "invalid request body")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 400:
-            # FastAPI's own body-parsing failure (e.g. non-UTF-8 bytes): same shape as any bad input.
-            return _error(422, "invalid_request", "request body is not valid UTF-8 JSON")
-        codes = {404: "not_found", 405: "method_not_allowed"}
-        return _error(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))
-
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        return _error(500, "internal", "internal error in the sandbox service; it has been logged")
-
-    def tenant(authorization: str | None = Header(None)) -> Tenant:
-        return service.authenticate(authorization)
+    install_error_handlers(app, service="sandbox")
+    tenant = bearer_auth(service.authenticator)
 
     @app.post("/v1/validate")
     async def validate(body: ValidateBody, who: Tenant = Depends(tenant)) -> dict[str, Any]:
@@ -195,13 +166,10 @@ def create_app(service: SandboxService, *, max_request_bytes: int) -> FastAPI:
         await service.close_session(who, session_id)
         return Response(status_code=204)
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        return service.health()
+    async def health() -> tuple[bool, dict[str, Any]]:
+        return True, service.health()
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
+    app.include_router(ops_router(health=health, registry=service.metrics.registry))
+    app.add_middleware(HttpMetrics, service="sandbox", registry=service.metrics.registry)
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     return app

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from services.sandbox.core.auth import Authenticator, Tenant
+from services.sandbox.core.auth import KeyRing, Tenant
 from services.sandbox.core.errors import SandboxServiceError
 from services.sandbox.core.quotas import Quotas
 from services.sandbox.core.requests import (
@@ -48,7 +48,7 @@ class SandboxService:
     def __init__(
         self,
         backend: Backend,
-        authenticator: Authenticator,
+        authenticator: KeyRing[Tenant],
         limits: RequestLimits,
         checks: CheckConfig,
         *,

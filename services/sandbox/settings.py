@@ -1,51 +1,46 @@
 """Typed settings of the sandbox service, built once in the entry point.
 
 Environment variables use the prefix ``SPADE_SANDBOX_`` and ``__`` for nesting, e.g.
-``SPADE_SANDBOX_HTTP_PORT=8081``, ``SPADE_SANDBOX_ISOLATION__CPU_SECONDS=10``,
+``SPADE_SANDBOX_HTTP__PORT=8081``, ``SPADE_SANDBOX_ISOLATION__CPU_SECONDS=10``,
 ``SPADE_SANDBOX_API_KEYS='[{"tenant": "rl", "key_sha256": "<hex>"}]'``. A YAML/JSON file can be
 given with ``spade serve sandbox --config FILE``; values from the file win over the environment.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-import yaml
-from pydantic import BaseModel, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
 
 from services.sandbox.core.requests import RequestLimits
 from services.sandbox.isolation import IsolationSettings
+from spade.auth import ApiKey, check_unique_keys
+from spade.config import ServiceSettings
 from spade.envs import CheckConfig
+from spade.serving.settings import ServerAddress
 
 
-class ApiKey(BaseModel):
+class SandboxApiKey(ApiKey):
     """One tenant's key (stored as a SHA-256 hex digest, never in clear) and its quotas."""
 
-    tenant: str = Field(min_length=1, max_length=64, description="Tenant name, shown in errors and metrics.")
-    key_sha256: str = Field(
-        pattern=r"^[0-9a-fA-F]{64}$",
-        description="Hex SHA-256 of the API key (see `spade.cli` docs: sha256sum of the key).",
-    )
     max_sessions: int = Field(16, ge=1, le=10_000, description="Concurrent sessions this tenant may hold.")
     executions_per_minute: int = Field(
         120, ge=1, le=1_000_000, description="Executions and validations per rolling minute."
     )
 
 
-class SandboxSettings(BaseSettings):
+class SandboxSettings(ServiceSettings):
     """Settings of ``spade serve sandbox`` (and of the embedded sandbox pool)."""
 
-    model_config = SettingsConfigDict(env_prefix="SPADE_SANDBOX_", env_nested_delimiter="__", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="SPADE_SANDBOX_")
+    service_name = "sandbox"
 
-    dev_mode: bool = Field(
-        False, description="Allow unsafe defaults (no API keys: anonymous access). Never in production."
+    grpc: ServerAddress = Field(
+        default=ServerAddress(host="127.0.0.1", port=50051), description="Where the gRPC server listens."
     )
-    host: str = Field("127.0.0.1", description="Interface both servers bind.")
-    grpc_port: int = Field(50051, ge=0, le=65535, description="gRPC port (0 picks a free one).")
-    http_port: int = Field(8081, ge=0, le=65535, description="REST port (0 picks a free one).")
-    api_keys: list[ApiKey] = Field(default_factory=list, description="Tenants allowed to call the service.")
+    http: ServerAddress = Field(
+        default=ServerAddress(host="127.0.0.1", port=8081), description="Where the REST server listens."
+    )
+    api_keys: list[SandboxApiKey] = Field(default_factory=list, description="Tenants allowed to call the service.")
     max_request_bytes: int = Field(
         8 * 2**20, ge=1024, le=2**30, description="Largest HTTP body / gRPC message accepted (413 beyond)."
     )
@@ -62,20 +57,17 @@ class SandboxSettings(BaseSettings):
 
     @field_validator("api_keys")
     @classmethod
-    def _unique_keys(cls, keys: list[ApiKey]) -> list[ApiKey]:
-        digests = [k.key_sha256.lower() for k in keys]
-        if len(set(digests)) != len(digests):
-            raise ValueError("two tenants share one API key hash: give each tenant its own key")
+    def _unique_keys(cls, keys: list[SandboxApiKey]) -> list[SandboxApiKey]:
+        check_unique_keys(keys)
         return keys
 
-    @model_validator(mode="after")
-    def _refuse_unsafe(self) -> SandboxSettings:
-        if not self.dev_mode and not self.api_keys:
-            raise ValueError(
-                "no API keys configured: set SPADE_SANDBOX_API_KEYS (tenants with key_sha256), "
-                "or SPADE_SANDBOX_DEV_MODE=true for anonymous local use"
-            )
-        return self
+    def unsafe_settings(self) -> list[str]:
+        if not self.api_keys:
+            return [
+                f"no API keys configured: set {self.env_name('api_keys')} (tenants with key_sha256); "
+                "without keys anyone reaching the ports runs code"
+            ]
+        return []
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(
@@ -87,15 +79,3 @@ class SandboxSettings(BaseSettings):
             max_timeout_s=self.isolation.max_wall_seconds,
             max_memory_mb=self.isolation.max_memory_mb,
         )
-
-
-def load_settings(config_file: Path | None = None, **overrides: Any) -> SandboxSettings:
-    """Build the settings from an optional YAML/JSON file, the environment and explicit overrides."""
-    data: dict[str, Any] = {}
-    if config_file is not None:
-        loaded = yaml.safe_load(config_file.read_text())
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ValueError(f"{config_file}: expected a mapping of settings, got {type(loaded).__name__}")
-        data.update(loaded or {})
-    data.update(overrides)
-    return SandboxSettings(**data)

@@ -5,29 +5,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import grpc
-import uvicorn
-
-from services.sandbox.core.auth import Authenticator, Tenant
-from services.sandbox.grpc_server import create_server
+from services.sandbox.core.auth import KeyRing, Tenant, tenant_keyring
+from services.sandbox.grpc_server import grpc_service
 from services.sandbox.isolation import SandboxPool
 from services.sandbox.rest import create_app
 from services.sandbox.service import SandboxService
 from services.sandbox.settings import SandboxSettings
+from spade.serving.grpc import RunningGrpc, grpc_server
+from spade.serving.http import RunningHttp, http_server
 
 log = logging.getLogger("spade.sandbox")
 
 
-def build_authenticator(settings: SandboxSettings) -> Authenticator:
+def build_authenticator(settings: SandboxSettings) -> KeyRing[Tenant]:
+    """The tenants' keys (dev mode without keys: open, as the dev tenant)."""
     keys = {
         k.key_sha256: Tenant(name=k.tenant, max_sessions=k.max_sessions, executions_per_minute=k.executions_per_minute)
         for k in settings.api_keys
     }
-    return Authenticator(keys, allow_anonymous=settings.dev_mode and not keys)
+    return tenant_keyring(keys, dev_mode=settings.dev_mode)
 
 
 @contextlib.asynccontextmanager
@@ -58,49 +57,51 @@ async def sandbox_service(settings: SandboxSettings) -> AsyncIterator[SandboxSer
 class RunningServers:
     """Addresses of a started sandbox service (ports resolved when 0 was asked for)."""
 
-    grpc_port: int
-    http_port: int
-    grpc_server: grpc.aio.Server
-    http_server: uvicorn.Server
+    grpc: RunningGrpc
+    http: RunningHttp
+
+    @property
+    def grpc_port(self) -> int:
+        return self.grpc.port
+
+    @property
+    def http_port(self) -> int:
+        return self.http.port
 
 
 @contextlib.asynccontextmanager
 async def serving(settings: SandboxSettings) -> AsyncIterator[RunningServers]:
     """Run gRPC and REST side by side on one event loop until the context exits."""
-    async with sandbox_service(settings) as service:
-        grpc_server = create_server(service, max_message_bytes=settings.max_request_bytes)
-        grpc_port = grpc_server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
-        await grpc_server.start()
-        app = create_app(service, max_request_bytes=settings.max_request_bytes)
-        config = uvicorn.Config(app, host=settings.host, port=settings.http_port, log_level="warning", lifespan="off")
-        http_server = uvicorn.Server(config)
-        http_task = asyncio.create_task(http_server.serve())
-        while not http_server.started:
-            if http_task.done():
-                await http_task
-                raise RuntimeError(f"REST server failed to start on {settings.host}:{settings.http_port}")
-            await asyncio.sleep(0.01)
-        http_port = http_server.servers[0].sockets[0].getsockname()[1]
-        try:
-            yield RunningServers(grpc_port, http_port, grpc_server, http_server)
-        finally:
-            http_server.should_exit = True
-            await http_task
-            await grpc_server.stop(grace=2.0)
+    async with (
+        sandbox_service(settings) as service,
+        grpc_server(
+            [grpc_service(service)],
+            settings.grpc,
+            service="sandbox",
+            authenticate=service.authenticate,
+            registry=service.metrics.registry,
+            max_receive_bytes=settings.max_request_bytes,
+            max_send_bytes=max(settings.max_request_bytes, 64 * 2**20),
+            grace_s=2.0,
+        ) as grpc_running,
+        http_server(
+            create_app(service, max_request_bytes=settings.max_request_bytes),
+            settings.http,
+            service="sandbox",
+            lifespan="off",
+        ) as http_running,
+    ):
+        yield RunningServers(grpc_running, http_running)
 
 
-async def serve_forever(settings: SandboxSettings) -> None:
-    """Entry point of ``spade serve sandbox``: serve until SIGINT/SIGTERM."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+async def serve_forever(settings: SandboxSettings, stop: asyncio.Event) -> None:
+    """Entry point of ``spade serve sandbox``: serve until ``stop`` is set (SIGTERM/SIGINT)."""
     async with serving(settings) as running:
         log.warning(
             "sandbox serving: gRPC %s:%d, REST http://%s:%d (OpenAPI at /docs)",
-            settings.host,
+            settings.grpc.host,
             running.grpc_port,
-            settings.host,
+            settings.http.host,
             running.http_port,
         )
         await stop.wait()

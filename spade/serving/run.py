@@ -42,7 +42,7 @@ def settings_or_exit(cls: type[S], config_file: Path | None = None, **overrides:
     try:
         return cls.load(config_file, **overrides)
     except (ValidationError, ConfigError) as exc:
-        click.echo(f"spade serve {cls.service_name}: invalid settings", err=True)
+        click.echo(f"invalid {cls.service_name} settings:", err=True)
         click.echo(describe_error(exc, cls), err=True)
         raise SystemExit(2) from None
 

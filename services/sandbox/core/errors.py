@@ -1,65 +1,62 @@
-"""Domain errors of the sandbox service and their single mapping to HTTP and gRPC status codes.
+"""Domain errors of the sandbox service.
 
-Every error message names the rule, the offending value and the fix. Messages never contain the
-caller's code or a traceback.
+Each names its :class:`spade.errors.ErrorKind` and a stable ``code``; the HTTP and gRPC statuses of
+each kind live in ``spade.serving.errors`` (the one mapping every adapter uses). Every message names
+the rule, the offending value and the fix, and never contains the caller's code or a traceback.
 """
 
 from __future__ import annotations
 
-import grpc
+from spade.auth import Unauthenticated
+from spade.errors import ErrorKind, ServiceError
+
+__all__ = [
+    "Forbidden",
+    "InvalidRequest",
+    "PayloadTooLarge",
+    "QuotaExceeded",
+    "SandboxServiceError",
+    "ServiceUnavailable",
+    "SessionFinished",
+    "SessionNotFound",
+    "Unauthenticated",
+]
 
 
-class SandboxServiceError(Exception):
+class SandboxServiceError(ServiceError):
     """Base class: ``code`` is a stable machine-readable identifier, the message is for humans."""
-
-    code = "internal"
-    http_status = 500
-    grpc_status = grpc.StatusCode.INTERNAL
 
 
 class InvalidRequest(SandboxServiceError):
+    kind = ErrorKind.INVALID
     code = "invalid_request"
-    http_status = 422
-    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
 
 
 class PayloadTooLarge(SandboxServiceError):
+    kind = ErrorKind.TOO_LARGE
     code = "payload_too_large"
-    http_status = 413
-    grpc_status = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-class Unauthenticated(SandboxServiceError):
-    code = "unauthenticated"
-    http_status = 401
-    grpc_status = grpc.StatusCode.UNAUTHENTICATED
 
 
 class Forbidden(SandboxServiceError):
+    kind = ErrorKind.FORBIDDEN
     code = "forbidden"
-    http_status = 403
-    grpc_status = grpc.StatusCode.PERMISSION_DENIED
 
 
 class QuotaExceeded(SandboxServiceError):
+    kind = ErrorKind.QUOTA
     code = "quota_exceeded"
-    http_status = 429
-    grpc_status = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class SessionNotFound(SandboxServiceError):
+    kind = ErrorKind.NOT_FOUND
     code = "session_not_found"
-    http_status = 404
-    grpc_status = grpc.StatusCode.NOT_FOUND
 
 
 class SessionFinished(SandboxServiceError):
+    kind = ErrorKind.CONFLICT
     code = "session_finished"
-    http_status = 409
-    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class ServiceUnavailable(SandboxServiceError):
+    kind = ErrorKind.UNAVAILABLE
     code = "unavailable"
-    http_status = 503
-    grpc_status = grpc.StatusCode.UNAVAILABLE

@@ -128,7 +128,7 @@ async def test_the_grpc_validator_speaks_to_the_sandbox_service() -> None:
     from services.sandbox.settings import SandboxSettings
     from services.sandbox.wiring import serving
 
-    settings = SandboxSettings.model_validate({"host": "127.0.0.1", "grpc_port": 0, "http_port": 0, "dev_mode": True})
+    settings = SandboxSettings.model_validate({"grpc": {"port": 0}, "http": {"port": 0}, "dev_mode": True})
     async with serving(settings) as running:
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}")
         try:

@@ -61,7 +61,7 @@ async def addresses(tmp_path: Path) -> AsyncIterator[dict[str, str]]:
         MemorySettings.model_validate({"database_url": f"sqlite:///{tmp_path / 'm.db'}", "dev_mode": True})
     )
     server, port = await start_grpc(memory, "127.0.0.1:0")
-    sandbox = SandboxSettings.model_validate({"host": "127.0.0.1", "grpc_port": 0, "http_port": 0, "dev_mode": True})
+    sandbox = SandboxSettings.model_validate({"grpc": {"port": 0}, "http": {"port": 0}, "dev_mode": True})
     try:
         async with serving(sandbox) as running:
             yield {"memory": f"127.0.0.1:{port}", "sandbox": f"127.0.0.1:{running.grpc_port}"}

@@ -84,9 +84,8 @@ def sandbox_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     config.write_text(
         json.dumps(
             {
-                "host": "127.0.0.1",
-                "grpc_port": grpc_port,
-                "http_port": http_port,
+                "grpc": {"host": "127.0.0.1", "port": grpc_port},
+                "http": {"host": "127.0.0.1", "port": http_port},
                 "api_keys": [{"tenant": "rollout", "key_sha256": hash_key(ROLLOUT_KEY), "max_sessions": 16}],
             }
         )

@@ -51,9 +51,8 @@ class Service:
 
 def _settings() -> SandboxSettings:
     return SandboxSettings(
-        host="127.0.0.1",
-        grpc_port=0,
-        http_port=0,
+        grpc={"host": "127.0.0.1", "port": 0},
+        http={"host": "127.0.0.1", "port": 0},
         max_request_bytes=512 * 1024,
         api_keys=[
             {"tenant": "alice", "key_sha256": hash_key(ALICE_KEY), "max_sessions": 2, "executions_per_minute": 1000},

@@ -107,3 +107,17 @@ def test_play_stream_with_a_bad_key_is_unauthenticated(stub: sandbox_pb2_grpc.Sa
     with pytest.raises(grpc.RpcError) as excinfo:
         list(stub.Play(iter([opening]), metadata=(("authorization", "Bearer wrong"),)))
     assert _code(excinfo) == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_health_service_and_call_metrics(sandbox_service: Service, stub: sandbox_pb2_grpc.SandboxStub) -> None:
+    import httpx
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(sandbox_service.grpc_target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        reply = health.Check(health_pb2.HealthCheckRequest(service="spade.v1.Sandbox"))
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    with pytest.raises(grpc.RpcError):
+        stub.Execute(sandbox_pb2.ExecuteRequest(code="pass"))  # no key
+    metrics = httpx.get(f"{sandbox_service.http_url}/metrics").text
+    assert 'spade_sandbox_grpc_requests_total{code="UNAUTHENTICATED",method="Execute"}' in metrics

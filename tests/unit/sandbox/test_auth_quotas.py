@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.sandbox.core.auth import Authenticator, Tenant, hash_key
+from services.sandbox.core.auth import DEV_TENANT, KeyRing, Tenant, hash_key, tenant_keyring
 from services.sandbox.core.errors import QuotaExceeded, Unauthenticated
 from services.sandbox.core.quotas import Quotas
 
@@ -12,22 +12,24 @@ ALICE = Tenant(name="alice", max_sessions=2, executions_per_minute=3)
 
 
 def test_known_key_maps_to_its_tenant() -> None:
-    auth = Authenticator({hash_key("k-alice"): ALICE})
+    auth = KeyRing({hash_key("k-alice"): ALICE})
     assert auth.authenticate("Bearer k-alice") is ALICE
     assert auth.authenticate("bearer   k-alice ") is ALICE
 
 
 @pytest.mark.parametrize("header", [None, "", "k-alice", "Basic k-alice", "Bearer ", "Bearer k-bob", "Bearer K-ALICE"])
 def test_missing_malformed_or_unknown_keys_are_refused(header: str | None) -> None:
-    auth = Authenticator({hash_key("k-alice"): ALICE})
+    auth = KeyRing({hash_key("k-alice"): ALICE})
     with pytest.raises(Unauthenticated):
         auth.authenticate(header)
 
 
-def test_anonymous_only_when_allowed() -> None:
-    assert Authenticator({}, allow_anonymous=True).authenticate(None).name == "dev"
+def test_anonymous_only_in_dev_mode_without_keys() -> None:
+    assert tenant_keyring({}, dev_mode=True).authenticate(None) is DEV_TENANT
     with pytest.raises(Unauthenticated):
-        Authenticator({}, allow_anonymous=False).authenticate(None)
+        tenant_keyring({}, dev_mode=False).authenticate(None)
+    with pytest.raises(Unauthenticated):  # a configured key closes dev mode's open door
+        tenant_keyring({hash_key("k-alice"): ALICE}, dev_mode=True).authenticate(None)
 
 
 def test_session_quota_counts_and_releases() -> None:
