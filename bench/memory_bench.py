@@ -25,12 +25,12 @@ from datetime import UTC, datetime
 
 from sqlalchemy import create_engine, insert, text
 
-from spade.memory.records import NewEnvironment
-from spade.memory.client import MemoryClient
 from services.memory.grpc_server import start_grpc
 from services.memory.service import MemoryService
 from services.memory.store.models import EnvironmentRow, EnvStatsRow
 from services.memory.store.sql import SqlStore, make_engine, migrate
+from spade.memory.client import MemoryClient
+from spade.memory.records import NewEnvironment
 
 SKILLS = [
     ("game", s)

@@ -292,8 +292,8 @@ async def _seed(
 ) -> list[str]:
     import grpc
 
-    from spade.memory.client import MemoryClient
     from services.memory.seed_pool import seed_pool
+    from spade.memory.client import MemoryClient
     from spade.queues.config import make_queue
     from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
 

@@ -12,17 +12,16 @@ from typing import TypeVar
 
 import grpc
 
+from services.memory.service import MemoryService
 from spade.memory import wire
 from spade.memory.errors import EnvironmentNotFound, InvalidArgument
-from services.memory.service import MemoryService
+from spade.memory.wire import GRPC_OPTIONS
 from spade.v1 import memory_pb2 as pb
 from spade.v1 import memory_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_EXAMPLES = 100
-# Listings with code can be large (1000 environments of tens of KiB).
-GRPC_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
 
 
 async def _status(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:

@@ -29,10 +29,10 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
 
-from spade.memory.errors import EnvironmentNotFound, InvalidArgument
-from spade.memory.records import EnvFilter, Environment, EnvStatus, Play, Setting
 from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings
+from spade.memory.errors import EnvironmentNotFound, InvalidArgument
+from spade.memory.records import EnvFilter, Environment, EnvStatus, Play, Setting
 
 COOKIE = "spade_memory_token"
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))

@@ -12,6 +12,7 @@ import random
 from collections.abc import Sequence
 
 from services.memory.core.policy import PolicyConfig, choose, with_code
+from services.memory.store.sql import SqlStore
 from spade.memory.records import (
     EnvFilter,
     Environment,
@@ -24,7 +25,6 @@ from spade.memory.records import (
     RecordResult,
     StatsUpdate,
 )
-from services.memory.store.sql import SqlStore
 
 
 class MemoryService:

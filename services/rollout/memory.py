@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from spade.memory.errors import EnvironmentNotFound
-from spade.memory.records import Environment, EnvStatus, Play, RecordResult, StatsUpdate
 from services.rollout.core.ports import EnvSpec, PlayRecord
 from services.rollout.worker import EnvNotFound
+from spade.memory.errors import EnvironmentNotFound
+from spade.memory.records import Environment, EnvStatus, Play, RecordResult, StatsUpdate
 
 
 class MemoryApi(Protocol):

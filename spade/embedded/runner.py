@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spade.memory.records import Environment, Play, RecordResult, StatsUpdate
 from services.memory.service import MemoryService
 from spade.embedded.settings import RunSettings
+from spade.memory.records import Environment, Play, RecordResult, StatsUpdate
 
 log = logging.getLogger("spade.run")
 
@@ -252,7 +252,7 @@ def _service_settings(settings: RunSettings, parts: EmbeddedParts) -> dict[str, 
 
 async def run(settings: RunSettings, progress: Progress = _no_progress) -> RunResult:
     """Run ``settings.steps`` self-play steps and write the run directory (see the module docstring)."""
-    from services.designer.adapters import InferencePolicy, MemoryAdapter, PoolValidator
+    from services.designer.adapters import InferencePolicy, MemoryServiceEnvironments, PoolValidator
     from services.designer.wiring import build_designer
     from services.learner.wiring import build_learner, close_learner
     from services.rollout.sandbox import PoolSessions
@@ -275,7 +275,7 @@ async def run(settings: RunSettings, progress: Progress = _no_progress) -> RunRe
             services["designer"],
             llm=InferencePolicy(parts.client),
             validator=PoolValidator(parts.pool, parts.checks),
-            memory=MemoryAdapter(parts.memory),
+            memory=MemoryServiceEnvironments(parts.memory),
             queue=parts.queue,
         )
         tapped = TappedMemory(parts.memory)

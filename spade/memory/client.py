@@ -12,9 +12,9 @@ from typing import TypeVar
 
 import grpc
 
-from services.memory import wire
-from services.memory.core.errors import EnvironmentNotFound, InvalidArgument, MemoryServiceError
-from services.memory.core.records import (
+from spade.memory import wire
+from spade.memory.errors import EnvironmentNotFound, InvalidArgument, MemoryServiceError
+from spade.memory.records import (
     EnvFilter,
     Environment,
     Examples,
@@ -25,7 +25,7 @@ from services.memory.core.records import (
     RecordResult,
     StatsUpdate,
 )
-from services.memory.grpc_server import GRPC_OPTIONS
+from spade.memory.wire import GRPC_OPTIONS
 from spade.v1 import memory_pb2 as pb
 from spade.v1 import memory_pb2_grpc as pb_grpc
 

@@ -1,6 +1,7 @@
 """Translation between the memory's records and ``spade.v1.memory_pb2`` messages (both directions).
 
-The gRPC servicer and ``MemoryClient`` share it, so a record survives a round trip unchanged.
+The gRPC servicer (``services.memory.grpc_server``) and ``spade.memory.client.MemoryClient`` share
+it, so a record survives a round trip unchanged; both ends use its ``GRPC_OPTIONS``.
 """
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from services.memory.core.errors import InvalidArgument
-from services.memory.core.records import (
+from spade.memory.errors import InvalidArgument
+from spade.memory.records import (
     EnvFilter,
     Environment,
     EnvStats,
@@ -21,6 +22,9 @@ from services.memory.core.records import (
     StatsUpdate,
 )
 from spade.v1 import memory_pb2 as pb
+
+GRPC_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+"""Channel and server options of both ends: listings with code can be large (1000 environments of tens of KiB)."""
 
 
 def _ms(t: datetime) -> int:

@@ -22,8 +22,10 @@ from sqlalchemy import Engine, Integer, Select, cast, create_engine, event, func
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from spade.memory.errors import EnvironmentNotFound, InvalidArgument
 from services.memory.core.normalise import code_hash
+from services.memory.core.scoring import ScoringConfig, score
+from services.memory.store.models import EnvironmentRow, EnvStatsRow, PlayRow
+from spade.memory.errors import EnvironmentNotFound, InvalidArgument
 from spade.memory.records import (
     Candidate,
     EnvFilter,
@@ -38,8 +40,6 @@ from spade.memory.records import (
     RecordResult,
     StatsUpdate,
 )
-from services.memory.core.scoring import ScoringConfig, score
-from services.memory.store.models import EnvironmentRow, EnvStatsRow, PlayRow
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 MAX_PAGE = 1000

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-from spade.memory.records import NewEnvironment
 from services.memory.store.sql import make_engine
+from spade.memory.records import NewEnvironment
 from tests.conftest import POSTGRES_URL
 
 

@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner
 
 from services.memory.cli import envs
-from spade.memory.records import EnvStatus, Play
-from spade.memory.client import MemoryClient
 from services.memory.settings import hash_token
 from services.memory.store.sql import SqlStore, make_engine, migrate
+from spade.memory.client import MemoryClient
+from spade.memory.records import EnvStatus, Play
 from tests.integration.memory.conftest import new_env
 
 

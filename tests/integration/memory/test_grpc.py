@@ -7,14 +7,14 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy import Engine
 
-from spade.memory.errors import EnvironmentNotFound, InvalidArgument
 from services.memory.core.policy import PolicyConfig
-from spade.memory.records import EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
 from services.memory.core.scoring import ScoringConfig
-from spade.memory.client import MemoryClient
 from services.memory.grpc_server import start_grpc
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, migrate
+from spade.memory.client import MemoryClient
+from spade.memory.errors import EnvironmentNotFound, InvalidArgument
+from spade.memory.records import EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
 from tests.integration.memory.conftest import env_code, new_env
 
 

@@ -10,11 +10,11 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import Engine
 
-from spade.memory.records import EnvStatus, NewEnvironment, Play
 from services.memory.rest import create_app
 from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings, hash_token
 from services.memory.store.sql import SqlStore, migrate
+from spade.memory.records import EnvStatus, NewEnvironment, Play
 from tests.integration.memory.conftest import new_env
 
 TOKEN = "s3cret-token"

@@ -9,11 +9,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, inspect, text
 
-from spade.memory.errors import EnvironmentNotFound, InvalidArgument
-from spade.memory.records import EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
 from services.memory.core.scoring import ScoringConfig
 from services.memory.store.models import Base
 from services.memory.store.sql import SqlStore, migrate
+from spade.memory.errors import EnvironmentNotFound, InvalidArgument
+from spade.memory.records import EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
 from tests.integration.memory.conftest import env_code, new_env
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from spade.memory.records import EnvStatus, NewEnvironment
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from services.rollout.core.episode import EpisodeRunner, PlayLimits
@@ -27,6 +26,7 @@ from services.rollout.memory import MemoryAdapter
 from services.rollout.policy import FormatterTemplate, Generation
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
+from spade.memory.records import EnvStatus, NewEnvironment
 from spade.queues.base import ENVS_READY, SAMPLES_AGENT, WEIGHTS_PUBLISHED, WorkQueue
 from spade.queues.config import InProcessQueueConfig, RedisQueueConfig
 from spade.queues.inprocess import InProcessQueue

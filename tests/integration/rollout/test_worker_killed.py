@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from spade.memory.records import NewEnvironment
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from services.rollout.core.episode import EpisodeRunner, PlayLimits
@@ -24,6 +23,7 @@ from services.rollout.memory import MemoryAdapter
 from services.rollout.policy import FormatterTemplate
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
+from spade.memory.records import NewEnvironment
 from spade.queues.base import ENVS_READY, SAMPLES_AGENT
 from spade.queues.config import RedisQueueConfig
 from spade.queues.messages import decode, publish_proto

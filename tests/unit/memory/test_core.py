@@ -6,8 +6,8 @@ import pytest
 
 from services.memory.core.normalise import code_hash, normalise_code
 from services.memory.core.policy import PolicyConfig, choose, excerpt, with_code
-from spade.memory.records import Candidate, Examples, Play
 from services.memory.core.scoring import ScoringConfig, score
+from spade.memory.records import Candidate, Examples, Play
 
 
 def env(seq: int, win_rate: float | None, regret: float | None = 0.0, skill: str = "Optimization") -> Candidate:
