@@ -7,43 +7,17 @@ status codes are the shared interceptor's (``spade.serving.grpc``); this module 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from services.sandbox.core.auth import Tenant
 from services.sandbox.core.errors import InvalidRequest, SandboxServiceError
 from services.sandbox.service import SandboxService
-from spade.envs import StepOutcome, ValidationReport
+from spade.sandbox.wire import execution_message, report_message, state_message
 from spade.serving.grpc import GrpcService, caller
 from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 SERVICE_NAME = sandbox_pb2.DESCRIPTOR.services_by_name["Sandbox"].full_name
-
-
-def state_message(session_id: str, outcome: StepOutcome) -> sandbox_pb2.SessionState:
-    return sandbox_pb2.SessionState(
-        session_id=session_id,
-        observation=outcome.observation,
-        reward=float(outcome.reward),
-        terminated=bool(outcome.terminated),
-        truncated=bool(outcome.truncated),
-        info_json=json.dumps(outcome.info, default=str),
-        turn=int(outcome.turn),
-        max_turns=int(outcome.max_turns),
-        outcome=str(getattr(outcome.outcome, "value", outcome.outcome)),
-    )
-
-
-def report_message(report: ValidationReport) -> sandbox_pb2.ValidationReport:
-    return sandbox_pb2.ValidationReport(
-        valid=report.valid,
-        setting=str(getattr(report.setting, "value", report.setting)),
-        env_class=report.env_class or "",
-        checks=[sandbox_pb2.CheckResult(name=c.name, passed=c.passed, detail=c.detail) for c in report.checks],
-        repaired_code=report.repaired_code or "",
-        duration_ms=float(getattr(report, "duration_ms", 0.0) or 0.0),
-    )
 
 
 class SandboxServicer(sandbox_pb2_grpc.SandboxServicer):
@@ -70,13 +44,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServicer):
         result = await self.service.execute(
             self._tenant(), request.code, request.stdin, files, request.timeout_s, int(request.memory_mb)
         )
-        return sandbox_pb2.ExecuteResult(
-            status=str(getattr(result.status, "value", result.status)),
-            exit_code=int(result.exit_code if result.exit_code is not None else -1),
-            stdout=result.stdout,
-            stderr=result.stderr,
-            duration_ms=float(result.duration_ms),
-        )
+        return execution_message(result)
 
     async def OpenSession(self, request: sandbox_pb2.OpenSessionRequest, context: Any) -> sandbox_pb2.SessionState:
         session_id, outcome = await self.service.open_session(
