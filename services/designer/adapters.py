@@ -1,8 +1,9 @@
 """Adapters from the real dependencies to the designer core's protocols (``core/ports.py``).
 
 Each one translates, nothing more: the inference client's ``Generation`` (string weight versions)
-into the core's integers, the sandbox (in-process pool or gRPC) into ``Validator``, and the memory
-service (in-process or its client, which offer the same methods) into ``EnvironmentMemory``.
+into the core's integers, the sandbox's validation reports (in-process pool or gRPC) into the core's
+``ValidationResult``, and the memory service (in-process or its client, which offer the same
+methods) into ``EnvironmentMemory``. The queues are behind ``outbox.QueueOutbox``.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services.designer.core.ports import (
+    Check,
     EnvironmentRecord,
     MemoryExample,
     MemoryExamples,
-    ReportLike,
     Sampling,
     StoreResult,
+    ValidationResult,
 )
 
 
@@ -92,6 +94,41 @@ class InferencePolicy:
         )
 
 
+class _CheckLike(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def passed(self) -> bool: ...
+
+    @property
+    def detail(self) -> str: ...
+
+
+class _ReportLike(Protocol):
+    @property
+    def valid(self) -> bool: ...
+
+    @property
+    def checks(self) -> Sequence[_CheckLike]: ...
+
+    @property
+    def repaired_code(self) -> str: ...
+
+    @property
+    def env_class(self) -> str: ...
+
+
+def validation_result(report: _ReportLike) -> ValidationResult:
+    """The core's ``ValidationResult`` of a sandbox report (``spade.envs.ValidationReport`` or its message)."""
+    return ValidationResult(
+        valid=bool(report.valid),
+        checks=tuple(Check(c.name, bool(c.passed), c.detail) for c in report.checks),
+        repaired_code=report.repaired_code,
+        env_class=report.env_class,
+    )
+
+
 class _PoolBackend(Protocol):
     async def validate(self, code: str, setting: str, config: Any) -> Any: ...
 
@@ -108,10 +145,9 @@ class PoolValidator:
         self._backend = backend
         self._checks = checks
 
-    async def validate(self, code: str, setting: str) -> ReportLike:
+    async def validate(self, code: str, setting: str) -> ValidationResult:
         """Run the validation pipeline in an isolated worker."""
-        report: ReportLike = await self._backend.validate(code, setting, self._checks)
-        return report
+        return validation_result(await self._backend.validate(code, setting, self._checks))
 
 
 class GrpcValidator:
@@ -130,13 +166,12 @@ class GrpcValidator:
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self._timeout_s = timeout_s
 
-    async def validate(self, code: str, setting: str) -> ReportLike:
-        """The sandbox's ``ValidationReport`` message (it has the fields ``ReportLike`` reads)."""
+    async def validate(self, code: str, setting: str) -> ValidationResult:
+        """The sandbox's ``ValidationReport`` message, as the core's ``ValidationResult``."""
         from spade.v1 import sandbox_pb2
 
         request = sandbox_pb2.ValidateRequest(code=code, setting=setting)
-        report: ReportLike = await self._stub.Validate(request, metadata=self._metadata, timeout=self._timeout_s)
-        return report
+        return validation_result(await self._stub.Validate(request, metadata=self._metadata, timeout=self._timeout_s))
 
 
 class _Memory(Protocol):
@@ -155,8 +190,10 @@ def corpus_ref(source: dict[str, object]) -> str:
     return f"line {source['line']}" if "line" in source else ""
 
 
-class MemoryAdapter:
-    """``EnvironmentMemory`` over ``services.memory.service.MemoryService`` or its gRPC client."""
+class MemoryServiceEnvironments:
+    """``EnvironmentMemory`` over the memory service: its application layer
+    (``services.memory.service.MemoryService``, in-process) or its gRPC client, which offer the same methods.
+    """
 
     def __init__(self, memory: _Memory) -> None:
         self._memory = memory
@@ -177,7 +214,7 @@ class MemoryAdapter:
             "valid": record.valid,
             "setting": record.setting,
             "env_class": record.env_class,
-            "checks": [{"name": n, "passed": p, "detail": d} for n, p, d in record.checks],
+            "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in record.checks],
         }
         env = NewEnvironment(
             setting=record.setting,

@@ -27,9 +27,9 @@ def _settings(**overrides: object) -> object:
 @click.option("--dev", "dev_mode", is_flag=True, default=None, help="Allow unsafe defaults (local development).")
 def serve(setting: str | None, corpus_path: Path | None, dev_mode: bool | None) -> None:
     """The environment designer (distributed mode): designs a batch per k published weight versions."""
-    from services.designer.service import serve_forever
     from services.designer.settings import DesignerSettings
     from services.designer.wiring import designer_service
+    from services.designer.worker import serve_forever
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = _settings(setting=setting, corpus_path=corpus_path, dev_mode=dev_mode)

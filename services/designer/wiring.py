@@ -17,6 +17,7 @@ from services.designer.core.ports import EnvironmentMemory, PolicyLLM, Validator
 from services.designer.core.prompts import ExampleEnv
 from services.designer.corpus.builder import ensure_default_corpus
 from services.designer.corpus.loader import Corpus, CorpusSampler, load_jsonl
+from services.designer.outbox import QueueOutbox
 from services.designer.settings import DesignerSettings
 from spade.queues.base import WorkQueue
 
@@ -63,14 +64,17 @@ def build_designer(
     corpus: Corpus | None = None,
     examples: list[ExampleEnv] | None = None,
 ) -> Designer:
-    """The designer loop over the given dependencies (corpus and examples loaded when not given)."""
+    """The designer loop over the given dependencies (corpus and examples loaded when not given).
+
+    Its results go to ``queue`` through a ``QueueOutbox``.
+    """
     corpus = corpus if corpus is not None else load_corpus(settings)
     return Designer(
         settings.loop_config(),
         llm=llm,
         validator=validator,
         memory=memory,
-        queue=queue,
+        outbox=QueueOutbox(queue),
         documents=CorpusSampler(corpus, seed=settings.corpus_seed),
         examples=examples if examples is not None else load_examples(settings.setting),
         repair=repair,
@@ -99,7 +103,7 @@ async def designer_service(
     """
     import grpc
 
-    from services.designer.adapters import GrpcValidator, InferencePolicy, MemoryAdapter
+    from services.designer.adapters import GrpcValidator, InferencePolicy, MemoryServiceEnvironments
     from services.inference.models import resolve_model_path
     from spade.inference.client import InferenceClient
     from spade.queues.config import make_queue
@@ -121,7 +125,7 @@ async def designer_service(
             settings,
             llm=InferencePolicy(client),
             validator=GrpcValidator(channel, api_key=key),
-            memory=MemoryAdapter(memory_client),  # type: ignore[arg-type]
+            memory=MemoryServiceEnvironments(memory_client),  # type: ignore[arg-type]
             queue=queue,
         )
         yield DesignerRuntime(designer=designer, queue=queue, settings=settings)

@@ -1,4 +1,5 @@
-"""The long-running designer (``spade serve designer``): a batch at start, then one per ``k`` versions.
+"""The designer's worker, its long-running loop (``spade serve designer``): a batch at start, then one
+per ``k`` versions.
 
 The designer follows the learner through ``weights.published``: each published version is counted,
 and when the policy has advanced ``regenerate_every`` versions since the last batch a new batch is

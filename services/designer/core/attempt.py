@@ -1,4 +1,4 @@
-"""One designer attempt, its explicit outcome, and its mapping to a ``DesignerSample``.
+"""One designer attempt, its explicit outcome, and the ``DesignerSample`` it becomes.
 
 Every attempt whose output the policy produced becomes a designer sample, valid or not: the learner
 scores invalid and malformed ones 0 and valid ones by regret + plateau once their window closes.
@@ -13,7 +13,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from spade.v1 import queues_pb2, sandbox_pb2
+from services.designer.core.ports import Check, DesignerSample
 
 DUPLICATE_CHECK = "duplicate"
 
@@ -38,15 +38,6 @@ class AttemptOutcome(enum.Enum):
     def trainable(self) -> bool:
         """Whether the attempt yields a designer sample."""
         return self not in (AttemptOutcome.GENERATION_FAILED, AttemptOutcome.INFRA_FAILED)
-
-
-@dataclass(frozen=True)
-class Check:
-    """A named check result (validation checks, plus the designer's ``output_format``/``duplicate``)."""
-
-    name: str
-    passed: bool
-    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -107,8 +98,8 @@ class AttemptRecord:
         return ""
 
 
-def to_designer_sample(record: AttemptRecord) -> queues_pb2.DesignerSample:
-    """The ``samples.designer`` message for ``record``.
+def to_designer_sample(record: AttemptRecord) -> DesignerSample:
+    """The designer sample of ``record`` (what goes to ``samples.designer``).
 
     Raises:
         ValueError: The attempt has no trainable output (``GENERATION_FAILED``/``INFRA_FAILED``), or
@@ -122,17 +113,17 @@ def to_designer_sample(record: AttemptRecord) -> queues_pb2.DesignerSample:
             "logprobs; the inference server must return one logprob per generated token"
         )
     valid = record.outcome is AttemptOutcome.VALID
-    return queues_pb2.DesignerSample(
+    return DesignerSample(
         sample_id=record.sample_id,
         env_id=record.env_id,
         setting=record.setting,
         skill=record.skill,
-        prompt_ids=list(record.prompt_ids),
-        output_ids=list(record.output_ids),
-        output_logprobs=list(record.logprobs),
+        prompt_ids=tuple(record.prompt_ids),
+        output_ids=tuple(record.output_ids),
+        output_logprobs=tuple(record.logprobs),
         weight_version=record.weight_version,
         valid=valid,
         failed_check="" if valid else record.failed_check,
-        checks=[sandbox_pb2.CheckResult(name=c.name, passed=c.passed, detail=c.detail) for c in record.checks],
+        checks=record.checks,
         batch_id=record.batch_id,
     )

@@ -2,8 +2,8 @@
 
 Per attempt: pick a new corpus document → fetch memory examples → build and fit the prompt →
 generate (token ids + logprobs) → parse code + hint → repair → validate in the sandbox → store
-through the memory (dedup) → enqueue ``EnvReady`` on ``envs.ready``; every attempt with output
-becomes a ``DesignerSample`` on ``samples.designer``.
+through the memory (dedup) → announce ``EnvReady`` through the outbox (``envs.ready``); every
+attempt with output becomes a ``DesignerSample`` through the outbox (``samples.designer``).
 
 A batch has ``envs_per_batch`` slots, one skill each (rotated); a slot retries up to
 ``max_attempts_per_env`` times until one attempt is valid. At most ``concurrency`` attempts run at
@@ -22,27 +22,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from services.designer.core.attempt import (
-    DUPLICATE_CHECK,
-    AttemptOutcome,
-    AttemptRecord,
-    Check,
-    to_designer_sample,
-)
+from services.designer.core.attempt import DUPLICATE_CHECK, AttemptOutcome, AttemptRecord, to_designer_sample
 from services.designer.core.parsing import ParseFailure, parse_output
 from services.designer.core.ports import (
+    Check,
     EnvironmentMemory,
     EnvironmentRecord,
+    EnvReady,
     MemoryExamples,
+    Outbox,
     PolicyLLM,
-    ReportLike,
     Sampling,
     Validator,
 )
 from services.designer.core.prompts import ExampleEnv, PromptParts, fit_prompt, truncate_words
 from services.designer.core.skills import Skill, assign_skills, skills_for
-from spade.queues.base import ENVS_READY, SAMPLES_DESIGNER, WorkQueue
-from spade.v1 import queues_pb2
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +127,6 @@ class BatchResult:
         return sum(r.outcome is AttemptOutcome.VALID for r in trainable) / len(trainable)
 
 
-def _checks_of(report: ReportLike) -> tuple[Check, ...]:
-    return tuple(Check(c.name, bool(c.passed), c.detail) for c in report.checks)
-
-
 class Designer:
     """Runs regeneration batches for one setting.
 
@@ -145,7 +135,7 @@ class Designer:
         llm: The policy.
         validator: The sandbox validation pipeline.
         memory: The environment memory (examples, dedup, storage).
-        queue: Work queues (``envs.ready``, ``samples.designer``).
+        outbox: Where new environments and designer samples go (``envs.ready``, ``samples.designer``).
         documents: A new corpus document per attempt.
         examples: Example environments of the setting; attempts rotate through them.
         repair: The known code repairs (``spade.envs.repair.repair_code``); identity when ``None``.
@@ -159,7 +149,7 @@ class Designer:
         llm: PolicyLLM,
         validator: Validator,
         memory: EnvironmentMemory,
-        queue: WorkQueue,
+        outbox: Outbox,
         documents: DocumentSource,
         examples: Sequence[ExampleEnv] = (),
         repair: Callable[[str], str] | None = None,
@@ -170,7 +160,7 @@ class Designer:
         self._llm = llm
         self._validator = validator
         self._memory = memory
-        self._queue = queue
+        self._outbox = outbox
         self._documents = documents
         self._examples = tuple(examples)
         self._repair = repair or (lambda code: code)
@@ -329,7 +319,7 @@ class Designer:
             return replace(
                 record, outcome=AttemptOutcome.INFRA_FAILED, error=f"validator: {type(error).__name__}: {error}"
             )
-        checks = _checks_of(report)
+        checks = report.checks
         if not report.valid and all(c.passed for c in checks):
             checks = (*checks, Check("validation", False, "the validator rejected the code"))
         record = replace(record, code=report.repaired_code or record.code, checks=checks)
@@ -340,7 +330,7 @@ class Designer:
             code=record.code,
             hint=record.hint,
             env_class=report.env_class,
-            checks=tuple((c.name, c.passed, c.detail) for c in checks),
+            checks=checks,
             weight_version=record.weight_version,
             designer_sample_id=record.sample_id,
             batch_id=record.batch_id,
@@ -368,10 +358,10 @@ class Designer:
         return await self._publish(replace(record, outcome=AttemptOutcome.VALID, env_id=stored.env_id))
 
     async def _publish(self, record: AttemptRecord) -> AttemptRecord:
-        """Enqueue the env (when valid) and the designer sample; an outage becomes ``INFRA_FAILED``."""
+        """Announce the env (when valid) and publish the designer sample; an outage becomes ``INFRA_FAILED``."""
         timeout = self.config.publish_timeout_s
         if record.outcome is AttemptOutcome.VALID:
-            ready = queues_pb2.EnvReady(
+            ready = EnvReady(
                 env_id=record.env_id,
                 setting=record.setting,
                 skill=record.skill,
@@ -379,16 +369,14 @@ class Designer:
                 designer_sample_id=record.sample_id,
             )
             try:
-                await self._queue.publish(ENVS_READY, ready.SerializeToString(), key=record.env_id, timeout_s=timeout)
+                await self._outbox.publish_env_ready(ready, timeout_s=timeout)
             except Exception as error:
                 # The env stays in the memory; without EnvReady nobody plays it, so no sample either.
                 log.error("enqueueing env %s failed: %s", record.env_id, error)
                 return replace(record, outcome=AttemptOutcome.INFRA_FAILED, error=f"queue: {error}")
         sample = to_designer_sample(record)
         try:
-            await self._queue.publish(
-                SAMPLES_DESIGNER, sample.SerializeToString(), key=record.sample_id, timeout_s=timeout
-            )
+            await self._outbox.publish_sample(sample, timeout_s=timeout)
         except Exception as error:
             log.error("publishing designer sample %s failed: %s", record.sample_id, error)
             return replace(record, error=f"queue: designer sample not published: {error}")

@@ -1,9 +1,10 @@
 """What the designer core needs from the outside world, as protocols and plain data.
 
-The core never imports an adapter: the LLM, the sandbox validator, the environment memory and the
-queues are passed in (``services/designer/wiring.py`` builds them). Each protocol is the smallest
-surface the loop uses, so the real implementations (inference client, sandbox pool or gRPC client,
-memory store, work queue) fit directly or through a few-line adapter.
+The core never imports an adapter nor a wire type: the LLM, the sandbox validator, the environment
+memory and the outbox (the queues) are passed in (``services/designer/wiring.py`` builds them), and
+everything crossing these ports is a plain dataclass defined here. The adapters
+(``services/designer/adapters.py``, ``services/designer/outbox.py``) translate to and from the
+inference client, the sandbox, the memory service and the protobuf messages on the queues.
 """
 
 from __future__ import annotations
@@ -61,39 +62,42 @@ class PolicyLLM(Protocol):
         ...
 
 
-class CheckLike(Protocol):
-    """One named validation check (DESIGN §4)."""
+@dataclass(frozen=True)
+class Check:
+    """A named check result (validation checks, plus the designer's ``output_format``/``duplicate``).
 
-    @property
-    def name(self) -> str: ...
+    Attributes:
+        name: The check's name (DESIGN §4, or one of the designer's own).
+        passed: Whether the code passed it.
+        detail: What was seen and, on failure, the fix.
+    """
 
-    @property
-    def passed(self) -> bool: ...
-
-    @property
-    def detail(self) -> str: ...
+    name: str
+    passed: bool
+    detail: str = ""
 
 
-class ReportLike(Protocol):
-    """A validation report: every check named, the first failure explained."""
+@dataclass(frozen=True)
+class ValidationResult:
+    """The sandbox's verdict on one environment: every check named, the first failure explained.
 
-    @property
-    def valid(self) -> bool: ...
+    Attributes:
+        valid: Whether every check passed.
+        checks: The check results in pipeline order.
+        repaired_code: The code after the sandbox's known repairs (what sessions load); ``""`` if none.
+        env_class: Name of the environment class the sandbox found (``""`` when none).
+    """
 
-    @property
-    def checks(self) -> Sequence[CheckLike]: ...
-
-    @property
-    def repaired_code(self) -> str: ...
-
-    @property
-    def env_class(self) -> str: ...
+    valid: bool
+    checks: tuple[Check, ...]
+    repaired_code: str = ""
+    env_class: str = ""
 
 
 class Validator(Protocol):
-    """Runs the validation pipeline on untrusted code (the sandbox pool or its gRPC client)."""
+    """Runs the validation pipeline on untrusted code (the sandbox pool or the sandbox service)."""
 
-    async def validate(self, code: str, setting: str) -> ReportLike:
+    async def validate(self, code: str, setting: str) -> ValidationResult:
         """Validate ``code`` as an environment of ``setting``; never raises for bad code."""
         ...
 
@@ -132,7 +136,7 @@ class EnvironmentRecord:
         code: The code after repairs (what sessions load).
         hint: The privileged hint from the designer's answer.
         env_class: Name of the environment class the validator found.
-        checks: The validation checks ``(name, passed, detail)`` in pipeline order.
+        checks: The validation checks in pipeline order.
         weight_version: Policy version that wrote it (its window starts here).
         designer_sample_id: The designer sample to score when its window closes.
         batch_id: The regeneration batch it belongs to.
@@ -145,7 +149,7 @@ class EnvironmentRecord:
     code: str
     hint: str
     env_class: str
-    checks: tuple[tuple[str, bool, str], ...]
+    checks: tuple[Check, ...]
     weight_version: int
     designer_sample_id: str
     batch_id: str
@@ -174,4 +178,72 @@ class EnvironmentMemory(Protocol):
 
     async def store(self, record: EnvironmentRecord) -> StoreResult:
         """Store ``record`` unless an equivalent environment exists (then return that one's id)."""
+        ...
+
+
+@dataclass(frozen=True)
+class EnvReady:
+    """A new valid environment, announced to the rollout (``envs.ready``).
+
+    Attributes:
+        env_id: The stored environment.
+        setting: ``"game"`` or ``"tool"``.
+        skill: The skill it was designed for.
+        weight_version: Policy version that designed it (its window starts here).
+        designer_sample_id: The designer sample to score when its window closes.
+    """
+
+    env_id: str
+    setting: str
+    skill: str
+    weight_version: int
+    designer_sample_id: str
+
+
+@dataclass(frozen=True)
+class DesignerSample:
+    """One designer attempt as the learner trains on it (``samples.designer``).
+
+    Attributes:
+        sample_id: The attempt's id (also the queue's idempotency key).
+        env_id: The stored environment, ``""`` when the attempt stored none.
+        setting: ``"game"`` or ``"tool"``.
+        skill: The skill it was designed for.
+        prompt_ids: Chat-templated prompt token ids the output was conditioned on.
+        output_ids: Generated token ids.
+        output_logprobs: Rollout logprob of each output token.
+        weight_version: Policy version that generated the output.
+        valid: Whether the environment passed every check and was stored as new.
+        failed_check: The first failing check, ``""`` when valid.
+        checks: Every check result in pipeline order.
+        batch_id: The regeneration batch (per-skill centring happens within it).
+    """
+
+    sample_id: str
+    env_id: str
+    setting: str
+    skill: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    output_logprobs: tuple[float, ...]
+    weight_version: int
+    valid: bool
+    failed_check: str
+    checks: tuple[Check, ...]
+    batch_id: str
+
+
+class Outbox(Protocol):
+    """Where the designer's results go (the work queues ``envs.ready`` and ``samples.designer``).
+
+    Both publishes are idempotent by id (the env's, the sample's) and wait at most ``timeout_s`` for
+    room in a full queue; any failure raises.
+    """
+
+    async def publish_env_ready(self, ready: EnvReady, *, timeout_s: float) -> None:
+        """Announce a new valid environment to the rollout."""
+        ...
+
+    async def publish_sample(self, sample: DesignerSample, *, timeout_s: float) -> None:
+        """Hand a designer sample to the learner."""
         ...

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from services.designer.adapters import GrpcValidator, MemoryAdapter, PoolValidator
+from services.designer.adapters import GrpcValidator, MemoryServiceEnvironments, PoolValidator
 from services.designer.core.attempt import AttemptOutcome
 from services.designer.core.loop import Designer, DesignerConfig
 from services.designer.core.ports import Sampling
 from services.designer.core.prompts import PromptParts, fit_prompt, render_messages, truncate_words
 from services.designer.core.skills import skill_named
 from services.designer.corpus.loader import CorpusSampler, parse_lines
+from services.designer.outbox import QueueOutbox
 from services.designer.settings import DesignerSettings
 from services.designer.wiring import load_examples, repair
 from services.memory.service import MemoryService
@@ -96,8 +97,8 @@ async def test_example_envs_pass_and_broken_ones_fail_with_the_check_named(
         config,
         llm=policy,
         validator=PoolValidator(pool, CHECKS),
-        memory=MemoryAdapter(memory_service),
-        queue=queue,
+        memory=MemoryServiceEnvironments(memory_service),
+        outbox=QueueOutbox(queue),
         documents=CorpusSampler(parse_lines([json.dumps({"text": "a document"})])),
         examples=load_examples(setting),
         repair=repair,

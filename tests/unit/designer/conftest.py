@@ -1,9 +1,11 @@
-"""Fixtures for the designer loop: the real in-process queue and SQLite memory, a scripted policy.
+"""Fixtures for the designer loop: the real SQLite memory, a scripted policy, a recording outbox.
 
 The policy is scripted because the loop's handling of specific answers (valid, malformed, invalid,
 duplicate, slow, failing) is what is tested here; the real model runs in the integration tests.
-The validator stand-in returns real ``spade.envs.ValidationReport`` objects decided by a marker in
-the code, so each check outcome can be produced on purpose.
+The validator stand-in returns the core's ``ValidationResult`` decided by a marker in the code, so
+each check outcome can be produced on purpose. The core speaks domain types only, so its tests read
+what it published from ``RecordingOutbox`` (the outbox that keeps every result, in order); the
+translation to protobuf on the real queues is tested in ``test_outbox.py`` and the integration tests.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from services.designer.adapters import MemoryAdapter, PolicyGeneration
+from services.designer.adapters import MemoryServiceEnvironments, PolicyGeneration
 from services.designer.core.loop import DesignerConfig
-from services.designer.core.ports import Sampling
+from services.designer.core.ports import Check, DesignerSample, EnvReady, Sampling, ValidationResult
 from services.designer.corpus.loader import CorpusSampler, parse_lines
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
-from spade.envs import CHECK_NAMES, CheckResult, ValidationReport
+from spade.envs import CHECK_NAMES
 from spade.queues.config import InProcessQueueConfig
 from spade.queues.inprocess import InProcessQueue
 
@@ -89,22 +91,45 @@ class MarkerValidator:
     calls: int = 0
     release: asyncio.Event | None = None
 
-    async def validate(self, code: str, setting: str) -> ValidationReport:
+    async def validate(self, code: str, setting: str) -> ValidationResult:
         self.calls += 1
         if "# slow" in code and self.release is not None:
             await self.release.wait()
         failing = code.split("# fail:")[1].split(maxsplit=1)[0] if "# fail:" in code else None
-        checks = [
-            CheckResult(name, name != failing, "replaying solution() did not win seed 1" if name == failing else "")
+        checks = tuple(
+            Check(name, name != failing, "replaying solution() did not win seed 1" if name == failing else "")
             for name in CHECK_NAMES
-        ]
-        return ValidationReport(
+        )
+        return ValidationResult(
             valid=failing is None,
-            setting=setting,
             env_class=code.split("class ")[1].split(":", maxsplit=1)[0],
             checks=checks,
             repaired_code=code,
         )
+
+
+@dataclass
+class RecordingOutbox:
+    """The designer's results in publish order; ``failing`` names a publish that raises instead."""
+
+    ready: list[EnvReady] = field(default_factory=list)
+    samples: list[DesignerSample] = field(default_factory=list)
+    failing: str = ""
+
+    async def publish_env_ready(self, ready: EnvReady, *, timeout_s: float) -> None:
+        if self.failing == "ready":
+            raise ConnectionError("queue unreachable")
+        self.ready.append(ready)
+
+    async def publish_sample(self, sample: DesignerSample, *, timeout_s: float) -> None:
+        if self.failing == "sample":
+            raise ConnectionError("queue unreachable")
+        self.samples.append(sample)
+
+
+@pytest.fixture
+def outbox() -> RecordingOutbox:
+    return RecordingOutbox()
 
 
 @pytest.fixture
@@ -122,8 +147,8 @@ def memory_service(tmp_path: Path) -> MemoryService:
 
 
 @pytest.fixture
-def memory(memory_service: MemoryService) -> MemoryAdapter:
-    return MemoryAdapter(memory_service)
+def memory(memory_service: MemoryService) -> MemoryServiceEnvironments:
+    return MemoryServiceEnvironments(memory_service)
 
 
 @pytest.fixture

@@ -1,48 +1,29 @@
-"""The designer loop end to end over the real in-process queue and the real SQLite memory."""
+"""The designer loop end to end over the real SQLite memory; what it publishes, as domain objects."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable
 
-from services.designer.adapters import MemoryAdapter
+from services.designer.adapters import MemoryServiceEnvironments
 from services.designer.core.attempt import AttemptOutcome
 from services.designer.core.loop import Designer, DesignerConfig
 from services.designer.core.prompts import ExampleEnv
 from services.designer.corpus.loader import CorpusSampler
 from services.memory.service import MemoryService
 from spade.envs import CHECK_NAMES
-from spade.queues.base import ENVS_READY, SAMPLES_DESIGNER
-from spade.queues.inprocess import InProcessQueue
-from spade.v1 import queues_pb2
 
-from .conftest import MarkerValidator, ScriptedPolicy, answer
+from .conftest import MarkerValidator, RecordingOutbox, ScriptedPolicy, answer
 
 EXAMPLE = ExampleEnv(name="CoinEnv", code="class CoinEnv:\n    max_turns = 5\n", hint="Pairs cancel out.")
-
-
-async def drain(queue: InProcessQueue, stream: str) -> list[bytes]:
-    out = []
-    while batch := await queue.consume(stream, "test", "t", count=100, block_ms=10):
-        for d in batch:
-            out.append(d.payload)
-            await queue.ack(stream, "test", d.message_id)
-    return out
-
-
-async def samples(queue: InProcessQueue) -> list[queues_pb2.DesignerSample]:
-    return [queues_pb2.DesignerSample.FromString(p) for p in await drain(queue, SAMPLES_DESIGNER)]
-
-
-async def ready(queue: InProcessQueue) -> list[queues_pb2.EnvReady]:
-    return [queues_pb2.EnvReady.FromString(p) for p in await drain(queue, ENVS_READY)]
 
 
 def make(
     config: DesignerConfig,
     policy: ScriptedPolicy,
-    queue: InProcessQueue,
-    memory: MemoryAdapter,
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
     documents: CorpusSampler,
     validator: MarkerValidator | None = None,
 ) -> Designer:
@@ -51,7 +32,7 @@ def make(
         llm=policy,
         validator=validator or MarkerValidator(),
         memory=memory,
-        queue=queue,
+        outbox=outbox,
         documents=documents,
         examples=[EXAMPLE],
     )
@@ -59,13 +40,13 @@ def make(
 
 async def test_a_valid_attempt_is_stored_enqueued_and_becomes_a_trainable_sample(
     config_for: Callable[..., DesignerConfig],
-    queue: InProcessQueue,
-    memory: MemoryAdapter,
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
     memory_service: MemoryService,
     documents: CorpusSampler,
 ) -> None:
     policy = ScriptedPolicy([answer("Parity")], weight_version=7)
-    result = await make(config_for(), policy, queue, memory, documents).run_batch()
+    result = await make(config_for(), policy, outbox, memory, documents).run_batch()
 
     (record,) = result.records
     assert record.outcome is AttemptOutcome.VALID and result.env_ids == [record.env_id]
@@ -74,11 +55,11 @@ async def test_a_valid_attempt_is_stored_enqueued_and_becomes_a_trainable_sample
     assert env.status == "valid" and env.weight_version == 7 and env.designer_sample_id == record.sample_id
     assert env.skill == "Mathematical Reasoning" and env.corpus_ref.startswith("doc")
 
-    (message,) = await ready(queue)
+    (message,) = outbox.ready
     assert (message.env_id, message.setting, message.skill) == (record.env_id, "game", env.skill)
     assert message.weight_version == 7 and message.designer_sample_id == record.sample_id
 
-    (sample,) = await samples(queue)
+    (sample,) = outbox.samples
     assert sample.valid and sample.failed_check == "" and sample.env_id == record.env_id
     assert list(sample.prompt_ids) == policy.prompts[0]  # exactly what the model was conditioned on
     assert len(sample.output_ids) == len(sample.output_logprobs) == len(answer("Parity").split())
@@ -88,20 +69,20 @@ async def test_a_valid_attempt_is_stored_enqueued_and_becomes_a_trainable_sample
 
 async def test_a_malformed_answer_is_a_sample_with_the_reason_and_the_slot_retries(
     config_for: Callable[..., DesignerConfig],
-    queue: InProcessQueue,
-    memory: MemoryAdapter,
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
     documents: CorpusSampler,
 ) -> None:
     no_hint = "```python\nclass AEnv:\n    pass\n```\n"
     policy = ScriptedPolicy([no_hint, answer("Second")])
-    result = await make(config_for(max_attempts_per_env=3), policy, queue, memory, documents).run_batch()
+    result = await make(config_for(max_attempts_per_env=3), policy, outbox, memory, documents).run_batch()
 
     assert [r.outcome for r in result.records] == [AttemptOutcome.MALFORMED, AttemptOutcome.VALID]
-    first, second = await samples(queue)
+    first, second = outbox.samples
     assert not first.valid and first.failed_check == "output_format" and first.env_id == ""
     assert "### HINT" in first.checks[0].detail
     assert second.valid
-    assert len(await ready(queue)) == 1
+    assert len(outbox.ready) == 1
     # A new document per attempt.
     docs = [m[1]["content"].split("<REFERENCE_DOCUMENT>")[1][:30] for m in policy.messages]
     assert docs[0] != docs[1]
@@ -109,58 +90,58 @@ async def test_a_malformed_answer_is_a_sample_with_the_reason_and_the_slot_retri
 
 async def test_an_env_failing_a_check_is_kept_invalid_and_its_sample_names_the_check(
     config_for: Callable[..., DesignerConfig],
-    queue: InProcessQueue,
-    memory: MemoryAdapter,
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
     memory_service: MemoryService,
     documents: CorpusSampler,
 ) -> None:
     policy = ScriptedPolicy([answer("Replay", marker="fail:solution_replay")])
-    result = await make(config_for(), policy, queue, memory, documents).run_batch()
+    result = await make(config_for(), policy, outbox, memory, documents).run_batch()
 
     (record,) = result.records
     assert record.outcome is AttemptOutcome.INVALID and result.env_ids == []
-    (sample,) = await samples(queue)
+    (sample,) = outbox.samples
     assert not sample.valid and sample.failed_check == "solution_replay"
     assert "did not win" in next(c.detail for c in sample.checks if c.name == "solution_replay")
     stored = await memory_service.get_environment(sample.env_id)
     assert stored.status == "invalid" and stored.validation_report["valid"] is False
-    assert await ready(queue) == []
+    assert outbox.ready == []
 
 
 async def test_a_duplicate_env_is_not_enqueued_twice(
     config_for: Callable[..., DesignerConfig],
-    queue: InProcessQueue,
-    memory: MemoryAdapter,
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
     documents: CorpusSampler,
 ) -> None:
     policy = ScriptedPolicy([answer("Same")])
-    designer = make(config_for(envs_per_batch=2, concurrency=1), policy, queue, memory, documents)
+    designer = make(config_for(envs_per_batch=2, concurrency=1), policy, outbox, memory, documents)
     result = await designer.run_batch()
 
     outcomes = sorted(r.outcome.value for r in result.records)
     assert outcomes == ["duplicate", "valid"]
-    assert len(await ready(queue)) == 1
-    dup = next(s for s in await samples(queue) if not s.valid)
+    assert len(outbox.ready) == 1
+    dup = next(s for s in outbox.samples if not s.valid)
     assert dup.failed_check == "duplicate" and dup.env_id == ""
 
 
 async def test_inference_failures_produce_no_sample_and_the_slot_moves_on(
     config_for: Callable[..., DesignerConfig],
-    queue: InProcessQueue,
-    memory: MemoryAdapter,
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
     documents: CorpusSampler,
 ) -> None:
     policy = ScriptedPolicy([RuntimeError("server down"), answer("After")])
-    result = await make(config_for(max_attempts_per_env=2), policy, queue, memory, documents).run_batch()
+    result = await make(config_for(max_attempts_per_env=2), policy, outbox, memory, documents).run_batch()
     assert [r.outcome for r in result.records] == [AttemptOutcome.GENERATION_FAILED, AttemptOutcome.VALID]
     assert "server down" in result.records[0].error
-    assert [s.valid for s in await samples(queue)] == [True]
+    assert [s.valid for s in outbox.samples] == [True]
 
 
 async def test_the_deadline_keeps_every_finished_attempt(
     config_for: Callable[..., DesignerConfig],
-    queue: InProcessQueue,
-    memory: MemoryAdapter,
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
     documents: CorpusSampler,
 ) -> None:
     # Slot 0 finishes at once; slot 1 has generated and is still validating when the deadline
@@ -171,40 +152,40 @@ async def test_the_deadline_keeps_every_finished_attempt(
     )
     validator = MarkerValidator(release=policy.cancelled)
     config = config_for(envs_per_batch=3, concurrency=3, batch_timeout_s=2.0)
-    result = await make(config, policy, queue, memory, documents, validator).run_batch()
+    result = await make(config, policy, outbox, memory, documents, validator).run_batch()
 
     assert result.timed_out
     names = sorted(r.code.split("class ")[1].split("Env")[0] for r in result.records)
     assert names == ["Fast", "Validating"]
     assert all(r.outcome is AttemptOutcome.VALID for r in result.records)
-    assert len(await ready(queue)) == 2 and len(await samples(queue)) == 2
+    assert len(outbox.ready) == 2 and len(outbox.samples) == 2
 
 
 async def test_concurrency_is_bounded_and_skills_rotate(
     config_for: Callable[..., DesignerConfig],
-    queue: InProcessQueue,
-    memory: MemoryAdapter,
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
     documents: CorpusSampler,
 ) -> None:
     policy = ScriptedPolicy([answer(f"E{i}") for i in range(12)], delays=[0.02] * 12)
-    designer = make(config_for(envs_per_batch=6, concurrency=2), policy, queue, memory, documents)
+    designer = make(config_for(envs_per_batch=6, concurrency=2), policy, outbox, memory, documents)
     first = await designer.run_batch()
     assert policy.max_in_flight == 2
     assert len({r.skill for r in first.records}) == 6
     assert first.validity_rate == 1.0
     second = await designer.run_batch()
     assert second.batch_id != first.batch_id
-    assert {s.batch_id for s in await samples(queue)} == {first.batch_id, second.batch_id}
+    assert {s.batch_id for s in outbox.samples} == {first.batch_id, second.batch_id}
 
 
 async def test_memory_examples_reach_the_prompt(
     config_for: Callable[..., DesignerConfig],
-    queue: InProcessQueue,
+    outbox: RecordingOutbox,
     documents: CorpusSampler,
 ) -> None:
     from services.designer.core.ports import EnvironmentRecord, MemoryExample, MemoryExamples, StoreResult
 
-    class Examples(MemoryAdapter):
+    class Examples(MemoryServiceEnvironments):
         def __init__(self) -> None:
             pass
 
@@ -218,25 +199,23 @@ async def test_memory_examples_reach_the_prompt(
             raise ConnectionError("memory unreachable")
 
     policy = ScriptedPolicy([answer("X")])
-    result = await make(config_for(), policy, queue, Examples(), documents).run_batch()
+    result = await make(config_for(), policy, outbox, Examples(), documents).run_batch()
     prompt = policy.messages[0][1]["content"]
     assert "class GoodEnv" in prompt and "regret 0.40" in prompt and "class EasyEnv" in prompt
     # A memory outage while storing a valid env is not the designer's fault: no sample, no env.
     assert result.records[0].outcome is AttemptOutcome.INFRA_FAILED
-    assert await samples(queue) == [] and await ready(queue) == []
+    assert outbox.samples == [] and outbox.ready == []
 
 
 async def test_cancelling_a_batch_still_publishes_generated_attempts(
     config_for: Callable[..., DesignerConfig],
-    queue: InProcessQueue,
-    memory: MemoryAdapter,
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
     documents: CorpusSampler,
 ) -> None:
-    import asyncio
-
     policy = ScriptedPolicy([answer("Validating", marker="slow"), answer("Never")], delays=[0.0, float("inf")])
     validator = MarkerValidator(release=policy.cancelled)
-    designer = make(config_for(envs_per_batch=2, concurrency=2), policy, queue, memory, documents, validator)
+    designer = make(config_for(envs_per_batch=2, concurrency=2), policy, outbox, memory, documents, validator)
     batch = asyncio.create_task(designer.run_batch())
     while validator.calls == 0 or len(policy.prompts) < 2:
         await asyncio.sleep(0.01)
@@ -244,8 +223,29 @@ async def test_cancelling_a_batch_still_publishes_generated_attempts(
     with contextlib.suppress(asyncio.CancelledError):
         await batch
     assert batch.cancelled()
-    published: list[queues_pb2.DesignerSample] = []
-    while not published:  # the shielded attempt finishes on its own
-        published = await samples(queue)
-    assert [s.valid for s in published] == [True]
-    assert len(await ready(queue)) == 1
+    while not outbox.samples:  # the shielded attempt finishes on its own
+        await asyncio.sleep(0.01)
+    assert [s.valid for s in outbox.samples] == [True]
+    assert len(outbox.ready) == 1
+
+
+async def test_a_queue_outage_is_an_infrastructure_failure_not_the_designers(
+    config_for: Callable[..., DesignerConfig],
+    memory: MemoryServiceEnvironments,
+    memory_service: MemoryService,
+    documents: CorpusSampler,
+) -> None:
+    # The env cannot be announced: nobody would play it, so it yields no sample either.
+    unannounced = RecordingOutbox(failing="ready")
+    result = await make(config_for(), ScriptedPolicy([answer("Lost")]), unannounced, memory, documents).run_batch()
+    (record,) = result.records
+    assert record.outcome is AttemptOutcome.INFRA_FAILED and record.error == "queue: queue unreachable"
+    assert unannounced.samples == []
+    assert (await memory_service.get_environment(record.env_id)).status == "valid"  # kept in the memory
+
+    # The env was announced but its sample was not published: the outcome stands, the error is kept.
+    unsampled = RecordingOutbox(failing="sample")
+    result = await make(config_for(), ScriptedPolicy([answer("Kept")]), unsampled, memory, documents).run_batch()
+    (record,) = result.records
+    assert record.outcome is AttemptOutcome.VALID and [r.env_id for r in unsampled.ready] == [record.env_id]
+    assert record.error == "queue: designer sample not published: queue unreachable"
