@@ -271,10 +271,11 @@ def seed(
     except ValidationError as exc:
         raise click.UsageError(f"--queue is not a valid queue configuration: {exc}") from None
     from services.memory.seed_pool import SeedPoolError
+    from spade.sandbox import SandboxFault, SandboxRefused
 
     try:
         ids = asyncio.run(_seed(setting, memory_target, queue_config, window, sandbox_target, sandbox_key, names))
-    except SeedPoolError as exc:
+    except (SeedPoolError, SandboxFault, SandboxRefused) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"seed pool: {len(ids)} {setting} environments stored and announced")
     for env_id in ids:
@@ -290,41 +291,19 @@ async def _seed(
     key: str | None,
     names: tuple[str, ...],
 ) -> list[str]:
-    import grpc
-
     from services.memory.seed_pool import seed_pool
     from spade.memory.client import MemoryClient
     from spade.queues.config import make_queue
-    from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
+    from spade.sandbox.client import SandboxClient
 
     memory = MemoryClient(memory_target)
     queue = make_queue(queue_config)
-    channel = grpc.aio.insecure_channel(sandbox_target) if sandbox_target else None
+    sandbox = SandboxClient(sandbox_target, key) if sandbox_target else None
     try:
-        validate = None
-        if channel is not None:
-            stub = sandbox_pb2_grpc.SandboxStub(channel)
-            metadata = (("authorization", f"Bearer {key}"),) if key else ()
-
-            async def validate(code: str, env_setting: str) -> Any:
-                from spade.envs import ValidationReport
-
-                reply = await stub.Validate(
-                    sandbox_pb2.ValidateRequest(code=code, setting=env_setting), metadata=metadata
-                )
-                return ValidationReport.from_dict(
-                    {
-                        "valid": reply.valid,
-                        "setting": reply.setting,
-                        "env_class": reply.env_class,
-                        "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in reply.checks],
-                        "repaired_code": reply.repaired_code,
-                    }
-                )
-
+        validate = sandbox.validate if sandbox is not None else None
         return await seed_pool(setting, memory, queue, window_versions=window, validate=validate, names=names)
     finally:
         await memory.close()
         await queue.close()
-        if channel is not None:
-            await channel.close(None)
+        if sandbox is not None:
+            await sandbox.close()

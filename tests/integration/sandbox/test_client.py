@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from services.memory.seed_pool import seed_pool
+from services.memory.service import MemoryService
+from services.memory.store.sql import SqlStore, make_engine, migrate
 from spade.envs import CHECK_NAMES, Outcome, ValidationReport
 from spade.envs.examples import EXAMPLES
+from spade.queues.inprocess import InProcessQueue
 from spade.retry import RetryPolicy
 from spade.sandbox import ExecStatus, SandboxFault, SandboxRefused
 from spade.sandbox.client import SandboxClient
@@ -94,7 +99,9 @@ class _Flaky(sandbox_pb2_grpc.SandboxServicer):
         self._channel = grpc.aio.insecure_channel(target)
         self._real = sandbox_pb2_grpc.SandboxStub(self._channel)
 
-    async def Validate(self, request: sandbox_pb2.ValidateRequest, context: Any) -> sandbox_pb2.ValidationReport:
+    async def Validate(  # noqa: N802 - the gRPC method name
+        self, request: sandbox_pb2.ValidateRequest, context: Any
+    ) -> sandbox_pb2.ValidationReport:
         self.calls += 1
         if self.calls <= self.failures:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "replica draining")
@@ -114,7 +121,7 @@ async def flaky(sandbox_service: Service) -> AsyncIterator[tuple[_Flaky, str]]:
         yield servicer, f"127.0.0.1:{port}"
     finally:
         await server.stop(None)
-        await servicer._channel.close()
+        await servicer._channel.close(None)
 
 
 async def test_transient_failures_are_retried_under_the_policy(flaky: tuple[_Flaky, str]) -> None:
@@ -129,3 +136,17 @@ async def test_transient_failures_are_retried_under_the_policy(flaky: tuple[_Fla
         with pytest.raises(SandboxFault, match="replica draining"):
             await c.validate(game.code, "game")
     assert servicer.calls == FAST.attempts, "no more tries than the policy allows"
+
+
+async def test_the_seed_pool_stores_the_sandbox_s_own_report(client: SandboxClient, tmp_path: Path) -> None:
+    """What ``spade envs seed --sandbox`` does: each example validated through the client first."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'memory.db'}")
+    migrate(engine)
+    try:
+        memory = MemoryService(SqlStore(engine))
+        ids = await seed_pool("game", memory, InProcessQueue(), validate=client.validate, names=["number_hunt"])
+        stored = await memory.get_environment(ids[0])
+    finally:
+        engine.dispose()
+    assert stored.env_class and stored.validation_report["valid"] is True
+    assert [c["name"] for c in stored.validation_report["checks"]] == list(CHECK_NAMES)
