@@ -2,15 +2,17 @@
 
 The weights are already on disk (``checkpoint.write_weights``); this module calls each worker's
 SGLang ``/update_weights_from_disk`` with ``weight_version=str(N)`` through the shared inference
-client, retries the workers that failed, and publishes ``WeightsPublished`` on
-``weights.published`` listing who acknowledged and who did not. A partial update is never silent:
-it is logged as an error, the failing workers are marked unhealthy (and retried at the next
-publish), the announcement names them, and with ``require_all=True`` it raises.
+client, retries the workers that failed (in rounds, under a ``spade.retry.RetryPolicy``), and
+publishes ``WeightsPublished`` on ``weights.published`` listing who acknowledged and who did not. A
+partial update is never silent: it is logged as an error, the failing workers are marked unhealthy
+(and retried at the next publish), the announcement names them, and with ``require_all=True`` it
+raises.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import shutil
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from spade.inference.client import InferenceClient, WeightUpdateResult
 from spade.queues.base import WEIGHTS_PUBLISHED, WorkQueue
+from spade.retry import RetryPolicy
 from spade.v1 import queues_pb2
 
 logger = logging.getLogger(__name__)
@@ -37,6 +40,14 @@ class PublishOutcome(enum.Enum):
 
 class PublishError(RuntimeError):
     """Some workers did not take the new weights and the publisher was told to require all."""
+
+
+class _RoundFailed(RuntimeError):
+    """Some workers failed a round: the next round retries them."""
+
+
+DEFAULT_RETRY = RetryPolicy(attempts=3, initial_s=1.0, multiplier=2.0, max_s=60.0, jitter_s=0.0)
+"""Rounds of one publish (the first included) and the pause before each retry round."""
 
 
 @dataclass(frozen=True)
@@ -59,8 +70,8 @@ class WeightPublisher:
         weights_dir: Root of the published version directories (``v<N>``), for retention.
         keep: Published versions kept on disk (older ones are deleted; workers load by path, so keep
             at least the versions still being loaded).
-        retries: Extra rounds for the workers that failed a round.
-        backoff_s: Pause before the first retry round, doubled each round.
+        retry: Rounds for the workers that failed a round, and the pauses between rounds; each
+            worker's request is also tried twice within a round, with the same pauses.
         timeout_s: Per-request timeout of one worker's weight load.
         require_all: Raise ``PublishError`` when a worker still fails after the retries.
     """
@@ -72,22 +83,20 @@ class WeightPublisher:
         *,
         weights_dir: Path,
         keep: int = 3,
-        retries: int = 2,
-        backoff_s: float = 1.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
         timeout_s: float = 600.0,
         require_all: bool = False,
     ) -> None:
         self.queue = queue
         self.weights_dir = Path(weights_dir)
         self.keep = max(1, keep)
-        self.retries = retries
-        self.backoff_s = backoff_s
+        self.retry = retry
         self.require_all = require_all
         # One client per worker: each worker's retries are its own (the client never fails over
         # a weight update to another worker).
+        per_request = retry.model_copy(update={"attempts": min(2, retry.attempts)})
         self._clients = {
-            url.rstrip("/"): InferenceClient([url], timeout_s=timeout_s, max_retries=1, backoff_s=backoff_s)
-            for url in workers
+            url.rstrip("/"): InferenceClient([url], timeout_s=timeout_s, retry=per_request) for url in workers
         }
         self.unhealthy: dict[str, str] = {}
 
@@ -105,11 +114,10 @@ class WeightPublisher:
         failed: dict[str, str] = {}
         ok: list[str] = []
         todo = list(self._clients)
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+
+        async def round_() -> None:
             results = await asyncio.gather(*(self._one(url, path, version) for url in todo))
-            todo = []
+            todo.clear()
             for r in results:
                 if r.success:
                     ok.append(r.url)
@@ -117,8 +125,15 @@ class WeightPublisher:
                 else:
                     failed[r.url] = r.message
                     todo.append(r.url)
-            if not todo:
-                break
+            if todo:
+                raise _RoundFailed(f"{len(todo)} of {len(self._clients)} workers did not load v{version}")
+
+        with contextlib.suppress(_RoundFailed):  # what still fails is reported below
+            async for attempt in self.retry.async_retrying(
+                _RoundFailed, logger=logger, what=f"publishing weight version {version}"
+            ):
+                with attempt:
+                    await round_()
         for url in ok:
             self.unhealthy.pop(url, None)
         self.unhealthy.update(failed)
@@ -151,7 +166,7 @@ class WeightPublisher:
         if failed and self.require_all:
             raise PublishError(
                 f"weight version {version} was not acknowledged by {sorted(failed)} after "
-                f"{self.retries + 1} rounds; fix or remove those workers (last errors: {failed})"
+                f"{self.retry.attempts} rounds; fix or remove those workers (last errors: {failed})"
             )
         return result
 

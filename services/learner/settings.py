@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from services.learner.core.losses import GrpoLossConfig, LossConfig
 from services.learner.core.rewards import DesignerRewardConfig, PlateauBand
-from spade.queues.config import InProcessQueueConfig, QueueConfig
+from services.learner.publisher import DEFAULT_RETRY
+from spade.config import ServiceSettings
+from spade.queues.config import QueueConfig, RedisQueueConfig
+from spade.retry import RetryPolicy
 
 
 class RewardSettings(BaseModel):
@@ -48,12 +51,11 @@ class RewardSettings(BaseModel):
         )
 
 
-class LearnerSettings(BaseSettings):
+class LearnerSettings(ServiceSettings):
     """Everything the learner needs; see each field's description."""
 
-    model_config = SettingsConfigDict(env_prefix="SPADE_LEARNER_", env_nested_delimiter="__", extra="forbid")
-
-    dev_mode: bool = Field(default=False, description="Allow unsafe defaults for local development.")
+    model_config = SettingsConfigDict(env_prefix="SPADE_LEARNER_")
+    service_name = "learner"
 
     # --- model and files ---------------------------------------------------------------------------
     model_path: Path | None = Field(
@@ -132,25 +134,31 @@ class LearnerSettings(BaseSettings):
     inference_urls: list[str] = Field(
         default_factory=list, description="Inference workers to update (SGLang or the embedded server)."
     )
-    publish_retries: int = Field(default=2, ge=0, le=100, description="Retry rounds for failing workers.")
-    publish_backoff_s: float = Field(default=1.0, ge=0.0, le=600.0, description="First pause between retry rounds.")
+    retry: RetryPolicy = Field(
+        default=DEFAULT_RETRY,
+        description="Rounds of a weight publication for the workers that failed (the first included) and "
+        "the pauses between them; each worker's request is also tried twice per round.",
+    )
     publish_timeout_s: float = Field(default=600.0, gt=0.0, le=86_400, description="Per-worker weight load timeout.")
     require_all_workers: bool = Field(
         default=False, description="Stop the learner when a worker never acknowledges (else: report it unhealthy)."
     )
 
     # --- queue -------------------------------------------------------------------------------------
-    queue: QueueConfig = Field(default_factory=InProcessQueueConfig, description="Work queue backend.")
+    queue: QueueConfig = Field(default_factory=RedisQueueConfig, description="Work queue backend.")
     consumer_group: str = Field(default="learner", min_length=1, max_length=200, description="Queue consumer group.")
     consumer_name: str = Field(default="learner-0", min_length=1, max_length=200, description="This consumer's name.")
 
+    def unsafe_settings(self) -> list[str]:
+        if self.model_path is None:
+            return [
+                f"model_path is required: set {self.env_name('model_path')}=<HF checkpoint dir> (the embedded "
+                "SmolLM2-135M default is for local development)"
+            ]
+        return []
+
     @model_validator(mode="after")
     def _check(self) -> LearnerSettings:
-        if self.model_path is None and not self.dev_mode:
-            raise ValueError(
-                "model_path is required outside dev mode (SPADE_LEARNER_MODEL_PATH=<HF checkpoint dir>); "
-                "set SPADE_LEARNER_DEV_MODE=1 to train the embedded SmolLM2-135M"
-            )
         if self.min_agent_groups > self.agent_groups_per_step:
             raise ValueError(
                 f"min_agent_groups ({self.min_agent_groups}) cannot exceed agent_groups_per_step "

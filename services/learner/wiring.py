@@ -123,8 +123,7 @@ def build_learner(
             queue,
             weights_dir=settings.weights_dir,
             keep=settings.keep_weights,
-            retries=settings.publish_retries,
-            backoff_s=settings.publish_backoff_s,
+            retry=settings.retry,
             timeout_s=settings.publish_timeout_s,
             require_all=settings.require_all_workers,
         )

@@ -5,9 +5,10 @@ One client talks to one or more servers (one URL per inference worker) through S
 tokenizer), and the sampled token ids come back with their logprobs, the finish reason and the
 ``weight_version`` that produced them, which is everything a trainable sample needs.
 
-Behaviour on failure: 5xx answers, 429, connection errors and timeouts are retried with exponential
-backoff (and jitter), preferring another worker; 4xx answers are the caller's mistake and raise
-:class:`InferenceRequestError` at once. Concurrency is bounded per client.
+Behaviour on failure: 5xx answers, 429, connection errors and timeouts are retried under the client's
+:class:`spade.retry.RetryPolicy` (exponential back-off with jitter), preferring another worker; 4xx
+answers are the caller's mistake and raise :class:`InferenceRequestError` at once. Concurrency is
+bounded per client.
 
 Example::
 
@@ -24,7 +25,6 @@ import asyncio
 import enum
 import itertools
 import logging
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +42,7 @@ from spade.inference.protocol import (
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDiskResponse,
 )
+from spade.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from spade.envs.actions import ToolCallParse
@@ -71,6 +72,14 @@ class InferenceRequestError(InferenceError):
 
 class InferenceUnavailable(InferenceError):
     """No server answered successfully within the retry budget."""
+
+
+class _Transient(InferenceError):
+    """One try failed for a reason worth another (5xx, 429, connection error, timeout)."""
+
+
+DEFAULT_RETRY = RetryPolicy(attempts=5, initial_s=0.5, multiplier=2.0, max_s=10.0, jitter_s=0.25)
+"""Tries of one request on transient failures (each try prefers a worker not yet tried)."""
 
 
 @dataclass(frozen=True)
@@ -157,9 +166,7 @@ class InferenceClient:
         max_concurrency: most requests in flight from this client, over all workers.
         timeout_s: per-request read timeout (a generation can take a while).
         connect_timeout_s: connection timeout.
-        max_retries: retries after the first try on 5xx/429/connection errors/timeouts.
-        backoff_s: first backoff; doubled per retry (with ±25 % jitter), capped by ``backoff_max_s``.
-        backoff_max_s: longest backoff between tries.
+        retry: tries of one request on 5xx/429/connection errors/timeouts, and the back-off between.
         transports: optional ``{url: transport}`` (e.g. ``httpx.ASGITransport`` for an in-process
             server); URLs not listed use the network.
     """
@@ -172,9 +179,7 @@ class InferenceClient:
         max_concurrency: int = 64,
         timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
-        max_retries: int = 4,
-        backoff_s: float = 0.5,
-        backoff_max_s: float = 10.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
         transports: Mapping[str, httpx.AsyncBaseTransport] | None = None,
     ) -> None:
         url_list = [urls] if isinstance(urls, str) else list(urls)
@@ -182,8 +187,6 @@ class InferenceClient:
             raise ValueError("InferenceClient needs at least one server URL, e.g. http://127.0.0.1:30000")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         transports = dict(transports or {})
         timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._workers = [
@@ -196,9 +199,7 @@ class InferenceClient:
             for u in url_list
         ]
         self._semaphore = asyncio.Semaphore(max_concurrency)
-        self._max_retries = max_retries
-        self._backoff_s = backoff_s
-        self._backoff_max_s = backoff_max_s
+        self._retry = retry
         self._rr = itertools.count()
         self._formatter: ChatFormatter | None = (
             ChatFormatter.from_pretrained(tokenizer_path) if tokenizer_path is not None else None
@@ -245,42 +246,42 @@ class InferenceClient:
         tied = [w for w in candidates if w.in_flight == least]
         return tied[next(self._rr) % len(tied)]
 
-    def _backoff(self, attempt: int) -> float:
-        base = min(self._backoff_max_s, self._backoff_s * (2**attempt))
-        return float(base * random.uniform(0.75, 1.25))
-
     async def _request(
         self, method: str, path: str, *, json: Any = None, worker: _Worker | None = None
     ) -> tuple[_Worker, httpx.Response]:
         """Send with retries; returns the worker that answered and its 2xx response."""
         tried: set[str] = set()
-        last_error = ""
-        for attempt in range(self._max_retries + 1):
-            w = worker or self._pick(tried)
-            w.in_flight += 1
-            try:
-                async with self._semaphore:
-                    response = await w.http.request(method, path, json=json)
-            except httpx.TransportError as exc:  # connection refused/reset, timeouts
-                last_error = f"{w.url}{path}: {type(exc).__name__}: {exc}"
-                w.failures += 1
-            else:
-                if response.status_code < 400:
-                    w.failures = 0
-                    return w, response
-                detail = response.text[:500]
-                if response.status_code < 500 and response.status_code != 429:
-                    raise InferenceRequestError(w.url, response.status_code, detail)
-                last_error = f"{w.url}{path}: HTTP {response.status_code}: {detail}"
-                w.failures += 1
-            finally:
-                w.in_flight -= 1
+        try:
+            async for attempt in self._retry.async_retrying(_Transient, logger=logger, what=f"inference {path}"):
+                with attempt:
+                    return await self._try(method, path, json, worker or self._pick(tried), tried)
+        except _Transient as exc:
+            raise InferenceUnavailable(f"gave up after {self._retry.attempts} tries; last error: {exc}") from None
+        raise AssertionError("unreachable: the retryer re-raises the last failure")
+
+    async def _try(
+        self, method: str, path: str, json: Any, w: _Worker, tried: set[str]
+    ) -> tuple[_Worker, httpx.Response]:
+        """One try on worker ``w``; a transient failure marks it tried and raises ``_Transient``."""
+        w.in_flight += 1
+        try:
+            async with self._semaphore:
+                response = await w.http.request(method, path, json=json)
+        except httpx.TransportError as exc:  # connection refused/reset, timeouts
+            w.failures += 1
             tried.add(w.url)
-            if attempt < self._max_retries:
-                delay = self._backoff(attempt)
-                logger.warning("inference request failed (%s); retrying in %.2fs", last_error, delay)
-                await asyncio.sleep(delay)
-        raise InferenceUnavailable(f"gave up after {self._max_retries + 1} tries; last error: {last_error}")
+            raise _Transient(f"{w.url}{path}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            w.in_flight -= 1
+        if response.status_code < 400:
+            w.failures = 0
+            return w, response
+        detail = response.text[:500]
+        if response.status_code < 500 and response.status_code != 429:
+            raise InferenceRequestError(w.url, response.status_code, detail)
+        w.failures += 1
+        tried.add(w.url)
+        raise _Transient(f"{w.url}{path}: HTTP {response.status_code}: {detail}")
 
     async def generate(
         self,

@@ -76,7 +76,7 @@ def make_settings(tmp_path: Path, base: Path, **overrides) -> LearnerSettings:
         lr=1e-3,
         temperature=1.0,
         device="cpu",
-        publish_backoff_s=0.01,
+        retry={"attempts": 3, "initial_s": 0.01, "max_s": 0.04, "jitter_s": 0.0},
     )
     values.update(overrides)
     return LearnerSettings(**values)

@@ -30,10 +30,14 @@ from services.learner.wiring import build_learner, close_learner
 from spade.inference.client import InferenceClient
 from spade.queues.base import WEIGHTS_PUBLISHED
 from spade.queues.inprocess import InProcessQueue
+from spade.retry import RetryPolicy
 from spade.v1 import queues_pb2
 
 from .conftest import make_settings
 from .test_learner_loop import put_group
+
+QUICK = RetryPolicy(attempts=3, initial_s=0.01, max_s=0.04, jitter_s=0.0)
+"""Three rounds (two retry rounds), quickly."""
 
 
 class FakeWorker:
@@ -145,7 +149,7 @@ async def _announced(queue: InProcessQueue) -> list[queues_pb2.WeightsPublished]
 async def test_every_embedded_worker_loads_the_new_version(tmp_path, base_model, server, remote):
     queue = InProcessQueue()
     urls = [server.url, remote.url]
-    publisher = WeightPublisher(urls, queue, weights_dir=tmp_path / "w", backoff_s=0.01)
+    publisher = WeightPublisher(urls, queue, weights_dir=tmp_path / "w", retry=QUICK)
     target = publisher.version_dir(5)
     expected = _changed_weights(base_model, target)
     result = await publisher.publish(5, target)
@@ -165,7 +169,7 @@ async def test_a_failing_worker_is_retried_reported_unhealthy_and_named(tmp_path
     fakes["bad"] = FakeWorker("fail")
     queue = InProcessQueue()
     urls = [server.url, fakes["bad"].url]
-    publisher = WeightPublisher(urls, queue, weights_dir=tmp_path / "w", retries=2, backoff_s=0.01)
+    publisher = WeightPublisher(urls, queue, weights_dir=tmp_path / "w", retry=QUICK)
     target = publisher.version_dir(1)
     _changed_weights(base_model, target)
     result = await publisher.publish(1, target)
@@ -176,7 +180,7 @@ async def test_a_failing_worker_is_retried_reported_unhealthy_and_named(tmp_path
     (msg,) = await _announced(queue)
     assert list(msg.workers_failed) == [fakes["bad"].url] and list(msg.workers_ok) == [server.url]
 
-    strict = WeightPublisher(urls, queue, weights_dir=tmp_path / "w", retries=0, require_all=True)
+    strict = WeightPublisher(urls, queue, weights_dir=tmp_path / "w", retry=RetryPolicy(attempts=1), require_all=True)
     with pytest.raises(PublishError, match="not acknowledged"):
         await strict.publish(2, target)
     (msg,) = await _announced(queue)  # even a refused partial update is announced, never silent
@@ -194,8 +198,7 @@ async def test_hanging_and_flaky_workers(tmp_path, base_model, fakes):
         [fakes["hang"].url, fakes["flaky"].url],
         queue,
         weights_dir=tmp_path / "w",
-        retries=2,
-        backoff_s=0.01,
+        retry=QUICK,
         timeout_s=0.3,
     )
     result = await publisher.publish(2, tmp_path / "w" / "v2")

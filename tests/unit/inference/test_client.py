@@ -22,6 +22,7 @@ from spade.inference.client import (
     InferenceUnavailable,
 )
 from spade.inference.protocol import SamplingParams
+from spade.retry import RetryPolicy
 
 Handler = Callable[[httpx.Request], Coroutine[Any, Any, httpx.Response]]
 
@@ -48,7 +49,8 @@ def _answer(request: httpx.Request, version: str = "1") -> httpx.Response:
 
 def _client(handlers: dict[str, Handler], **kwargs: object) -> InferenceClient:
     transports = {url: httpx.MockTransport(h) for url, h in handlers.items()}
-    return InferenceClient(list(handlers), transports=transports, backoff_s=0.001, **kwargs)  # type: ignore[arg-type]
+    kwargs.setdefault("retry", RetryPolicy(attempts=5, initial_s=0.001, max_s=0.001, jitter_s=0.0))
+    return InferenceClient(list(handlers), transports=transports, **kwargs)  # type: ignore[arg-type]
 
 
 async def test_generate_sends_sglang_fields_and_reads_the_answer() -> None:
@@ -93,7 +95,7 @@ async def test_connection_errors_are_retried_until_the_budget_is_spent() -> None
         attempts += 1
         raise httpx.ConnectError("connection refused", request=request)
 
-    async with _client({"http://w0": refused}, max_retries=3) as client:
+    async with _client({"http://w0": refused}, retry=RetryPolicy(attempts=4, initial_s=0.001, max_s=0.001)) as client:
         with pytest.raises(InferenceUnavailable, match="4 tries"):
             await client.generate([1])
     assert attempts == 4

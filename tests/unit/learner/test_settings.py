@@ -45,6 +45,7 @@ def test_bad_settings_are_refused_with_the_fix():
 
 def test_cli_refuses_a_standalone_learner_on_the_in_process_queue(monkeypatch, tmp_path):
     monkeypatch.setenv("SPADE_LEARNER_MODEL_PATH", str(tmp_path))
+    monkeypatch.setenv("SPADE_LEARNER_QUEUE__KIND", "inprocess")
     result = CliRunner().invoke(serve, [])
     assert result.exit_code == 2 and "QUEUE__KIND=redis" in result.output
     monkeypatch.delenv("SPADE_LEARNER_MODEL_PATH")
