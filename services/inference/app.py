@@ -6,24 +6,27 @@ Routes and field names follow SGLang 0.5.x (``sglang/srt/entrypoints/http_server
 ``/v1/models``. Routes translate wire objects to engine calls and back; engine errors map to HTTP
 statuses in :func:`_install_error_handlers`, the one place that does so.
 
-Differences from SGLang: one prompt per ``/generate`` request (no batched ``input_ids`` lists), no
-streaming, a simple LRU prefix cache instead of a radix tree (``/flush_cache`` clears it when idle),
-``n == 1`` in chat completions.
+Differences from SGLang: one prompt per ``/generate`` request (no batched ``input_ids`` lists; ``n``
+parallel samples of it are supported), no streaming on ``/generate`` (chat completions stream).
+The OpenAI chat route's logic lives in :mod:`services.inference.chat_completions`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from services.inference.chat_completions import (
+    ChatCompletionRequest,
+    chat_response,
+    stream_chat,
+)
 from services.inference.engine import (
     BatchEngine,
     EngineClosed,
@@ -43,42 +46,6 @@ from spade.inference.protocol import (
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDiskResponse,
 )
-
-
-class ChatCompletionRequest(BaseModel):
-    """OpenAI chat completion request (the fields SGLang honours that make sense here)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    model: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = "auto"
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = None
-    min_p: float | None = None
-    max_tokens: int | None = Field(default=None, ge=0)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
-    n: Literal[1] = 1
-    logprobs: bool = False
-    stream: Literal[False] = False
-
-    def sampling(self) -> SamplingParams:
-        values: dict[str, Any] = {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": self.min_p,
-            "max_new_tokens": self.max_completion_tokens or self.max_tokens,
-            "stop": self.stop,
-            "stop_token_ids": self.stop_token_ids,
-            "sampling_seed": self.seed,
-        }
-        return SamplingParams(**{k: v for k, v in values.items() if v is not None})
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -135,34 +102,6 @@ def generate_response(outcome: GenerationOutcome, return_logprob: bool) -> Gener
     return GenerateResponse(text=outcome.text, output_ids=outcome.output_ids, meta_info=meta)
 
 
-def assistant_message(text: str, finish_type: str, tools_enabled: bool) -> tuple[dict[str, Any], str]:
-    """The OpenAI assistant message and ``finish_reason`` for a generated reply.
-
-    With tools enabled, tool calls are parsed from the text (``<tool_call>`` blocks or bare JSON,
-    nested arguments kept) and returned in ``tool_calls`` with JSON-string arguments, the rest of the
-    text as ``content``, and ``finish_reason == "tool_calls"``.
-    """
-    message: dict[str, Any] = {"role": "assistant", "content": text, "reasoning_content": None}
-    if not tools_enabled:
-        return message, finish_type
-    from spade.envs.actions import parse_tool_calls
-
-    parsed = parse_tool_calls(text)
-    if not parsed.calls:
-        return message, finish_type
-    message["content"] = parsed.content or None
-    message["tool_calls"] = [
-        {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "index": i,
-            "type": "function",
-            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
-        }
-        for i, c in enumerate(parsed.calls)
-    ]
-    return message, "tool_calls"
-
-
 def create_app(engine: BatchEngine, *, served_model_name: str | None = None, health_timeout_s: float = 20.0) -> FastAPI:
     """The HTTP app over a started ``engine`` (the caller owns the engine's lifecycle)."""
     app = FastAPI(title="SPADE embedded inference (SGLang-compatible)", version="1")
@@ -171,7 +110,7 @@ def create_app(engine: BatchEngine, *, served_model_name: str | None = None, hea
     model_name = served_model_name or engine.model_path.name
 
     @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(body: GenerateRequest) -> dict[str, Any]:
+    async def generate(body: GenerateRequest) -> Any:
         if body.stream:
             raise InvalidRequest("streaming is not supported by the embedded server; send stream=false")
         if body.input_ids is not None:
@@ -187,8 +126,10 @@ def create_app(engine: BatchEngine, *, served_model_name: str | None = None, hea
             logprob_start_len=body.logprob_start_len,
             rid=body.rid or uuid.uuid4().hex,
         )
-        outcome = await engine.generate(job)
-        return generate_response(outcome, body.return_logprob).model_dump(mode="json")
+        outcomes = await engine.generate_n(job)
+        answers = [generate_response(o, body.return_logprob).model_dump(mode="json") for o in outcomes]
+        # SGLang: n > 1 turns the request into a batch, answered with a list of n results.
+        return answers if job.n > 1 else answers[0]
 
     @app.get("/health")
     async def health() -> PlainTextResponse:
@@ -248,38 +189,15 @@ def create_app(engine: BatchEngine, *, served_model_name: str | None = None, hea
         }
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest) -> dict[str, Any]:
+    async def chat_completions(body: ChatCompletionRequest) -> Any:
         tools = body.tools if body.tool_choice != "none" else None
         prompt = formatter.apply(body.messages, tools)
         job = GenerationJob(input_ids=prompt, params=body.sampling(), return_logprob=body.logprobs)
-        outcome = await engine.generate(job)
-        message, finish = assistant_message(outcome.text, str(outcome.finish_reason.get("type")), bool(tools))
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": message,
-            "logprobs": None,
-            "finish_reason": finish,
-            "matched_stop": outcome.finish_reason.get("matched"),
-        }
-        if body.logprobs:
-            choice["logprobs"] = {
-                "content": [
-                    {"token": engine.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
-                    for t, lp in zip(outcome.output_ids, outcome.output_logprobs, strict=True)
-                ]
-            }
-        return {
-            "id": outcome.rid,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.model or model_name,
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": outcome.prompt_tokens,
-                "completion_tokens": len(outcome.output_ids),
-                "total_tokens": outcome.prompt_tokens + len(outcome.output_ids),
-            },
-            "metadata": {"weight_version": outcome.weight_version},
-        }
+        model = body.model or model_name
+        if body.stream:
+            job = await engine.prepare(job)  # a bad request is a 400, not an error inside a 200 stream
+            return StreamingResponse(stream_chat(engine, body, job, model, bool(tools)), media_type="text/event-stream")
+        outcomes = await engine.generate_n(job)
+        return chat_response(engine, body, outcomes, model, bool(tools))
 
     return app

@@ -10,8 +10,15 @@ A scheduler thread owns the model and the running batch. Each iteration it
    row's own parameters, and retires the rows that finished.
 
 So requests join and leave a batch that keeps decoding; nobody waits for a whole batch to finish.
-The asyncio side (:meth:`BatchEngine.generate`) only enqueues and awaits a future, so the event loop
-stays free while torch computes in the scheduler thread.
+The asyncio side (:meth:`BatchEngine.generate_n`, :meth:`BatchEngine.stream`) only enqueues and
+awaits, so the event loop stays free while torch computes in the scheduler thread.
+
+Parallel sampling (``sampling_params.n > 1``, SGLang's ``n``): the prompt is prefilled **once** and
+its KV copied into ``n`` rows that then decode independently, each with its own sampler state and
+grammar matcher. Prefix reuse across requests is the radix cache's job
+(:mod:`services.inference.prefix_cache`): prompts are matched against it at admission, and both the
+prompt KV and, when a sequence finishes, its generated tokens' KV are added to it, so the next turn
+of a conversation prefills only what is new.
 
 Weight updates (:meth:`BatchEngine.update_weights`): the new checkpoint is loaded from disk *while
 the old weights keep serving*. Then admission stops, the requests already in the batch finish on the
@@ -29,17 +36,18 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache
 
+from services.inference.grammar import Constraint, GrammarCompiler, GrammarError
 from services.inference.kv import KVBatch
 from services.inference.models import load_model, load_tokenizer, resolve_model_path
-from services.inference.prefix_cache import PrefixCache
+from services.inference.prefix_cache import RadixPrefixCache
 from services.inference.sampling import (
     StopRule,
     finish_for_token,
@@ -74,13 +82,23 @@ class EngineFault(EngineError):
 
 @dataclass(frozen=True)
 class GenerationJob:
-    """One request, as the engine sees it."""
+    """One request, as the engine sees it (``params.n`` sequences sampled from one prompt).
+
+    ``grammar`` is the compiled ``regex``/``ebnf``/``json_schema`` constraint; the engine compiles it
+    from ``params`` when it is not given.
+    """
 
     input_ids: list[int]
     params: SamplingParams
     return_logprob: bool = True
     logprob_start_len: int = -1
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    grammar: Any = None
+
+    @property
+    def n(self) -> int:
+        """How many sequences this job samples."""
+        return self.params.n
 
 
 @dataclass(frozen=True)
@@ -97,6 +115,7 @@ class GenerationOutcome:
     text: str
     latency_s: float
     cached_tokens: int = 0
+    index: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,21 +127,53 @@ class WeightUpdateOutcome:
     num_paused_requests: int = 0
 
 
+@dataclass(frozen=True)
+class TokenEvent:
+    """A streamed token of sample ``index`` (sent from the scheduler as it is sampled)."""
+
+    index: int
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    """Sample ``index`` is complete; ``outcome`` is what a non-streamed request would return."""
+
+    index: int
+    outcome: GenerationOutcome
+
+
+StreamEvent = TokenEvent | FinishEvent
+
+
 @dataclass
 class _Pending:
     job: GenerationJob
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[GenerationOutcome]
+    future: asyncio.Future[list[GenerationOutcome]]
     arrived: float
     cancelled: bool = False
+    events: asyncio.Queue[StreamEvent | BaseException] | None = None
+    results: list[GenerationOutcome | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.results = [None] * self.job.n
+
+    def emit(self, event: StreamEvent | BaseException) -> None:
+        """Send a stream event to the waiting coroutine (scheduler thread)."""
+        if self.events is not None:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
 @dataclass
 class _Row:
     pending: _Pending
+    index: int
     rule: StopRule
     generator: torch.Generator | None
     version: str
+    constraint: Constraint | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
@@ -177,7 +228,7 @@ class BatchEngine:
         dtype: weights' dtype (float32 keeps logprobs within 1e-4 of a float32 learner).
         torch_threads: intra-op threads of the scheduler thread (which does all model compute);
             ``None``: torch's default. Set only for that thread, so the rest of the process keeps its own.
-        prefix_cache_tokens: prompt tokens whose KV is kept for reuse (:mod:`.prefix_cache`); 0: off.
+        prefix_cache_tokens: tokens whose KV the radix cache keeps for reuse (:mod:`.prefix_cache`); 0: off.
     """
 
     def __init__(
@@ -201,7 +252,7 @@ class BatchEngine:
         self.max_prefill_tokens = max_prefill_tokens
         self.dtype = dtype
         self.torch_threads = torch_threads
-        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.prefix_cache = RadixPrefixCache(prefix_cache_tokens)
         self.tokenizer = load_tokenizer(self.model_path)
         self.model = load_model(self.model_path, dtype)
         self.config = self.model.config
@@ -210,6 +261,7 @@ class BatchEngine:
         eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
         eos = eos if eos is not None else self.tokenizer.eos_token_id
         self.eos_ids: list[int] = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_ids)
 
         self._cond = threading.Condition()
         self._waiting: collections.deque[_Pending] = collections.deque()
@@ -271,16 +323,29 @@ class BatchEngine:
             raise InvalidRequest(f"input_ids holds token id {bad}, outside the vocabulary (size {self.vocab_size})")
         if job.logprob_start_len >= n:
             raise InvalidRequest(f"logprob_start_len ({job.logprob_start_len}) must be < the input length ({n})")
+        if job.n > self.max_batch_size:
+            raise InvalidRequest(
+                f"sampling_params.n ({job.n}) is more than this server decodes at once "
+                f"(max_batch_size={self.max_batch_size}); ask for at most {self.max_batch_size} samples"
+            )
 
-    async def generate(self, job: GenerationJob) -> GenerationOutcome:
-        """Queue ``job`` and wait for its completion.
-
-        Raises:
-            InvalidRequest, Overloaded, EngineClosed, EngineFault: see the classes.
-        """
+    async def prepare(self, job: GenerationJob) -> GenerationJob:
+        """Validate ``job`` and compile its constraint (off the scheduler thread)."""
         self.validate(job)
+        constraint = job.params.constraint()
+        if constraint is None or job.grammar is not None:
+            return job
+        try:
+            compiled = await asyncio.to_thread(self.grammars.compile, *constraint)
+        except GrammarError as exc:
+            raise InvalidRequest(str(exc)) from exc
+        return replace(job, grammar=compiled)
+
+    def _enqueue(self, job: GenerationJob, *, stream: bool) -> _Pending:
         loop = asyncio.get_running_loop()
         pending = _Pending(job, loop, loop.create_future(), time.monotonic())
+        if stream:
+            pending.events = asyncio.Queue()
         with self._cond:
             if self._stopping or self._thread is None:
                 raise EngineClosed("the inference engine is not running")
@@ -288,11 +353,46 @@ class BatchEngine:
                 raise Overloaded(f"{len(self._waiting)} requests already waiting (max_waiting={self.max_waiting})")
             self._waiting.append(pending)
             self._cond.notify_all()
+        return pending
+
+    async def generate_n(self, job: GenerationJob) -> list[GenerationOutcome]:
+        """Queue ``job`` and wait for all ``job.n`` of its samples (in sample order).
+
+        Raises:
+            InvalidRequest, Overloaded, EngineClosed, EngineFault: see the classes.
+        """
+        pending = self._enqueue(await self.prepare(job), stream=False)
         try:
             return await pending.future
         except asyncio.CancelledError:
-            pending.cancelled = True  # the scheduler drops it at its next step
+            pending.cancelled = True  # the scheduler drops its rows at its next step
             raise
+
+    async def generate(self, job: GenerationJob) -> GenerationOutcome:
+        """Queue a one-sample ``job`` (``params.n == 1``) and wait for its completion."""
+        if job.n != 1:
+            raise InvalidRequest(f"generate() returns one sample but sampling_params.n is {job.n}; use generate_n()")
+        return (await self.generate_n(job))[0]
+
+    async def stream(self, job: GenerationJob) -> AsyncIterator[StreamEvent]:
+        """Queue ``job`` and yield each token as it is sampled, then one :class:`FinishEvent` per sample.
+
+        Closing the iterator early cancels the request.
+        """
+        pending = self._enqueue(await self.prepare(job), stream=True)
+        assert pending.events is not None
+        finished = 0
+        try:
+            while finished < job.n:
+                event = await pending.events.get()
+                if isinstance(event, BaseException):
+                    raise event
+                if isinstance(event, FinishEvent):
+                    finished += 1
+                yield event
+        finally:
+            if finished < job.n:
+                pending.cancelled = True
 
     async def update_weights(
         self, model_path: str | Path, weight_version: str | None = None, *, abort_all_requests: bool = False
@@ -384,14 +484,17 @@ class BatchEngine:
             return []
         taken: list[_Pending] = []
         budget = self.max_prefill_tokens
-        while self._waiting and len(self._rows) + len(taken) < self.max_batch_size:
+        rows = len(self._rows)
+        while self._waiting:
             head = self._waiting[0]
-            if taken and len(head.job.input_ids) > budget:
+            if head.cancelled:
+                self._waiting.popleft()
+                continue
+            if rows + head.job.n > self.max_batch_size or (taken and len(head.job.input_ids) > budget):
                 break
             self._waiting.popleft()
-            if head.cancelled:
-                continue
             budget -= len(head.job.input_ids)
+            rows += head.job.n
             taken.append(head)
         return taken
 
@@ -430,7 +533,7 @@ class BatchEngine:
                 continue
             cache = DynamicCache(config=self.config)
             want_inputs = job.return_logprob and job.logprob_start_len >= 0
-            reused, prefix = (0, None) if want_inputs else self.prefix_cache.lookup(job.input_ids)
+            reused, prefix = (0, None) if want_inputs else self.prefix_cache.match(job.input_ids)
             for layer_index, (keys, values) in enumerate(prefix or []):
                 cache.update(keys, values, layer_index)
             logits = self._forward(
@@ -441,25 +544,29 @@ class BatchEngine:
             )[0]
             self.prefix_cache.insert(job.input_ids, [_layer_kv(layer) for layer in cache.layers])
             budget = min(job.params.max_new_tokens, self.context_length - len(job.input_ids))
-            generator = None
-            if job.params.sampling_seed is not None:
-                generator = torch.Generator().manual_seed(job.params.sampling_seed)
-            row = _Row(pending, StopRule.build(job.params, self.eos_ids, budget), generator, self.weight_version)
-            row.cached_tokens = reused
-            if want_inputs:
-                row.input_logprobs = self._input_logprobs(logits, job.input_ids, job.logprob_start_len)
-            if budget <= 0:
-                row.finish = {"type": "length", "length": 0}
-                self._rows.append(row)  # retired at once, without a cache row
-                self._next_tokens.append(-1)
-                self._positions.append(-1)
+            rule = StopRule.build(job.params, self.eos_ids, budget)
+            input_logprobs = self._input_logprobs(logits, job.input_ids, job.logprob_start_len) if want_inputs else []
+            # One prefill, n rows: every sample starts from the same prompt KV and the same logits.
+            for index in range(job.n):
+                generator = None
+                if job.params.sampling_seed is not None:
+                    generator = torch.Generator().manual_seed(job.params.sampling_seed % 2**63)
+                constraint = Constraint(job.grammar, self.vocab_size) if job.grammar is not None else None
+                row = _Row(pending, index, rule, generator, self.weight_version, constraint)
+                row.cached_tokens = reused
+                row.input_logprobs = input_logprobs
+                if budget <= 0:
+                    row.finish = {"type": "length", "length": 0}
+                    self._rows.append(row)  # retired at once
+                    self._next_tokens.append(-1)
+                    self._positions.append(-1)
+                    caches.append(cache)
+                    continue
+                self._append_token(row, logits[-1])
+                self._rows.append(row)
+                self._next_tokens.append(row.output_ids[-1])
+                self._positions.append(len(job.input_ids))
                 caches.append(cache)
-                continue
-            self._append_token(row, logits[-1])
-            self._rows.append(row)
-            self._next_tokens.append(row.output_ids[-1])
-            self._positions.append(len(job.input_ids))
-            caches.append(cache)
         self._batch.add_rows(caches)
 
     @staticmethod
@@ -473,10 +580,19 @@ class BatchEngine:
         return out
 
     def _append_token(self, row: _Row, logits: torch.Tensor) -> None:
+        if row.constraint is not None:
+            # SGLang applies the grammar mask before the sampler: logprobs are the constrained ones.
+            logits = row.constraint.mask(logits)
         token, logprob = sample_token(logits, row.pending.job.params, row.generator)
         row.output_ids.append(token)
         row.logprobs.append(logprob)
+        row.pending.emit(TokenEvent(row.index, token, logprob))
         row.finish = finish_for_token(row.rule, token, len(row.output_ids))
+        if row.constraint is not None:
+            if not row.constraint.accept(token):
+                raise EngineFault(f"the grammar rejected token {token} that its own mask allowed")
+            if row.finish is None and row.constraint.terminated:
+                row.finish = {"type": "stop", "matched": token}
         if row.rule.stop_strings and (row.finish is None or row.finish["type"] == "length"):
             tail = str(self.tokenizer.decode(row.output_ids[-row.rule.tail_tokens :], skip_special_tokens=True))
             matched = matched_stop_string(row.rule, tail)
@@ -516,6 +632,12 @@ class BatchEngine:
                 keep.append(i)
             else:
                 done.append(row)
+        for i, row in enumerate(self._rows):
+            if row.finish is not None and not row.pending.cancelled and row.output_ids:
+                # Keep the finished sequence's KV (prompt + all but the last token, which was sampled
+                # but never fed back) so a next turn that resends this conversation reuses it.
+                ids = row.pending.job.input_ids + row.output_ids[:-1]
+                self.prefix_cache.insert(ids, self._batch.row_kv(i))
         if len(keep) != len(self._rows):
             # Compact before delivering, so a caller that sees its answer never sees its row running.
             self._rows = [self._rows[i] for i in keep]
@@ -531,7 +653,7 @@ class BatchEngine:
         if row.stop_string is not None and not job.params.no_stop_trim:
             text = trim_at_stop(text, row.stop_string)
         outcome = GenerationOutcome(
-            rid=job.rid,
+            rid=job.rid if job.n == 1 else f"{job.rid}-{row.index}",
             output_ids=list(row.output_ids),
             output_logprobs=list(row.logprobs),
             input_logprobs=list(row.input_logprobs),
@@ -541,12 +663,18 @@ class BatchEngine:
             text=text,
             latency_s=time.monotonic() - row.pending.arrived,
             cached_tokens=row.cached_tokens,
+            index=row.index,
         )
-        _resolve(row.pending.loop, row.pending.future, outcome)
+        pending = row.pending
+        pending.results[row.index] = outcome
+        pending.emit(FinishEvent(row.index, outcome))
+        if all(r is not None for r in pending.results):
+            _resolve(pending.loop, pending.future, list(pending.results))
 
     def _fail_all(self, admitted: list[_Pending], error: Exception) -> None:
-        for pending in [*admitted, *(row.pending for row in self._rows)]:
+        for pending in {id(p): p for p in [*admitted, *(row.pending for row in self._rows)]}.values():
             _resolve(pending.loop, pending.future, error)
+            pending.emit(error)
         self._rows, self._next_tokens, self._positions = [], [], []
         self._batch = KVBatch()
 

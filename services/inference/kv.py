@@ -145,6 +145,23 @@ class KVBatch:
             layer._sync()
         self.mask = mask[:, start:]
 
+    def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Views of one row's real (unpadded) KV, per layer, each ``[1, kv_heads, tokens, head_dim]``.
+
+        A row's real tokens are always the contiguous tail of the buffer (rows are right-aligned and
+        every decode step appends one column to all rows).
+        """
+        if self.cache is None:
+            return []
+        used = int(self.mask[row].sum().item())
+        return [
+            (
+                layer.k_buf[row : row + 1, :, layer.length - used : layer.length],
+                layer.v_buf[row : row + 1, :, layer.length - used : layer.length],
+            )
+            for layer in self._layers()
+        ]
+
     def step_mask(self) -> torch.Tensor:
         """The attention mask for one decode step (every row gets one more real token)."""
         self.mask = torch.cat([self.mask, torch.ones((self.rows, 1), dtype=torch.long)], dim=1)

@@ -18,9 +18,10 @@ from services.rollout.core.ports import SessionOpener
 from services.rollout.memory import MemoryAdapter, MemoryApi
 from services.rollout.policy import FormatterTemplate, InferenceGenerator
 from services.rollout.sandbox import PoolSessions
-from services.rollout.settings import GrpcMemory, GrpcSandbox, RolloutSettings
+from services.rollout.settings import RolloutSettings
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
+from spade.endpoints import MemoryEndpoint, SandboxEndpoint
 from spade.inference.client import InferenceClient
 from spade.queues.base import WorkQueue
 from spade.queues.config import make_queue
@@ -37,7 +38,7 @@ def worker_config(settings: RolloutSettings) -> WorkerConfig:
         group_size=settings.group_size,
         window=settings.window_versions,
         max_concurrent_plays=settings.max_concurrent_plays,
-        sandbox_retries=settings.sandbox_retries,
+        play_retry=settings.retry,
         max_deliveries=settings.max_deliveries,
         lease_s=settings.lease_s,
         poll_s=settings.poll_s,
@@ -74,7 +75,9 @@ async def rollout_worker(
         if sessions is None:
             sessions = await _sessions(settings, stack)
         if inference is None:
-            inference = InferenceClient(settings.inference_urls, tokenizer_path=_tokenizer_path(settings))
+            inference = InferenceClient(
+                settings.inference_urls, tokenizer_path=_tokenizer_path(settings), retry=settings.retry
+            )
             stack.push_async_callback(inference.aclose)
             await inference.wait_ready()
         template = FormatterTemplate(inference.formatter)
@@ -87,7 +90,7 @@ async def rollout_worker(
 
 async def _memory(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -> MemoryApi:
     cfg = settings.memory
-    if isinstance(cfg, GrpcMemory):
+    if isinstance(cfg, MemoryEndpoint):
         from spade.memory.client import MemoryClient
 
         client = MemoryClient(cfg.target, timeout_s=cfg.timeout_s)
@@ -104,9 +107,10 @@ async def _memory(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -
 
 async def _sessions(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -> SessionOpener:
     cfg = settings.sandbox
-    if isinstance(cfg, GrpcSandbox):
-        key = cfg.api_key.get_secret_value() if cfg.api_key is not None else None
-        client = SandboxClient(cfg.target, key, open_timeout_s=cfg.open_timeout_s)
+    if isinstance(cfg, SandboxEndpoint):
+        client = SandboxClient(
+            cfg.target, cfg.key(), timeout_s=cfg.timeout_s, open_timeout_s=cfg.open_timeout_s, retry=cfg.retry
+        )
         stack.push_async_callback(client.close)
         return client
     from services.sandbox.isolation import SandboxPool

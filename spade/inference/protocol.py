@@ -7,7 +7,7 @@ Both sides import these models: the client builds requests and reads responses w
 embedded server validates requests and builds responses with them, so the two cannot drift apart;
 ``tests/unit/inference/test_contract.py`` pins the shapes against SGLang's.
 
-Response shape of ``POST /generate`` (non-streaming, one prompt)::
+Response shape of ``POST /generate`` (non-streaming, one prompt, ``n == 1``)::
 
     {"text": str, "output_ids": [int],
      "meta_info": {"id": str, "finish_reason": {"type": "stop", "matched": int | str}
@@ -17,6 +17,13 @@ Response shape of ``POST /generate`` (non-streaming, one prompt)::
                    "weight_version": str, "e2e_latency": float,
                    # only with return_logprob: one [logprob, token_id, text|None] per token
                    "output_token_logprobs": [[float, int, None]], "input_token_logprobs": [...]}}
+
+With ``sampling_params.n > 1`` (SGLang's parallel sampling: ``GenerateReqInput._handle_parallel_sampling``
+turns the request into a batch, ``TokenizerManager._handle_batch_request`` answers with
+``asyncio.gather`` over the samples) the answer is a JSON **list** of ``n`` such objects, in sample
+order, each with its own ``meta_info.id``. Every sample carries the request's own sampling
+parameters, so with a ``sampling_seed`` all ``n`` samples are the same (SGLang seeds by
+``(sampling_seed, position)``); ask for ``n`` distinct seeded samples with ``n`` requests.
 """
 
 from __future__ import annotations
@@ -27,6 +34,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 #: The SGLang release these shapes were read from.
 SGLANG_VERSION = "0.5.23"
+
+#: Most parallel samples one request may ask for (``sampling_params.n``).
+MAX_PARALLEL_SAMPLES = 256
+
+#: SGLang's structured-output parameters (``sampling_params.py``); at most one per request.
+ConstraintKind = Literal["json_schema", "regex", "ebnf"]
 
 
 class SamplingParams(BaseModel):
@@ -48,7 +61,21 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = Field(default=False, description="Keep generating past the model's EOS token.")
     skip_special_tokens: bool = Field(default=True, description="Drop special tokens from the returned text.")
     no_stop_trim: bool = Field(default=False, description="Keep the matched stop string in the text.")
-    sampling_seed: int | None = Field(default=None, description="Seed for this request's sampling (reproducible).")
+    sampling_seed: int | None = Field(
+        default=None,
+        ge=-(2**63),
+        le=2**63 - 1,
+        description="Seed for this request's sampling: same seed, prompt and weights give the same tokens.",
+    )
+    n: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_PARALLEL_SAMPLES,
+        description="Parallel samples of one prompt (one prefill); the answer is then a list of n results.",
+    )
+    regex: str | None = Field(default=None, description="Constrain the output to match this regular expression.")
+    ebnf: str | None = Field(default=None, description="Constrain the output to this EBNF grammar (rule 'root').")
+    json_schema: str | None = Field(default=None, description="Constrain the output to JSON valid for this schema.")
 
     @field_validator("top_k")
     @classmethod
@@ -56,6 +83,21 @@ class SamplingParams(BaseModel):
         if value == 0 or value < -1:
             raise ValueError(f"top_k must be -1 (disabled) or a positive integer, got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> SamplingParams:
+        given = [name for name in ("json_schema", "regex", "ebnf") if getattr(self, name)]
+        if len(given) > 1:
+            raise ValueError(f"only one of json_schema, regex or ebnf can be set, got {', '.join(given)}")
+        return self
+
+    def constraint(self) -> tuple[ConstraintKind, str] | None:
+        """The structured-output constraint as ``(kind, spec)``, or ``None`` (SGLang's precedence)."""
+        for kind in ("json_schema", "regex", "ebnf"):
+            spec = getattr(self, kind)
+            if spec:
+                return kind, spec
+        return None
 
     def stop_strings(self) -> list[str]:
         """``stop`` as a list (SGLang accepts one string or a list)."""
@@ -79,7 +121,7 @@ class GenerateRequest(BaseModel):
         default=-1, ge=-1, description="First prompt position to return input logprobs for; -1: none."
     )
     rid: str | None = Field(default=None, description="Request id, echoed as meta_info.id.")
-    stream: bool = Field(default=False, description="Streaming is not used by SPADE; must be false.")
+    stream: bool = Field(default=False, description="Streaming is not used by SPADE on /generate; must be false.")
 
     @field_validator("input_ids")
     @classmethod

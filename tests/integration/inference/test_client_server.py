@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from services.inference.app import assistant_message, create_app
+from services.inference.app import create_app
+from services.inference.chat_completions import assistant_message
 from services.inference.engine import BatchEngine
 from services.inference.settings import InferenceSettings
 from services.inference.wiring import serve_in_thread
