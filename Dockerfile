@@ -47,7 +47,7 @@ ENV SPADE_MODEL_CACHE=/opt/spade/models \
     TRANSFORMERS_OFFLINE=1 \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
-COPY services/inference/models.py /tmp/convert/models.py
+COPY spade/inference/models.py /tmp/convert/models.py
 RUN cd /tmp/convert && /app/.venv/bin/python -c 'import models; print(models.ensure_default_model())' \
  && rm -rf /tmp/convert
 

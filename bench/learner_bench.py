@@ -185,7 +185,7 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.side is not None:
-        from services.inference.models import ensure_default_model
+        from spade.inference.models import ensure_default_model
 
         model_dir = ensure_default_model()
         result = run_ours(args, model_dir) if args.side == "ours" else run_trl(args, model_dir)

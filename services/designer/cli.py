@@ -82,8 +82,8 @@ def show_prompt(setting: str, skill: str | None, corpus_path: Path | None, seed:
     from services.designer.corpus.loader import CorpusSampler
     from services.designer.settings import DesignerSettings
     from services.designer.wiring import load_corpus, load_examples
-    from services.inference.models import load_tokenizer, resolve_model_path
     from spade.inference.chat import ChatFormatter
+    from spade.inference.models import load_tokenizer, resolve_model_path
 
     settings = _settings(setting=setting, corpus_path=corpus_path, corpus_seed=seed)
     assert isinstance(settings, DesignerSettings)

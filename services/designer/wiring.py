@@ -104,8 +104,8 @@ async def designer_service(
     import grpc
 
     from services.designer.adapters import GrpcValidator, InferencePolicy, MemoryServiceEnvironments
-    from services.inference.models import resolve_model_path
     from spade.inference.client import InferenceClient
+    from spade.inference.models import resolve_model_path
     from spade.queues.config import make_queue
 
     settings.require_safe()

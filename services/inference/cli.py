@@ -23,9 +23,9 @@ def serve(model_path: Path | None, host: str | None, port: int | None, weight_ve
     """Serve SGLang's /generate, /v1/chat/completions, /update_weights_from_disk, ... on CPU."""
     import uvicorn
 
-    from services.inference.models import ModelError
     from services.inference.settings import InferenceSettings
     from services.inference.wiring import build_app
+    from spade.inference.models import ModelError
 
     overrides: dict[str, Any] = {"model_path": model_path, "host": host, "port": port, "weight_version": weight_version}
     settings = InferenceSettings(**{k: v for k, v in overrides.items() if v is not None})

@@ -46,7 +46,6 @@ from transformers.cache_utils import DynamicCache
 
 from services.inference.grammar import Constraint, GrammarCompiler, GrammarError
 from services.inference.kv import KVBatch
-from services.inference.models import load_model, load_tokenizer, resolve_model_path
 from services.inference.prefix_cache import RadixPrefixCache
 from services.inference.sampling import (
     StopRule,
@@ -55,6 +54,7 @@ from services.inference.sampling import (
     sample_token,
     trim_at_stop,
 )
+from spade.inference.models import load_model, load_tokenizer, resolve_model_path
 from spade.inference.protocol import SamplingParams
 
 logger = logging.getLogger(__name__)

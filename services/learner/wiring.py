@@ -24,7 +24,7 @@ from spade.queues.config import make_queue
 
 def resolve_base_model(settings: LearnerSettings) -> Path:
     """The base checkpoint directory (the embedded SmolLM2 in dev mode when none is configured)."""
-    from services.inference.models import resolve_model_path
+    from spade.inference.models import resolve_model_path
 
     return resolve_model_path(settings.model_path)
 

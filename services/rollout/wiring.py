@@ -51,7 +51,7 @@ def worker_config(settings: RolloutSettings) -> WorkerConfig:
 def _tokenizer_path(settings: RolloutSettings) -> Path:
     if settings.tokenizer_path is not None:
         return settings.tokenizer_path
-    from services.inference.models import ensure_default_model
+    from spade.inference.models import ensure_default_model
 
     return ensure_default_model()
 

@@ -127,7 +127,6 @@ def step_metrics(
 @contextlib.asynccontextmanager
 async def embedded_system(settings: RunSettings) -> AsyncIterator[EmbeddedParts]:
     """Start every part of the system in this process; stop all of it on exit."""
-    from services.inference.models import resolve_model_path
     from services.inference.settings import InferenceSettings
     from services.inference.wiring import serve_in_thread
     from services.memory.settings import MemorySettings
@@ -136,6 +135,7 @@ async def embedded_system(settings: RunSettings) -> AsyncIterator[EmbeddedParts]
     from services.sandbox.isolation.settings import IsolationSettings
     from spade.envs import CheckConfig
     from spade.inference.client import InferenceClient
+    from spade.inference.models import resolve_model_path
     from spade.queues.inprocess import InProcessQueue
 
     run_dir = settings.run_dir

@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from services.inference.models import ensure_default_model
 from spade.embedded.runner import run
 from spade.embedded.settings import RunSettings
+from spade.inference.models import ensure_default_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -146,8 +146,8 @@ async def test_the_grpc_validator_speaks_to_the_sandbox_service() -> None:
 
 @pytest.mark.slow  # loading the real tokenizer takes several seconds on 2 cores
 def test_default_prompts_fit_smollm2_context_with_the_real_tokenizer() -> None:
-    from services.inference.models import ensure_default_model, load_tokenizer
     from spade.inference.chat import ChatFormatter
+    from spade.inference.models import ensure_default_model, load_tokenizer
 
     settings = DesignerSettings()
     formatter = ChatFormatter(load_tokenizer(ensure_default_model()))

@@ -11,7 +11,7 @@ import torch
 
 from services.inference.app import create_app
 from services.inference.engine import BatchEngine
-from services.inference.models import ensure_default_model
+from spade.inference.models import ensure_default_model
 
 
 @pytest.fixture(scope="session")

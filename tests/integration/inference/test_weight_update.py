@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from services.inference.engine import BatchEngine, GenerationJob
-from services.inference.models import load_model
+from spade.inference.models import load_model
 from spade.inference.protocol import SamplingParams
 from tests.integration.inference.conftest import chat_ids, teacher_forced_logprobs
 

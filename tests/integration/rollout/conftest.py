@@ -39,6 +39,6 @@ def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def template() -> FormatterTemplate:
     """The real policy tokenizer and chat template (SmolLM2, converted once, offline)."""
-    from services.inference.models import ensure_default_model
+    from spade.inference.models import ensure_default_model
 
     return FormatterTemplate(ChatFormatter.from_pretrained(ensure_default_model()))

@@ -11,7 +11,6 @@ import json
 import sys
 from pathlib import Path
 
-from services.inference.models import ensure_default_model
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine
 from services.rollout.core.episode import EpisodeRunner, PlayLimits
@@ -21,6 +20,7 @@ from services.rollout.policy import FormatterTemplate, Generation
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
 from spade.inference.chat import ChatFormatter
+from spade.inference.models import ensure_default_model
 from spade.queues.config import RedisQueueConfig
 from spade.queues.redis_streams import RedisStreamQueue
 from tests.unit.rollout.envs import CountdownEnv

@@ -14,7 +14,6 @@ import torch
 
 from services.inference.app import create_app
 from services.inference.engine import BatchEngine
-from services.inference.models import ensure_default_model
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from services.rollout.core.seeds import play_seeds
@@ -24,6 +23,7 @@ from services.rollout.wiring import rollout_worker
 from services.sandbox.isolation import SandboxPool
 from services.sandbox.isolation.settings import IsolationSettings
 from spade.inference.client import InferenceClient
+from spade.inference.models import ensure_default_model
 from spade.memory.records import NewEnvironment
 from spade.queues.base import ENVS_READY, SAMPLES_AGENT
 from spade.queues.config import InProcessQueueConfig

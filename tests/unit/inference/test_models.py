@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.inference import models
 from services.inference.settings import InferenceSettings
+from spade.inference import models
 
 
 def test_cache_dir_is_overridable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

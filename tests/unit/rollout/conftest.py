@@ -10,7 +10,7 @@ from spade.inference.chat import ChatFormatter
 
 @pytest.fixture(scope="session")
 def formatter() -> ChatFormatter:
-    from services.inference.models import ensure_default_model
+    from spade.inference.models import ensure_default_model
 
     return ChatFormatter.from_pretrained(ensure_default_model())
 

