@@ -1,7 +1,8 @@
 """Adapters from the real dependencies to the designer core's protocols (``core/ports.py``).
 
 Each one translates, nothing more: the inference client's ``Generation`` (string weight versions)
-into the core's integers, the sandbox's validation reports (in-process pool or gRPC) into the core's
+into the core's integers, the sandbox's validation reports (the in-process pool, or the sandbox
+service through the shared ``spade.sandbox.client.SandboxClient``) into the core's
 ``ValidationResult``, and the memory service (in-process or its client, which offer the same
 methods) into ``EnvironmentMemory``. The queues are behind ``outbox.QueueOutbox``.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from services.designer.core.ports import (
     Check,
@@ -22,6 +23,10 @@ from services.designer.core.ports import (
     StoreResult,
     ValidationResult,
 )
+from spade.envs import CheckConfig, ValidationReport
+
+if TYPE_CHECKING:
+    from spade.sandbox.client import SandboxClient
 
 
 def parse_weight_version(value: str | int | None) -> int:
@@ -94,84 +99,51 @@ class InferencePolicy:
         )
 
 
-class _CheckLike(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def passed(self) -> bool: ...
-
-    @property
-    def detail(self) -> str: ...
-
-
-class _ReportLike(Protocol):
-    @property
-    def valid(self) -> bool: ...
-
-    @property
-    def checks(self) -> Sequence[_CheckLike]: ...
-
-    @property
-    def repaired_code(self) -> str: ...
-
-    @property
-    def env_class(self) -> str: ...
-
-
-def validation_result(report: _ReportLike) -> ValidationResult:
-    """The core's ``ValidationResult`` of a sandbox report (``spade.envs.ValidationReport`` or its message)."""
+def validation_result(report: ValidationReport) -> ValidationResult:
+    """The core's ``ValidationResult`` of the sandbox's report (the pool's or the sandbox client's)."""
     return ValidationResult(
-        valid=bool(report.valid),
-        checks=tuple(Check(c.name, bool(c.passed), c.detail) for c in report.checks),
+        valid=report.valid,
+        checks=tuple(Check(c.name, c.passed, c.detail) for c in report.checks),
         repaired_code=report.repaired_code,
         env_class=report.env_class,
     )
 
 
-class _PoolBackend(Protocol):
-    async def validate(self, code: str, setting: str, config: Any) -> Any: ...
+class _Pool(Protocol):
+    async def validate(self, code: str, setting: str, config: CheckConfig) -> ValidationReport: ...
 
 
 class PoolValidator:
     """``Validator`` over the sandbox's isolated worker pool (embedded mode).
 
     Args:
-        backend: ``services.sandbox.isolation.SandboxPool`` (started).
-        checks: The ``spade.envs.CheckConfig`` the checks run with.
+        pool: ``services.sandbox.isolation.SandboxPool`` (started).
+        checks: The limits and thresholds the checks run with.
     """
 
-    def __init__(self, backend: _PoolBackend, checks: Any) -> None:
-        self._backend = backend
+    def __init__(self, pool: _Pool, checks: CheckConfig) -> None:
+        self._pool = pool
         self._checks = checks
 
     async def validate(self, code: str, setting: str) -> ValidationResult:
         """Run the validation pipeline in an isolated worker."""
-        return validation_result(await self._backend.validate(code, setting, self._checks))
+        return validation_result(await self._pool.validate(code, setting, self._checks))
 
 
-class GrpcValidator:
-    """``Validator`` over the sandbox service's gRPC API (distributed mode).
+class SandboxServiceValidator:
+    """``Validator`` over the sandbox service (distributed mode), through the shared sandbox client.
 
     Args:
-        channel: A ``grpc.aio`` channel to the sandbox.
-        api_key: Bearer key of this tenant (``None`` only against a dev-mode sandbox).
-        timeout_s: Deadline of one validation call.
+        client: ``spade.sandbox.client.SandboxClient`` (it retries transient failures and raises
+            ``SandboxFault``/``SandboxRefused``, which the designer counts as infrastructure failures).
     """
 
-    def __init__(self, channel: Any, *, api_key: str | None, timeout_s: float = 120.0) -> None:
-        from spade.v1 import sandbox_pb2_grpc
-
-        self._stub = sandbox_pb2_grpc.SandboxStub(channel)
-        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
-        self._timeout_s = timeout_s
+    def __init__(self, client: SandboxClient) -> None:
+        self._client = client
 
     async def validate(self, code: str, setting: str) -> ValidationResult:
-        """The sandbox's ``ValidationReport`` message, as the core's ``ValidationResult``."""
-        from spade.v1 import sandbox_pb2
-
-        request = sandbox_pb2.ValidateRequest(code=code, setting=setting)
-        return validation_result(await self._stub.Validate(request, metadata=self._metadata, timeout=self._timeout_s))
+        """Validate through the sandbox service's ``Validate`` call."""
+        return validation_result(await self._client.validate(code, setting))
 
 
 class _Memory(Protocol):

@@ -101,12 +101,11 @@ async def designer_service(
         memory_factory: Builds the memory client from ``settings.memory_address`` (default: the
             memory service's gRPC client, ``spade.memory.client.MemoryClient``).
     """
-    import grpc
-
-    from services.designer.adapters import GrpcValidator, InferencePolicy, MemoryServiceEnvironments
+    from services.designer.adapters import InferencePolicy, MemoryServiceEnvironments, SandboxServiceValidator
     from spade.inference.client import InferenceClient
     from spade.inference.models import resolve_model_path
     from spade.queues.config import make_queue
+    from spade.sandbox.client import SandboxClient
 
     settings.require_safe()
     tokenizer = resolve_model_path(settings.tokenizer_path)
@@ -115,16 +114,16 @@ async def designer_service(
 
         memory_factory = MemoryClient
     queue = make_queue(settings.queue)
-    channel = grpc.aio.insecure_channel(settings.sandbox_address)
+    key = settings.sandbox_api_key.get_secret_value() if settings.sandbox_api_key else None
+    sandbox = SandboxClient(settings.sandbox_address, key)
     client = InferenceClient(settings.inference_urls, tokenizer_path=tokenizer)
     memory_client = memory_factory(settings.memory_address)
     try:
         await client.wait_ready()
-        key = settings.sandbox_api_key.get_secret_value() if settings.sandbox_api_key else None
         designer = build_designer(
             settings,
             llm=InferencePolicy(client),
-            validator=GrpcValidator(channel, api_key=key),
+            validator=SandboxServiceValidator(sandbox),
             memory=MemoryServiceEnvironments(memory_client),  # type: ignore[arg-type]
             queue=queue,
         )
@@ -136,5 +135,5 @@ async def designer_service(
             if hasattr(result, "__await__"):
                 await result
         await client.aclose()
-        await channel.close(None)
+        await sandbox.close()
         await queue.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.designer.adapters import GrpcValidator, MemoryServiceEnvironments, PoolValidator
+from services.designer.adapters import MemoryServiceEnvironments, PoolValidator, SandboxServiceValidator
 from services.designer.core.attempt import AttemptOutcome
 from services.designer.core.loop import Designer, DesignerConfig
 from services.designer.core.ports import Sampling
@@ -120,28 +120,20 @@ async def test_example_envs_pass_and_broken_ones_fail_with_the_check_named(
     await queue.close()
 
 
-async def test_the_grpc_validator_speaks_to_the_sandbox_service() -> None:
-    import asyncio
-    import contextlib
-
-    import grpc
-
+async def test_the_validator_speaks_to_the_sandbox_service_through_the_shared_client() -> None:
     from services.sandbox.settings import SandboxSettings
     from services.sandbox.wiring import serving
+    from spade.sandbox.client import SandboxClient
 
     settings = SandboxSettings.model_validate({"grpc": {"port": 0}, "http": {"port": 0}, "dev_mode": True})
-    async with serving(settings) as running:
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}")
-        try:
-            validator = GrpcValidator(channel, api_key=None)
-            example = EXAMPLES["counterfeit_coin"]
-            report = await validator.validate(example.code, "game")
-            assert report.valid and report.env_class == "CounterfeitCoinEnv"
-            bad = await validator.validate("class BrokenEnv:\n    def reset(self, seed=None):\n", "game")
-            assert not bad.valid and not bad.checks[0].passed and bad.checks[0].name == "syntax"
-        finally:
-            with contextlib.suppress(asyncio.CancelledError):
-                await channel.close(None)
+    async with serving(settings) as running, SandboxClient(f"127.0.0.1:{running.grpc_port}") as client:
+        validator = SandboxServiceValidator(client)
+        example = EXAMPLES["counterfeit_coin"]
+        report = await validator.validate(example.code, "game")
+        assert report.valid and report.env_class == "CounterfeitCoinEnv"
+        assert [c.name for c in report.checks] == list(CHECK_NAMES) and report.repaired_code == example.code
+        bad = await validator.validate("class BrokenEnv:\n    def reset(self, seed=None):\n", "game")
+        assert not bad.valid and not bad.checks[0].passed and bad.checks[0].name == "syntax"
 
 
 @pytest.mark.slow  # loading the real tokenizer takes several seconds on 2 cores

@@ -112,18 +112,9 @@ def test_sandbox_reports_become_the_cores_validation_result() -> None:
     from services.designer.adapters import validation_result
     from services.designer.core.ports import Check
     from spade.envs import CheckResult, ValidationReport
-    from spade.v1 import sandbox_pb2
 
     checks = [CheckResult("syntax", True, "parses"), CheckResult("structure", False, "missing solution()")]
     report = ValidationReport(valid=False, setting="game", env_class="AEnv", checks=checks, repaired_code="x = 1")
-    message = sandbox_pb2.ValidationReport(
-        valid=False,
-        setting="game",
-        env_class="AEnv",
-        repaired_code="x = 1",
-        checks=[sandbox_pb2.CheckResult(name=c.name, passed=c.passed, detail=c.detail) for c in checks],
-    )
-    for source in (report, message):
-        result = validation_result(source)
-        assert not result.valid and result.env_class == "AEnv" and result.repaired_code == "x = 1"
-        assert result.checks == (Check("syntax", True, "parses"), Check("structure", False, "missing solution()"))
+    result = validation_result(report)
+    assert not result.valid and result.env_class == "AEnv" and result.repaired_code == "x = 1"
+    assert result.checks == (Check("syntax", True, "parses"), Check("structure", False, "missing solution()"))
