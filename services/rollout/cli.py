@@ -1,26 +1,20 @@
-"""``spade serve rollout``: run one rollout worker until SIGINT/SIGTERM."""
+"""``spade serve rollout``: run one rollout worker until SIGTERM/SIGINT (its current plays finish first)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 from pathlib import Path
 
 import click
 
 from services.rollout.settings import RolloutSettings
+from spade.serving.run import config_option, run_until_signalled, settings_or_exit
 
 
-async def _serve(settings: RolloutSettings) -> None:
+async def _serve(settings: RolloutSettings, stop: asyncio.Event) -> None:
     from services.rollout.wiring import rollout_worker
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     async with rollout_worker(settings) as worker:
         logging.getLogger("spade.rollout").info(
             "rollout worker %s serving (group %s, G=%d, k=%d)",
@@ -33,19 +27,11 @@ async def _serve(settings: RolloutSettings) -> None:
 
 
 @click.command()
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="YAML/JSON file of rollout settings (wins over SPADE_ROLLOUT_* variables).",
-)
+@config_option
+@click.option("--dev", "dev_mode", is_flag=True, default=None, help="Allow unsafe defaults (local development).")
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
-def serve(config_path: Path | None, log_level: str) -> None:
+def serve(config_file: Path | None, dev_mode: bool | None, log_level: str) -> None:
     """The rollout workers (the reasoning agent): play envs from envs.ready, publish samples."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = RolloutSettings.load(config_path)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
-    asyncio.run(_serve(settings))
+    settings = settings_or_exit(RolloutSettings, config_file, dev_mode=dev_mode)
+    run_until_signalled(lambda stop: _serve(settings, stop))

@@ -2,8 +2,8 @@
 
 Environment variables use the prefix ``SPADE_ROLLOUT_`` and ``__`` for nesting, e.g.
 ``SPADE_ROLLOUT_GROUP_SIZE=16``, ``SPADE_ROLLOUT_SANDBOX__TARGET=sandbox:50051``,
-``SPADE_ROLLOUT_QUEUE='{"kind": "redis", "url": "redis://redis:6379/0"}'``. A YAML/JSON file can be
-given with ``spade serve rollout --config FILE``; its values win over the environment.
+``SPADE_ROLLOUT_QUEUE__URL=redis://redis:6379/0``. A YAML/JSON file can be given with
+``spade serve rollout --config FILE``; its values win over the environment.
 """
 
 from __future__ import annotations
@@ -14,26 +14,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, SecretStr, Tag, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from services.rollout.core.episode import PlayLimits
+from spade.config import ServiceSettings
+from spade.endpoints import MemoryEndpoint, SandboxEndpoint
 from spade.envs import CheckConfig
-from spade.queues.config import InProcessQueueConfig, RedisQueueConfig
-
-
-class GrpcSandbox(BaseModel):
-    """Play through the sandbox service (distributed mode)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: Literal["grpc"] = "grpc"
-    target: str = Field(default="127.0.0.1:50051", min_length=3, description="host:port of the sandbox's gRPC server.")
-    api_key: SecretStr | None = Field(
-        default=None, description="The rollout's sandbox tenant key (unset only in dev mode)."
-    )
-    open_timeout_s: float = Field(default=60.0, gt=0, le=3600, description="Longest wait for a session to open.")
+from spade.inference.client import DEFAULT_RETRY
+from spade.queues.config import QueueConfig, RedisQueueConfig
+from spade.retry import RetryPolicy
 
 
 class PoolSandbox(BaseModel):
@@ -60,18 +50,9 @@ def _kind(default: str) -> Callable[[Any], str]:
 
 
 SandboxConfig = Annotated[
-    Annotated[GrpcSandbox, Tag("grpc")] | Annotated[PoolSandbox, Tag("pool")], Discriminator(_kind("grpc"))
+    Annotated[SandboxEndpoint, Tag("grpc")] | Annotated[PoolSandbox, Tag("pool")], Discriminator(_kind("grpc"))
 ]
-
-
-class GrpcMemory(BaseModel):
-    """The memory service over gRPC (distributed mode)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: Literal["grpc"] = "grpc"
-    target: str = Field(default="127.0.0.1:50052", min_length=3, description="host:port of the memory's gRPC server.")
-    timeout_s: float = Field(default=30.0, gt=0, le=600, description="Per-call deadline.")
+"""Where envs are played: the sandbox service (``grpc``, the default) or an in-process pool (``pool``)."""
 
 
 class SqlMemory(BaseModel):
@@ -86,24 +67,20 @@ class SqlMemory(BaseModel):
 
 
 MemoryConfig = Annotated[
-    Annotated[GrpcMemory, Tag("grpc")] | Annotated[SqlMemory, Tag("sql")], Discriminator(_kind("grpc"))
+    Annotated[MemoryEndpoint, Tag("grpc")] | Annotated[SqlMemory, Tag("sql")], Discriminator(_kind("grpc"))
 ]
-QueueConfig = Annotated[
-    Annotated[RedisQueueConfig, Tag("redis")] | Annotated[InProcessQueueConfig, Tag("inprocess")],
-    Discriminator(_kind("redis")),
-]
+"""The environment memory: the memory service (``grpc``, the default) or its database directly (``sql``)."""
 
 
 def _default_consumer() -> str:
     return f"rollout-{socket.gethostname()}-{os.getpid()}"
 
 
-class RolloutSettings(BaseSettings):
+class RolloutSettings(ServiceSettings):
     """Settings of ``spade serve rollout`` (and of the rollout role in ``spade run``)."""
 
-    model_config = SettingsConfigDict(env_prefix="SPADE_ROLLOUT_", env_nested_delimiter="__", extra="forbid")
-
-    dev_mode: bool = Field(default=False, description="Allow unsafe defaults (sandbox without an API key).")
+    model_config = SettingsConfigDict(env_prefix="SPADE_ROLLOUT_")
+    service_name = "rollout"
 
     # What is played.
     group_size: int = Field(
@@ -137,7 +114,11 @@ class RolloutSettings(BaseSettings):
         default_factory=_default_consumer, min_length=1, max_length=200, description="This worker's unique name."
     )
     max_concurrent_plays: int = Field(default=8, ge=1, le=10_000, description="Plays in flight in this worker.")
-    sandbox_retries: int = Field(default=2, ge=0, le=100, description="Retries of a play after a sandbox fault.")
+    retry: RetryPolicy = Field(
+        default=DEFAULT_RETRY,
+        description="Tries of a play after a sandbox fault, and of an inference request after a transient "
+        "failure (each with its back-off).",
+    )
     max_deliveries: int = Field(
         default=5,
         ge=1,
@@ -157,8 +138,8 @@ class RolloutSettings(BaseSettings):
         description="SQLAlchemy URL of the rollout's active-set tables (Postgres shared by all workers).",
     )
     queue: QueueConfig = Field(default_factory=RedisQueueConfig, description="Work queue backend.")
-    sandbox: SandboxConfig = Field(default=GrpcSandbox.model_validate({}), description="Where envs are played.")
-    memory: MemoryConfig = Field(default=GrpcMemory.model_validate({}), description="The environment memory.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxEndpoint, description="Where envs are played.")
+    memory: MemoryConfig = Field(default_factory=MemoryEndpoint, description="The environment memory.")
     inference_urls: list[str] = Field(
         default_factory=lambda: ["http://127.0.0.1:30000"], min_length=1, description="Inference workers' URLs."
     )
@@ -166,13 +147,15 @@ class RolloutSettings(BaseSettings):
         default=None, description="The policy's checkpoint directory (its tokenizer); unset: the default SmolLM2 model."
     )
 
+    def unsafe_settings(self) -> list[str]:
+        if isinstance(self.sandbox, SandboxEndpoint) and self.sandbox.api_key is None:
+            return [
+                f"the sandbox has no API key: set {self.env_name('sandbox', 'api_key')} to the rollout's tenant key"
+            ]
+        return []
+
     @model_validator(mode="after")
-    def _refuse_unsafe(self) -> RolloutSettings:
-        if isinstance(self.sandbox, GrpcSandbox) and self.sandbox.api_key is None and not self.dev_mode:
-            raise ValueError(
-                "the sandbox has no API key: set SPADE_ROLLOUT_SANDBOX__API_KEY to the rollout's tenant key, "
-                "or SPADE_ROLLOUT_DEV_MODE=true for anonymous local use"
-            )
+    def _budgets(self) -> RolloutSettings:
         if self.max_tokens_per_turn >= self.max_total_tokens:
             raise ValueError(
                 f"max_tokens_per_turn ({self.max_tokens_per_turn}) must be below max_total_tokens "
@@ -190,21 +173,3 @@ class RolloutSettings(BaseSettings):
             top_p=self.top_p,
             top_k=self.top_k,
         )
-
-    @classmethod
-    def load(cls, path: Path | None = None, **overrides: Any) -> RolloutSettings:
-        """Settings from the environment, then ``path`` (YAML or JSON), then ``overrides``.
-
-        Raises:
-            ValueError: The file is not a mapping, or a value breaks a bound (pydantic names it).
-        """
-        data: dict[str, Any] = {}
-        if path is not None:
-            loaded = yaml.safe_load(path.read_text())
-            if loaded is None:
-                loaded = {}
-            if not isinstance(loaded, dict):
-                raise ValueError(f"{path} must hold a mapping of rollout settings, got {type(loaded).__name__}")
-            data.update(loaded)
-        data.update(overrides)
-        return cls(**data)

@@ -31,10 +31,14 @@ from services.rollout.samples import to_agent_sample, to_play_record
 from services.rollout.state_store import RolloutStateStore
 from spade.queues.base import ENVS_READY, SAMPLES_AGENT, WEIGHTS_PUBLISHED, Delivery, WorkQueue
 from spade.queues.messages import decode, publish_proto
+from spade.retry import RetryPolicy
 from spade.sandbox.errors import SandboxFault
 from spade.v1 import queues_pb2
 
 log = logging.getLogger(__name__)
+
+PLAY_RETRY = RetryPolicy(attempts=3, initial_s=0.0, max_s=0.0, jitter_s=0.0)
+"""Default tries of a play after a sandbox fault (a service configures its own: ``RolloutSettings.retry``)."""
 
 
 class EnvNotFound(LookupError):
@@ -50,7 +54,7 @@ class WorkerConfig:
     group_size: int = 8
     window: int = 4
     max_concurrent_plays: int = 8
-    sandbox_retries: int = 2
+    play_retry: RetryPolicy = PLAY_RETRY
     max_deliveries: int = 5
     lease_s: float = 600.0
     poll_s: float = 1.0
@@ -225,16 +229,13 @@ class RolloutWorker:
             raise
 
     async def _play(self, spec: EnvSpec, seed: int, hinted: bool) -> Play:
-        attempts = self.config.sandbox_retries + 1
-        for attempt in range(1, attempts + 1):
-            try:
-                async with self._plays:
+        """One play, replayed from the start after a sandbox fault (the env's state died with it)."""
+        what = f"playing {spec.env_id} seed {seed}"
+        async for attempt in self.config.play_retry.async_retrying(SandboxFault, logger=log, what=what):
+            with attempt:
+                async with self._plays:  # not held while backing off
                     return await self._runner.play(spec, seed, hinted=hinted)
-            except SandboxFault:
-                if attempt == attempts:
-                    raise
-                log.warning("sandbox fault playing %s seed %d (attempt %d); retrying", spec.env_id, seed, attempt)
-        raise AssertionError("unreachable")
+        raise AssertionError("unreachable: the retryer re-raises the last failure")
 
     async def _finish(self, spec: EnvSpec, version: int, plays: Sequence[Play]) -> None:
         """Publish, record and store progress, in that order (each step idempotent)."""

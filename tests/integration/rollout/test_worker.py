@@ -22,7 +22,7 @@ from services.memory.store.sql import SqlStore, make_engine, migrate
 from services.rollout.core.episode import EpisodeRunner, PlayLimits
 from services.rollout.core.ports import TurnSampling
 from services.rollout.core.seeds import play_seeds
-from services.rollout.memory import MemoryAdapter
+from services.rollout.memory import MemoryServicePlays
 from services.rollout.policy import FormatterTemplate, Generation
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
@@ -32,6 +32,7 @@ from spade.queues.config import InProcessQueueConfig, RedisQueueConfig
 from spade.queues.inprocess import InProcessQueue
 from spade.queues.messages import decode, publish_proto
 from spade.queues.redis_streams import RedisStreamQueue
+from spade.retry import RetryPolicy
 from spade.sandbox.errors import SandboxFault
 from spade.v1 import queues_pb2
 from tests.conftest import REDIS_URL
@@ -77,7 +78,7 @@ class Rig:
     def worker(self, name: str, policy: ScriptedPolicy | None = None) -> RolloutWorker:
         policy = policy or ScriptedPolicy(self.template, ["\\boxed{5}"], weight_version=None)
         runner = EpisodeRunner(self.sessions, policy, self.template, PlayLimits(max_turns=2, max_tokens_per_turn=32))
-        adapter = MemoryAdapter(self.memory)
+        adapter = MemoryServicePlays(self.memory)
         store = RolloutStateStore.from_url(self.state_url)
         config = WorkerConfig(consumer=name, group_size=G, window=K, block_ms=50, poll_s=0.05, lease_s=0.3)
         return RolloutWorker(self.queue, store, adapter, adapter, runner, config)
@@ -313,7 +314,7 @@ async def test_an_env_whose_first_plays_keep_failing_is_closed_not_redelivered_f
     env_id = await rig.put_env(version=0)
     rig.sessions.fault_on.update(play_seeds(env_id, 0, G))  # every first session of every seed faults
     worker = rig.worker("w1")
-    worker.config = dataclasses.replace(worker.config, sandbox_retries=0, max_deliveries=1)
+    worker.config = dataclasses.replace(worker.config, play_retry=RetryPolicy(attempts=1), max_deliveries=1)
     with pytest.raises(SandboxFault):
         await worker.step_envs()  # delivery 1 fails: left pending
     for _ in range(100):  # delivery 2 (after claim_idle_ms) exceeds max_deliveries

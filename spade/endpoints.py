@@ -1,0 +1,58 @@
+"""How a service reaches another one: the settings sections every caller of the sandbox or memory uses.
+
+One shape per concept, in every service: ``sandbox: {target, api_key, timeout_s, open_timeout_s,
+retry}`` and ``memory: {target, timeout_s}``, so the sandbox's address is
+``SPADE_DESIGNER_SANDBOX__TARGET`` in the designer and ``SPADE_ROLLOUT_SANDBOX__TARGET`` in the
+rollout. The inference servers are ``inference_urls`` and queues ``queue`` (``spade.queues.config``).
+
+>>> SandboxEndpoint(target="sandbox:50051").target
+'sandbox:50051'
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from spade.retry import RetryPolicy
+
+SANDBOX_RETRY = RetryPolicy(attempts=3, initial_s=0.05, multiplier=2.0, max_s=1.0, jitter_s=0.05)
+"""Tries of one sandbox call on a transient failure (quick: a healthy replica answers at once)."""
+
+
+class SandboxEndpoint(BaseModel):
+    """The sandbox service over gRPC."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["grpc"] = "grpc"
+    target: str = Field(
+        default="127.0.0.1:50051", min_length=3, max_length=500, description="host:port of the sandbox's gRPC server."
+    )
+    api_key: SecretStr | None = Field(
+        default=None, description="This service's sandbox tenant key (unset only in dev mode); never logged."
+    )
+    timeout_s: float = Field(
+        default=120.0, gt=0, le=3600, description="Deadline of one validation or execution call, in seconds."
+    )
+    open_timeout_s: float = Field(default=60.0, gt=0, le=3600, description="Longest wait for a session to open.")
+    retry: RetryPolicy = Field(
+        default=SANDBOX_RETRY, description="Tries of one sandbox call (or session open) on a transient failure."
+    )
+
+    def key(self) -> str | None:
+        """The API key in clear, for the client's ``authorization`` header."""
+        return self.api_key.get_secret_value() if self.api_key is not None else None
+
+
+class MemoryEndpoint(BaseModel):
+    """The memory service over gRPC."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["grpc"] = "grpc"
+    target: str = Field(
+        default="127.0.0.1:50052", min_length=3, max_length=500, description="host:port of the memory's gRPC server."
+    )
+    timeout_s: float = Field(default=30.0, gt=0, le=600, description="Deadline of each call, in seconds.")
