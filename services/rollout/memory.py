@@ -25,8 +25,11 @@ class MemoryApi(Protocol):
     async def update_stats(self, env_id: str, update: StatsUpdate) -> Environment: ...
 
 
-class MemoryAdapter:
-    """``EnvSource`` and ``PlayLog`` over the memory's API.
+class MemoryServicePlays:
+    """The rollout's ports to the memory (``EnvSource`` and ``PlayLog``) over the memory service's API.
+
+    Translates, nothing more: the memory's ``Environment`` into the core's ``EnvSpec``, the core's
+    ``PlayRecord`` into the memory's ``Play``, a retirement into a status update.
 
     Args:
         memory: ``MemoryService`` or ``MemoryClient``.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from services.rollout.core.episode import EpisodeRunner
 from services.rollout.core.ports import SessionOpener
-from services.rollout.memory import MemoryAdapter, MemoryApi
+from services.rollout.memory import MemoryApi, MemoryServicePlays
 from services.rollout.policy import FormatterTemplate, InferenceGenerator
 from services.rollout.sandbox import PoolSessions
 from services.rollout.settings import RolloutSettings
@@ -84,7 +84,7 @@ async def rollout_worker(
         runner = EpisodeRunner(sessions, InferenceGenerator(inference), template, settings.play_limits())
         store = RolloutStateStore.from_url(settings.state_url)
         stack.callback(store.dispose)
-        adapter = MemoryAdapter(memory)
+        adapter = MemoryServicePlays(memory)
         yield RolloutWorker(queue, store, adapter, adapter, runner, worker_config(settings))
 
 

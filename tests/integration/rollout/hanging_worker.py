@@ -15,7 +15,7 @@ from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine
 from services.rollout.core.episode import EpisodeRunner, PlayLimits
 from services.rollout.core.ports import TurnSampling
-from services.rollout.memory import MemoryAdapter
+from services.rollout.memory import MemoryServicePlays
 from services.rollout.policy import FormatterTemplate, Generation
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
@@ -42,7 +42,7 @@ async def main(args: dict[str, str]) -> None:
     policy = StallingPolicy(template, ["\\boxed{0}"], weight_version=None)
     policy.ready_file = Path(args["ready_file"])
     queue = RedisStreamQueue(RedisQueueConfig(url=args["redis_url"], prefix=args["prefix"], claim_idle_ms=500))
-    memory = MemoryAdapter(MemoryService(SqlStore(make_engine(args["memory_url"]))))
+    memory = MemoryServicePlays(MemoryService(SqlStore(make_engine(args["memory_url"]))))
     sessions = LocalSessions({args["code"]: CountdownEnv})
     runner = EpisodeRunner(sessions, policy, template, PlayLimits(max_turns=2, max_tokens_per_turn=32))
     config = WorkerConfig(consumer="doomed", group_size=int(args["group_size"]), block_ms=50, poll_s=0.05)

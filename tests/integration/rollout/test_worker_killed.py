@@ -19,7 +19,7 @@ import pytest
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from services.rollout.core.episode import EpisodeRunner, PlayLimits
-from services.rollout.memory import MemoryAdapter
+from services.rollout.memory import MemoryServicePlays
 from services.rollout.policy import FormatterTemplate
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
@@ -74,7 +74,7 @@ async def test_a_killed_worker_process_loses_nothing(tmp_path: Path, template: F
         proc.wait(30)
         assert await queue.pending(ENVS_READY, "rollout") == 1  # delivered, never acknowledged
 
-        adapter = MemoryAdapter(memory)
+        adapter = MemoryServicePlays(memory)
         runner = EpisodeRunner(
             LocalSessions({code: CountdownEnv}),
             ScriptedPolicy(template, ["\\boxed{0}"], weight_version=None),
