@@ -6,49 +6,45 @@ Settings come from ``SPADE_DESIGNER_*`` environment variables; options given her
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import signal
 from pathlib import Path
 
 import click
 
+from spade.serving.run import config_option
 
-def _settings(**overrides: object) -> object:
+
+def _offline_settings(**overrides: object) -> object:
+    """Settings of the offline tools: they call no service, so the sandbox key is not needed."""
     from services.designer.settings import DesignerSettings
+    from spade.serving.run import settings_or_exit
 
-    return DesignerSettings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+    return settings_or_exit(DesignerSettings, None, dev_mode=True, **overrides)
 
 
 @click.command()
+@config_option
 @click.option("--setting", type=click.Choice(["game", "tool"]), default=None, help="Which kind of env to design.")
 @click.option("--corpus", "corpus_path", type=click.Path(path_type=Path, exists=True), default=None)
 @click.option("--dev", "dev_mode", is_flag=True, default=None, help="Allow unsafe defaults (local development).")
-def serve(setting: str | None, corpus_path: Path | None, dev_mode: bool | None) -> None:
+def serve(config_file: Path | None, setting: str | None, corpus_path: Path | None, dev_mode: bool | None) -> None:
     """The environment designer (distributed mode): designs a batch per k published weight versions."""
     from services.designer.settings import DesignerSettings
     from services.designer.wiring import designer_service
     from services.designer.worker import serve_forever
+    from spade.serving.run import run_until_signalled, settings_or_exit
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    settings = _settings(setting=setting, corpus_path=corpus_path, dev_mode=dev_mode)
-    assert isinstance(settings, DesignerSettings)
-    try:
-        settings.require_safe()
-    except ValueError as error:
-        raise click.UsageError(str(error)) from None
+    settings = settings_or_exit(
+        DesignerSettings, config_file, setting=setting, corpus_path=corpus_path, dev_mode=dev_mode
+    )
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
+    async def main(stop: asyncio.Event) -> None:
         async with designer_service(settings) as runtime:
             await serve_forever(runtime.designer, runtime.queue, regenerate_every=settings.regenerate_every, stop=stop)
 
-    asyncio.run(main())
+    run_until_signalled(main)
 
 
 @click.group()
@@ -85,7 +81,7 @@ def show_prompt(setting: str, skill: str | None, corpus_path: Path | None, seed:
     from spade.inference.chat import ChatFormatter
     from spade.inference.models import load_tokenizer, resolve_model_path
 
-    settings = _settings(setting=setting, corpus_path=corpus_path, corpus_seed=seed)
+    settings = _offline_settings(setting=setting, corpus_path=corpus_path, corpus_seed=seed)
     assert isinstance(settings, DesignerSettings)
     chosen = skill_named(setting, skill) if skill else skills_for(setting)[0]
     document = CorpusSampler(load_corpus(settings), seed=seed).next_document()

@@ -10,22 +10,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from services.designer.core.loop import DesignerConfig
 from services.designer.core.ports import Sampling
-from spade.queues.config import InProcessQueueConfig, QueueConfig
+from spade.config import ServiceSettings
+from spade.endpoints import MemoryEndpoint, SandboxEndpoint
+from spade.inference.client import DEFAULT_RETRY
+from spade.queues.config import QueueConfig, RedisQueueConfig
+from spade.retry import RetryPolicy
 
 
-class DesignerSettings(BaseSettings):
+class DesignerSettings(ServiceSettings):
     """Everything the designer needs; see each field's description."""
 
-    model_config = SettingsConfigDict(env_prefix="SPADE_DESIGNER_", env_nested_delimiter="__", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="SPADE_DESIGNER_")
+    service_name = "designer"
 
-    dev_mode: bool = Field(
-        default=False, description="Allow unsafe defaults (a sandbox without an API key) for local development."
-    )
     setting: Literal["game", "tool"] = Field(default="game", description="Which kind of environment to design.")
 
     # --- the batch -------------------------------------------------------------------------------
@@ -80,11 +82,14 @@ class DesignerSettings(BaseSettings):
     tokenizer_path: Path | None = Field(
         default=None, description="Checkpoint dir holding the policy's tokenizer (default: the embedded model's)."
     )
-    sandbox_address: str = Field(default="127.0.0.1:50051", description="host:port of the sandbox gRPC service.")
-    sandbox_api_key: SecretStr | None = Field(default=None, description="Bearer key for the sandbox service.")
-    memory_address: str = Field(default="127.0.0.1:50052", description="host:port of the memory gRPC service.")
-    queue: QueueConfig = Field(default_factory=InProcessQueueConfig, description="Work-queue backend.")
-    publish_timeout_s: float = Field(default=30.0, gt=0, le=3600, description="Wait for room in a full queue.")
+    sandbox: SandboxEndpoint = Field(default=SandboxEndpoint(), description="The sandbox service (validation).")
+    memory: MemoryEndpoint = Field(default=MemoryEndpoint(), description="The memory service.")
+    queue: QueueConfig = Field(
+        default_factory=RedisQueueConfig, description="Work-queue backend (its publish_timeout_s bounds a full queue)."
+    )
+    retry: RetryPolicy = Field(
+        default=DEFAULT_RETRY, description="Tries of an inference request after a transient failure, with back-off."
+    )
 
     @model_validator(mode="after")
     def _budget_fits_the_context(self) -> DesignerSettings:
@@ -99,17 +104,10 @@ class DesignerSettings(BaseSettings):
             )
         return self
 
-    def require_safe(self) -> None:
-        """Refuse unsafe defaults outside dev mode (call in ``serve``).
-
-        Raises:
-            ValueError: No sandbox API key and not in dev mode.
-        """
-        if not self.dev_mode and self.sandbox_api_key is None:
-            raise ValueError(
-                "SPADE_DESIGNER_SANDBOX_API_KEY is not set: the sandbox needs a key outside dev mode "
-                "(set the key, or SPADE_DESIGNER_DEV_MODE=true for local development)"
-            )
+    def unsafe_settings(self) -> list[str]:
+        if self.sandbox.api_key is None:
+            return [f"{self.env_name('sandbox', 'api_key')} is not set: the sandbox needs the designer's tenant key"]
+        return []
 
     def loop_config(self) -> DesignerConfig:
         """The core loop's configuration."""
@@ -127,5 +125,5 @@ class DesignerSettings(BaseSettings):
             n_negative=self.n_negative,
             excerpt_chars=self.excerpt_chars,
             max_hint_chars=self.max_hint_chars,
-            publish_timeout_s=self.publish_timeout_s,
+            publish_timeout_s=self.queue.publish_timeout_s,
         )

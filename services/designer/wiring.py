@@ -98,7 +98,7 @@ async def designer_service(
 
     Args:
         settings: The service settings.
-        memory_factory: Builds the memory client from ``settings.memory_address`` (default: the
+        memory_factory: Builds the memory client from ``settings.memory.target`` (default: the
             memory service's gRPC client, ``spade.memory.client.MemoryClient``).
     """
     from services.designer.adapters import InferencePolicy, MemoryServiceEnvironments, SandboxServiceValidator
@@ -107,17 +107,24 @@ async def designer_service(
     from spade.queues.config import make_queue
     from spade.sandbox.client import SandboxClient
 
-    settings.require_safe()
     tokenizer = resolve_model_path(settings.tokenizer_path)
     if memory_factory is None:
         from spade.memory.client import MemoryClient
 
-        memory_factory = MemoryClient
+        def memory_factory(target: str) -> object:
+            return MemoryClient(target, timeout_s=settings.memory.timeout_s)
+
     queue = make_queue(settings.queue)
-    key = settings.sandbox_api_key.get_secret_value() if settings.sandbox_api_key else None
-    sandbox = SandboxClient(settings.sandbox_address, key)
-    client = InferenceClient(settings.inference_urls, tokenizer_path=tokenizer)
-    memory_client = memory_factory(settings.memory_address)
+    endpoint = settings.sandbox
+    sandbox = SandboxClient(
+        endpoint.target,
+        endpoint.key(),
+        timeout_s=endpoint.timeout_s,
+        open_timeout_s=endpoint.open_timeout_s,
+        retry=endpoint.retry,
+    )
+    client = InferenceClient(settings.inference_urls, tokenizer_path=tokenizer, retry=settings.retry)
+    memory_client = memory_factory(settings.memory.target)
     try:
         await client.wait_ready()
         designer = build_designer(

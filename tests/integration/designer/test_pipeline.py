@@ -141,7 +141,7 @@ def test_default_prompts_fit_smollm2_context_with_the_real_tokenizer() -> None:
     from spade.inference.chat import ChatFormatter
     from spade.inference.models import ensure_default_model, load_tokenizer
 
-    settings = DesignerSettings()
+    settings = DesignerSettings(dev_mode=True)
     formatter = ChatFormatter(load_tokenizer(ensure_default_model()))
     long_doc = " ".join(f"theorem{i} states that x{i} + y{i} = z{i}." for i in range(2000))
     for setting in ("game", "tool"):

@@ -93,8 +93,8 @@ async def test_the_wired_designer_turns_a_real_model_attempt_into_a_token_exact_
             "corpus_path": corpus,
             "inference_urls": [inference.url],
             "tokenizer_path": inference.engine.model_path,
-            "sandbox_address": addresses["sandbox"],
-            "memory_address": addresses["memory"],
+            "sandbox": {"target": addresses["sandbox"]},
+            "memory": {"target": addresses["memory"]},
             "queue": queue_config,
         }
     )

@@ -26,10 +26,11 @@ from .conftest import MarkerValidator, ScriptedPolicy, answer
 
 def test_the_prompt_and_output_budget_must_fit_the_context() -> None:
     with pytest.raises(ValidationError, match="context_tokens"):
-        DesignerSettings(max_prompt_tokens=7000, max_new_tokens=2048)
-    assert DesignerSettings(context_tokens=32768, max_prompt_tokens=16000, max_new_tokens=16000).setting == "game"
+        DesignerSettings(dev_mode=True, max_prompt_tokens=7000, max_new_tokens=2048)
+    big = DesignerSettings(dev_mode=True, context_tokens=32768, max_prompt_tokens=16000, max_new_tokens=16000)
+    assert big.setting == "game"
     with pytest.raises(ValidationError, match="doc_min_words"):
-        DesignerSettings(doc_max_words=50, doc_min_words=100)
+        DesignerSettings(dev_mode=True, doc_max_words=50, doc_min_words=100)
 
 
 def test_settings_come_from_the_environment_and_unsafe_defaults_refuse_to_start(
@@ -37,13 +38,17 @@ def test_settings_come_from_the_environment_and_unsafe_defaults_refuse_to_start(
 ) -> None:
     monkeypatch.setenv("SPADE_DESIGNER_SETTING", "tool")
     monkeypatch.setenv("SPADE_DESIGNER_ENVS_PER_BATCH", "12")
+    with pytest.raises(ValidationError, match="SPADE_DESIGNER_SANDBOX__API_KEY"):
+        DesignerSettings()  # refused when built: no caller has to remember a check
+    monkeypatch.setenv("SPADE_DESIGNER_SANDBOX__API_KEY", "k")
+    monkeypatch.setenv("SPADE_DESIGNER_QUEUE__PUBLISH_TIMEOUT_S", "7")
     settings = DesignerSettings()
     assert (settings.setting, settings.envs_per_batch) == ("tool", 12)
+    assert settings.sandbox.key() == "k" and "'k'" not in repr(settings)
     assert settings.loop_config().sampling.max_new_tokens == settings.max_new_tokens
-    with pytest.raises(ValueError, match="SANDBOX_API_KEY"):
-        settings.require_safe()
-    DesignerSettings(dev_mode=True).require_safe()
-    DesignerSettings(sandbox_api_key=SecretStr("k")).require_safe()
+    assert settings.loop_config().publish_timeout_s == 7.0
+    assert DesignerSettings(dev_mode=True, sandbox={"api_key": None}).sandbox.api_key is None
+    assert DesignerSettings(sandbox={"api_key": SecretStr("k2")}).sandbox.key() == "k2"
 
 
 def test_weight_versions_from_the_server_become_integers() -> None:
@@ -101,11 +106,11 @@ def test_build_corpus_command_writes_the_tool_corpus(tmp_path: Path) -> None:
 def test_serve_refuses_to_start_without_a_sandbox_key_outside_dev_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     from services.designer.cli import serve
 
-    monkeypatch.delenv("SPADE_DESIGNER_SANDBOX_API_KEY", raising=False)
+    monkeypatch.delenv("SPADE_DESIGNER_SANDBOX__API_KEY", raising=False)
     monkeypatch.delenv("SPADE_DESIGNER_DEV_MODE", raising=False)
     result = CliRunner().invoke(serve, [])
     assert result.exit_code == 2
-    assert "SANDBOX_API_KEY" in result.output
+    assert "SPADE_DESIGNER_SANDBOX__API_KEY" in result.output and "Traceback" not in result.output
 
 
 def test_sandbox_reports_become_the_cores_validation_result() -> None:
