@@ -32,7 +32,7 @@ from spade.queues.base import ENVS_READY, SAMPLES_DESIGNER
 from spade.queues.config import InProcessQueueConfig
 from spade.queues.inprocess import InProcessQueue
 from spade.v1 import queues_pb2
-from tests.unit.designer.conftest import ScriptedPolicy
+from tests.unit.designer.conftest import ScriptedPolicy, drain
 
 CHECKS = CheckConfig(seeds=(0, 1, 2), random_policy_episodes=10)
 
@@ -56,15 +56,6 @@ def memory_service(tmp_path: Path) -> MemoryService:
     engine = make_engine(f"sqlite:///{tmp_path / 'memory.db'}")
     migrate(engine)
     return MemoryService(SqlStore(engine))
-
-
-async def drain(queue: InProcessQueue, stream: str) -> list[bytes]:
-    out = []
-    while batch := await queue.consume(stream, "test", "t", count=100, block_ms=10):
-        for d in batch:
-            out.append(d.payload)
-            await queue.ack(stream, "test", d.message_id)
-    return out
 
 
 @pytest.mark.parametrize("setting", ["game", "tool"])

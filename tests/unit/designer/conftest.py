@@ -132,6 +132,16 @@ def outbox() -> RecordingOutbox:
     return RecordingOutbox()
 
 
+async def drain(queue: InProcessQueue, stream: str) -> list[bytes]:
+    """Every message waiting on ``stream`` (consumed and acknowledged by a test consumer group)."""
+    out = []
+    while batch := await queue.consume(stream, "test", "t", count=100, block_ms=10):
+        for d in batch:
+            out.append(d.payload)
+            await queue.ack(stream, "test", d.message_id)
+    return out
+
+
 @pytest.fixture
 async def queue() -> AsyncIterator[InProcessQueue]:
     q = InProcessQueue(InProcessQueueConfig(max_len=1000, publish_timeout_s=1.0))

@@ -8,6 +8,8 @@ from spade.queues.base import ENVS_READY, SAMPLES_DESIGNER
 from spade.queues.inprocess import InProcessQueue
 from spade.v1 import queues_pb2
 
+from .conftest import drain
+
 SAMPLE = DesignerSample(
     sample_id="s-1",
     env_id="e-1",
@@ -23,15 +25,6 @@ SAMPLE = DesignerSample(
     batch_id="b-1",
 )
 READY = EnvReady(env_id="e-2", setting="game", skill="Optimization", weight_version=9, designer_sample_id="s-2")
-
-
-async def drain(queue: InProcessQueue, stream: str) -> list[bytes]:
-    out = []
-    while batch := await queue.consume(stream, "test", "t", count=100, block_ms=10):
-        for d in batch:
-            out.append(d.payload)
-            await queue.ack(stream, "test", d.message_id)
-    return out
 
 
 async def test_every_field_reaches_the_wire_and_republishing_is_idempotent(queue: InProcessQueue) -> None:
