@@ -25,12 +25,14 @@ from datetime import UTC, datetime
 
 from sqlalchemy import create_engine, insert, text
 
-from services.memory.grpc_server import start_grpc
+from services.memory.grpc_server import grpc_service
 from services.memory.service import MemoryService
 from services.memory.store.models import EnvironmentRow, EnvStatsRow
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from spade.memory.client import MemoryClient
 from spade.memory.records import NewEnvironment
+from spade.serving.grpc import grpc_server
+from spade.serving.settings import ServerAddress
 
 SKILLS = [
     ("game", s)
@@ -171,15 +173,14 @@ async def run(args: argparse.Namespace) -> None:
             t = time.perf_counter()
             await service.sample_examples(setting, skill, 2, 1, seed=rng.randrange(1 << 30))
             svc_lat.append(time.perf_counter() - t)
-        server, port = await start_grpc(service)
-        client = MemoryClient(f"127.0.0.1:{port}")
-        for _ in range(args.samples):
-            setting, skill = rng.choice(SKILLS)
-            t = time.perf_counter()
-            await client.sample_examples(setting, skill, 2, 1, seed=rng.randrange(1 << 30))
-            grpc_lat.append(time.perf_counter() - t)
-        await client.close()
-        await server.stop(None)
+        async with grpc_server([grpc_service(service)], ServerAddress(port=0), service="memory") as running:
+            client = MemoryClient(f"127.0.0.1:{running.port}")
+            for _ in range(args.samples):
+                setting, skill = rng.choice(SKILLS)
+                t = time.perf_counter()
+                await client.sample_examples(setting, skill, 2, 1, seed=rng.randrange(1 << 30))
+                grpc_lat.append(time.perf_counter() - t)
+            await client.close()
     finally:
         engine.dispose()
         with admin.connect() as c:

@@ -17,40 +17,28 @@ from pydantic import ValidationError
 
 from spade.memory.errors import MemoryServiceError
 from spade.memory.records import EnvFilter, EnvStatus
+from spade.serving.run import config_option
 
 DEFAULT_DB = "sqlite:///spade-memory.db"
 
 
 @click.command()
-def serve() -> None:
-    """Run the memory service: gRPC (spade.v1.Memory) and the REST API + web page.
+@config_option
+@click.option("--dev", "dev_mode", is_flag=True, default=None, help="Dev mode: an open REST API without keys.")
+def serve(config_file: Path | None, dev_mode: bool | None) -> None:
+    """Run the memory service: gRPC (spade.v1.Memory) and the REST API + web page, until SIGTERM/SIGINT.
 
-    Configured by SPADE_MEMORY_* environment variables (see services/memory/settings.py).
+    Configured by SPADE_MEMORY_* environment variables or --config (see services/memory/settings.py).
     """
     from services.memory.settings import MemorySettings
+    from services.memory.wiring import serve_forever
+    from spade.serving.run import run_until_signalled, settings_or_exit
 
+    settings = settings_or_exit(MemorySettings, config_file, dev_mode=dev_mode)
     try:
-        settings = MemorySettings()
-    except ValidationError as exc:
-        raise click.ClickException(f"invalid memory settings:\n{exc}") from None
-    asyncio.run(_serve(settings))
-
-
-async def _serve(settings: Any) -> None:
-    import uvicorn
-
-    from services.memory.grpc_server import start_grpc
-    from services.memory.wiring import build
-
-    app = build(settings)
-    server, port = await start_grpc(app.service, f"{settings.grpc_host}:{settings.grpc_port}")
-    click.echo(f"memory gRPC on {settings.grpc_host}:{port}; REST on http://{settings.rest_host}:{settings.rest_port}")
-    rest = uvicorn.Server(uvicorn.Config(app.rest, host=settings.rest_host, port=settings.rest_port, log_level="info"))
-    try:
-        await rest.serve()  # returns on SIGINT/SIGTERM
-    finally:
-        await server.stop(grace=5)
-        app.close()
+        run_until_signalled(lambda stop: serve_forever(settings, stop))
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 # -- spade envs -------------------------------------------------------------------------------------
@@ -224,15 +212,15 @@ def export(database_url: str, output: str | None, **kw: Any) -> None:
 @click.option("--token", help="The token to hash (prompted, hidden, when omitted).")
 @click.option("--generate", is_flag=True, help="Generate a new random token and print it with its hash.")
 def hash_token_cmd(token: str | None, generate: bool) -> None:
-    """Print the SHA-256 of an API token for SPADE_MEMORY_API_TOKEN_SHA256."""
-    from services.memory.settings import hash_token
+    """Print the SHA-256 of an API key, for ``key_sha256`` in SPADE_MEMORY_API_KEYS or SPADE_SANDBOX_API_KEYS."""
+    from spade.auth import hash_key
 
     if generate:
         token = secrets.token_urlsafe(32)
         click.echo(f"token:  {token}")
     elif token is None:
         token = click.prompt("token", hide_input=True)
-    click.echo(f"sha256: {hash_token(token or '')}" if generate else hash_token(token or ""))
+    click.echo(f"sha256: {hash_key(token or '')}" if generate else hash_key(token or ""))
 
 
 @envs.command("seed")

@@ -1,27 +1,26 @@
 """The read-only REST inspection API and the small web page, on FastAPI.
 
-Every ``/v1`` route and the page need a bearer token (``Authorization: Bearer <token>``; the page also
-takes the ``spade_memory_token`` cookie set by ``/login``). ``/healthz``, ``/metrics`` and ``/docs``
-are open. Domain errors map to status codes in ``_errors`` only: bad filters and cursors are 422 with
-a message naming the rule, unknown ids 404.
+Every ``/v1`` route and the page need a key (``Authorization: Bearer <key>``; the page also takes
+the ``spade_memory_token`` cookie set by ``/login``). ``/healthz``, ``/metrics`` and ``/docs`` are
+open. Errors, bearer authentication, ``/healthz`` and ``/metrics`` are the shared ones of
+``spade.serving.http``: every error answers ``{"error": {"code", "message"}}`` — bad filters and
+cursors 422 with a message naming the rule, unknown ids 404.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, StreamingResponse
 from fastapi.templating import Jinja2Templates
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -31,8 +30,8 @@ from pygments.lexers import PythonLexer
 
 from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings
-from spade.memory.errors import EnvironmentNotFound, InvalidArgument
 from spade.memory.records import EnvFilter, Environment, EnvStatus, Play, Setting
+from spade.serving.http import HttpMetrics, bearer_auth, install_error_handlers, ops_router
 
 COOKIE = "spade_memory_token"
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
@@ -178,7 +177,6 @@ def env_filter(params: Annotated[FilterParams, Query()]) -> EnvFilter:
 
 Filter = Annotated[EnvFilter, Depends(env_filter)]
 # Module level: route annotations are resolved in this module's namespace.
-BearerCreds = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
 Limit = Annotated[int, Query(ge=1, le=1000, description="Page size")]
 Cursor = Annotated[str | None, Query(max_length=200, description="next_cursor of the previous page")]
 
@@ -215,51 +213,20 @@ def create_app(service: MemoryService, settings: MemorySettings) -> FastAPI:
         description="Read-only inspection of every environment the designer produced and how the agent did.",
     )
     registry = CollectorRegistry()
-    requests = Counter("spade_memory_http_requests", "HTTP requests", ["route", "code"], registry=registry)
-    latency = Histogram("spade_memory_http_seconds", "HTTP latency", ["route"], registry=registry)
     registry.register(_MemoryCollector(service))
+    keyring = settings.keyring()
+    auth = [Depends(bearer_auth(keyring, cookie=COOKIE))]
+    install_error_handlers(app, service="memory")
 
-    def authorised(request: Request, creds: BearerCreds) -> None:
-        token = creds.credentials if creds else request.cookies.get(COOKIE, "")
-        if not settings.token_ok(token):
-            raise HTTPException(
-                status_code=401,
-                detail="missing or invalid bearer token: send 'Authorization: Bearer <token>'",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-
-    auth = [Depends(authorised)]
-
-    @app.middleware("http")
-    async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        name = getattr(route, "path", "unmatched")
-        requests.labels(name, str(response.status_code)).inc()
-        latency.labels(name).observe(time.perf_counter() - start)
-        return response
-
-    @app.exception_handler(EnvironmentNotFound)
-    async def _not_found(_: Request, exc: EnvironmentNotFound) -> JSONResponse:
-        return JSONResponse(status_code=404, content={"detail": str(exc)})
-
-    @app.exception_handler(InvalidArgument)
-    async def _invalid(_: Request, exc: InvalidArgument) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": str(exc)})
-
-    @app.get("/healthz", tags=["ops"])
-    async def healthz() -> JSONResponse:
+    async def health() -> tuple[bool, dict[str, Any]]:
         try:
             await asyncio.to_thread(service.store.ping)
         except Exception:
-            return JSONResponse(status_code=503, content={"status": "unavailable", "database": "unreachable"})
-        return JSONResponse(content={"status": "ok"})
+            return False, {"status": "unavailable", "database": "unreachable"}
+        return True, {"status": "ok"}
 
-    @app.get("/metrics", tags=["ops"])
-    async def metrics() -> Response:
-        body = await asyncio.to_thread(generate_latest, registry)
-        return Response(content=body, media_type=CONTENT_TYPE_LATEST)
+    app.include_router(ops_router(health=health, registry=registry))
+    app.add_middleware(HttpMetrics, service="memory", registry=registry)
 
     @app.get("/v1/environments", response_model=EnvPage, dependencies=auth, tags=["environments"])
     async def list_environments(
@@ -325,7 +292,7 @@ def create_app(service: MemoryService, settings: MemorySettings) -> FastAPI:
         # A one-field urlencoded form; parsed here to avoid a multipart dependency for it.
         form = parse_qs((await request.body()).decode(errors="replace"))
         token = (form.get("token") or [""])[0]
-        if not settings.token_ok(token):
+        if keyring.verify(token) is None:
             return TEMPLATES.TemplateResponse(request, "login.html", {"error": "invalid token"}, status_code=401)
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
@@ -334,7 +301,7 @@ def create_app(service: MemoryService, settings: MemorySettings) -> FastAPI:
     def page_auth(request: Request) -> bool:
         creds = request.headers.get("authorization", "")
         token = creds[7:] if creds.lower().startswith("bearer ") else request.cookies.get(COOKIE, "")
-        return settings.token_ok(token)
+        return keyring.verify(token) is not None
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False, response_model=None)
     async def index(request: Request, cursor: Cursor = None) -> Response:

@@ -1,52 +1,46 @@
 """Settings of the memory service (environment variables prefixed ``SPADE_MEMORY_``).
 
-Built once in the entry point (``cli.py``) and passed down. API tokens are stored as SHA-256 hashes
-only: generate one with ``spade envs hash-token`` and put the hash in ``SPADE_MEMORY_API_TOKEN_SHA256``
-(a JSON list). Outside dev mode the service refuses to start without at least one.
+Built once in the entry point (``cli.py``) and passed down. API keys are stored as SHA-256 digests
+only, per tenant: ``SPADE_MEMORY_API_KEYS='[{"tenant": "ops", "key_sha256": "<hex>"}]'`` (make a key
+and its digest with ``spade envs hash-token --generate``). Outside dev mode the service refuses to
+start without at least one.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import re
 from typing import Self
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from services.memory.core.policy import PolicyConfig
 from services.memory.core.scoring import ScoringConfig
-
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def hash_token(token: str) -> str:
-    """SHA-256 hex digest of an API token (what the settings store)."""
-    return hashlib.sha256(token.encode()).hexdigest()
+from spade.auth import ApiKey, KeyRing, check_unique_keys
+from spade.config import ServiceSettings
+from spade.serving.settings import ServerAddress
 
 
-class MemorySettings(BaseSettings):
+class MemorySettings(ServiceSettings):
     """Everything the memory service reads from its environment."""
 
-    model_config = SettingsConfigDict(env_prefix="SPADE_MEMORY_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="SPADE_MEMORY_")
+    service_name = "memory"
 
-    dev_mode: bool = Field(
-        default=False, description="Allow unsafe defaults (no API token: the REST API is open). Never in production."
-    )
     database_url: str = Field(
         default="sqlite:///spade-memory.db",
         min_length=1,
         description="SQLAlchemy URL: postgresql+psycopg://... (distributed) or sqlite:///file.db (embedded).",
     )
     migrate_on_start: bool = Field(default=True, description="Apply the Alembic migrations when starting.")
-    grpc_host: str = Field(default="0.0.0.0", description="Interface of the gRPC server.")
-    grpc_port: int = Field(default=50052, ge=0, le=65535, description="gRPC port (0: any free port).")
-    rest_host: str = Field(default="127.0.0.1", description="Interface of the REST API and web page.")
-    rest_port: int = Field(default=8082, ge=0, le=65535, description="REST port.")
-    api_token_sha256: list[str] = Field(
-        default_factory=list,
-        description="SHA-256 hex digests of the accepted bearer tokens (see `spade envs hash-token`).",
+    grpc: ServerAddress = Field(
+        default=ServerAddress(host="0.0.0.0", port=50052),
+        description="Where the gRPC server (used by the other services, inside the private network) listens.",
+    )
+    http: ServerAddress = Field(
+        default=ServerAddress(host="127.0.0.1", port=8082), description="Where the REST API and web page listen."
+    )
+    api_keys: list[ApiKey] = Field(
+        default_factory=list, description="Tenants allowed to read the REST API and the web page."
     )
 
     window: int = Field(default=200, ge=1, le=100_000, description="Scored environments per skill the policy sees.")
@@ -60,24 +54,22 @@ class MemorySettings(BaseSettings):
     window_versions: int = Field(default=4, ge=1, le=10_000, description="k: weight versions an environment is active.")
     win_threshold: float = Field(default=1.0, ge=0.0, le=1.0, description="Least return that counts as a win.")
 
-    @field_validator("api_token_sha256")
+    @field_validator("api_keys")
     @classmethod
-    def _hashes_only(cls, v: list[str]) -> list[str]:
-        for h in v:
-            if not _SHA256.match(h):
-                raise ValueError(
-                    "api_token_sha256 holds SHA-256 hex digests, not tokens: hash a token with "
-                    "`spade envs hash-token` and store the 64-character result"
-                )
-        return v
+    def _unique_keys(cls, keys: list[ApiKey]) -> list[ApiKey]:
+        check_unique_keys(keys)
+        return keys
+
+    def unsafe_settings(self) -> list[str]:
+        if not self.api_keys:
+            return [
+                f"no API key configured: set {self.env_name('api_keys')} to tenants with key_sha256 "
+                "(`spade envs hash-token --generate`); without keys the REST API is open"
+            ]
+        return []
 
     @model_validator(mode="after")
-    def _safe_outside_dev_mode(self) -> Self:
-        if not self.dev_mode and not self.api_token_sha256:
-            raise ValueError(
-                "no API token configured: set SPADE_MEMORY_API_TOKEN_SHA256 to a JSON list of token hashes "
-                "(`spade envs hash-token`), or SPADE_MEMORY_DEV_MODE=1 for an open local API"
-            )
+    def _bands(self) -> Self:
         if not self.positive_low <= self.positive_high:
             raise ValueError(f"positive_low {self.positive_low} must be <= positive_high {self.positive_high}")
         if not self.too_hard <= self.too_easy:
@@ -104,9 +96,6 @@ class MemorySettings(BaseSettings):
             learnable_band=(self.positive_low, self.positive_high),
         )
 
-    def token_ok(self, token: str) -> bool:
-        """Whether ``token`` is accepted (constant-time per configured hash). Open in dev mode without tokens."""
-        if not self.api_token_sha256:
-            return self.dev_mode
-        digest = hash_token(token)
-        return any(hmac.compare_digest(digest, h) for h in self.api_token_sha256)
+    def keyring(self) -> KeyRing[str]:
+        """The tenants by key digest; in dev mode without keys the API is open (as ``dev``)."""
+        return KeyRing({k.key_sha256: k.tenant for k in self.api_keys}, anonymous="dev" if self.dev_mode else None)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import FastAPI
@@ -9,11 +13,16 @@ from fastapi import FastAPI
 from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings
 from services.memory.store.sql import SqlStore, make_engine, migrate
+from spade.memory.wire import GRPC_OPTIONS
+from spade.serving.grpc import RunningGrpc, grpc_server
+from spade.serving.http import RunningHttp, http_server
+
+log = logging.getLogger("spade.memory")
 
 
 @dataclass
 class MemoryApp:
-    """The wired service and its REST app (the gRPC server is started by the caller, it needs a loop)."""
+    """The wired service and its REST app (``serving`` starts the servers)."""
 
     settings: MemorySettings
     service: MemoryService
@@ -38,3 +47,48 @@ def build(settings: MemorySettings) -> MemoryApp:
 
     service = build_service(settings)
     return MemoryApp(settings=settings, service=service, rest=create_app(service, settings))
+
+
+@dataclass
+class RunningServers:
+    """A started memory service: both servers, their ports resolved when 0 was asked."""
+
+    app: MemoryApp
+    grpc: RunningGrpc
+    http: RunningHttp
+
+
+@contextlib.asynccontextmanager
+async def serving(settings: MemorySettings) -> AsyncIterator[RunningServers]:
+    """Run the gRPC API and the REST API + web page on one event loop until the context exits."""
+    from services.memory.grpc_server import grpc_service
+
+    app = build(settings)
+    options = dict(GRPC_OPTIONS)
+    try:
+        async with (
+            grpc_server(
+                [grpc_service(app.service)],
+                settings.grpc,
+                service="memory",
+                max_receive_bytes=options["grpc.max_receive_message_length"],
+                max_send_bytes=options["grpc.max_send_message_length"],
+            ) as grpc_running,
+            http_server(app.rest, settings.http, service="memory", log_level="info") as http_running,
+        ):
+            yield RunningServers(app, grpc_running, http_running)
+    finally:
+        app.close()
+
+
+async def serve_forever(settings: MemorySettings, stop: asyncio.Event) -> None:
+    """Entry point of ``spade serve memory``: serve until ``stop`` is set (SIGTERM/SIGINT)."""
+    async with serving(settings) as running:
+        log.warning(
+            "memory serving: gRPC %s:%d, REST http://%s:%d (OpenAPI at /docs)",
+            settings.grpc.host,
+            running.grpc.port,
+            settings.http.host,
+            running.http.port,
+        )
+        await stop.wait()

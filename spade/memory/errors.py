@@ -1,14 +1,19 @@
-"""Domain errors of the memory; each adapter maps them to its status codes in one place."""
+"""Domain errors of the memory; their kinds map to HTTP and gRPC statuses in ``spade.serving.errors``."""
 
 from __future__ import annotations
 
+from spade.errors import ErrorKind, ServiceError
 
-class MemoryServiceError(Exception):
+
+class MemoryServiceError(ServiceError):
     """Base of the memory's domain errors."""
 
 
 class EnvironmentNotFound(MemoryServiceError):
     """No environment has the given id."""
+
+    kind = ErrorKind.NOT_FOUND
+    code = "not_found"
 
     def __init__(self, env_id: str) -> None:
         super().__init__(f"no environment with id {env_id!r}; list ids with GET /v1/environments")
@@ -17,3 +22,6 @@ class EnvironmentNotFound(MemoryServiceError):
 
 class InvalidArgument(MemoryServiceError):
     """A request value breaks a rule; the message names the rule, the value and the fix."""
+
+    kind = ErrorKind.INVALID
+    code = "invalid_request"

@@ -148,9 +148,9 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
             {
                 "SPADE_MEMORY_DEV_MODE": "true",
                 "SPADE_MEMORY_DATABASE_URL": database,
-                "SPADE_MEMORY_GRPC_HOST": "127.0.0.1",
-                "SPADE_MEMORY_GRPC_PORT": str(ports["mem_grpc"]),
-                "SPADE_MEMORY_REST_PORT": str(ports["mem_rest"]),
+                "SPADE_MEMORY_GRPC__HOST": "127.0.0.1",
+                "SPADE_MEMORY_GRPC__PORT": str(ports["mem_grpc"]),
+                "SPADE_MEMORY_HTTP__PORT": str(ports["mem_rest"]),
                 "SPADE_MEMORY_WINDOW_VERSIONS": "1",
             },
         )
@@ -243,9 +243,9 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
             {
                 "SPADE_DESIGNER_DEV_MODE": "true",
                 "SPADE_DESIGNER_QUEUE": json.dumps(queue),
-                "SPADE_DESIGNER_SANDBOX_ADDRESS": f"127.0.0.1:{ports['sb_grpc']}",
-                "SPADE_DESIGNER_SANDBOX_API_KEY": SANDBOX_KEY,
-                "SPADE_DESIGNER_MEMORY_ADDRESS": f"127.0.0.1:{ports['mem_grpc']}",
+                "SPADE_DESIGNER_SANDBOX__TARGET": f"127.0.0.1:{ports['sb_grpc']}",
+                "SPADE_DESIGNER_SANDBOX__API_KEY": SANDBOX_KEY,
+                "SPADE_DESIGNER_MEMORY__TARGET": f"127.0.0.1:{ports['mem_grpc']}",
                 "SPADE_DESIGNER_INFERENCE_URLS": json.dumps([inference_url]),
                 "SPADE_DESIGNER_ENVS_PER_BATCH": "1",
                 "SPADE_DESIGNER_MAX_ATTEMPTS_PER_ENV": "1",

@@ -21,7 +21,7 @@ from services.designer.settings import DesignerSettings
 from services.designer.wiring import designer_service
 from services.inference.settings import InferenceSettings
 from services.inference.wiring import ServerHandle, serve_in_thread
-from services.memory.grpc_server import start_grpc
+from services.memory.grpc_server import grpc_service
 from services.memory.settings import MemorySettings
 from services.memory.wiring import build_service
 from services.sandbox.settings import SandboxSettings
@@ -30,6 +30,8 @@ from spade.envs import CHECK_NAMES
 from spade.queues.base import SAMPLES_DESIGNER
 from spade.queues.config import RedisQueueConfig
 from spade.queues.redis_streams import RedisStreamQueue
+from spade.serving.grpc import grpc_server
+from spade.serving.settings import ServerAddress
 from spade.v1 import queues_pb2
 from tests.conftest import REDIS_URL
 
@@ -60,13 +62,14 @@ async def addresses(tmp_path: Path) -> AsyncIterator[dict[str, str]]:
     memory = build_service(
         MemorySettings.model_validate({"database_url": f"sqlite:///{tmp_path / 'm.db'}", "dev_mode": True})
     )
-    server, port = await start_grpc(memory, "127.0.0.1:0")
     sandbox = SandboxSettings.model_validate({"grpc": {"port": 0}, "http": {"port": 0}, "dev_mode": True})
     try:
-        async with serving(sandbox) as running:
-            yield {"memory": f"127.0.0.1:{port}", "sandbox": f"127.0.0.1:{running.grpc_port}"}
+        async with (
+            grpc_server([grpc_service(memory)], ServerAddress(port=0), service="memory") as memory_grpc,
+            serving(sandbox) as running,
+        ):
+            yield {"memory": f"127.0.0.1:{memory_grpc.port}", "sandbox": f"127.0.0.1:{running.grpc_port}"}
     finally:
-        await server.stop(None)
         memory.store.engine.dispose()
 
 

@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from services.memory.cli import envs
-from services.memory.settings import hash_token
 from services.memory.store.sql import SqlStore, make_engine, migrate
+from spade.auth import hash_key
 from spade.memory.client import MemoryClient
 from spade.memory.records import EnvStatus, Play
 from tests.integration.memory.conftest import new_env
@@ -66,7 +66,7 @@ def test_envs_errors_are_clear(db: tuple[str, dict[str, str]], tmp_path: Path) -
 
 def test_hash_token() -> None:
     out = CliRunner().invoke(envs, ["hash-token", "--token", "abc"])
-    assert out.output.strip() == hash_token("abc")
+    assert out.output.strip() == hash_key("abc")
 
 
 def _free_port() -> int:
@@ -86,7 +86,8 @@ def test_serve_refuses_to_start_without_a_token(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
-    assert proc.returncode != 0 and "no API token configured" in proc.stderr
+    assert proc.returncode == 2 and "no API key configured" in proc.stderr
+    assert "SPADE_MEMORY_API_KEYS" in proc.stderr and "Traceback" not in proc.stderr
 
 
 async def test_serve_runs_grpc_and_rest(tmp_path: Path) -> None:
@@ -94,10 +95,10 @@ async def test_serve_runs_grpc_and_rest(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPADE_MEMORY_")}
     env.update(
         SPADE_MEMORY_DATABASE_URL=f"sqlite:///{tmp_path / 'served.db'}",
-        SPADE_MEMORY_API_TOKEN_SHA256=json.dumps([hash_token("tok")]),
-        SPADE_MEMORY_REST_PORT=str(rest_port),
-        SPADE_MEMORY_GRPC_HOST="127.0.0.1",
-        SPADE_MEMORY_GRPC_PORT=str(grpc_port),
+        SPADE_MEMORY_API_KEYS=json.dumps([{"tenant": "ops", "key_sha256": hash_key("tok")}]),
+        SPADE_MEMORY_HTTP__PORT=str(rest_port),
+        SPADE_MEMORY_GRPC__HOST="127.0.0.1",
+        SPADE_MEMORY_GRPC__PORT=str(grpc_port),
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "spade.cli", "serve", "memory"],

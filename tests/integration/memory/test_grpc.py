@@ -9,12 +9,14 @@ from sqlalchemy import Engine
 
 from services.memory.core.policy import PolicyConfig
 from services.memory.core.scoring import ScoringConfig
-from services.memory.grpc_server import start_grpc
+from services.memory.grpc_server import grpc_service
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, migrate
 from spade.memory.client import MemoryClient
 from spade.memory.errors import EnvironmentNotFound, InvalidArgument
 from spade.memory.records import EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
+from spade.serving.grpc import grpc_server
+from spade.serving.settings import ServerAddress
 from tests.integration.memory.conftest import env_code, new_env
 
 
@@ -22,11 +24,10 @@ from tests.integration.memory.conftest import env_code, new_env
 async def client(empty_engine: Engine) -> AsyncIterator[MemoryClient]:
     migrate(empty_engine)
     service = MemoryService(SqlStore(empty_engine, ScoringConfig()), PolicyConfig(pool_min=2, pool_factor=1))
-    server, port = await start_grpc(service)
-    c = MemoryClient(f"127.0.0.1:{port}", timeout_s=20)
-    yield c
-    await c.close()
-    await server.stop(None)
+    async with grpc_server([grpc_service(service)], ServerAddress(port=0), service="memory") as running:
+        c = MemoryClient(f"127.0.0.1:{running.port}", timeout_s=20)
+        yield c
+        await c.close()
 
 
 async def scored(client: MemoryClient, name: str, win_rate: float, regret: float, skill: str = "Optimization") -> str:

@@ -12,8 +12,9 @@ from sqlalchemy import Engine
 
 from services.memory.rest import create_app
 from services.memory.service import MemoryService
-from services.memory.settings import MemorySettings, hash_token
+from services.memory.settings import MemorySettings
 from services.memory.store.sql import SqlStore, migrate
+from spade.auth import hash_key
 from spade.memory.records import EnvStatus, NewEnvironment, Play
 from tests.integration.memory.conftest import new_env
 
@@ -29,7 +30,7 @@ def service(empty_engine: Engine) -> MemoryService:
 
 @pytest.fixture
 async def http(service: MemoryService) -> AsyncIterator[httpx.AsyncClient]:
-    settings = MemorySettings(api_token_sha256=[hash_token(TOKEN)])
+    settings = MemorySettings(api_keys=[{"tenant": "ops", "key_sha256": hash_key(TOKEN)}])
     app = create_app(service, settings)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://memory") as c:
         yield c
@@ -94,7 +95,8 @@ async def test_listing_filters_and_details(http: httpx.AsyncClient, service: Mem
     plays = (await http.get(f"/v1/environments/{ids['alpha']}/plays", headers=AUTH)).json()
     assert [p["trajectory_id"] for p in plays["items"]] == ["a2", "a1"]
     missing = await http.get("/v1/environments/ghost", headers=AUTH)
-    assert missing.status_code == 404 and "ghost" in missing.json()["detail"]
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    assert "ghost" in missing.json()["error"]["message"]
 
     stats = (await http.get("/v1/stats", headers=AUTH)).json()
     assert stats["total"] == 3 and stats["by_status"] == {"valid": 2, "invalid": 1} and stats["mean_regret"] == 1.0
@@ -116,8 +118,8 @@ async def test_bad_filter_values_are_422_with_a_message(
     http: httpx.AsyncClient, params: dict[str, str], fragment: str
 ) -> None:
     r = await http.get("/v1/environments", params=params, headers=AUTH)
-    assert r.status_code == 422
-    assert fragment in json.dumps(r.json()["detail"])
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+    assert fragment in r.json()["error"]["message"]
 
 
 async def test_cursor_pagination_is_stable_under_inserts(http: httpx.AsyncClient, service: MemoryService) -> None:
@@ -161,12 +163,13 @@ async def test_web_page_lists_and_shows_an_environment(http: httpx.AsyncClient, 
 
 
 def test_settings_refuse_unsafe_defaults() -> None:
-    with pytest.raises(ValidationError, match="no API token configured"):
+    with pytest.raises(ValidationError, match="no API key configured"):
         MemorySettings()
-    with pytest.raises(ValidationError, match="SHA-256 hex digests, not tokens"):
-        MemorySettings(api_token_sha256=["plaintext-token"])
-    open_dev = MemorySettings(dev_mode=True)
-    assert open_dev.token_ok("") and not MemorySettings(api_token_sha256=[hash_token("x")]).token_ok("")
+    with pytest.raises(ValidationError, match="key_sha256"):
+        MemorySettings(api_keys=[{"tenant": "ops", "key_sha256": "plaintext-token"}])
+    assert MemorySettings(dev_mode=True).keyring().verify("") == "dev"  # dev mode without keys: open
+    closed = MemorySettings(dev_mode=True, api_keys=[{"tenant": "ops", "key_sha256": hash_key("x")}]).keyring()
+    assert closed.verify("") is None and closed.verify("x") == "ops"
 
 
 async def test_page_escapes_designer_output(http: httpx.AsyncClient, service: MemoryService) -> None:
