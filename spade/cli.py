@@ -48,7 +48,7 @@ class LazyGroup(click.Group):
         "sandbox": ("services.sandbox.cli:sandbox", "Run or validate code in the sandbox."),
         "envs": ("services.memory.cli:envs", "Inspect the environment memory."),
         "designer": ("services.designer.cli:designer", "Designer tools: build-corpus, show-prompt."),
-        "run": ("spade.embedded.cli:run", "Run the whole self-play loop in one process."),
+        "run": ("services.embedded.cli:run", "Run the whole self-play loop in one process."),
         "migrate": ("services.memory.migrate:migrate_command", "Create or upgrade the database schema, once."),
     },
 )

@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from spade.embedded.runner import run
-from spade.embedded.settings import RunSettings
+from services.embedded.runner import run
+from services.embedded.settings import RunSettings
 from spade.inference.models import ensure_default_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

@@ -24,11 +24,23 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from services.embedded.settings import RunSettings, ServiceOverrides
 from services.memory.service import MemoryService
-from spade.embedded.settings import RunSettings
 from spade.memory.records import Environment, Play, RecordResult, StatsUpdate
+
+if TYPE_CHECKING:  # the parts' modules load torch and the model server: imported when the run starts
+    from services.designer.core.loop import BatchResult
+    from services.designer.settings import DesignerSettings
+    from services.inference.wiring import ServerHandle
+    from services.learner.learner import StepReport
+    from services.learner.settings import LearnerSettings
+    from services.rollout.settings import RolloutSettings
+    from services.sandbox.isolation import SandboxPool
+    from spade.envs import CheckConfig, ValidationReport
+    from spade.inference.client import InferenceClient
+    from spade.queues.inprocess import InProcessQueue
 
 log = logging.getLogger("spade.run")
 
@@ -60,15 +72,34 @@ class TappedMemory:
 
 @dataclass
 class EmbeddedParts:
-    """What every role of the embedded system shares (built by ``embedded_system``)."""
+    """What every role of the embedded system shares (built by ``embedded_system``).
+
+    Attributes:
+        model: The policy's checkpoint directory (weights and tokenizer).
+        server: The embedded inference server, running in a thread of this process.
+        client: The inference client every role generates through (over loopback HTTP).
+        pool: The sandbox's isolated worker pool (validation and play sessions).
+        checks: The limits validation and sessions run with.
+        memory: The memory's application layer over a SQLite file in the run directory.
+        queue: The in-process implementation of the work queues.
+    """
 
     model: Path
-    server: Any  # services.inference.wiring.ServerHandle
-    client: Any  # spade.inference.client.InferenceClient
-    pool: Any  # services.sandbox.isolation.SandboxPool
-    checks: Any  # spade.envs.CheckConfig
+    server: ServerHandle
+    client: InferenceClient
+    pool: SandboxPool
+    checks: CheckConfig
     memory: MemoryService
-    queue: Any  # spade.queues.inprocess.InProcessQueue
+    queue: InProcessQueue
+
+
+@dataclass(frozen=True)
+class RoleSettings:
+    """Each role's own settings, derived from the run's and overridden by its per-service sections."""
+
+    designer: DesignerSettings
+    rollout: RolloutSettings
+    learner: LearnerSettings
 
 
 @dataclass
@@ -87,7 +118,12 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def step_metrics(
-    step: int, batch: Any, plays: Sequence[Play], learner_report: Any, inference_version: str, elapsed_s: float
+    step: int,
+    batch: BatchResult | None,
+    plays: Sequence[Play],
+    learner_report: StepReport | None,
+    inference_version: str,
+    elapsed_s: float,
 ) -> dict[str, Any]:
     """One line of ``metrics.jsonl``: designer, agent and learner figures of a step."""
     unhinted = [p for p in plays if not p.hinted]
@@ -132,8 +168,6 @@ async def embedded_system(settings: RunSettings) -> AsyncIterator[EmbeddedParts]
     from services.memory.settings import MemorySettings
     from services.memory.wiring import build_service
     from services.sandbox.isolation import SandboxPool
-    from services.sandbox.isolation.settings import IsolationSettings
-    from spade.envs import CheckConfig
     from spade.inference.client import InferenceClient
     from spade.inference.models import resolve_model_path
     from spade.queues.inprocess import InProcessQueue
@@ -141,13 +175,11 @@ async def embedded_system(settings: RunSettings) -> AsyncIterator[EmbeddedParts]
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     model = resolve_model_path(settings.model_path)
-    checks = CheckConfig.from_dict(settings.checks) if settings.checks else CheckConfig()
     async with contextlib.AsyncExitStack() as stack:
         inference_settings = InferenceSettings(
-            model_path=model,
-            port=0,
-            torch_threads=settings.torch_threads,
-            **settings.inference,
+            **_with_overrides(
+                {"model_path": model, "port": 0, "torch_threads": settings.torch_threads}, settings.inference
+            )
         )
         server = serve_in_thread(inference_settings)
         stack.callback(server.stop)
@@ -155,7 +187,7 @@ async def embedded_system(settings: RunSettings) -> AsyncIterator[EmbeddedParts]
         stack.push_async_callback(client.aclose)
         await client.wait_ready()
 
-        pool = SandboxPool(IsolationSettings.model_validate(settings.isolation))
+        pool = SandboxPool(settings.isolation)
         await pool.start()
         stack.push_async_callback(pool.stop)
 
@@ -170,7 +202,7 @@ async def embedded_system(settings: RunSettings) -> AsyncIterator[EmbeddedParts]
         queue = InProcessQueue()
         stack.push_async_callback(queue.close)
         yield EmbeddedParts(
-            model=model, server=server, client=client, pool=pool, checks=checks, memory=memory, queue=queue
+            model=model, server=server, client=client, pool=pool, checks=settings.checks, memory=memory, queue=queue
         )
 
 
@@ -178,7 +210,7 @@ async def seed_pool(settings: RunSettings, parts: EmbeddedParts) -> list[str]:
     """Store the contract's example envs (validated in the sandbox) for the whole run."""
     from services.memory.seed_pool import seed_pool as load_seed_pool
 
-    async def validate(code: str, setting: str) -> Any:
+    async def validate(code: str, setting: str) -> ValidationReport:
         return await parts.pool.validate(code, setting, parts.checks)
 
     # The seed pool stays active for the whole run (designed envs use k), so the agent always has
@@ -188,76 +220,96 @@ async def seed_pool(settings: RunSettings, parts: EmbeddedParts) -> list[str]:
     )
 
 
-def _service_settings(settings: RunSettings, parts: EmbeddedParts) -> dict[str, Any]:
+def _with_overrides(derived: dict[str, Any], overrides: ServiceOverrides) -> dict[str, Any]:
+    """The run's derived values for one service, with that service's section of ``RunSettings`` on top."""
+    return {**derived, **overrides.values()}
+
+
+def role_settings(settings: RunSettings, *, inference_url: str, model: Path) -> RoleSettings:
+    """Every role's settings: what the run's knobs imply, then the run's per-service overrides.
+
+    Args:
+        settings: The run's settings.
+        inference_url: The embedded inference server every role talks to.
+        model: The policy's checkpoint (tokenizer for designer and rollout, base weights for the learner).
+
+    Raises:
+        pydantic.ValidationError: The overrides break a rule of the service's settings across fields.
+    """
     from services.designer.settings import DesignerSettings
     from services.learner.settings import LearnerSettings
     from services.rollout.settings import RolloutSettings
 
-    url = parts.server.url
     run_dir = settings.run_dir.resolve()
     designer = DesignerSettings(
-        **{
-            "dev_mode": True,
-            "setting": settings.setting,
-            "envs_per_batch": settings.envs_per_step,
-            "max_attempts_per_env": settings.designer_attempts,
-            "max_new_tokens": settings.designer_max_new_tokens,
-            "max_prompt_tokens": settings.designer_max_prompt_tokens,
-            "temperature": settings.temperature,
-            "inference_urls": [url],
-            "tokenizer_path": parts.model,
-            **settings.designer,
-        }
+        **_with_overrides(
+            {
+                "dev_mode": True,
+                "setting": settings.setting,
+                "envs_per_batch": settings.envs_per_step,
+                "max_attempts_per_env": settings.designer_attempts,
+                "max_new_tokens": settings.designer_max_new_tokens,
+                "max_prompt_tokens": settings.designer_max_prompt_tokens,
+                "temperature": settings.temperature,
+                "inference_urls": [inference_url],
+                "tokenizer_path": model,
+            },
+            settings.designer,
+        )
     )
     rollout = RolloutSettings(
-        **{
-            "dev_mode": True,
-            "group_size": settings.group_size,
-            "window_versions": settings.window_versions,
-            "max_turns": settings.agent_max_turns,
-            "max_tokens_per_turn": settings.agent_max_tokens_per_turn,
-            "max_total_tokens": settings.agent_max_total_tokens,
-            "temperature": settings.temperature,
-            "queue": {"kind": "inprocess"},
-            "state_url": f"sqlite:///{run_dir / 'rollout.db'}",
-            "block_ms": 50,
-            "inference_urls": [url],
-            "tokenizer_path": parts.model,
-            **settings.rollout,
-        }
+        **_with_overrides(
+            {
+                "dev_mode": True,
+                "group_size": settings.group_size,
+                "window_versions": settings.window_versions,
+                "max_turns": settings.agent_max_turns,
+                "max_tokens_per_turn": settings.agent_max_tokens_per_turn,
+                "max_total_tokens": settings.agent_max_total_tokens,
+                "temperature": settings.temperature,
+                "queue": {"kind": "inprocess"},
+                "state_url": f"sqlite:///{run_dir / 'rollout.db'}",
+                "block_ms": 50,
+                "inference_urls": [inference_url],
+                "tokenizer_path": model,
+            },
+            settings.rollout,
+        )
     )
     learner = LearnerSettings(
-        **{
-            "dev_mode": True,
-            "model_path": parts.model,
-            "checkpoint_dir": run_dir / "checkpoints",
-            "weights_dir": run_dir / "weights",
-            "keep_checkpoints": 1,
-            "keep_weights": 2,
-            "checkpoint_every": 1,
-            "lr": settings.lr,
-            "temperature": settings.temperature,
-            "device": "cpu",
-            "agent_group_size": settings.group_size,
-            "window_versions": settings.window_versions,
-            "fill_timeout_s": 1.0,
-            "inference_urls": [url],
-            "queue": {"kind": "inprocess"},
-            "rewards": {"validity_shaping_weight": settings.validity_shaping},
-            **settings.learner,
-        }
+        **_with_overrides(
+            {
+                "dev_mode": True,
+                "model_path": model,
+                "checkpoint_dir": run_dir / "checkpoints",
+                "weights_dir": run_dir / "weights",
+                "keep_checkpoints": 1,
+                "keep_weights": 2,
+                "checkpoint_every": 1,
+                "lr": settings.lr,
+                "temperature": settings.temperature,
+                "device": "cpu",
+                "agent_group_size": settings.group_size,
+                "window_versions": settings.window_versions,
+                "fill_timeout_s": 1.0,
+                "inference_urls": [inference_url],
+                "queue": {"kind": "inprocess"},
+                "rewards": {"validity_shaping_weight": settings.validity_shaping},
+            },
+            settings.learner,
+        )
     )
-    return {"designer": designer, "rollout": rollout, "learner": learner}
+    return RoleSettings(designer=designer, rollout=rollout, learner=learner)
 
 
 async def run(settings: RunSettings, progress: Progress = _no_progress) -> RunResult:
     """Run ``settings.steps`` self-play steps and write the run directory (see the module docstring)."""
     from services.designer.adapters import InferencePolicy, MemoryServiceEnvironments, PoolValidator
     from services.designer.wiring import build_designer
+    from services.embedded.report import write_report
     from services.learner.wiring import build_learner, close_learner
     from services.rollout.sandbox import PoolSessions
     from services.rollout.wiring import rollout_worker
-    from spade.embedded.report import write_report
 
     result = RunResult(run_dir=settings.run_dir)
     settings.run_dir.mkdir(parents=True, exist_ok=True)
@@ -267,22 +319,22 @@ async def run(settings: RunSettings, progress: Progress = _no_progress) -> RunRe
     progress("start", 0, 1)
     async with embedded_system(settings) as parts:
         progress("start", 1, 1)
-        services = _service_settings(settings, parts)
+        roles = role_settings(settings, inference_url=parts.server.url, model=parts.model)
         if settings.seed_pool:
             seeded = await seed_pool(settings, parts)
             log.info("seed pool: %d example envs", len(seeded))
         designer = build_designer(
-            services["designer"],
+            roles.designer,
             llm=InferencePolicy(parts.client),
             validator=PoolValidator(parts.pool, parts.checks),
             memory=MemoryServiceEnvironments(parts.memory),
             queue=parts.queue,
         )
         tapped = TappedMemory(parts.memory)
-        learner = build_learner(services["learner"], queue=parts.queue)
+        learner = build_learner(roles.learner, queue=parts.queue)
         try:
             async with rollout_worker(
-                services["rollout"],
+                roles.rollout,
                 queue=parts.queue,
                 memory=tapped,
                 sessions=PoolSessions(parts.pool, parts.checks),

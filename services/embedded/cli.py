@@ -22,9 +22,14 @@ def run(config: Path | None, steps: int | None, setting: str | None, run_dir: Pa
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-    from spade.embedded.runner import run as run_loop
-    from spade.embedded.settings import load_run_settings
+    from services.embedded.runner import run as run_loop
+    from services.embedded.settings import RunSettings
+    from spade.config import ConfigError, describe_error
 
+    try:
+        settings = RunSettings.load(config, steps=steps, setting=setting, run_dir=run_dir)
+    except (ValidationError, ConfigError) as exc:
+        raise click.UsageError(f"invalid run settings:\n{describe_error(exc, RunSettings)}") from None
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     if not verbose:
         # Our own bars say what is happening; the libraries' per-load bars would interleave with them.
@@ -34,10 +39,6 @@ def run(config: Path | None, steps: int | None, setting: str | None, run_dir: Pa
 
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
-    try:
-        settings = load_run_settings(config, steps=steps, setting=setting, run_dir=run_dir)
-    except (ValidationError, ValueError) as exc:
-        raise click.UsageError(f"invalid run settings: {exc}") from exc
     console = Console()
     console.print(f"[bold]SPADE[/bold] embedded run → {settings.run_dir}")
     columns = (TextColumn("{task.description:<10}"), BarColumn(), TextColumn("{task.completed:g}/{task.total:g}"))

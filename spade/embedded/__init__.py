@@ -1,1 +1,0 @@
-"""Embedded mode: every role of SPADE in one process (``spade run``)."""

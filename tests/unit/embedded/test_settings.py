@@ -1,0 +1,112 @@
+"""``spade run``'s settings: one ServiceSettings, typed per-service overrides checked when they are built."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from pydantic import ValidationError
+
+from services.embedded.cli import run as run_command
+from services.embedded.runner import role_settings
+from services.embedded.settings import RunSettings, ServiceOverrides
+from services.sandbox.isolation.settings import IsolationSettings
+from spade.config import describe_error
+from spade.envs import CheckConfig
+from spade.queues.config import InProcessQueueConfig
+
+SECTIONS = ("designer", "rollout", "learner", "inference")
+
+
+def _fails(**values: object) -> str:
+    with pytest.raises(ValidationError) as caught:
+        RunSettings(**values)  # type: ignore[arg-type]
+    return describe_error(caught.value, RunSettings)
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_an_unknown_field_of_a_service_is_refused_naming_it(section: str) -> None:
+    message = _fails(**{section: {"max_new_tokenz": 64}})
+    assert f"SPADE_RUN_{section.upper()}__MAX_NEW_TOKENZ" in message and "not permitted" in message
+
+
+def test_override_values_are_checked_against_the_service_s_own_field() -> None:
+    assert "SPADE_RUN_DESIGNER__MAX_NEW_TOKENS" in _fails(designer={"max_new_tokens": 0})
+    assert "SPADE_RUN_ROLLOUT__GROUP_SIZE" in _fails(rollout={"group_size": "many"})
+    assert "SPADE_RUN_LEARNER__QUEUE" in _fails(learner={"queue": {"kind": "carrier-pigeon"}})
+    assert "SPADE_RUN_ISOLATION__NOPE" in _fails(isolation={"nope": 1})
+    assert "seeds must be at least 2 distinct ints" in _fails(checks={"seeds": [1]})
+
+
+def test_overrides_are_typed_and_keep_only_what_was_set() -> None:
+    settings = RunSettings(
+        designer={"max_new_tokens": 64},
+        rollout={"queue": {"kind": "inprocess"}},
+        isolation={"wall_seconds": 5.0},
+        checks={"seeds": [7, 8]},
+    )
+    assert isinstance(settings.designer, ServiceOverrides)
+    assert settings.designer.values() == {"max_new_tokens": 64}
+    assert isinstance(settings.rollout.values()["queue"], InProcessQueueConfig)
+    assert settings.learner.values() == {} and settings.inference.values() == {}
+    assert isinstance(settings.isolation, IsolationSettings) and settings.isolation.wall_seconds == 5.0
+    assert isinstance(settings.checks, CheckConfig) and settings.checks.seeds == (7, 8)
+    dumped = json.loads(settings.model_dump_json())
+    assert dumped["designer"] == {"max_new_tokens": 64} and dumped["learner"] == {}
+
+
+def test_every_section_field_keeps_the_service_s_description() -> None:
+    schema = RunSettings.model_json_schema()
+    for name in ("DesignerOverrides", "RolloutOverrides", "LearnerOverrides", "InferenceOverrides"):
+        properties = schema["$defs"][name]["properties"]
+        missing = [field for field, spec in properties.items() if not spec.get("description")]
+        assert properties and not missing, f"{name}: {missing}"
+    assert all(spec.get("description") for spec in schema["properties"].values())
+
+
+def test_file_then_environment_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("steps: 7\ngroup_size: 6\ndesigner:\n  max_new_tokens: 96\n")
+    monkeypatch.setenv("SPADE_RUN_GROUP_SIZE", "5")
+    monkeypatch.setenv("SPADE_RUN_ROLLOUT__MAX_CONCURRENT_PLAYS", "3")
+    settings = RunSettings.load(config, steps=9, setting=None)
+    assert (settings.steps, settings.group_size, settings.setting) == (9, 6, "game")
+    assert settings.designer.values() == {"max_new_tokens": 96}
+    assert settings.rollout.values() == {"max_concurrent_plays": 3}
+
+
+def test_each_role_gets_the_run_s_values_then_its_overrides(tmp_path: Path) -> None:
+    settings = RunSettings(
+        run_dir=tmp_path,
+        group_size=6,
+        temperature=0.9,
+        designer={"max_new_tokens": 96},
+        rollout={"group_size": 3, "block_ms": 10},
+        learner={"lr": 3e-4},
+    )
+    roles = role_settings(settings, inference_url="http://127.0.0.1:1", model=tmp_path / "model")
+    assert (roles.designer.max_new_tokens, roles.designer.temperature) == (96, 0.9)
+    assert (roles.rollout.group_size, roles.rollout.block_ms, roles.rollout.temperature) == (3, 10, 0.9)
+    assert (roles.learner.lr, roles.learner.agent_group_size) == (3e-4, 6)
+    assert roles.rollout.inference_urls == ["http://127.0.0.1:1"] == roles.learner.inference_urls
+
+
+def test_a_rule_across_a_service_s_fields_is_checked_when_its_settings_are_built(tmp_path: Path) -> None:
+    settings = RunSettings(run_dir=tmp_path, rollout={"max_tokens_per_turn": 5000})  # over the run's total of 2048
+    with pytest.raises(ValidationError, match="max_tokens_per_turn"):
+        role_settings(settings, inference_url="http://127.0.0.1:1", model=tmp_path / "model")
+
+
+def test_spade_run_refuses_bad_settings_in_one_line_per_problem_before_starting(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("steps: 0\nrollout:\n  nope: 1\n")
+    result = CliRunner().invoke(run_command, ["--config", str(config), "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert "SPADE_RUN_STEPS" in result.output and "SPADE_RUN_ROLLOUT__NOPE" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "run").exists()
+
+    config.write_text("- a list\n")
+    result = CliRunner().invoke(run_command, ["--config", str(config)])
+    assert result.exit_code == 2 and "expected a mapping of settings" in result.output
