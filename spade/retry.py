@@ -62,7 +62,7 @@ class RetryPolicy(BaseModel):
         kwargs: dict[str, Any] = {
             "stop": tenacity.stop_after_attempt(self.attempts),
             "wait": tenacity.wait_exponential_jitter(
-                initial=self.initial_s, max=self.max_s, exp_base=self.multiplier, jitter=self.jitter_s
+                multiplier=self.initial_s, max=self.max_s, exp_base=self.multiplier, jitter=self.jitter_s
             ),
             "retry": condition,
             "reraise": True,
