@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.learner.latest import point_latest
 from spade.inference.client import InferenceClient, WeightUpdateResult
 from spade.queues.base import WEIGHTS_PUBLISHED, WorkQueue
 from spade.retry import RetryPolicy
@@ -111,6 +112,7 @@ class WeightPublisher:
             PublishError: ``require_all`` and some worker never acknowledged (the announcement
                 has still been published, naming the failures).
         """
+        point_latest(self.weights_dir, Path(path))  # what a restarted worker loads
         failed: dict[str, str] = {}
         ok: list[str] = []
         todo = list(self._clients)

@@ -107,7 +107,7 @@ class SubprocessWorker:
 @pytest.fixture
 def server(base_model: Path) -> Iterator[ServerHandle]:
     """One embedded server in this process (its engine is inspectable)."""
-    handle = serve_in_thread(InferenceSettings(port=0, model_path=base_model))
+    handle = serve_in_thread(InferenceSettings(http={"port": 0}, model_path=base_model))
     yield handle
     handle.stop()
 
@@ -227,6 +227,7 @@ async def test_learner_publishes_each_step_to_the_embedded_server(tmp_path, base
     served = server.engine.model.state_dict()
     live = learner.trainer.model.state_dict()
     assert all(torch.equal(served[k], live[k]) for k in live)
-    # Retention: only the newest published version is kept on disk.
-    assert sorted(p.name for p in settings.weights_dir.iterdir()) == ["v00000002"]
+    # Retention: only the newest published version is kept on disk, and `latest` points at it.
+    assert sorted(p.name for p in settings.weights_dir.iterdir()) == ["latest", "v00000002"]
+    assert (settings.weights_dir / "latest").resolve() == (settings.weights_dir / "v00000002").resolve()
     await close_learner(learner)

@@ -1,0 +1,33 @@
+"""The ``latest`` pointer of the published weights: ``<weights_dir>/latest`` -> the newest version.
+
+An inference worker that restarts (an SGLang pod rescheduled, the embedded server redeployed)
+starts from ``<weights_dir>/latest`` (the deployments pass it as the model path), so it serves
+the newest published weights rather than the base model. The pointer is a relative symlink,
+replaced atomically (a new link renamed over the old one): a reader sees the old version or the
+new one, never a missing or half-written pointer. Before the first publish, the deployment's
+place-weights step points it at the base model.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+LATEST = "latest"
+
+
+def point_latest(weights_dir: Path, version_dir: Path) -> Path:
+    """Make ``weights_dir/latest`` point at ``version_dir`` (a link relative to ``weights_dir``).
+
+    Returns:
+        The pointer's path.
+    """
+    weights_dir = Path(weights_dir)
+    link = weights_dir / LATEST
+    target = Path(os.path.relpath(Path(version_dir).resolve(), weights_dir.resolve()))
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    staging = weights_dir / f".{LATEST}.{os.getpid()}"
+    staging.unlink(missing_ok=True)
+    staging.symlink_to(target, target_is_directory=True)
+    os.replace(staging, link)
+    return link
