@@ -98,6 +98,21 @@ def grpc(target: str) -> Dependency:
     return Dependency("grpc", target)
 
 
+def queue(config: object) -> Dependency | None:
+    """The Redis server of a queue configuration (``None`` for the in-process queue)."""
+    return redis(str(getattr(config, "url", ""))) if getattr(config, "kind", None) == "redis" else None
+
+
+def endpoint(config: object) -> Dependency | None:
+    """The gRPC server of a service endpoint configuration (``None`` for an in-process variant)."""
+    return grpc(str(getattr(config, "target", ""))) if getattr(config, "kind", None) == "grpc" else None
+
+
+def inference(urls: list[str]) -> list[Dependency | None]:
+    """Each inference worker's ``/health`` (answers once its model is loaded)."""
+    return [http(url.rstrip("/") + "/health") for url in urls]
+
+
 def _split_hostport(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():

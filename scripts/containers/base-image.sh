@@ -4,12 +4,12 @@
 # The service image's Debian packages (deploy/images/packages.txt) are installed into it with apt
 # inside the new root (debootstrap's own resolver does not follow virtual packages).
 # Cached: the tarball in $SPADE_CACHE/base/ and the image in podman's store, keyed by this script,
-# env.sh, the package list and the mirror, so a second run only checks that the image exists.
+# the package list, the suite and the mirror, so a second run only checks that the image exists.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 
 mirror=$(spade_debian_mirror)
-key=$(spade_key "$0" "$SPADE_ROOT/scripts/containers/env.sh" "$SPADE_BASE_PACKAGES_FILE" "$mirror" "$SPADE_DEBIAN_SUITE")
+key=$(spade_key "$0" "$SPADE_BASE_PACKAGES_FILE" "$mirror" "$SPADE_DEBIAN_SUITE")
 image="localhost/spade-base:$key"
 tarball="$SPADE_CACHE/base/spade-base-$key.tar"
 

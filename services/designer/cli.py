@@ -39,6 +39,16 @@ def serve(config_file: Path | None, setting: str | None, corpus_path: Path | Non
     settings = settings_or_exit(
         DesignerSettings, config_file, setting=setting, corpus_path=corpus_path, dev_mode=dev_mode
     )
+    from spade.dependencies import endpoint, inference, queue, wait_for
+
+    wait_for(
+        [
+            queue(settings.queue),
+            endpoint(settings.sandbox),
+            endpoint(settings.memory),
+            *inference(settings.inference_urls),
+        ]
+    )
 
     async def main(stop: asyncio.Event) -> None:
         async with designer_service(settings) as runtime:

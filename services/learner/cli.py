@@ -55,6 +55,9 @@ def serve(config_file: Path | None, max_steps: int | None, dev: bool | None, log
             "a standalone learner with the in-process queue would never receive a sample; set "
             "SPADE_LEARNER_QUEUE__KIND=redis (the embedded `spade run` shares one in-process queue)"
         )
+    from spade.dependencies import queue, wait_for
+
+    wait_for([queue(settings.queue)])  # the inference workers are retried by the publisher itself
     run_until_signalled(lambda stop: _serve(settings, max_steps, stop))
 
 

@@ -35,6 +35,9 @@ def serve(config_file: Path | None, dev_mode: bool | None) -> None:
     from spade.serving.run import run_until_signalled, settings_or_exit
 
     settings = settings_or_exit(MemorySettings, config_file, dev_mode=dev_mode)
+    from spade.dependencies import postgres, wait_for
+
+    wait_for([postgres(settings.database_url)])  # started with the database, not after it
     try:
         run_until_signalled(lambda stop: serve_forever(settings, stop))
     except OSError as exc:
