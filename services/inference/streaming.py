@@ -5,7 +5,8 @@ break that if tokens are detokenised one at a time: a token that ends in the mid
 character (byte-level BPE) decodes to U+FFFD until the next token completes it, and a stop string is
 cut from the final text, so text that turns out to be the start of a stop string must not have been
 sent yet. :class:`IncrementalText` decodes the whole output each time, sends only text that can no
-longer change, and holds back the last ``len(longest stop string) - 1`` characters until the end.
+longer change: never text from a complete stop string on, and never the last
+``len(longest stop string) - 1`` characters (a stop string may be starting there) until the end.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ class IncrementalText:
 
     def __init__(self, decode: Callable[[list[int]], str], stop_strings: Sequence[str] = ()) -> None:
         self._decode = decode
-        self._holdback = max((len(s) for s in stop_strings), default=1) - 1
+        self._stops = [s for s in stop_strings if s]
+        self._holdback = max((len(s) for s in self._stops), default=1) - 1
         self._ids: list[int] = []
         self.sent = ""
 
@@ -33,6 +35,10 @@ class IncrementalText:
         text = self._decode(self._ids)
         if text.endswith("\ufffd") or not text.startswith(self.sent):
             return ""  # an incomplete character, or a decode that rewrote earlier text: wait
+        # A stop string completed by this token: the final text ends before it (at the latest).
+        cuts = [i for i in (text.find(stop) for stop in self._stops) if i >= 0]
+        if cuts:
+            text = text[: min(cuts)]
         safe = len(text) - self._holdback
         if safe <= len(self.sent):
             return ""

@@ -16,6 +16,7 @@ from spade.inference.client import (
     WeightUpdateResult,
 )
 from spade.inference.protocol import SGLANG_VERSION, SamplingParams
+from spade.inference.seeds import derive_sampling_seed
 
 __all__ = [
     "SGLANG_VERSION",
@@ -30,4 +31,5 @@ __all__ = [
     "InferenceUnavailable",
     "SamplingParams",
     "WeightUpdateResult",
+    "derive_sampling_seed",
 ]

@@ -303,19 +303,71 @@ class InferenceClient:
             InferenceRequestError: the server rejected the request (bad ids, too long, ...).
             InferenceUnavailable: no worker answered within the retry budget.
         """
+        sampling = sampling or SamplingParams()
+        if sampling.n != 1:
+            raise ValueError(f"generate() returns one sample but sampling.n is {sampling.n}; use generate_n()")
+        return (await self._generate(input_ids, sampling, return_logprob, rid))[0]
+
+    async def generate_n(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingParams | None = None,
+        n: int = 1,
+        *,
+        return_logprob: bool = True,
+        rid: str | None = None,
+    ) -> list[Generation]:
+        """``n`` samples of one prompt in one request (SGLang's parallel sampling, ``sampling_params.n``).
+
+        The server prefills the prompt once and decodes the ``n`` continuations side by side. Every
+        sample uses ``sampling`` as given, so with a ``sampling_seed`` all ``n`` are the same (as in
+        SGLang); for ``n`` distinct reproducible samples use :meth:`generate_seeded`.
+
+        Returns:
+            The ``n`` generations in sample order, each with its token ids, logprobs and weight version.
+        """
+        params = (sampling or SamplingParams()).model_copy(update={"n": n})
+        return await self._generate(input_ids, params, return_logprob, rid)
+
+    async def generate_seeded(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingParams | None,
+        seeds: Sequence[int],
+        *,
+        return_logprob: bool = True,
+    ) -> list[Generation]:
+        """One sample of the prompt per seed (``sampling_seed``), each reproducible on its own.
+
+        Sent as concurrent requests: the server's prefix cache (SGLang's radix cache, the embedded
+        server's too) prefills the shared prompt once for all of them.
+        """
+        base = sampling or SamplingParams()
+        params = [base.model_copy(update={"n": 1, "sampling_seed": int(seed)}) for seed in seeds]
+        results = await asyncio.gather(*(self._generate(input_ids, p, return_logprob, None) for p in params))
+        return [r[0] for r in results]
+
+    async def _generate(
+        self, input_ids: Sequence[int], sampling: SamplingParams, return_logprob: bool, rid: str | None
+    ) -> list[Generation]:
         request = GenerateRequest(
             input_ids=[int(t) for t in input_ids],
-            sampling_params=sampling or SamplingParams(),
+            sampling_params=sampling,
             return_logprob=return_logprob,
             rid=rid,
         )
         body = request.model_dump(mode="json", exclude_none=True)
         worker, response = await self._request("POST", "/generate", json=body)
         try:
-            parsed = GenerateResponse.model_validate(response.json())
+            payload = response.json()
+            # n > 1: SGLang answers with a list of n results; n == 1: with the result itself.
+            items = payload if isinstance(payload, list) else [payload]
+            parsed = [GenerateResponse.model_validate(item) for item in items]
         except ValueError as exc:
             raise InferenceError(f"{worker.url}/generate returned a malformed response: {exc}") from exc
-        return Generation.from_response(parsed, server=worker.url)
+        if len(parsed) != sampling.n:
+            raise InferenceError(f"{worker.url}/generate returned {len(parsed)} samples for n={sampling.n}")
+        return [Generation.from_response(p, server=worker.url) for p in parsed]
 
     async def chat(
         self,

@@ -78,7 +78,7 @@ def test_split_edges_own_their_kv() -> None:
     cache.insert([1, 2, 3, 4], source)
     source[0][0].fill_(0)  # the caller reuses its buffer: the tree kept its own copy
     cache.insert([1, 2, 7], _kv([1, 2, 7]))
-    reused, kv = cache.match([1, 2, 3, 4, 5])
+    _, kv = cache.match([1, 2, 3, 4, 5])
     assert kv is not None and _tokens_of(kv) == [1, 2, 3, 4]
 
 
