@@ -50,6 +50,7 @@ class LazyGroup(click.Group):
         "designer": ("services.designer.cli:designer", "Designer tools: build-corpus, show-prompt."),
         "run": ("services.embedded.cli:run", "Run the whole self-play loop in one process."),
         "migrate": ("services.memory.migrate:migrate_command", "Create or upgrade the database schema, once."),
+        "eval": ("services.eval.cli:eval_group", "Score a checkpoint or server on held-out suites; compare two runs."),
     },
 )
 @click.version_option(package_name="spade")
