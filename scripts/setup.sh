@@ -33,5 +33,10 @@ PYTHON=${PYTHON:-python3.11}
 # default backend. --no-deps: it declares triton (GPU kernels, ~200 MB) that the CPU path never
 # imports; its runtime dependency apache-tvm-ffi is pinned in pyproject.toml.
 .venv/bin/pip install -q --no-deps 'xgrammar==0.2.8'
+# BFCL v4 (spade eval --suite bfcl-multi-turn). --no-deps: it declares every provider SDK it can call
+# (openai, anthropic, cohere, vllm...), an old numpy pin and faiss; the multi-turn entries, backends and
+# checker need only mpmath and filelock (already here) and tree-sitter for its handler utilities.
+.venv/bin/pip install -q --no-deps 'bfcl-eval==2026.3.23' 'tree-sitter==0.21.3' 'tree-sitter-java==0.21.0' \
+  'tree-sitter-javascript==0.21.4'
 # The default offline corpora (docstrings of installed packages), built once into ~/.cache/spade/.
 .venv/bin/python -m services.designer.corpus.builder
