@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import grpc
 
+from spade.grpc_channels import client_options
 from spade.memory import wire
 from spade.memory.errors import EnvironmentNotFound, InvalidArgument, MemoryServiceError
 from spade.memory.records import (
@@ -41,7 +42,7 @@ class MemoryClient:
     """
 
     def __init__(self, target: str, timeout_s: float = 30.0) -> None:
-        self._channel = grpc.aio.insecure_channel(target, options=GRPC_OPTIONS)
+        self._channel = grpc.aio.insecure_channel(target, options=client_options(*GRPC_OPTIONS))
         self._stub = pb_grpc.MemoryStub(self._channel)
         self._timeout = timeout_s
 

@@ -23,6 +23,7 @@ from typing import Any, Self
 import grpc
 
 from spade.envs import StepOutcome, ValidationReport
+from spade.grpc_channels import client_options
 from spade.retry import RetryPolicy
 from spade.sandbox.errors import SandboxFault, SandboxRefused
 from spade.sandbox.execution import ExecutionResult
@@ -142,7 +143,7 @@ class SandboxClient:
         if timeout_s <= 0 or open_timeout_s <= 0:
             raise ValueError(f"timeouts must be positive, got timeout_s={timeout_s}, open_timeout_s={open_timeout_s}")
         self.target = target
-        self._channel = grpc.aio.insecure_channel(target)
+        self._channel = grpc.aio.insecure_channel(target, options=client_options())
         self._stub = sandbox_pb2_grpc.SandboxStub(self._channel)
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self._timeout_s = timeout_s
