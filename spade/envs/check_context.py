@@ -6,7 +6,12 @@ the same things and nothing else: the (repaired) code, the setting, the limits, 
 ``structure`` check loaded, fresh sessions of it within the validation budget, guarded calls, and
 the solutions recorded so far (shared so that later checks can play off-solution probes). The
 checker (``spade.envs.checker``) owns the registry and the order; checks never see each other's
-results. Standard library only.
+results.
+
+Where the env's code runs is the context's ``runtime``: ``InProcessRuntime`` loads it into this
+process (trusted code, tests); ``spade.envs.remote.RemoteRuntime`` loads it into a separate host
+process and hands the checks a proxy class, so the checker never shares a process with the code it
+judges (the sandbox's validation). Standard library only.
 """
 
 from __future__ import annotations
@@ -15,13 +20,56 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from spade.envs.contract import ContractError
 from spade.envs.findings import CheckFailed, short
 from spade.envs.limits import CallTimeout, describe_exception, guarded
+from spade.envs.loader import LoadResult, load_env_class
 from spade.envs.policy import RandomPolicy
 from spade.envs.session import EnvSession
 from spade.envs.types import CheckConfig, Outcome, Setting, StepOutcome
+
+
+class EnvRuntime(Protocol):
+    """Where the env's code runs during a validation."""
+
+    def load(self, code: str, setting: Setting, config: CheckConfig) -> LoadResult:
+        """Run the module and pick its env class.
+
+        Raises:
+            CallTimeout: Running the module took longer than ``config.call_time_limit_s``.
+        """
+        ...
+
+    def seed_global(self, n: int) -> None:
+        """Seed the global ``random`` module of the process the env runs in."""
+        ...
+
+    def rng_mark(self) -> Any:
+        """A mark of the env process's global ``random`` state, for ``rng_touched``."""
+        ...
+
+    def rng_touched(self, mark: Any) -> bool:
+        """Whether any env call changed the env process's global ``random`` state since ``mark``."""
+        ...
+
+
+class InProcessRuntime:
+    """Env code in this very process: for trusted code (tests, the example envs)."""
+
+    def load(self, code: str, setting: Setting, config: CheckConfig) -> LoadResult:
+        with guarded(config.call_time_limit_s):
+            return load_env_class(code, setting)
+
+    def seed_global(self, n: int) -> None:
+        random.seed(n)
+
+    def rng_mark(self) -> Any:
+        return random.getstate()
+
+    def rng_touched(self, mark: Any) -> bool:
+        return bool(random.getstate() != mark)
 
 
 class CheckContext:
@@ -32,6 +80,7 @@ class CheckContext:
         setting: Game or tool.
         config: Limits and thresholds of this validation.
         repairs: The repairs that were applied, in order (for the ``syntax`` finding).
+        runtime: Where the env's code runs (``InProcessRuntime`` by default).
 
     Attributes:
         env_class: The env class, once the ``structure`` check has loaded it (``None`` before).
@@ -39,7 +88,15 @@ class CheckContext:
             ``ToolCall`` per instruction), recorded the first time a check asks for it.
     """
 
-    def __init__(self, code: str, setting: Setting, config: CheckConfig, repairs: list[str]) -> None:
+    def __init__(
+        self,
+        code: str,
+        setting: Setting,
+        config: CheckConfig,
+        repairs: list[str],
+        runtime: EnvRuntime | None = None,
+    ) -> None:
+        self.runtime: EnvRuntime = runtime or InProcessRuntime()
         self.code = code
         self.setting = setting
         self.config = config
@@ -68,10 +125,16 @@ class CheckContext:
         return EnvSession.from_class(self.env_class, self.setting, seed, self.config)
 
     def guarded(self, fn: Callable[[], Any], what: str) -> Any:
-        """``fn()`` under the per-call time limit; a timeout or any exception becomes a finding."""
+        """``fn()`` under the per-call time limit; a timeout or any exception becomes a finding.
+
+        A ``ContractError`` passes through for the caller to word (a host checks the shape of what
+        ``reset``/``step`` return where the env runs, before the value can cross to the checker).
+        """
         try:
             with guarded(self.config.call_time_limit_s):
                 return fn()
+        except ContractError:
+            raise
         except CallTimeout:
             raise CheckFailed(
                 f"{what} took longer than the {self.config.call_time_limit_s:g} s per-call limit; "
@@ -102,6 +165,28 @@ class CheckContext:
             )
         self.solutions.setdefault(seed, list(actions))
         return list(actions)
+
+    def check_turns(self, session: EnvSession, seed: int, needed: int) -> None:
+        """Refuse a solution of ``needed`` turns that ``session`` cannot play out.
+
+        The session's turn limit is the env's own ``max_turns`` clamped to the agent's budget
+        (``CheckConfig.max_turns_cap``); the finding names whichever of the two binds.
+
+        Raises:
+            CheckFailed: ``needed`` is over the session's turn limit.
+        """
+        if needed <= session.max_turns:
+            return
+        budget = self.config.max_turns_cap
+        if session.max_turns >= budget:
+            raise CheckFailed(
+                f"solution() on seed {seed} needs {needed} turns; the agent's budget is {budget} turns: "
+                "make the task winnable within the budget"
+            )
+        raise CheckFailed(
+            f"solution() on seed {seed} needs {needed} turns but the env's own max_turns is {session.max_turns}; "
+            f"raise max_turns (up to the agent's budget of {budget}) or shorten the solution"
+        )
 
     def try_solution(self, session: EnvSession, seed: int) -> Any:
         """``solution()`` or None when it fails: only ``solution_replay`` reports solution defects."""

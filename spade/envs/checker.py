@@ -3,8 +3,10 @@
 ``check_env_source(code, setting, config)`` never raises on bad env code and never asserts: it
 returns a ``ValidationReport`` with one ``CheckResult`` per name in ``CHECK_NAMES``, each saying
 the rule, what was seen and the fix. Checks that cannot run because an earlier one failed are
-reported as not passed, naming the check that blocked them. Standard library only; the code runs
-in this process (inside the sandbox in production, in-process for trusted test code).
+reported as not passed, naming the check that blocked them. Standard library only. Where the env's
+code runs is the ``runtime`` (``spade.envs.check_context``): in this process for trusted code
+(tests), in a separate host process in the sandbox, so that env code never shares a process with
+the checker that judges it (``spade.envs.remote``).
 
 Each check is a function over the public ``CheckContext`` (``spade.envs.check_context``), listed
 by name in the registry ``CHECKS`` with the check it needs; the tool-only checks live in
@@ -23,11 +25,10 @@ from typing import Any
 
 from spade.envs import tool_checks
 from spade.envs.actions import ToolCall, normalize_game_action
-from spade.envs.check_context import CheckContext, EnvCheck
+from spade.envs.check_context import CheckContext, EnvCheck, EnvRuntime
 from spade.envs.contract import ContractError, unpack_reset, unpack_step
 from spade.envs.findings import CheckFailed, short
-from spade.envs.limits import CallTimeout, describe_exception, guarded
-from spade.envs.loader import load_env_class
+from spade.envs.limits import CallTimeout, describe_exception
 from spade.envs.policy import noop_action
 from spade.envs.repair import repair_code
 from spade.envs.schema import example_value
@@ -55,8 +56,7 @@ def check_syntax(ctx: CheckContext) -> str:
 
 def check_structure(ctx: CheckContext) -> str:
     try:
-        with guarded(ctx.config.call_time_limit_s):
-            loaded = load_env_class(ctx.code, ctx.setting)
+        loaded = ctx.runtime.load(ctx.code, ctx.setting, ctx.config)
     except CallTimeout:
         raise CheckFailed(
             f"running the module took longer than {ctx.config.call_time_limit_s:g} s; do no work at import"
@@ -104,8 +104,8 @@ def check_smoke(ctx: CheckContext) -> str:
     steps = 0
     for probe in probes:
         action = normalize_game_action(probe) if ctx.setting is Setting.GAME else probe
-        raw = ctx.guarded(partial(env.step, action), f"step({short(action, 60)}) on seed {seed}")
         try:
+            raw = ctx.guarded(partial(env.step, action), f"step({short(action, 60)}) on seed {seed}")
             observation, reward, terminated, truncated, _ = unpack_step(raw)
         except ContractError as exc:
             raise CheckFailed(f"step({short(action, 60)}): {exc}") from None
@@ -119,31 +119,30 @@ def check_smoke(ctx: CheckContext) -> str:
         steps += 1
         if terminated or truncated:
             env = ctx.guarded(cls, f"{cls.__name__}()")
-            ctx.guarded(partial(env.reset, seed=seed), f"reset(seed={seed})")
+            try:
+                ctx.guarded(partial(env.reset, seed=seed), f"reset(seed={seed})")
+            except ContractError as exc:
+                raise CheckFailed(f"{exc}; return (observation, info) from reset()") from None
     return f"reset(seed={seed}) and {steps} probe steps returned well-formed values within the time limit"
 
 
 def _trace(ctx: CheckContext, seed: int, actions: list[str], global_seed: int) -> tuple[list[Any], bool]:
-    """Play ``actions`` on a fresh instance with the global RNG seeded to ``global_seed``.
+    """Play ``actions`` on a fresh instance with the env process's global RNG seeded to ``global_seed``.
 
     Returns the trace of (observation, reward, terminated, truncated) and whether any env call
     changed the global RNG's state.
     """
-    random.seed(global_seed)
-    touched = False
+    ctx.runtime.seed_global(global_seed)
+    mark = ctx.runtime.rng_mark()
     session = ctx.session(seed)
-    before = random.getstate()
     outcome = session.reset()
-    touched |= random.getstate() != before
     trace: list[Any] = [("reset", outcome.observation, outcome.outcome.value)]
     for action in actions:
         if outcome.done:
             break
-        before = random.getstate()
         outcome = session.step(action)
-        touched |= random.getstate() != before
         trace.append((outcome.observation, outcome.reward, outcome.terminated, outcome.truncated))
-    return trace, touched
+    return trace, ctx.runtime.rng_touched(mark)
 
 
 def check_determinism(ctx: CheckContext) -> str:
@@ -222,13 +221,17 @@ def check_solution_replay(ctx: CheckContext) -> str:
             turns.append(tool_checks.replay_tool_solution(ctx, session, seed))
         else:
             turns.append(_replay_game(ctx, session, seed))
-    return f"solution() wins on every seed {list(ctx.config.seeds)} in {min(turns)}-{max(turns)} turns"
+    return (
+        f"solution() wins on every seed {list(ctx.config.seeds)} in {min(turns)}-{max(turns)} turns "
+        f"(the agent's budget is {ctx.config.max_turns_cap})"
+    )
 
 
 def _replay_game(ctx: CheckContext, session: EnvSession, seed: int) -> int:
     actions = ctx.solution(session, seed)
     outcome = session.last
     assert outcome is not None
+    ctx.check_turns(session, seed, len(actions))
     for i, action in enumerate(actions):
         outcome = session.step(action)
         if outcome.outcome in (Outcome.ENV_ERROR, Outcome.TIMEOUT):
@@ -287,7 +290,10 @@ def check_termination(ctx: CheckContext) -> str:
     if isinstance(declared, bool) or not isinstance(declared, int) or declared < 1:
         raise CheckFailed(f"max_turns must be a positive int, got {short(declared)}")
     if declared > cap:
-        return f"declares max_turns={declared}; sessions cap it at {cap} turns"
+        return (
+            f"declares max_turns={declared}, more than the agent's budget of {cap} turns: clamped to {cap} "
+            "(sessions truncate at that turn)"
+        )
     for seed in ctx.config.seeds[:2]:
         for policy_name in ("no-op", "random"):
             env = ctx.guarded(cls, f"{cls.__name__}()")
@@ -377,7 +383,12 @@ def run_checks(ctx: CheckContext, progress: Progress | None = None) -> list[Chec
 
 
 def check_env_source(
-    code: str, setting: str | Setting, config: CheckConfig | None = None, *, progress: Progress | None = None
+    code: str,
+    setting: str | Setting,
+    config: CheckConfig | None = None,
+    *,
+    progress: Progress | None = None,
+    runtime: EnvRuntime | None = None,
 ) -> ValidationReport:
     """Validate env ``code`` for ``setting`` (``"game"`` or ``"tool"``); see the module docstring.
 
@@ -387,6 +398,8 @@ def check_env_source(
         config: limits and thresholds; ``CheckConfig()`` by default.
         progress: optional callback, ``progress(name, None)`` as each check starts and
             ``progress(name, result_dict)`` as it ends.
+        runtime: where the env's code runs (``spade.envs.check_context``); in this process by
+            default, which is only for trusted code.
 
     Returns:
         A ``ValidationReport`` whose ``checks`` has one entry per name in ``CHECK_NAMES``, in order.
@@ -400,7 +413,7 @@ def check_env_source(
     if not isinstance(code, str):
         raise TypeError(f"code must be a str, got {type(code).__name__}")
     repaired, repairs = repair_code(code)
-    ctx = CheckContext(repaired, parsed, config, repairs)
+    ctx = CheckContext(repaired, parsed, config, repairs, runtime)
     rng_state = random.getstate()
     try:
         results = run_checks(ctx, progress)

@@ -7,9 +7,10 @@ The sandbox runtime drives sessions through this class (and the checker plays th
 - ``max_turns`` is the env's own, capped by ``CheckConfig.max_turns_cap``; when the cap is hit and
   the env has not ended the episode, the step is ``truncated`` with ``Outcome.LIMIT``;
 - rewards are clamped to [0, 1]; the episode return is the terminal reward, 0 when truncated;
-- an exception or a contract violation in env code gives ``Outcome.ENV_ERROR`` and a call over the
-  time limit ``Outcome.TIMEOUT``, each with a short message as the observation (no framework
-  traceback) and the episode ended (``truncated``, reward 0);
+- an exception or a contract violation in env code gives ``Outcome.ENV_ERROR``, a call over the
+  time limit ``Outcome.TIMEOUT`` and a ``MemoryError`` ``Outcome.MEMORY_LIMIT``, each with a short
+  message as the observation (no framework traceback) and the episode ended (``truncated``,
+  reward 0);
 - observations are cut to ``CheckConfig.observation_cap`` characters and ``info`` is made
   JSON-safe;
 - ``step()`` before ``reset()`` or after the episode ended raises ``SessionError``.
@@ -130,14 +131,22 @@ class EnvSession:
         return self.last.episode_return if self.last is not None and self.last.done else 0.0
 
     def guarded_call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Call env code under the time limit; env failures become ``EnvFault``."""
+        """Call env code under the time limit; env failures become ``EnvFault``.
+
+        A ``ContractError`` passes through for the caller to word (an env class served from another
+        process checks the shape of its answers there).
+        """
         try:
             with guarded(self.config.call_time_limit_s):
                 return fn(*args)
+        except ContractError:
+            raise
         except CallTimeout:
             raise EnvFault(
                 Outcome.TIMEOUT, f"the env took longer than {self.config.call_time_limit_s:g} s to answer"
             ) from None
+        except MemoryError:
+            raise EnvFault(Outcome.MEMORY_LIMIT, "the env ran out of its memory limit") from None
         except (Exception, SystemExit) as exc:  # env code calling exit() must not end the process
             raise EnvFault(Outcome.ENV_ERROR, describe_exception(exc)) from None
 
@@ -153,7 +162,9 @@ class EnvSession:
 
     # --- play ----------------------------------------------------------------------------
     def _fault(self, where: str, fault: EnvFault) -> StepOutcome:
-        prefix = "Environment error" if fault.outcome is Outcome.ENV_ERROR else "Environment timeout"
+        prefix = {Outcome.TIMEOUT: "Environment timeout", Outcome.MEMORY_LIMIT: "Environment out of memory"}.get(
+            fault.outcome, "Environment error"
+        )
         self.last = StepOutcome(
             observation=f"{prefix} in {where}: {fault.message}",
             reward=0.0,

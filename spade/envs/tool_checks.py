@@ -15,9 +15,7 @@ from spade.envs.types import Outcome
 def replay_tool_solution(ctx: CheckContext, session: EnvSession, seed: int) -> int:
     blocks = ctx.solution(session, seed)
     env = session.env
-    total = sum(len(b) for b in blocks)
-    if total > session.max_turns:
-        raise CheckFailed(f"solution() on seed {seed} needs {total} calls but max_turns is {session.max_turns}")
+    ctx.check_turns(session, seed, sum(len(b) for b in blocks))
     outcome = session.last
     assert outcome is not None
     for i, block in enumerate(blocks):
