@@ -95,11 +95,25 @@ class WeightPublisher:
         self.require_all = require_all
         # One client per worker: each worker's retries are its own (the client never fails over
         # a weight update to another worker).
-        per_request = retry.model_copy(update={"attempts": min(2, retry.attempts)})
+        self._per_request = retry.model_copy(update={"attempts": min(2, retry.attempts)})
+        self._timeout_s = timeout_s
         self._clients = {
-            url.rstrip("/"): InferenceClient([url], timeout_s=timeout_s, retry=per_request) for url in workers
+            url.rstrip("/"): InferenceClient([url], timeout_s=timeout_s, retry=self._per_request) for url in workers
         }
+        self._retired: list[InferenceClient] = []
         self.unhealthy: dict[str, str] = {}
+
+    def set_workers(self, urls: Sequence[str]) -> None:
+        """Publish to ``urls`` from the next version on (inference discovery calls this); empty is ignored."""
+        wanted = [u.rstrip("/") for u in urls]
+        if not wanted:
+            return
+        for url in set(self._clients) - set(wanted):
+            self._retired.append(self._clients.pop(url))
+            self.unhealthy.pop(url, None)
+        for url in wanted:
+            if url not in self._clients:
+                self._clients[url] = InferenceClient([url], timeout_s=self._timeout_s, retry=self._per_request)
 
     def version_dir(self, version: int) -> Path:
         """Where version ``version`` is written."""
@@ -189,5 +203,5 @@ class WeightPublisher:
 
     async def close(self) -> None:
         """Close the HTTP clients."""
-        for client in self._clients.values():
+        for client in [*self._clients.values(), *self._retired]:
             await client.aclose()

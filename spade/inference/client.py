@@ -189,6 +189,8 @@ class InferenceClient:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         transports = dict(transports or {})
         timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._timeout = timeout
+        self._retired: list[_Worker] = []
         self._workers = [
             _Worker(
                 url=u.rstrip("/"),
@@ -210,6 +212,22 @@ class InferenceClient:
         """The workers' base URLs."""
         return [w.url for w in self._workers]
 
+    def set_urls(self, urls: Sequence[str]) -> None:
+        """Serve from ``urls`` from now on (inference discovery calls this as workers come and go).
+
+        Workers still listed keep their connections and counters; requests in flight on a removed
+        worker finish there (its connections close with the client). An empty list is ignored: a
+        client always has somewhere to send.
+        """
+        wanted = [u.rstrip("/") for u in urls]
+        if not wanted:
+            return
+        known = {w.url: w for w in self._workers}
+        self._retired += [w for u, w in known.items() if u not in wanted]
+        self._workers = [
+            known.get(u) or _Worker(url=u, http=httpx.AsyncClient(base_url=u, timeout=self._timeout)) for u in wanted
+        ]
+
     async def __aenter__(self) -> InferenceClient:
         return self
 
@@ -220,7 +238,7 @@ class InferenceClient:
 
     async def aclose(self) -> None:
         """Close the HTTP connections."""
-        for w in self._workers:
+        for w in [*self._workers, *self._retired]:
             await w.http.aclose()
 
     # -- chat formatting ---------------------------------------------------------------------------

@@ -10,15 +10,17 @@ repaired within one resync. Only endpoints whose ``ready`` condition is not fals
 
 Outside a cluster nothing here runs: the services use their static ``inference_urls``.
 
-    discovery = EndpointSliceDiscovery(InferenceDiscovery(namespace="spade", service="inference"))
-    discovery.follow(client.set_urls, stop)       # in a thread; calls back on every change
+    async with following(settings.inference_discovery, client.set_urls):
+        ...  # client.set_urls is called on this loop whenever the ready workers change
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -178,3 +180,35 @@ class EndpointSliceDiscovery:
                 logger.info("endpointslice watch ended (%s); listing afresh", exc)
                 stop.wait(self.config.retry.initial_s)  # never a tight loop against a failing API
             reported = self.urls()
+
+
+@contextlib.asynccontextmanager
+async def following(
+    config: InferenceDiscovery | None, apply: Callable[[list[str]], None], api_client: Any = None
+) -> AsyncIterator[None]:
+    """While the block runs, follow the EndpointSlices and ``apply`` every non-empty URL list on this loop.
+
+    ``config`` ``None`` (outside a cluster) does nothing: the static URLs stay. The follower runs in
+    a daemon thread (the ``kubernetes`` client is synchronous); it is told to stop on exit and ends at
+    its watch's next event or timeout.
+    """
+    if config is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    stop = threading.Event()
+    discovery = EndpointSliceDiscovery(config, api_client)
+
+    def on_change(urls: list[str]) -> None:
+        if urls:
+            logger.info("inference workers: %s", urls)
+            loop.call_soon_threadsafe(apply, urls)
+        else:
+            logger.warning("the inference Service has no ready endpoint; keeping the current workers")
+
+    thread = threading.Thread(target=discovery.follow, args=(on_change, stop), daemon=True, name="inference-discovery")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()

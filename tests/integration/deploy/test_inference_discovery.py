@@ -184,3 +184,49 @@ def test_follow_lists_then_watches_and_resyncs_after_gone(api: FakeApiServer) ->
         api.events.put(None)
         follower.join(30)
     assert not follower.is_alive()
+
+
+def test_clients_and_the_publisher_follow_the_slices(api: FakeApiServer, tmp_path: Any) -> None:
+    import asyncio
+
+    from kubernetes import client
+
+    from services.learner.publisher import WeightPublisher
+    from spade.inference.client import InferenceClient
+    from spade.inference.discovery import following
+    from spade.queues.inprocess import InProcessQueue
+
+    api.slices["inference-a"] = _slice("inference-a", ["10.0.0.1", "10.0.0.2"])
+    configuration = client.Configuration()
+    configuration.host = api.url
+
+    async def run() -> tuple[list[str], list[str], list[str]]:
+        inference = InferenceClient(["http://inference-0.inference:30000"])
+        publisher = WeightPublisher(["http://inference-0.inference:30000"], InProcessQueue(), weights_dir=tmp_path)
+        config = InferenceDiscovery(namespace="spade", resync_s=60)
+
+        def apply(urls: list[str]) -> None:
+            inference.set_urls(urls)
+            publisher.set_workers(urls)
+
+        async with following(config, apply, client.ApiClient(configuration)):
+            for _ in range(600):
+                if inference.urls != ["http://inference-0.inference:30000"]:
+                    break
+                await asyncio.sleep(0.05)
+            first = inference.urls
+            api.change("MODIFIED", _slice("inference-a", ["10.0.0.2", "10.0.0.3"]))
+            for _ in range(600):
+                if inference.urls != first:
+                    break
+                await asyncio.sleep(0.05)
+            second = inference.urls
+        workers = sorted(publisher._clients)
+        await inference.aclose()
+        await publisher.close()
+        return first, second, workers
+
+    first, second, workers = asyncio.run(run())
+    assert first == ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]
+    assert second == ["http://10.0.0.2:30000", "http://10.0.0.3:30000"]
+    assert workers == second
