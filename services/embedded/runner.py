@@ -178,7 +178,7 @@ async def embedded_system(settings: RunSettings) -> AsyncIterator[EmbeddedParts]
     async with contextlib.AsyncExitStack() as stack:
         inference_settings = InferenceSettings(
             **_with_overrides(
-                {"model_path": model, "port": 0, "torch_threads": settings.torch_threads}, settings.inference
+                {"model_path": model, "http": {"port": 0}, "torch_threads": settings.torch_threads}, settings.inference
             )
         )
         server = serve_in_thread(inference_settings)

@@ -3,8 +3,10 @@
 Routes and field names follow SGLang 0.5.x (``sglang/srt/entrypoints/http_server.py``):
 ``/generate``, ``/v1/chat/completions`` (with ``tools``), ``/update_weights_from_disk``, ``/health``,
 ``/health_generate``, ``/model_info`` (and the deprecated ``/get_model_info``), ``/flush_cache``,
-``/v1/models``. Routes translate wire objects to engine calls and back; engine errors map to HTTP
-statuses in :func:`_install_error_handlers`, the one place that does so.
+``/v1/models``, plus SPADE's own ``/healthz`` and ``/metrics`` (Prometheus). Routes translate wire
+objects to engine calls and back; engine errors are domain errors of :data:`ENGINE_ERRORS`, answered
+by the shared handlers of ``spade.serving.http`` in the one REST error shape
+``{"error": {"code", "message"}}`` (with SGLang's 400 for an invalid request).
 
 Differences from SGLang: one prompt per ``/generate`` request (no batched ``input_ids`` lists; ``n``
 parallel samples of it are supported), no streaming on ``/generate`` (chat completions stream).
@@ -16,11 +18,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from services.inference.chat_completions import (
     ChatCompletionRequest,
@@ -36,6 +41,7 @@ from services.inference.engine import (
     InvalidRequest,
     Overloaded,
 )
+from spade.errors import ErrorKind
 from spade.inference.chat import ChatFormatError, ChatFormatter
 from spade.inference.protocol import (
     GenerateMetaInfo,
@@ -46,41 +52,30 @@ from spade.inference.protocol import (
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDiskResponse,
 )
+from spade.serving.errors import ErrorKinds
+from spade.serving.http import HttpMetrics, install_error_handlers, ops_router
+
+ENGINE_ERRORS: ErrorKinds = {
+    InvalidRequest: (ErrorKind.INVALID, "invalid_request"),
+    ChatFormatError: (ErrorKind.INVALID, "invalid_request"),
+    Overloaded: (ErrorKind.UNAVAILABLE, "overloaded"),
+    EngineClosed: (ErrorKind.UNAVAILABLE, "unavailable"),
+    EngineFault: (ErrorKind.INTERNAL, "engine_fault"),
+}
+"""The engine's errors as domain errors (the engine is a library of this adapter, not a ``ServiceError`` user)."""
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+class _EngineCollector(Collector):
+    """The engine's state, read at scrape time."""
 
+    def __init__(self, engine: BatchEngine) -> None:
+        self._engine = engine
 
-def _install_error_handlers(app: FastAPI) -> None:
-    """Map domain errors to HTTP statuses, in one place; never send a traceback."""
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}" for e in exc.errors()
-        )
-        return _error(400, f"invalid request: {problems}")
-
-    @app.exception_handler(InvalidRequest)
-    async def _bad(_: Request, exc: InvalidRequest) -> JSONResponse:
-        return _error(400, str(exc))
-
-    @app.exception_handler(ChatFormatError)
-    async def _bad_chat(_: Request, exc: ChatFormatError) -> JSONResponse:
-        return _error(400, str(exc))
-
-    @app.exception_handler(Overloaded)
-    async def _busy(_: Request, exc: Overloaded) -> JSONResponse:
-        return _error(503, f"server overloaded: {exc}; retry with backoff", "overloaded")
-
-    @app.exception_handler(EngineClosed)
-    async def _closed(_: Request, exc: EngineClosed) -> JSONResponse:
-        return _error(503, str(exc), "unavailable")
-
-    @app.exception_handler(EngineFault)
-    async def _fault(_: Request, exc: EngineFault) -> JSONResponse:
-        return _error(500, str(exc), "internal_error")
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        engine = self._engine
+        yield GaugeMetricFamily("spade_inference_running", "Sequences being decoded.", value=engine.num_running)
+        yield GaugeMetricFamily("spade_inference_waiting", "Requests waiting for a slot.", value=engine.num_waiting)
+        yield GaugeMetricFamily("spade_inference_up", "1 while the engine runs.", value=float(engine.running))
 
 
 def generate_response(outcome: GenerationOutcome, return_logprob: bool) -> GenerateResponse:
@@ -105,7 +100,16 @@ def generate_response(outcome: GenerationOutcome, return_logprob: bool) -> Gener
 def create_app(engine: BatchEngine, *, served_model_name: str | None = None, health_timeout_s: float = 20.0) -> FastAPI:
     """The HTTP app over a started ``engine`` (the caller owns the engine's lifecycle)."""
     app = FastAPI(title="SPADE embedded inference (SGLang-compatible)", version="1")
-    _install_error_handlers(app)
+    install_error_handlers(app, service="inference", errors=ENGINE_ERRORS, invalid_status=400)
+    registry = CollectorRegistry()
+    registry.register(_EngineCollector(engine))
+
+    async def healthz() -> tuple[bool, dict[str, Any]]:
+        status = "ok" if engine.running else "unavailable"
+        return engine.running, {"status": status, "weight_version": str(engine.weight_version)}
+
+    app.include_router(ops_router(health=healthz, registry=registry))
+    app.add_middleware(HttpMetrics, service="inference", registry=registry)
     formatter = ChatFormatter(engine.tokenizer)
     model_name = served_model_name or engine.model_path.name
 

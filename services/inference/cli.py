@@ -7,8 +7,11 @@ from typing import Any
 
 import click
 
+from spade.serving.run import config_option
+
 
 @click.command()
+@config_option
 @click.option(
     "--model",
     "model_path",
@@ -19,19 +22,31 @@ import click
 @click.option("--host", default=None, help="Interface to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="TCP port (default 30000).")
 @click.option("--weight-version", default=None, help="Weight version reported before any update.")
-def serve(model_path: Path | None, host: str | None, port: int | None, weight_version: str | None) -> None:
-    """Serve SGLang's /generate, /v1/chat/completions, /update_weights_from_disk, ... on CPU."""
-    import uvicorn
-
+@click.option("--dev", "dev_mode", is_flag=True, default=None, help="Dev mode: allow an exposed host.")
+def serve(
+    config_file: Path | None,
+    model_path: Path | None,
+    host: str | None,
+    port: int | None,
+    weight_version: str | None,
+    dev_mode: bool | None,
+) -> None:
+    """Serve SGLang's /generate, /v1/chat/completions, /update_weights_from_disk, ... on CPU, until SIGTERM/SIGINT."""
     from services.inference.settings import InferenceSettings
-    from services.inference.wiring import build_app
+    from services.inference.wiring import serve_forever
     from spade.inference.models import ModelError
+    from spade.serving.run import run_until_signalled, settings_or_exit
 
-    overrides: dict[str, Any] = {"model_path": model_path, "host": host, "port": port, "weight_version": weight_version}
-    settings = InferenceSettings(**{k: v for k, v in overrides.items() if v is not None})
+    bind: dict[str, Any] = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    settings = settings_or_exit(
+        InferenceSettings,
+        config_file,
+        model_path=model_path,
+        http=bind or None,
+        weight_version=weight_version,
+        dev_mode=dev_mode,
+    )
     try:
-        settings.check_safe()
-        app = build_app(settings)
-    except (ValueError, ModelError) as exc:
+        run_until_signalled(lambda stop: serve_forever(settings, stop))
+    except (ModelError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")

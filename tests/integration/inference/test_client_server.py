@@ -143,7 +143,7 @@ async def test_health_model_info_and_flush(http: httpx.AsyncClient, engine: Batc
 def test_a_real_server_on_port_0(model_dir: Path) -> None:
     """Wiring + uvicorn: the same client over TCP."""
     handle = serve_in_thread(
-        InferenceSettings(model_path=model_dir, port=0, weight_version="5", max_batch_size=4, torch_threads=1)
+        InferenceSettings(model_path=model_dir, http={"port": 0}, weight_version="5", max_batch_size=4, torch_threads=1)
     )
     try:
 

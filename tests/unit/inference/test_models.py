@@ -45,11 +45,16 @@ def test_a_configured_path_must_be_a_checkpoint(tmp_path: Path) -> None:
     assert models.resolve_model_path(tmp_path) == tmp_path
 
 
-def test_settings_refuse_an_exposed_unauthenticated_server() -> None:
-    InferenceSettings().check_safe()
+def test_settings_refuse_an_exposed_unauthenticated_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert InferenceSettings().http.host == "127.0.0.1"
     with pytest.raises(ValueError, match="unauthenticated"):
-        InferenceSettings(host="0.0.0.0").check_safe()
-    InferenceSettings(host="0.0.0.0", trusted_network=True).check_safe()
+        InferenceSettings(http={"host": "0.0.0.0"})
+    monkeypatch.setenv("SPADE_INFERENCE_HTTP__HOST", "0.0.0.0")
+    with pytest.raises(ValueError, match="SPADE_INFERENCE_TRUSTED_NETWORK"):
+        InferenceSettings()
+    exposed = InferenceSettings(trusted_network=True)
+    assert exposed.http.address == "0.0.0.0:30000"  # one variable changed the host, the port kept its default
+    assert InferenceSettings(dev_mode=True).http.host == "0.0.0.0"
 
 
 def test_settings_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
