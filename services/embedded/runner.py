@@ -129,7 +129,8 @@ def step_metrics(
     unhinted = [p for p in plays if not p.hinted]
     hinted = [p for p in plays if p.hinted]
     flat = learner_report.flat_metrics() if learner_report is not None else {}
-    scored = [s.components for s in getattr(learner_report, "designer_rewards", []) if s.components is not None]
+    rewards = learner_report.designer_rewards if learner_report is not None else []
+    scored = [s.components for s in rewards if s.components is not None]
     learnable = [c for c in scored if c.valid]
     record: dict[str, Any] = {
         "step": step,
@@ -152,8 +153,8 @@ def step_metrics(
             if learnable
             else None
         ),
-        "learner/trained": bool(getattr(learner_report, "trained", False)),
-        "learner/version": getattr(learner_report, "version", None),
+        "learner/trained": learner_report is not None and learner_report.trained,
+        "learner/version": learner_report.version if learner_report is not None else None,
         "inference/weight_version": inference_version,
     }
     record.update({f"learner/{k}": v for k, v in flat.items() if not k.startswith(("designer/", "version"))})
