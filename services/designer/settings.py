@@ -18,6 +18,7 @@ from services.designer.core.ports import Sampling
 from spade.config import ServiceSettings
 from spade.endpoints import MemoryEndpoint, SandboxEndpoint
 from spade.inference.client import DEFAULT_RETRY
+from spade.inference.discovery import InferenceDiscovery
 from spade.queues.config import QueueConfig, RedisQueueConfig
 from spade.retry import RetryPolicy
 
@@ -78,6 +79,11 @@ class DesignerSettings(ServiceSettings):
     # --- dependencies (distributed mode) ------------------------------------------------------------
     inference_urls: list[str] = Field(
         default_factory=lambda: ["http://127.0.0.1:30000"], min_length=1, description="SGLang / embedded servers."
+    )
+    inference_discovery: InferenceDiscovery | None = Field(
+        default=None,
+        description="In a cluster: follow this Service's EndpointSlices for the inference workers "
+        "(inference_urls is then only the start); unset: inference_urls as given.",
     )
     tokenizer_path: Path | None = Field(
         default=None, description="Checkpoint dir holding the policy's tokenizer (default: the embedded model's)."

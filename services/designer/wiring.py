@@ -103,6 +103,7 @@ async def designer_service(
     """
     from services.designer.adapters import InferencePolicy, MemoryServiceEnvironments, SandboxServiceValidator
     from spade.inference.client import InferenceClient
+    from spade.inference.discovery import following
     from spade.inference.models import resolve_model_path
     from spade.queues.config import make_queue
     from spade.sandbox.client import SandboxClient
@@ -134,7 +135,8 @@ async def designer_service(
             memory=MemoryServiceEnvironments(memory_client),  # type: ignore[arg-type]
             queue=queue,
         )
-        yield DesignerRuntime(designer=designer, queue=queue, settings=settings)
+        async with following(settings.inference_discovery, client.set_urls):
+            yield DesignerRuntime(designer=designer, queue=queue, settings=settings)
     finally:
         close = getattr(memory_client, "close", None)
         if close is not None:

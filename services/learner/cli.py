@@ -28,8 +28,12 @@ async def _serve(settings: LearnerSettings, max_steps: int | None, stop: asyncio
         await asyncio.to_thread(learner.follow)
         return
     logger.info("learner starting at weight version %d: %s", learner.version, json.dumps(describe(settings)))
+    from spade.inference.discovery import following
+
+    publisher = learner.publisher
     try:
-        await learner.run(max_steps=max_steps, stop=stop)
+        async with following(settings.inference_discovery, publisher.set_workers if publisher else lambda _: None):
+            await learner.run(max_steps=max_steps, stop=stop)
     finally:
         await close_learner(learner)
 

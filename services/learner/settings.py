@@ -17,6 +17,7 @@ from services.learner.core.losses import GrpoLossConfig, LossConfig
 from services.learner.core.rewards import DesignerRewardConfig, PlateauBand
 from services.learner.publisher import DEFAULT_RETRY
 from spade.config import ServiceSettings
+from spade.inference.discovery import InferenceDiscovery
 from spade.queues.config import QueueConfig, RedisQueueConfig
 from spade.retry import RetryPolicy
 
@@ -133,6 +134,11 @@ class LearnerSettings(ServiceSettings):
     publish_every: int = Field(default=1, ge=1, le=100_000, description="Steps between weight publications.")
     inference_urls: list[str] = Field(
         default_factory=list, description="Inference workers to update (SGLang or the embedded server)."
+    )
+    inference_discovery: InferenceDiscovery | None = Field(
+        default=None,
+        description="In a cluster: follow this Service's EndpointSlices for the inference workers "
+        "(inference_urls is then only the start); unset: inference_urls as given.",
     )
     retry: RetryPolicy = Field(
         default=DEFAULT_RETRY,

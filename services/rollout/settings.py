@@ -22,6 +22,7 @@ from spade.config import ServiceSettings
 from spade.endpoints import MemoryEndpoint, SandboxEndpoint
 from spade.envs import CheckConfig
 from spade.inference.client import DEFAULT_RETRY
+from spade.inference.discovery import InferenceDiscovery
 from spade.queues.config import QueueConfig, RedisQueueConfig
 from spade.retry import RetryPolicy
 
@@ -142,6 +143,11 @@ class RolloutSettings(ServiceSettings):
     memory: MemoryConfig = Field(default_factory=MemoryEndpoint, description="The environment memory.")
     inference_urls: list[str] = Field(
         default_factory=lambda: ["http://127.0.0.1:30000"], min_length=1, description="Inference workers' URLs."
+    )
+    inference_discovery: InferenceDiscovery | None = Field(
+        default=None,
+        description="In a cluster: follow this Service's EndpointSlices for the inference workers "
+        "(inference_urls is then only the start); unset: inference_urls as given.",
     )
     tokenizer_path: Path | None = Field(
         default=None, description="The policy's checkpoint directory (its tokenizer); unset: the default SmolLM2 model."

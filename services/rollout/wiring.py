@@ -23,6 +23,7 @@ from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
 from spade.endpoints import MemoryEndpoint, SandboxEndpoint
 from spade.inference.client import InferenceClient
+from spade.inference.discovery import following
 from spade.queues.base import WorkQueue
 from spade.queues.config import make_queue
 from spade.sandbox.client import SandboxClient
@@ -80,6 +81,7 @@ async def rollout_worker(
             )
             stack.push_async_callback(inference.aclose)
             await inference.wait_ready()
+            await stack.enter_async_context(following(settings.inference_discovery, inference.set_urls))
         template = FormatterTemplate(inference.formatter)
         runner = EpisodeRunner(sessions, InferenceGenerator(inference), template, settings.play_limits())
         store = RolloutStateStore.from_url(settings.state_url)
