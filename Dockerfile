@@ -72,6 +72,9 @@ RUN if [ -d /wheels ]; then index="--no-index --find-links /wheels"; else index=
 # process to its own unprivileged uid.
 ENV PATH=/app/.venv/bin:$PATH \
     HOME=/tmp
+# The weights volume's mount point, owned by the services' uid: a new named volume takes this
+# ownership (copy-up), so the learner can write its checkpoints and published versions there.
+RUN install -d -o 10001 -g 10001 /weights
 USER 10001:10001
 ENTRYPOINT ["spade"]
 CMD ["--help"]
