@@ -167,14 +167,17 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             self._metrics.latency.labels(name).observe(elapsed)
         self._log.debug("%s %s in %.1f ms", method, code, elapsed * 1000)
 
-    @staticmethod
-    async def _first_then_rest(request_iterator: Any) -> tuple[list[Any], Any]:
-        """Read the first message of a client stream (authentication waits for it)."""
-        iterator = request_iterator.__aiter__()
-        try:
-            return [await iterator.__anext__()], iterator
-        except StopAsyncIteration:
-            return [], iterator
+    async def _enter(self, request: Any, context: grpc.aio.ServicerContext, client_streams: bool) -> Any:
+        """Authenticate the call (a client stream once its first message is in); the request to pass on."""
+        if client_streams:
+            iterator = request.__aiter__()
+            try:
+                head = [await iterator.__anext__()]
+            except StopAsyncIteration:
+                head = []
+            request = _chain(head, iterator)
+        _CALLER.set(self._principal(context))
+        return request
 
     # ---- wrappers -------------------------------------------------------------------------------------
 
@@ -183,11 +186,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             start = time.perf_counter()
             failed = True
             try:
-                if client_streams:
-                    head, rest = await self._first_then_rest(request)
-                    request = _chain(head, rest)
-                _CALLER.set(self._principal(context))
-                result = inner(request, context)
+                result = inner(await self._enter(request, context, client_streams), context)
                 if inspect.isawaitable(result):
                     result = await result
                 failed = False
@@ -207,11 +206,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             start = time.perf_counter()
             failed = True
             try:
-                if client_streams:
-                    head, rest = await self._first_then_rest(request)
-                    request = _chain(head, rest)
-                _CALLER.set(self._principal(context))
-                responses = inner(request, context)
+                responses = inner(await self._enter(request, context, client_streams), context)
                 if inspect.isawaitable(responses):  # a handler that answers with context.write()
                     await responses
                 else:
