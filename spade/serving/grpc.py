@@ -181,45 +181,41 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
 
     # ---- wrappers -------------------------------------------------------------------------------------
 
+    @contextlib.asynccontextmanager
+    async def _guard(self, method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        """Errors to statuses, then the call's log line and metrics, around one call."""
+        start = time.perf_counter()
+        failed = True
+        try:
+            yield
+            failed = False
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await self._fail(method, exc, context)
+            raise
+        finally:
+            self._observe(method, start, context, failed)
+
     def _unary(self, method: str, inner: Callable[..., Any], client_streams: bool = False) -> Callable[..., Any]:
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            start = time.perf_counter()
-            failed = True
-            try:
+            async with self._guard(method, context):
                 result = inner(await self._enter(request, context, client_streams), context)
                 if inspect.isawaitable(result):
                     result = await result
-                failed = False
                 return result
-            except grpc.aio.AbortError:
-                raise
-            except Exception as exc:
-                await self._fail(method, exc, context)
-                raise
-            finally:
-                self._observe(method, start, context, failed)
 
         return behavior
 
     def _streaming(self, method: str, inner: Callable[..., Any], client_streams: bool) -> Callable[..., Any]:
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            start = time.perf_counter()
-            failed = True
-            try:
+            async with self._guard(method, context):
                 responses = inner(await self._enter(request, context, client_streams), context)
                 if inspect.isawaitable(responses):  # a handler that answers with context.write()
                     await responses
                 else:
                     async for response in responses:
                         yield response
-                failed = False
-            except grpc.aio.AbortError:
-                raise
-            except Exception as exc:
-                await self._fail(method, exc, context)
-                raise
-            finally:
-                self._observe(method, start, context, failed)
 
         return behavior
 
