@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import BaseModel
 
 from tests.unit.deploy.manifests import OVERLAYS, ROOT, compose, pod_spec, read_env_file, render
@@ -200,11 +201,15 @@ def _compose_env() -> dict[str, str]:
     return read_env_file(ROOT / "deploy" / "compose" / "env.template")
 
 
-@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+@pytest.mark.parametrize(("profile", "ci"), [("cpu", False), ("gpu", False), ("cpu", True)])
 def test_every_compose_service_builds_safe_settings_with_its_paths_mounted(
-    profile: str, monkeypatch: pytest.MonkeyPatch
+    profile: str, ci: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     services = compose(_compose_env())["services"]
+    if ci:  # the sizes tests/e2e/test_compose.py runs with, merged as `-f a -f b` merges them
+        overrides = yaml.safe_load((ROOT / "tests" / "e2e" / "compose.ci.yml").read_text())["services"]
+        for name, override in overrides.items():
+            services[name]["environment"] = {**services[name]["environment"], **override["environment"]}
     started = set()
     for name, service in services.items():
         if set(service.get("profiles") or [profile]) != {profile}:
