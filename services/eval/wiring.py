@@ -23,7 +23,7 @@ from typing import Any
 from services.eval.core.records import ItemResult, RunHeader, Summary, summarise
 from services.eval.core.runner import Suite, run_items, select
 from services.eval.model import ClientChatModel, Sampling
-from services.eval.settings import EvalSettings
+from services.eval.settings import SUITES, EvalSettings
 from services.eval.store import RunStore
 from spade.inference.client import InferenceClient
 
@@ -184,9 +184,62 @@ async def _tokenizer_for(url: str, tokenizer: Path | None, settings: EvalSetting
     )
 
 
+@dataclass(frozen=True)
+class Preflight:
+    """What was checked before the model is started (so bad input fails in a second, not after a load).
+
+    Attributes:
+        envs: The pool's playable envs (``pool`` suite only).
+        source: Where they were read from.
+    """
+
+    envs: tuple[Any, ...] = ()
+    source: str = ""
+
+
+def preflight(request: EvalRequest, settings: EvalSettings, pool_source: str | None = None) -> Preflight:
+    """Check the suite and its inputs without touching the model.
+
+    Raises:
+        EvalSetupError: Unknown suite, unknown datasets, missing bfcl-eval, or an unusable pool.
+    """
+    name = request.suite
+    if name not in SUITES:
+        raise EvalSetupError(f"unknown suite {name!r}; choose {', '.join(SUITES)}")
+    if name == "reasoning-gym":
+        from services.eval.suites.reasoning_gym import SuiteConfigError, hardest_config
+
+        try:
+            for dataset in settings.reasoning_gym.datasets:
+                hardest_config(dataset, 0, 1)
+        except SuiteConfigError as exc:
+            raise EvalSetupError(str(exc)) from None
+        return Preflight()
+    if name == "bfcl-multi-turn":
+        from services.eval.suites.bfcl import BfclSetupError, import_bfcl
+
+        try:
+            import_bfcl(request.out / "bfcl")
+        except BfclSetupError as exc:
+            raise EvalSetupError(str(exc)) from None
+        return Preflight()
+    from services.eval.pool_source import PoolSourceError, load_pool, playable
+
+    source = pool_source or settings.pool.source
+    if not source:
+        raise EvalSetupError("the pool suite needs a pool: pass --pool RUN_DIR (or memory.db, envs.jsonl, a URL)")
+    try:
+        envs = playable(load_pool(source), settings.pool.setting)
+    except PoolSourceError as exc:
+        raise EvalSetupError(str(exc)) from None
+    if not envs:
+        raise EvalSetupError(f"the pool at {source} has no env that passed validation; nothing to play")
+    return Preflight(tuple(envs), source)
+
+
 @contextlib.asynccontextmanager
 async def build_suite(
-    request: EvalRequest, settings: EvalSettings, model: ServedModel, pool_source: str | None = None
+    request: EvalRequest, settings: EvalSettings, model: ServedModel, checked: Preflight | None = None
 ) -> AsyncIterator[tuple[Suite, Sampling]]:
     """The suite named in ``request``, wired to ``model``; what it started is stopped on exit.
 
@@ -194,8 +247,7 @@ async def build_suite(
         EvalSetupError: Unknown suite or unusable suite settings.
     """
     name = request.suite
-    if name not in ("reasoning-gym", "bfcl-multi-turn", "pool"):
-        raise EvalSetupError(f"unknown suite {name!r}; choose reasoning-gym, bfcl-multi-turn or pool")
+    checked = checked if checked is not None else preflight(request, settings)
     temperature, max_new_tokens = settings.sampling_for(name)
     sampling = Sampling(temperature=temperature, top_p=settings.top_p, max_new_tokens=max_new_tokens)
     chat = ClientChatModel(model.client, sampling, run_key=f"eval:{name}:{request.seed}")
@@ -221,29 +273,19 @@ async def build_suite(
             raise EvalSetupError(str(exc)) from None
         yield suite, sampling
         return
-    async with _pool_suite(request, settings, model, sampling, pool_source) as pool_suite:
+    async with _pool_suite(request, settings, model, sampling, checked) as pool_suite:
         yield pool_suite, sampling
 
 
 @contextlib.asynccontextmanager
 async def _pool_suite(
-    request: EvalRequest, settings: EvalSettings, model: ServedModel, sampling: Sampling, pool_source: str | None
+    request: EvalRequest, settings: EvalSettings, model: ServedModel, sampling: Sampling, checked: Preflight
 ) -> AsyncIterator[Suite]:
-    from services.eval.pool_source import PoolSourceError, load_pool, playable
     from services.eval.suites.pool import PoolSuite
     from services.rollout.core.episode import EpisodeRunner, PlayLimits
     from services.rollout.policy import FormatterTemplate, InferenceGenerator
 
     p = settings.pool
-    source = pool_source or p.source
-    if not source:
-        raise EvalSetupError("the pool suite needs a pool: pass --pool RUN_DIR (or memory.db, envs.jsonl, a URL)")
-    try:
-        envs = playable(load_pool(source), p.setting)
-    except PoolSourceError as exc:
-        raise EvalSetupError(str(exc)) from None
-    if not envs:
-        raise EvalSetupError(f"the pool at {source} has no env that passed validation; nothing to play")
     limits = PlayLimits(
         max_turns=p.max_turns,
         max_tokens_per_turn=sampling.max_new_tokens,
@@ -254,7 +296,7 @@ async def _pool_suite(
     async with _sessions(settings) as sessions:
         template = FormatterTemplate(model.client.formatter)
         runner = EpisodeRunner(sessions, InferenceGenerator(model.client), template, limits)
-        yield PoolSuite(runner, template, envs, request.seed, p.seeds_per_env, source, p.retry)
+        yield PoolSuite(runner, template, checked.envs, request.seed, p.seeds_per_env, checked.source, p.retry)
 
 
 @contextlib.asynccontextmanager
@@ -321,9 +363,10 @@ async def run_eval(
         EvalSetupError: The eval could not start (one line for a person).
         StoreError: The out directory holds another run.
     """
+    checked = preflight(request, settings, pool_source)
     async with (
         served_model(request, settings) as model,
-        build_suite(request, settings, model, pool_source) as (suite, sampling),
+        build_suite(request, settings, model, checked) as (suite, sampling),
     ):
         header = RunHeader(
             suite=suite.name,
