@@ -82,12 +82,21 @@ class LoadResult:
         return self.env_class is not None and not self.problems
 
 
-def exec_env_module(code: str) -> dict[str, Any]:
-    """Exec ``code`` as a fresh module; returns its namespace. Exceptions propagate."""
+def compile_env(code: str) -> types.CodeType:
+    """``code`` compiled as env code (its frames carry ``ENV_FILENAME``). ``SyntaxError`` propagates."""
+    return compile(code, ENV_FILENAME, "exec")
+
+
+def exec_env_module(code: str, compiled: types.CodeType | None = None) -> dict[str, Any]:
+    """Exec ``code`` (or its ``compiled`` form) as a fresh module; returns its namespace.
+
+    Exceptions propagate.
+    """
     name = f"spade_env_{next(_counter)}"
     module = types.ModuleType(name)
     module.__dict__.update(PRELUDE)
-    compiled = compile(code, ENV_FILENAME, "exec")
+    if compiled is None:
+        compiled = compile_env(code)
     # Registered while it runs: dataclasses and typing look their module up in sys.modules.
     sys.modules[name] = module
     try:
@@ -153,8 +162,9 @@ def pick_env_class(namespace: dict[str, Any], setting: Setting) -> LoadResult:
     return LoadResult(cls, problems, namespace)
 
 
-def load_env_class(code: str, setting: str | Setting) -> LoadResult:
-    """Exec ``code`` in a fresh module namespace and pick its single env class.
+def load_env_class(code: str, setting: str | Setting, compiled: types.CodeType | None = None) -> LoadResult:
+    """Exec ``code`` (or its ``compiled`` form, from ``compile_env``) in a fresh module namespace and
+    pick its single env class.
 
     Returns:
         A ``LoadResult``; ``ok`` is False and ``problems`` explains why when the code raised at
@@ -162,7 +172,7 @@ def load_env_class(code: str, setting: str | Setting) -> LoadResult:
     """
     parsed = Setting.parse(setting)
     try:
-        namespace = exec_env_module(code)
+        namespace = exec_env_module(code, compiled)
     except (Exception, SystemExit) as exc:
         return LoadResult(None, [f"running the module raised {describe_exception(exc)}"])
     return pick_env_class(namespace, parsed)

@@ -5,9 +5,10 @@ modules or write its own verdict. So in the sandbox the checker drives the env f
 process, through a small request/response protocol of JSON-safe messages:
 
 - ``EnvHost`` runs where the env code runs. It loads the code, keeps the env instances and answers
-  ``load``, ``new``, ``call``, ``get`` and ``seed`` requests; every reply says whether the call
-  touched the process's global ``random`` state. Nothing it answers is trusted: an answer is only
-  ever judged as the env's behaviour.
+  ``load``, ``new``, ``call``, ``get`` and ``seed`` requests; every reply echoes its request's
+  ``id`` and says whether the call touched the process's global ``random`` state. Nothing it
+  answers is trusted: an answer is only ever judged as the env's behaviour, and a frame that is not
+  the reply to the request in flight ends the host as a protocol breach.
 - ``RemoteRuntime`` runs in the checker's process. Its ``load`` returns a proxy class that the
   checker and ``EnvSession`` use exactly like a loaded env class; each method call and attribute
   read is one request over a ``Link``. A link that times out or whose process dies is dropped and
@@ -112,6 +113,8 @@ class EnvHost:
         except BaseException as exc:  # env code's failure is an answer, never the host's end
             reply = _error("raised", exc)
         reply["rng"] = message.get("op") != "seed" and random.getstate() != before
+        if "id" in message:
+            reply["id"] = message["id"]
         return reply
 
     def _dispatch(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -242,6 +245,7 @@ class RemoteRuntime:
         self._link: Link | None = None
         self._load: dict[str, Any] | None = None
         self._handles = itertools.count(1)
+        self._ids = itertools.count(1)
         self.generation = 0
         self.touched = 0
         self.call_time_limit_s = CheckConfig().call_time_limit_s
@@ -299,6 +303,7 @@ class RemoteRuntime:
     def _send(self, message: dict[str, Any]) -> dict[str, Any]:
         if self._link is None:
             raise remote_exception("EnvProcessDied", "the env's process was stopped after an earlier failure")
+        message = {**message, "id": next(self._ids)}
         try:
             reply = self._link.request(message, self.call_time_limit_s + CALL_GRACE_S)
         except HostTimeout:
@@ -307,9 +312,14 @@ class RemoteRuntime:
         except HostGone as exc:
             self._drop()
             raise remote_exception("EnvProcessDied", str(exc)) from None
-        if not isinstance(reply, dict):
+        if not isinstance(reply, dict) or reply.get("id") != message["id"] or not isinstance(reply.get("ok"), bool):
             self._drop()
-            raise remote_exception("EnvProtocolError", "the env's process answered something that is not a reply")
+            what = f"op {str(reply.get('op'))[:40]!r}" if isinstance(reply, dict) and "op" in reply else "a frame"
+            raise remote_exception(
+                "EnvProtocolError",
+                f"the env's process answered {what} that is not the reply to request {message['id']} "
+                "(env code wrote on its host's channel)",
+            )
         if reply.get("rng") is True:
             self.touched += 1
         if reply.get("fatal"):

@@ -23,6 +23,12 @@ _BOXED_BEFORE = re.compile(r"\\+boxed\s*$")
 _BACKSPACE_BOXED = re.compile(r"(?<!\\)((?:\\\\)*)\\boxed")
 _STRING_PREFIX = re.compile(r"^([a-zA-Z]*)('''|\"\"\"|'|\")")
 _MAX_PASSES = 20
+# The cheap test (``needs_repair``): what the source must contain for any repair to change it.
+_ODD_BACKSLASH_BOXED = re.compile(r"(?<!\\)(?:\\\\)*\\boxed")
+_BOXED_FIELD = re.compile(r"boxed\s*\{(?!\{)")
+_FSTRING_OPEN = re.compile(r"""(?<!\w)(?:[rRbB]?[fF]|[fF][rRbB])(?:'|")""")
+_FSTRING_TRIPLE = re.compile(r"""(?<!\w)(?:[rRbB]?[fF]|[fF][rRbB])(?:'''|\"\"\")""")
+_CONTINUED_LINE = re.compile(r"\\(?:\r\n|\r|\n)")
 
 
 def extract_code(text: str) -> str:
@@ -220,6 +226,33 @@ def _parses(code: str) -> bool:
     return True
 
 
+def needs_repair(code: str) -> bool:
+    r"""Whether the known repairs might change ``code`` even if it parses: a cheap textual test.
+
+    False guarantees that ``repair_code`` leaves code that parses untouched (and it then skips the
+    tokenizer); True only means "look closer". The repairs need a BOM, a ``\boxed`` after an odd
+    run of backslashes (a backspace in a non-raw string), or a single-brace ``boxed{`` on a line
+    that opens an f-string (or anywhere, once a triple-quoted f-string or a continued line could
+    carry an f-string across lines).
+
+    >>> needs_repair('q = "\\\\boxed{ok}"\nm = f"{q}!"\n')
+    False
+    >>> needs_repair('m = f"Reply \\\\boxed{done}"\n')
+    True
+    """
+    if code.startswith("\ufeff"):
+        return True
+    if "boxed" not in code:
+        return False
+    if _ODD_BACKSLASH_BOXED.search(code):
+        return True
+    if not _BOXED_FIELD.search(code):
+        return False
+    if _FSTRING_TRIPLE.search(code) or _CONTINUED_LINE.search(code):
+        return True
+    return any(_FSTRING_OPEN.search(line) for line in code.splitlines() if _BOXED_FIELD.search(line))
+
+
 def repair_code(code: str) -> tuple[str, list[str]]:
     r"""Apply the known repairs to env ``code``.
 
@@ -233,6 +266,13 @@ def repair_code(code: str) -> tuple[str, list[str]]:
     """
     if not isinstance(code, str):
         raise TypeError(f"code must be a str, got {type(code).__name__}")
+    if not needs_repair(code) and _parses(code):
+        return code, []
+    return _repair_thoroughly(code)
+
+
+def _repair_thoroughly(code: str) -> tuple[str, list[str]]:
+    """The repairs themselves: a tokenizer pass over every string literal, then parses."""
     repairs: list[str] = []
     if code.startswith("\ufeff"):
         code = code[1:]

@@ -1,8 +1,9 @@
-"""Attacks from env code, through sessions and validation: contained, with the right outcome.
+"""Attacks from env code through sessions: contained, each ending with its own honest outcome.
 
-An env's code runs inside the session process, so a hostile env is untrusted code too: whatever it
-does at load, reset or step must stay in its jail, end with an explicit outcome (``env_error``,
-``timeout``, ``limit``) and leave the pool healthy.
+An env's code runs in the session's env process, so a hostile env is untrusted code too: whatever
+it does at load, reset or step must stay in its jail, end with the outcome that says what happened
+(``env_error``, ``timeout``, ``memory_limit``, ``cpu_limit``, ``output_limit``, ``killed``) and leave
+the pool healthy. Attacks on validation verdicts are in ``test_verdicts.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 from services.sandbox.isolation import SandboxPool
 from spade.envs import CheckConfig, Outcome
 from spade.envs.examples import EXAMPLES
+from spade.envs.types import FinishReason
 from tests.security.conftest import SECRET
 from tests.security.test_escapes import assert_healthy
 
@@ -99,34 +101,45 @@ async def test_step_that_hangs_is_timed_out_by_the_service(pool: SandboxPool) ->
     await assert_healthy(pool)
 
 
-async def test_oversized_reply_is_a_limit(pool: SandboxPool) -> None:
+async def test_oversized_reply_is_an_output_limit(pool: SandboxPool) -> None:
     size = pool.settings.observation_bytes + 1024
     code = env(f"return 'ok', {{'blob': 'x' * {size}}}")
     session = await pool.open_session(code, "game", 1, CONFIG)
-    assert session.initial.outcome is Outcome.LIMIT, session.initial
+    assert session.initial.outcome is Outcome.OUTPUT_LIMIT, session.initial
+    assert FinishReason.for_outcome(session.initial.outcome) is FinishReason.FAULT_OUTPUT
     assert not session.alive
     await assert_healthy(pool)
 
 
-async def test_env_that_kills_its_own_process_is_an_env_error(pool: SandboxPool) -> None:
+async def test_env_that_kills_its_own_process_is_killed(pool: SandboxPool) -> None:
     code = env("return 'ready', {}", "os.kill(os.getpid(), signal.SIGSEGV)")
     session = await pool.open_session(code, "game", 1, CONFIG)
     assert session.initial.outcome is Outcome.OK
     outcome = await session.step("\\boxed{go}")
-    assert outcome.outcome in (Outcome.ENV_ERROR, Outcome.LIMIT), outcome
-    assert outcome.outcome is not Outcome.SANDBOX_FAULT
+    assert outcome.outcome is Outcome.KILLED and "SIGSEGV" in outcome.observation, outcome
     await assert_healthy(pool)
 
 
-async def test_env_fork_bomb_and_memory_bomb_are_contained(pool: SandboxPool) -> None:
-    bombs = [
-        env("while True:\n    try:\n        os.fork()\n    except OSError:\n        pass"),
+async def test_memory_bomb_in_a_session_is_a_memory_fault_not_a_truncation(pool: SandboxPool) -> None:
+    for code in (
         env("blocks = []\nwhile True:\n    blocks.append(bytearray(16 << 20))"),
-    ]
-    for code in bombs:
+        env("return 'ready', {}", "blocks = []\nwhile True:\n    blocks.append(bytearray(16 << 20))"),
+    ):
         session = await pool.open_session(code, "game", 1, CONFIG)
-        assert session.initial.outcome in (Outcome.ENV_ERROR, Outcome.TIMEOUT, Outcome.LIMIT), session.initial
-        await session.close()
+        outcome = session.initial
+        if outcome.outcome is Outcome.OK:
+            outcome = await session.step("\\boxed{go}")
+        assert outcome.outcome is Outcome.MEMORY_LIMIT, outcome
+        assert FinishReason.for_outcome(outcome.outcome) is FinishReason.FAULT_MEMORY
+        assert not session.alive
+    await assert_healthy(pool)
+
+
+async def test_env_fork_bomb_is_contained(pool: SandboxPool) -> None:
+    code = env("while True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
+    session = await pool.open_session(code, "game", 1, CONFIG)
+    assert session.initial.outcome in (Outcome.TIMEOUT, Outcome.CPU_LIMIT, Outcome.KILLED), session.initial
+    await session.close()
     await assert_healthy(pool)
 
 
@@ -140,40 +153,3 @@ async def test_concurrent_sessions_play_independently(pool: SandboxPool) -> None
     finally:
         await asyncio.gather(*(s.close() for s in sessions))
     assert pool.health()["sessions"] == 0
-
-
-async def test_validation_stopped_mid_check_names_the_check(pool: SandboxPool) -> None:
-    code = env(
-        "return 'ready', {}",
-        "signal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass",
-    )
-    report = await pool.validate(code, "game", CONFIG)
-    assert not report.valid
-    stopped = [c for c in report.checks if c.detail.startswith("stopped while running")]
-    assert [c.name for c in stopped] == ["smoke"], report.checks
-    assert "wall-clock limit" in stopped[0].detail or "CPU-time limit" in stopped[0].detail
-    assert report.check("syntax").passed and report.check("structure").passed
-    await assert_healthy(pool)
-
-
-async def test_hostile_env_cannot_forge_a_valid_report(pool: SandboxPool) -> None:
-    # The env's module code runs in the checker's process: an env that reaches for the report
-    # channel finds it is not a file it can open, and one that exits early is reported stopped.
-    code = env("return 'ready', {}") + "\nimport os\nos._exit(0)\n"
-    report = await pool.validate(code, "game", CONFIG)
-    assert not report.valid
-    await assert_healthy(pool)
-
-
-async def test_validation_report_flood_is_bounded(pool: SandboxPool) -> None:
-    # Module code floods the report channel with one enormous frame announcement.
-    code = env("return 'ready', {}") + (
-        "\nimport socket, struct\nsocket.socket(fileno=3).sendall(struct.pack('>I', 2**31) + b'x' * 65536)\n"
-    )
-    report = await pool.validate(code, "game", CONFIG)
-    assert not report.valid
-    # Whether the service reads the oversized frame header before it sees the process end is a race;
-    # either way the report must say the checker was cut off, never pass a check it did not run.
-    details = " ".join(c.detail for c in report.checks)
-    assert "misbehaved" in details or "stopped" in details, report.checks
-    await assert_healthy(pool)

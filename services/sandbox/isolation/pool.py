@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import hashlib
+import dataclasses
 import itertools
 import logging
 import math
 import os
 import socket
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from services.sandbox.isolation import layers as layers_mod
 from services.sandbox.isolation.channels import Channel
 from services.sandbox.isolation.execution import run_execution
 from services.sandbox.isolation.outcomes import ExecLimits, ExecStatus, ExecutionResult, SandboxFault
+from services.sandbox.isolation.repairs import Repairs
 from services.sandbox.isolation.session import SandboxSession, ended_outcome
 from services.sandbox.isolation.settings import IsolationSettings
 from services.sandbox.isolation.staging import remove_staging, stage_sources
@@ -40,8 +40,6 @@ EXIT_GRACE_S = 5.0
 """How long the pool waits for the zygote to confirm a request's processes are gone."""
 REAP_RETRY = RetryPolicy(attempts=2, initial_s=0.0, max_s=0.0, jitter_s=0.0)
 """Kills sent to a request that outlives its grace, at once, before its zygote is given up as stuck."""
-REPAIR_CACHE_SIZE = 4096
-"""Valid envs whose repaired code the pool remembers (two digests each)."""
 CANARY = (
     "import os, sys\n"
     "fields = dict(line.split(':', 1) for line in open('/proc/self/status') if ':' in line)\n"
@@ -79,7 +77,7 @@ class SandboxPool:
         self._reaping: set[asyncio.Task[None]] = set()
         self._watchers: set[asyncio.Task[None]] = set()
         self._stopping = False
-        self._repaired: OrderedDict[str, str] = OrderedDict()
+        self.repairs = Repairs()
         self.faults = 0
 
     async def __aenter__(self) -> SandboxPool:
@@ -377,26 +375,47 @@ class SandboxPool:
     async def open_session(self, code: str, setting: str, seed: int, config: CheckConfig) -> SandboxSession:
         """Start an env session: load ``code`` in a fresh jail and ``reset(seed)`` it.
 
+        The code loaded is what ``spade.envs.repair_code`` makes of ``code``, decided by this
+        service (``Repairs``), never by a jail.
+
         Returns:
-            the live session; its ``initial`` outcome says how reset went (``ok``, ``env_error``,
-            ``timeout``, ``limit`` or ``sandbox_fault``). A session whose reset failed is already
-            closed.
+            the live session; its ``initial`` outcome says how reset went (see
+            ``services.sandbox.isolation.session``). A session whose reset failed is already closed.
         """
         s = self.settings
         limits = self._limits(cpu_s=s.session_cpu_seconds, memory_mb=s.memory_mb)
-        request: dict[str, Any] = {"code": code, "setting": setting, "seed": seed, "config": config.to_dict()}
-        repaired = self._repaired.get(_digest(code))
-        if repaired is not None:
-            request.update(code=repaired, repaired=True)
-        jail = self._jail("session", limits, [])
+        prepared = await self.repairs.prepare(code)
+        request: dict[str, Any] = {
+            "code": prepared.code,
+            "repaired": prepared.repaired,
+            "setting": setting,
+            "seed": seed,
+            "config": config.to_dict(),
+        }
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        jail = self._jail("session", limits, [theirs.detach()])
         try:
-            spawned, zygote, channel = await jail.__aenter__()
+            spawned, zygote, witness = await jail.__aenter__()
         except SandboxFault as exc:
+            mine.close()
             self.faults += 1
             return SandboxSession.failed(ended_outcome(Outcome.SANDBOX_FAULT, str(exc), None))
-        channel.max_frame = s.observation_bytes
+        except BaseException:
+            mine.close()
+            raise
+        witness.max_frame = 1 << 16  # pid 1's report is a few numbers
+        channel = await Channel.open(mine, s.observation_bytes)
         session = SandboxSession(
-            jail, spawned, zygote, channel, s.step_seconds, on_fault=self._count_fault, on_close=self._sessions.discard
+            jail,
+            spawned,
+            zygote,
+            channel,
+            s.step_seconds,
+            witness=witness,
+            max_turns=config.max_turns_cap,
+            cpu_limit_s=float(limits["cpu_seconds"]),
+            on_fault=self._count_fault,
+            on_close=self._sessions.discard,
         )
         self._sessions.add(session)
         try:
@@ -406,32 +425,21 @@ class SandboxPool:
             raise
         return session
 
-    def _remember_repair(self, code: str, report: ValidationReport) -> None:
-        """Remember what the repairs made of a valid env, so its sessions can skip them.
-
-        The report comes from the jail that ran the env, so a hostile env could make its own entry
-        map to other code; that code still runs only in its own sessions' jails, as the env's code
-        would. Bounded (least recently validated first out).
-        """
-        if not report.valid or not report.repaired_code:
-            return
-        for key in (_digest(code), _digest(report.repaired_code)):
-            self._repaired[key] = report.repaired_code
-            self._repaired.move_to_end(key)
-        while len(self._repaired) > REPAIR_CACHE_SIZE:
-            self._repaired.popitem(last=False)
-
     def _count_fault(self) -> None:
         self.faults += 1
 
     # -- validation ----------------------------------------------------------------------------
     async def validate(self, code: str, setting: str, config: CheckConfig) -> ValidationReport:
-        """Run ``spade.envs.check_env_source`` in a fresh jail.
+        """Run ``spade.envs.check_env_source`` in a fresh jail, the env's code in processes of its own.
 
-        If the checker is stopped (wall clock, CPU, memory, a crash), the report names the check
-        that was running and why it stopped.
+        The jail's pid 1 is the checker; it loads the env's code only into forked host processes
+        (``services/sandbox/runtime/hosts.py``), so the verdict cannot be written or altered by the
+        code it judges. The report's ``repaired_code`` is what this service made of ``code``, never
+        anything the jail sent. If the checker is stopped (wall clock, CPU, memory, a crash), the
+        report names the check that was running and why it stopped.
         """
         s = self.settings
+        repaired = await self.repairs.repaired(code)
         limits = self._limits(cpu_s=s.validate_wall_seconds, memory_mb=s.memory_mb)
         start = time.perf_counter()
         running: str | None = None
@@ -454,8 +462,7 @@ class SandboxPool:
                                 finished.append(message["result"])
                         elif op == "report":
                             report = ValidationReport.from_dict(message["report"])
-                            self._remember_repair(code, report)
-                            return report
+                            return dataclasses.replace(report, repaired_code=repaired)
                         elif op == "fault":
                             self.faults += 1
                             raise SandboxFault(f"sandbox fault during validation: {message.get('error')}")
@@ -467,11 +474,7 @@ class SandboxPool:
                 raise
             except Exception as exc:  # a frame too large, a broken channel
                 reason = f"the checker's process misbehaved ({type(exc).__name__}: {exc})"
-        return stopped_report(setting, code, running, finished, reason, (time.perf_counter() - start) * 1000)
-
-
-def _digest(code: str) -> str:
-    return hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()
+        return stopped_report(setting, repaired, running, finished, reason, (time.perf_counter() - start) * 1000)
 
 
 def _death_reason(exited: dict[str, Any] | None, cpu_limit: float) -> str:

@@ -1,23 +1,32 @@
 """``SandboxSession``: one env played turn by turn in its own jailed process.
 
-The session process runs ``spade.envs.EnvSession``. Each call's outcome says how it ended:
-``ok`` (read ``terminated``/``truncated``), ``env_error`` (the env code is buggy), ``timeout``
-(the step ran past ``step_seconds`` as seen by the service), ``limit`` (a resource limit: CPU time,
-memory, reply size) or ``sandbox_fault`` (the sandbox failed). Any outcome but ``ok`` ends the
-session: its process is gone and further steps raise ``SessionEnded``.
+The env's process runs ``spade.envs.EnvSession`` and answers on the env channel; the jail's pid 1
+witnesses how that process ends and reports it on the control channel. Each call's outcome says
+how it ended (``spade.envs.Outcome``):
+
+- ``ok`` (read ``terminated``/``truncated``), ``env_error`` (the env raised or broke the contract),
+  ``timeout`` (a call ran past its wall clock: the env's per-call limit or the service's
+  ``step_seconds``), ``limit`` (the turn cap, counted by the service), ``memory_limit`` (the env's
+  process ran out of memory): what the env's process may say about its own calls;
+- ``cpu_limit`` and ``killed``: how the env's process died, from pid 1's report;
+  ``output_limit``: a reply over ``observation_bytes``, measured by the service;
+  ``sandbox_fault``: the sandbox failed (never taken from the env's channel).
+
+Any outcome but ``ok`` ends the session: its processes are gone and further steps raise
+``SessionEnded``. Whatever the env's process sends is checked here: an outcome it may not claim is
+an ``env_error``, rewards are clamped to [0, 1] and the turn count is the service's own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from services.sandbox.isolation.channels import Channel
-from services.sandbox.isolation.outcomes import SandboxFault
+from services.sandbox.isolation.outcomes import ENV_CLAIMABLE, SandboxFault, classify_session_end
 from services.sandbox.isolation.zygote import Spawned, Zygote
 from services.sandbox.runtime.protocol import FrameTooLarge, ProtocolError
 from spade.envs.types import Outcome, StepOutcome
@@ -50,8 +59,12 @@ class SandboxSession:
         jail: The jailed process's context (exited on close).
         spawned: The spawned request (how the process ended, when it dies).
         zygote: The zygote that spawned it.
-        channel: The channel to the session process.
+        channel: The env channel (the env's process on the other end).
         step_seconds: Wall-clock limit of one step.
+        witness: The control channel (the jail's pid 1 on the other end).
+        max_turns: The agent's turn budget: the step that reaches it without ending the episode is
+            truncated with outcome ``limit``, whatever the env's process says.
+        cpu_limit_s: The CPU-time rlimit of the env's process (to read pid 1's report).
         on_fault: Called once per sandbox fault the session process reports (the owner counts them).
         on_close: Called with the session once it has closed (the owner stops tracking it).
 
@@ -67,9 +80,16 @@ class SandboxSession:
         channel: Channel | None,
         step_seconds: float,
         *,
+        witness: Channel | None = None,
+        max_turns: int = 1000,
+        cpu_limit_s: float = 0.0,
         on_fault: Callable[[], None] | None = None,
         on_close: Callable[[SandboxSession], None] | None = None,
     ) -> None:
+        self._witness = witness
+        self._max_turns = max_turns
+        self._cpu_limit_s = cpu_limit_s
+        self._turns = 0
         self._on_fault = on_fault
         self._on_close = on_close
         self._jail = jail
@@ -109,6 +129,7 @@ class SandboxSession:
         async with self._lock:
             if self.closed or self._channel is None:
                 raise SessionEnded("this session has ended (closed or failed): open a new session")
+            self._turns += 1
             return await self._call(
                 self._channel.send({"op": "step", "action": action}), self._step_seconds, "the step"
             )
@@ -131,13 +152,16 @@ class SandboxSession:
             raise
         except FrameTooLarge as exc:
             outcome = ended_outcome(
-                Outcome.LIMIT, f"the env's reply was {exc.size} bytes, over the limit of {exc.limit}", self.last
+                Outcome.OUTPUT_LIMIT, f"the env's reply was {exc.size} bytes, over the limit of {exc.limit}", self.last
             )
         except OSError:
             # The process went away under us (a broken pipe on send): ask the zygote how it ended.
             outcome = await self._died()
         except ProtocolError as exc:
-            outcome = ended_outcome(Outcome.SANDBOX_FAULT, f"session channel failed: {exc}", self.last)
+            # Only the env's process writes on the env channel: garbage there is the env's doing.
+            outcome = ended_outcome(
+                Outcome.ENV_ERROR, f"the env's process broke the session protocol: {exc}", self.last
+            )
         except ValueError as exc:  # StepOutcome.from_dict refused the reply
             outcome = ended_outcome(Outcome.ENV_ERROR, f"the env produced an invalid outcome: {exc}", self.last)
         self.last = outcome
@@ -150,34 +174,44 @@ class SandboxSession:
             return await self._died()
         op = message.get("op")
         if op == "outcome":
-            return StepOutcome.from_dict(dict(message["outcome"]))
+            return self._checked(StepOutcome.from_dict(dict(message["outcome"])))
         if op == "env_error":
             return ended_outcome(Outcome.ENV_ERROR, f"env error: {message.get('error')}", self.last)
-        if op == "fault":
-            if self._on_fault is not None:
-                self._on_fault()
-            return ended_outcome(Outcome.SANDBOX_FAULT, f"sandbox fault: {message.get('error')}", self.last)
-        return ended_outcome(Outcome.SANDBOX_FAULT, f"unexpected message {op!r} from the session", self.last)
+        return ended_outcome(
+            Outcome.ENV_ERROR, f"the env's process sent {str(op)[:40]!r} instead of an outcome", self.last
+        )
+
+    def _checked(self, outcome: StepOutcome) -> StepOutcome:
+        """The env's answer held to what the framework guarantees (the env's process could lie)."""
+        if outcome.outcome not in ENV_CLAIMABLE:
+            return ended_outcome(
+                Outcome.ENV_ERROR, f"the env's process claimed outcome {outcome.outcome.value!r}", self.last
+            )
+        outcome.reward = min(max(outcome.reward, 0.0), 1.0)
+        outcome.turn = self._turns
+        outcome.max_turns = min(outcome.max_turns, self._max_turns) if outcome.max_turns > 0 else self._max_turns
+        if outcome.outcome is Outcome.OK and not outcome.done and self._turns >= outcome.max_turns > 0:
+            outcome.truncated, outcome.outcome = True, Outcome.LIMIT
+        return outcome
 
     async def _died(self) -> StepOutcome:
-        """The process closed its channel: find out from the zygote how it ended."""
+        """The env's process closed its channel: pid 1's report says how it ended."""
+        report: dict[str, Any] | None = None
         exited: dict[str, Any] | None = None
-        if self._spawned is not None:
+        if self._witness is not None:
+            with contextlib.suppress(TimeoutError, OSError, ProtocolError):
+                async with asyncio.timeout(5.0):
+                    report = await self._witness.recv()
+        if report is None and self._spawned is not None:
             try:
                 async with asyncio.timeout(5.0):
                     exited = await asyncio.shield(self._spawned.exited)
             except (SandboxFault, TimeoutError):
                 exited = None
-        if exited is None:
-            return ended_outcome(Outcome.SANDBOX_FAULT, "the session process was lost (zygote died)", self.last)
-        sig = exited.get("signal")
-        if sig in (signal.SIGXCPU, signal.SIGKILL):
-            return ended_outcome(Outcome.LIMIT, "the session process hit its CPU-time limit", self.last)
-        if sig is not None:
-            return ended_outcome(Outcome.ENV_ERROR, f"the env's process was killed by signal {sig}", self.last)
-        return ended_outcome(
-            Outcome.ENV_ERROR, f"the env's process exited (code {exited.get('code')}) mid-session", self.last
-        )
+        outcome, message = classify_session_end(report, exited, self._cpu_limit_s)
+        if outcome is Outcome.SANDBOX_FAULT and self._on_fault is not None:
+            self._on_fault()
+        return ended_outcome(outcome, message, self.last)
 
     async def close(self) -> None:
         """End the session and its process (idempotent)."""
@@ -187,6 +221,8 @@ class SandboxSession:
         if self._channel is not None:
             with contextlib.suppress(Exception):
                 await self._channel.send({"op": "close"})
+        if self._witness is not None:
+            self._witness.close()
         if self._jail is not None:
             await self._jail.__aexit__(None, None, None)
         if self._on_close is not None:

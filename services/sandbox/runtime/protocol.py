@@ -21,6 +21,8 @@ from typing import Any
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 << 20
 """Default bound on one frame's body (bytes)."""
+MEMORY_EXIT = 86
+"""Exit code of a sandboxed process that stopped because it ran out of its memory limit."""
 
 
 class ProtocolError(Exception):

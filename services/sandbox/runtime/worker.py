@@ -1,17 +1,22 @@
 """What pid 1 of a request's namespaces does: lock itself down, then execute, validate or play.
 
-Entered from the zygote's holder process with the request's channel on fd 0 (and, for an
-execution, the program's stdin/stdout/stderr pipes on fds 1-3). After ``lock_down`` nothing here
-has any privilege; every message to the service is a frame on the control socket (fd 3).
+Entered from the zygote's holder process with the request's channels (received with the
+assignment). After ``lock_down`` nothing here has any privilege; every message from pid 1 to the
+service is a frame on the control socket (fd 3). Untrusted code never runs in pid 1: it runs in a
+child, and pid 1 is a witness that child cannot silence (signals from inside a pid namespace to its
+init are dropped by the kernel, SIGKILL included, and pid 1 is not dumpable).
 
-- ``exec``: reads ``{"code", "files", "argv"}``, writes the files into the private ``/tmp``, forks
-  the program (fds 0/1/2 bound to the pipes) and reports its end: ``{"op": "exit", "code" |
-  "signal", "memory", "cpu_s"}``. Staying outside the program, pid 1 is a witness the program cannot
-  silence: signals from inside the namespace to its init are ignored and it is not dumpable.
-- ``session``: reads ``{"code", "setting", "seed", "config"}``, runs ``spade.envs.EnvSession``:
-  ``{"op": "outcome", "outcome"}`` after reset and after each ``{"op": "step", "action"}``.
-- ``validate``: runs ``spade.envs.check_env_source``, streaming ``{"op": "progress", "check"}``
-  before each check when the checker supports it, then ``{"op": "report", "report"}``.
+- ``exec`` (fds: control, stdin, stdout, stderr): reads ``{"code", "files", "argv"}``, writes the
+  files into the private ``/tmp``, forks the program (fds 0/1/2 bound to the pipes) and reports its
+  end: ``{"op": "exit", "code" | "signal", "memory", "cpu_s"}``.
+- ``session`` (fds: control, env channel): forks the env's process, which reads ``{"code",
+  "setting", "seed", "config"}`` on the env channel and runs ``spade.envs.EnvSession``: ``{"op":
+  "outcome", "outcome"}`` after reset and after each ``{"op": "step", "action"}``. Pid 1 reports the
+  env process's end on the control socket, as for an execution.
+- ``validate`` (fds: control): pid 1 runs ``spade.envs.check_env_source`` itself with the env's code
+  in forked hosts (``services/sandbox/runtime/hosts.py``), streaming ``{"op": "progress", "check"}``
+  before each check, then ``{"op": "report", "report"}``. Env code never shares a process or a
+  channel with the checker, so it cannot write or alter the verdict.
 
 Any failure of the sandbox itself is reported as ``{"op": "fault", "error"}``.
 """
@@ -33,9 +38,18 @@ import types
 from typing import Any
 
 from services.sandbox.runtime import jail
-from services.sandbox.runtime.protocol import HEADER, decode_body, encode_frame, recv_frame, send_frame
+from services.sandbox.runtime.protocol import (
+    HEADER,
+    MEMORY_EXIT,
+    decode_body,
+    encode_frame,
+    recv_frame,
+    send_frame,
+)
 
 CTL = 3
+ENV_CHANNEL = 4
+"""pid 1's copy of a session's env channel (handed to the env's process, which has it on fd 3)."""
 WORKDIR = "/tmp"
 PROGRAM_NAME = "main.py"
 
@@ -48,6 +62,7 @@ def preload() -> dict[str, Any]:
     """
     try:
         from spade.envs import CheckConfig, EnvSession, check_env_source  # noqa: F401
+        from spade.envs.remote import EnvHost, RemoteRuntime  # noqa: F401
     except Exception as exc:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     warmed = []
@@ -133,7 +148,10 @@ def run(config: dict[str, Any], program: bytes | None, alive_fd: int) -> int:
         jail.keep_fds([fds[1], fds[2], fds[3], fds[0]])
     else:
         null = os.open("/dev/null", os.O_RDWR)
-        jail.keep_fds([null, null, null, fds[0]])
+        jail.keep_fds([null, null, null, *fds])  # control on 3 (a session's env channel on 4)
+    # A disposition, not a handler: pid 1 still receives no signal from inside its namespace, and a
+    # write to a peer that went away is an EPIPE (in degraded mode pid 1 is an ordinary process).
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     try:
         jail.apply_rlimits(jail.Limits.from_dict(dict(request["limits"])))
     except Exception as exc:
@@ -291,48 +309,92 @@ def _describe(exc: BaseException) -> str:
 
 
 def run_session(ctl: socket.socket) -> int:
-    request = recv_frame(ctl)
+    """Fork the env's process onto the env channel, then witness how it ends."""
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            ctl.detach()
+            jail.keep_fds([0, 1, 2, ENV_CHANNEL])  # the control socket is gone before env code runs
+            code = serve_session(socket.socket(fileno=3))
+        except MemoryError:
+            code = MEMORY_EXIT
+        finally:
+            os._exit(code)
+    os.close(ENV_CHANNEL)
+    while True:
+        try:
+            _, status, usage = os.wait4(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    message: dict[str, Any] = {"op": "exit", "cpu_s": usage.ru_utime + usage.ru_stime}
+    if os.WIFSIGNALED(status):
+        message["signal"] = os.WTERMSIG(status)
+    else:
+        message["code"] = os.waitstatus_to_exitcode(status)
+        message["memory"] = message["code"] == MEMORY_EXIT
+    with contextlib.suppress(OSError):
+        send_frame(ctl, message)
+    return 0
+
+
+def serve_session(channel: socket.socket) -> int:
+    """The env's process: load and reset on the first frame, then one outcome per step."""
+    request = recv_frame(channel)
     if request is None:
         return 0
     try:
         session = _load_session(request)
         outcome = session.reset()
+    except MemoryError:
+        return MEMORY_EXIT
     except Exception as exc:
-        send_frame(ctl, {"op": "env_error", "error": _describe(exc)})
+        send_frame(channel, {"op": "env_error", "error": _describe(exc)})
         return 0
-    send_frame(ctl, {"op": "outcome", "outcome": outcome.to_dict()})
     while True:
-        message = recv_frame(ctl)
+        send_frame(channel, {"op": "outcome", "outcome": outcome.to_dict()})
+        if outcome.outcome.value == "memory_limit":
+            return MEMORY_EXIT  # the interpreter is in no state to go on
+        message = recv_frame(channel)
         if message is None or message.get("op") == "close":
             return 0
         if message.get("op") != "step":
-            send_frame(ctl, {"op": "fault", "error": f"unknown session op {message.get('op')!r}"})
+            send_frame(channel, {"op": "fault", "error": f"unknown session op {message.get('op')!r}"})
             return 0
         try:
             outcome = session.step(str(message["action"]))
         except Exception as exc:
-            send_frame(ctl, {"op": "env_error", "error": _describe(exc)})
+            send_frame(channel, {"op": "env_error", "error": _describe(exc)})
             return 0
-        send_frame(ctl, {"op": "outcome", "outcome": outcome.to_dict()})
 
 
 def _load_session(request: dict[str, Any]) -> Any:
-    """An ``EnvSession`` for the request; code the service marks ``repaired`` skips the repairs.
+    """An ``EnvSession`` for the request's code, repaired only where it needs it.
 
-    ``EnvSession(code)`` is ``repair_code`` + ``load_env_class`` + ``from_class``; the repairs (a
-    tokenizer pass and several parses) are most of a session's start. The service marks code it has
-    seen come out of the repairs in a validation, which repairing again would leave unchanged.
+    The service sends code it has already repaired (``repaired``: true), or code its cheap test
+    (``spade.envs.repair.needs_repair``) found nothing to repair in; that code is compiled as it is
+    and goes through the full repairs only if it does not compile, which gives what ``repair_code``
+    gives at the cost of one compile.
     """
-    from spade.envs import CheckConfig, EnvLoadError, EnvSession, load_env_class
+    from spade.envs import CheckConfig, EnvLoadError, EnvSession
     from spade.envs.limits import CallTimeout, guarded
+    from spade.envs.loader import compile_env, load_env_class
+    from spade.envs.repair import needs_repair
 
     code, setting, seed = str(request["code"]), str(request["setting"]), int(request["seed"])
     config = CheckConfig.from_dict(dict(request["config"]))
-    if not request.get("repaired"):
+    if not request.get("repaired") and needs_repair(code):
         return EnvSession(code, setting, seed, config)
+    compiled = None
+    try:
+        compiled = compile_env(code)
+    except (SyntaxError, ValueError):
+        if not request.get("repaired"):
+            return EnvSession(code, setting, seed, config)
     try:
         with guarded(config.call_time_limit_s):
-            loaded = load_env_class(code, setting)
+            loaded = load_env_class(code, setting, compiled)
     except CallTimeout:
         raise EnvLoadError(f"loading the env code took longer than {config.call_time_limit_s:g} s") from None
     if not loaded.ok or loaded.env_class is None:
@@ -341,11 +403,16 @@ def _load_session(request: dict[str, Any]) -> Any:
 
 
 def run_validate(ctl: socket.socket) -> int:
+    """Check the env as pid 1, with its code in forked hosts; stream progress, then the report."""
     request = recv_frame(ctl)
     if request is None:
         return 0
+    from services.sandbox.runtime.hosts import ForkedHost
     from spade.envs import CheckConfig, check_env_source
+    from spade.envs.limits import disable_timers
+    from spade.envs.remote import RemoteRuntime
 
+    disable_timers()  # no SIGALRM handler in pid 1: env processes could send it one
     config = CheckConfig.from_dict(dict(request["config"]))
 
     def progress(name: str, result: dict[str, Any] | None = None) -> None:
@@ -354,6 +421,12 @@ def run_validate(ctl: socket.socket) -> int:
             message["result"] = result
         send_frame(ctl, message)
 
-    report = check_env_source(str(request["code"]), str(request["setting"]), config, progress=progress)
-    send_frame(ctl, {"op": "report", "report": report.to_dict()})
+    runtime = RemoteRuntime(ForkedHost)
+    try:
+        report = check_env_source(
+            str(request["code"]), str(request["setting"]), config, progress=progress, runtime=runtime
+        )
+    finally:
+        runtime.close()
+    send_frame(ctl, {"op": "report", "report": report.to_dict(), "hosts": runtime.hosts_started})
     return 0

@@ -36,7 +36,9 @@ from services.sandbox.runtime import jail, worker  # noqa: E402
 from services.sandbox.runtime.protocol import FrameDecoder, encode_frame  # noqa: E402
 
 MAX_FDS = 8
-KINDS = ("exec", "session", "validate")
+FDS = {"exec": 4, "session": 2, "validate": 1}
+"""The request kinds, each with the number of channel fds it comes with (see ``worker``)."""
+KINDS = tuple(FDS)
 
 
 class Zygote:
@@ -166,7 +168,7 @@ class Zygote:
             self.warm.append(jail)
 
     def spawn(self, request_id: int, kind: str, limits: dict[str, Any], fds: list[int]) -> None:
-        if kind not in KINDS or len(fds) != (4 if kind == "exec" else 1):
+        if kind not in KINDS or len(fds) != FDS[kind]:
             self.send({"op": "failed", "id": request_id, "error": f"bad spawn request ({kind}, {len(fds)} fds)"})
             return
         assignment = encode_frame({"kind": kind, "limits": limits})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spade.envs.examples import EXAMPLES
-from spade.envs.repair import extract_code, repair_code
+from spade.envs.repair import _repair_thoroughly, extract_code, needs_repair, repair_code
 
 
 def run(code: str) -> dict:
@@ -120,3 +120,37 @@ def test_boxed_value_expressions_are_interpolated_inside_the_box() -> None:
     assert g.a == "\\boxed{42}"
     assert g.b == "\\boxed{2} \\boxed{done} \\boxed{max}"
     assert repairs
+
+
+NEEDING = [
+    'n = 3\nmsg = f"Actions: \\\\boxed{push N} or \\\\boxed{pop} ({n} left)"\n',
+    'msg = f"Reply \\\\boxed{done} when finished"\n',
+    'k = 7\nmsg = f"Try \\\\boxed{move {k}}"\n',
+    'x = 2\nmsg = f"""Use\n\\\\boxed{answer}\nnow {x}"""\nraw = rf"\\boxed{go} {x}"\n',
+    'msg = "Reply \\boxed{yes}"\n',
+    'msg = (\n    "Say "\n    f"\\\\boxed{go}"\n)\n',
+    'msg = F"Reply \\\\boxed {done}"\n',
+    'msg = "first " \\\nf"\\\\boxed{x}"\n',
+    "\ufeffx = 1\n",
+]
+
+
+@pytest.mark.parametrize("code", NEEDING)
+def test_the_cheap_test_sends_every_code_a_repair_changes_to_the_tokenizer(code: str) -> None:
+    assert needs_repair(code)
+    assert repair_code(code)[0] != code
+
+
+CORPUS = [*VALID, *(e.code for e in EXAMPLES.values()), 'q = "\\\\boxed{ok}"\nm = f"{q}!"\n']
+
+
+@pytest.mark.parametrize("code", CORPUS)
+def test_code_the_cheap_test_passes_is_code_the_repairs_leave_alone(code: str) -> None:
+    """The fast path is exact: wherever it skips the tokenizer, the tokenizer would change nothing."""
+    if not needs_repair(code):
+        assert _repair_thoroughly(code) == (code, [])
+    assert repair_code(code) == _repair_thoroughly(code)
+
+
+def test_example_game_envs_take_the_fast_path() -> None:
+    assert [e.name for e in EXAMPLES.values() if needs_repair(e.code)] == []

@@ -11,6 +11,7 @@ import pytest
 from services.sandbox.isolation import ExecStatus, IsolationSettings, SandboxFault, SandboxPool
 from spade.envs import CheckConfig, Outcome
 from spade.envs.examples import EXAMPLES
+from spade.envs.repair import repair_code
 
 
 async def test_execute_stdin_files_argv_and_exit_codes() -> None:
@@ -122,11 +123,13 @@ class EchoNumberEnv:
 async def test_sessions_of_validated_code_skip_the_repairs_and_play_the_same() -> None:
     async with SandboxPool(IsolationSettings()) as pool:
         cold = await pool.open_session(NEEDS_REPAIR, "game", 5, CheckConfig())
-        assert cold.initial.outcome is Outcome.OK, cold.initial  # EnvSession repaired the f-string
+        assert cold.initial.outcome is Outcome.OK, cold.initial  # the service repaired the f-string
         report = await pool.validate(NEEDS_REPAIR, "game", CheckConfig())
         assert report.valid, report.summary()
-        assert report.repaired_code != NEEDS_REPAIR
-        assert len(pool._repaired) == 2  # the code as sent and as repaired both map to the repaired code
+        # The repairs are the service's own, the same for validation and sessions.
+        assert report.repaired_code == repair_code(NEEDS_REPAIR)[0] != NEEDS_REPAIR
+        assert len(pool.repairs) == 2  # the code as sent and as repaired both map to the repaired code
+        assert pool.repairs.known(NEEDS_REPAIR) == pool.repairs.known(report.repaired_code) == report.repaired_code
         for code in (NEEDS_REPAIR, report.repaired_code):
             warm = await pool.open_session(code, "game", 5, CheckConfig())
             assert warm.initial.outcome is Outcome.OK, warm.initial
