@@ -11,7 +11,7 @@ import pytest
 from spade.envs import CHECK_NAMES
 from spade.envs.examples import EXAMPLES
 from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
-from tests.integration.sandbox.conftest import ALICE_KEY, BOB_KEY, COUNTER_ENV, Service
+from tests.integration.sandbox.conftest import ALICE_KEY, BOB_KEY, COUNTER_ENV, MEMORY_BOMB_ENV, Service
 
 ALICE = (("authorization", f"Bearer {ALICE_KEY}"),)
 BOB = (("authorization", f"Bearer {BOB_KEY}"),)
@@ -121,3 +121,12 @@ def test_health_service_and_call_metrics(sandbox_service: Service, stub: sandbox
         stub.Execute(sandbox_pb2.ExecuteRequest(code="pass"))  # no key
     metrics = httpx.get(f"{sandbox_service.http_url}/metrics").text
     assert 'spade_sandbox_grpc_requests_total{code="UNAUTHENTICATED",method="Execute"}' in metrics
+
+
+def test_a_memory_bomb_is_reported_as_a_memory_limit_on_the_play_stream(stub: sandbox_pb2_grpc.SandboxStub) -> None:
+    def requests() -> Iterator[sandbox_pb2.PlayRequest]:
+        yield sandbox_pb2.PlayRequest(open=sandbox_pb2.OpenSessionRequest(code=MEMORY_BOMB_ENV, seed=1))
+        yield sandbox_pb2.PlayRequest(action="\\boxed{bomb}")
+
+    states = [response.state for response in stub.Play(requests(), metadata=ALICE)]
+    assert [s.outcome for s in states] == ["ok", "memory_limit"]

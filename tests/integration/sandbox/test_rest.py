@@ -9,7 +9,7 @@ import pytest
 
 from spade.envs import CHECK_NAMES
 from spade.envs.examples import EXAMPLES
-from tests.integration.sandbox.conftest import ALICE_KEY, BOB_KEY, COUNTER_ENV, Service
+from tests.integration.sandbox.conftest import ALICE_KEY, BOB_KEY, COUNTER_ENV, MEMORY_BOMB_ENV, Service
 
 ALICE = {"Authorization": f"Bearer {ALICE_KEY}"}
 BOB = {"Authorization": f"Bearer {BOB_KEY}"}
@@ -170,3 +170,12 @@ def test_env_that_crashes_in_reset_is_an_env_error_not_a_500(http: httpx.Client)
     step = http.post(f"/v1/sessions/{body['session_id']}/step", json={"action": "x"}, headers=ALICE)
     _assert_clean_error(step, 409, "session_finished")
     http.delete(f"/v1/sessions/{body['session_id']}", headers=ALICE)
+
+
+def test_a_memory_bomb_is_reported_as_a_memory_limit(http: httpx.Client) -> None:
+    opened = http.post("/v1/sessions", json={"code": MEMORY_BOMB_ENV, "seed": 1}, headers=ALICE)
+    assert opened.status_code == 201 and opened.json()["outcome"] == "ok"
+    session = opened.json()["session_id"]
+    step = http.post(f"/v1/sessions/{session}/step", json={"action": "\\boxed{bomb}"}, headers=ALICE).json()
+    assert step["outcome"] == "memory_limit" and step["terminated"] is False, step
+    http.delete(f"/v1/sessions/{session}", headers=ALICE)
