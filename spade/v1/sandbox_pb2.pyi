@@ -243,7 +243,9 @@ class SessionState(_message.Message):
     turn: _builtins.int
     max_turns: _builtins.int
     outcome: _builtins.str
-    """"ok", "env_error", "timeout", "limit" or "sandbox_fault" (how the last call ended)."""
+    """How the last call ended (spade.envs.Outcome): "ok", "env_error", "timeout" (wall clock),
+    "limit" (the turn cap), "cpu_limit", "memory_limit", "output_limit", "killed" or "sandbox_fault".
+    """
     def __init__(
         self,
         *,

@@ -100,8 +100,11 @@ def sandbox_service() -> Iterator[Service]:
 
 
 MEMORY_BOMB_ENV = COUNTER_ENV.replace(
-    "        if \"go\" in action:\n",
-    "        if \"bomb\" in action:\n            hog = []\n            while True:\n                hog.append(bytearray(32 << 20))\n"
-    "        if \"go\" in action:\n",
+    '        if "go" in action:\n',
+    '        if "bomb" in action:\n'
+    "            hog = []\n"
+    "            while True:\n"
+    "                hog.append(bytearray(32 << 20))\n"
+    '        if "go" in action:\n',
 )
 """``COUNTER_ENV`` that eats memory without limit when told ``\\boxed{bomb}``."""
