@@ -33,10 +33,34 @@ if [ ! -f "$dir/.complete" ]; then
   mkdir -p "$dir.tmp"
   cp "$reqs" "$dir.tmp/requirements.txt"
   "$pip" wheel -q --wheel-dir "$dir.tmp" -r "$reqs" 2> >(grep -v "^WARNING: Location" >&2)
-  # What the image's older patch release needs besides (markers such as python_full_version <
-  # "3.11.3" pull in backports the host's Python does not need): resolved again for it.
-  "$pip" download -q --only-binary=:all: --python-version "$SPADE_IMAGE_PYTHON" \
-    --find-links "$dir.tmp" -d "$dir.tmp" -r "$reqs" 2> >(grep -v "^WARNING: Location" >&2)
+  # What the image's older patch release needs besides: markers such as python_full_version <
+  # "3.11.3" pull in backports the host's Python does not (pip's --python-version does not apply
+  # them). Every wheel's dependencies are evaluated for the image's Python until none is missing.
+  while :; do
+    missing=$("$python" - "$dir.tmp" "$SPADE_IMAGE_PYTHON" <<'PY'
+import sys, zipfile
+from pathlib import Path
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+wheels, full = Path(sys.argv[1]), sys.argv[2]
+env = {"python_full_version": full, "python_version": ".".join(full.split(".")[:2]), "extra": ""}
+have = {canonicalize_name(parse_wheel_filename(w.name)[0]) for w in wheels.glob("*.whl")}
+for wheel in wheels.glob("*.whl"):
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        for line in z.read(meta).decode().splitlines():
+            if line.startswith("Requires-Dist:"):
+                req = Requirement(line.split(":", 1)[1].strip())
+                if (req.marker is None or req.marker.evaluate(env)) and canonicalize_name(req.name) not in have:
+                    print(f"{req.name}{req.specifier}")
+PY
+)
+    [ -n "$missing" ] || break
+    echo "wheelhouse: for Python $SPADE_IMAGE_PYTHON also $(echo $missing)" >&2
+    # shellcheck disable=SC2086
+    "$pip" wheel -q --wheel-dir "$dir.tmp" $missing 2> >(grep -v "^WARNING: Location" >&2)
+  done
   # shellcheck disable=SC2086
   "$pip" wheel -q --no-deps --wheel-dir "$dir.tmp" $no_deps 2> >(grep -v "^WARNING: Location" >&2)
   echo "$no_deps" >"$dir.tmp/no-deps.txt"
