@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
 from services.sandbox.core.auth import KeyRing, Tenant
 from services.sandbox.core.errors import SandboxServiceError
-from services.sandbox.core.quotas import Quotas
+from services.sandbox.core.quotas import LocalQuotas, QuotaStore
 from services.sandbox.core.requests import (
     RequestLimits,
     check_action,
@@ -26,6 +27,8 @@ from services.sandbox.core.requests import (
 from services.sandbox.core.sessions import LiveSession, SessionManager
 from services.sandbox.metrics import SandboxMetrics
 from spade.envs import CheckConfig, StepOutcome, ValidationReport
+
+log = logging.getLogger("spade.sandbox")
 
 
 class Backend(Protocol):
@@ -55,13 +58,14 @@ class SandboxService:
         session_ttl_s: float,
         max_sessions: int,
         metrics: SandboxMetrics | None = None,
+        quotas: QuotaStore | None = None,
     ) -> None:
         self.backend = backend
         self.authenticator = authenticator
         self.limits = limits
         self.checks = checks
         self.metrics = metrics or SandboxMetrics()
-        self.quotas = Quotas()
+        self.quotas: QuotaStore = quotas or LocalQuotas()
         self.sessions = SessionManager(self._open_live, self.quotas, ttl_s=session_ttl_s, max_sessions=max_sessions)
 
     async def _open_live(self, code: str, setting: str, seed: int) -> LiveSession:
@@ -91,7 +95,7 @@ class SandboxService:
         with self._observe("validate"):
             code_s = check_code(code, self.limits)
             setting_s = check_setting(setting)
-            self.quotas.charge_run(tenant)
+            await self.quotas.charge_run(tenant)
             report = await self.backend.validate(code_s, setting_s, self.checks)
             self.metrics.validations.labels(str(report.valid).lower()).inc()
             for check in report.checks:
@@ -112,7 +116,7 @@ class SandboxService:
             code_s = check_code(code, self.limits)
             files = files or {}
             check_execution(stdin, files, timeout_s, memory_mb, self.limits)
-            self.quotas.charge_run(tenant)
+            await self.quotas.charge_run(tenant)
             result = await self.backend.execute(
                 code_s, stdin, files, timeout_s=timeout_s or None, memory_mb=memory_mb or None
             )
@@ -126,7 +130,10 @@ class SandboxService:
             code_s = check_code(code, self.limits)
             setting_s = check_setting(setting)
             seed_i = check_seed(seed)
-            session_id, outcome = await self.sessions.open(tenant, code_s, setting_s, seed_i)
+            # Opening runs the env's module code and reset(): it counts as a run.
+            session_id, outcome = await self.sessions.open(
+                tenant, code_s, setting_s, seed_i, charge=self.quotas.charge_run
+            )
             self._count(outcome)
             return session_id, outcome
 
@@ -145,16 +152,21 @@ class SandboxService:
         self.metrics.step_outcomes.labels(str(getattr(outcome.outcome, "value", outcome.outcome))).inc()
 
     async def reap_forever(self, interval_s: float) -> None:
-        """Close idle sessions every ``interval_s`` until cancelled."""
+        """Every ``interval_s`` until cancelled: close idle sessions, renew the live ones' quota leases."""
         while True:
             await asyncio.sleep(interval_s)
             reaped = await self.sessions.reap()
             if reaped:
                 self.metrics.sessions_reaped.inc(reaped)
                 self.metrics.sessions_open.set(len(self.sessions))
+            try:
+                await self.quotas.renew_sessions(self.sessions.live())
+            except Exception as exc:  # the quota store is away: the leases run on; try again next round
+                log.warning("could not renew the quota leases of %d sessions: %s", len(self.sessions), exc)
 
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "sessions": len(self.sessions), "sandbox": self.backend.health()}
 
     async def shutdown(self) -> None:
         await self.sessions.close_all()
+        await self.quotas.close()

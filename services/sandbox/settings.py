@@ -8,7 +8,9 @@ given with ``spade serve sandbox --config FILE``; values from the file win over 
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.sandbox.core.requests import RequestLimits
@@ -16,6 +18,7 @@ from services.sandbox.isolation import IsolationSettings
 from spade.auth import ApiKey, check_unique_keys
 from spade.config import ServiceSettings
 from spade.envs import CheckConfig
+from spade.retry import RetryPolicy
 from spade.serving.settings import ServerAddress
 
 
@@ -26,6 +29,42 @@ class SandboxApiKey(ApiKey):
     executions_per_minute: int = Field(
         120, ge=1, le=1_000_000, description="Executions and validations per rolling minute."
     )
+
+
+class LocalQuotaSettings(BaseModel):
+    """Quotas counted by this replica alone (dev mode, or one replica): N replicas give N times each quota."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["local"] = Field("local", description="Count quotas in this process.")
+
+
+class RedisQuotaSettings(BaseModel):
+    """Quotas counted in Redis, shared by every replica that names the same Redis and prefix."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["redis"] = Field("redis", description="Count quotas in Redis.")
+    url: str = Field("redis://127.0.0.1:6379/0", min_length=1, description="Redis URL (redis:// or rediss://).")
+    prefix: str = Field(
+        "spade:sandbox:quota", min_length=1, max_length=200, description="Key prefix; replicas sharing quotas share it."
+    )
+    lease_s: float = Field(
+        60.0,
+        ge=5.0,
+        le=3600.0,
+        description="A session counts this long after its replica last renewed it (a dead replica's "
+        "sessions stop counting after at most this).",
+    )
+    socket_timeout_s: float = Field(5.0, gt=0, le=300, description="Timeout of one Redis call, in seconds.")
+    retry: RetryPolicy = Field(
+        default_factory=lambda: RetryPolicy(attempts=3, initial_s=0.05, max_s=1.0, jitter_s=0.05),
+        description="Tries of one quota call on a broken connection before the request is refused (503).",
+    )
+
+
+QuotaSettings = Annotated[LocalQuotaSettings | RedisQuotaSettings, Field(discriminator="kind")]
+"""Where quotas are counted, chosen by ``kind``."""
 
 
 class SandboxSettings(ServiceSettings):
@@ -51,7 +90,14 @@ class SandboxSettings(ServiceSettings):
     max_files_bytes: int = Field(4 * 2**20, ge=0, le=2**28, description="Total bytes of an execution's files.")
     session_ttl_s: float = Field(600.0, gt=0, le=86_400, description="Idle sessions are closed after this.")
     max_sessions: int = Field(256, ge=1, le=100_000, description="Live sessions across all tenants.")
-    reap_interval_s: float = Field(5.0, gt=0, le=3600, description="How often idle sessions are looked for.")
+    reap_interval_s: float = Field(
+        5.0, gt=0, le=3600, description="How often idle sessions are looked for (and Redis quota leases renewed)."
+    )
+    quotas: QuotaSettings = Field(
+        default_factory=LocalQuotaSettings,
+        description="Where tenant quotas are counted: 'local' (this replica) or 'redis' (shared by replicas), "
+        'e.g. SPADE_SANDBOX_QUOTAS=\'{"kind": "redis", "url": "redis://redis:6379/0"}\'.',
+    )
     isolation: IsolationSettings = Field(default_factory=IsolationSettings, description="Isolation layers and limits.")
     checks: CheckConfig = Field(default_factory=CheckConfig, description="Validation seeds, counts, thresholds.")
 
@@ -60,6 +106,15 @@ class SandboxSettings(ServiceSettings):
     def _unique_keys(cls, keys: list[SandboxApiKey]) -> list[SandboxApiKey]:
         check_unique_keys(keys)
         return keys
+
+    @model_validator(mode="after")
+    def _leases_outlive_renewals(self) -> SandboxSettings:
+        if isinstance(self.quotas, RedisQuotaSettings) and self.quotas.lease_s < 3 * self.reap_interval_s:
+            raise ValueError(
+                f"quotas.lease_s={self.quotas.lease_s} is under 3 x reap_interval_s={self.reap_interval_s}: "
+                "leases would lapse between renewals; raise lease_s or lower reap_interval_s"
+            )
+        return self
 
     def unsafe_settings(self) -> list[str]:
         if not self.api_keys:

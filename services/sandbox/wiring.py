@@ -9,11 +9,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from services.sandbox.core.auth import KeyRing, Tenant, tenant_keyring
+from services.sandbox.core.quotas import LocalQuotas, QuotaStore
 from services.sandbox.grpc_server import grpc_service
 from services.sandbox.isolation import SandboxPool
 from services.sandbox.rest import create_app
 from services.sandbox.service import SandboxService
-from services.sandbox.settings import SandboxSettings
+from services.sandbox.settings import LocalQuotaSettings, RedisQuotaSettings, SandboxSettings
 from spade.serving.grpc import RunningGrpc, grpc_server
 from spade.serving.http import RunningHttp, http_server
 
@@ -29,6 +30,22 @@ def build_authenticator(settings: SandboxSettings) -> KeyRing[Tenant]:
     return tenant_keyring(keys, dev_mode=settings.dev_mode)
 
 
+def build_quotas(settings: SandboxSettings) -> QuotaStore:
+    """Where tenant quotas are counted (``settings.quotas.kind``)."""
+    quotas = settings.quotas
+    if isinstance(quotas, RedisQuotaSettings):
+        from services.sandbox.redis_quotas import RedisQuotas
+
+        return RedisQuotas(quotas)
+    assert isinstance(quotas, LocalQuotaSettings)
+    if not settings.dev_mode:
+        log.warning(
+            "sandbox quotas are counted per replica (quotas.kind=local): with N replicas a tenant gets N "
+            'times its quota; share them with SPADE_SANDBOX_QUOTAS=\'{"kind": "redis", "url": ...}\''
+        )
+    return LocalQuotas()
+
+
 @contextlib.asynccontextmanager
 async def sandbox_service(settings: SandboxSettings) -> AsyncIterator[SandboxService]:
     """Start the isolated worker pool and yield the service; stops everything on exit."""
@@ -41,6 +58,7 @@ async def sandbox_service(settings: SandboxSettings) -> AsyncIterator[SandboxSer
         settings.checks,
         session_ttl_s=settings.session_ttl_s,
         max_sessions=settings.max_sessions,
+        quotas=build_quotas(settings),
     )
     reaper = asyncio.create_task(service.reap_forever(settings.reap_interval_s))
     try:

@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import inspect
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -151,7 +152,11 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         else:
             kind, _ = found
             self._log.info("%s refused (%s): %s", method, kind.value, exc)
-            await context.abort(GRPC_STATUS[kind], str(exc))
+            retry_after = getattr(exc, "retry_after_s", None)  # a quota's refusal says when to retry
+            trailer: tuple[tuple[str, str], ...] = ()
+            if isinstance(retry_after, int | float):
+                trailer = (("retry-after", str(max(1, math.ceil(retry_after)))),)
+            await context.abort(GRPC_STATUS[kind], str(exc), trailing_metadata=trailer)
 
     def _observe(self, method: str, start: float, context: grpc.aio.ServicerContext, failed: bool) -> None:
         code = "OK"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -82,6 +83,9 @@ def install_error_handlers(
         kind, code = found
         status = invalid_status if kind is ErrorKind.INVALID else HTTP_STATUS[kind]
         headers = {"WWW-Authenticate": "Bearer"} if kind is ErrorKind.UNAUTHENTICATED else None
+        retry_after = getattr(exc, "retry_after_s", None)  # a quota's refusal says when to retry
+        if isinstance(retry_after, int | float):
+            headers = {"Retry-After": str(max(1, math.ceil(retry_after)))}
         return error_response(status, code, str(exc), headers)
 
     async def bad_request(_: Request, exc: Exception) -> JSONResponse:

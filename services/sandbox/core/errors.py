@@ -43,8 +43,19 @@ class Forbidden(SandboxServiceError):
 
 
 class QuotaExceeded(SandboxServiceError):
+    """Over a quota or a rate.
+
+    Attributes:
+        retry_after_s: When a retry can succeed, in seconds (the HTTP ``Retry-After`` header and the
+            gRPC ``retry-after`` trailer carry it, rounded up).
+    """
+
     kind = ErrorKind.QUOTA
     code = "quota_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class SessionNotFound(SandboxServiceError):

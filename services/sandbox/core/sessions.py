@@ -1,4 +1,10 @@
-"""Live env sessions: ownership, TTL for abandoned sessions, a global cap, one step at a time each."""
+"""Live env sessions: ownership, TTL for abandoned sessions, a global cap, one step at a time each.
+
+A session that ends (its episode terminated or was truncated, its code failed to load, its process
+failed) stops counting against the tenant's quota and the service's cap at once: its process is
+closed then, and only a tombstone stays, so that a step on it is answered "finished" (409) and a
+DELETE still succeeds, until the caller deletes it or the idle TTL removes it.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ from typing import Any, Protocol
 
 from services.sandbox.core.auth import Tenant
 from services.sandbox.core.errors import Forbidden, QuotaExceeded, SessionFinished, SessionNotFound
-from services.sandbox.core.quotas import Quotas
+from services.sandbox.core.quotas import QuotaStore
 
 
 class Outcome(Protocol):
@@ -55,7 +61,7 @@ class SessionManager:
 
     Args:
         opener: Opens a sandboxed session from ``(code, setting, seed)``.
-        quotas: Per-tenant concurrent-session quota.
+        quotas: Where the tenants' concurrent sessions are counted.
         ttl_s: A session idle this long is closed by ``reap``.
         max_sessions: Cap across all tenants (protects the host).
         clock: Monotonic clock (injectable for tests).
@@ -64,7 +70,7 @@ class SessionManager:
     def __init__(
         self,
         opener: Opener,
-        quotas: Quotas,
+        quotas: QuotaStore,
         *,
         ttl_s: float,
         max_sessions: int,
@@ -76,25 +82,57 @@ class SessionManager:
         self._max = max_sessions
         self._clock = clock
         self._sessions: dict[str, _Entry] = {}
+        self._opening = 0
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        """Live sessions (ended ones are not counted)."""
+        return sum(1 for e in self._sessions.values() if not e.finished) + self._opening
 
-    async def open(self, tenant: Tenant, code: str, setting: str, seed: int) -> tuple[str, Any]:
-        """Open a session; returns its id and the outcome of ``reset(seed)``."""
-        if len(self._sessions) >= self._max:
-            raise QuotaExceeded(f"the service holds its maximum of {self._max} sessions: retry shortly")
-        self._quotas.acquire_session(tenant)
+    def live(self) -> dict[str, Tenant]:
+        """Session id -> tenant of every live session."""
+        return {sid: e.tenant for sid, e in self._sessions.items() if not e.finished}
+
+    async def open(
+        self,
+        tenant: Tenant,
+        code: str,
+        setting: str,
+        seed: int,
+        charge: Callable[[Tenant], Awaitable[None]] | None = None,
+    ) -> tuple[str, Any]:
+        """Open a session; returns its id and the outcome of ``reset(seed)``.
+
+        Args:
+            charge: Called once the session has its slot, before it opens (the run rate; a session
+                refused its slot is not charged).
+        """
+        if len(self) >= self._max:
+            raise QuotaExceeded(f"the service holds its maximum of {self._max} live sessions: retry shortly")
+        session_id = secrets.token_urlsafe(16)
+        await self._quotas.acquire_session(tenant, session_id)
+        self._opening += 1
         try:
+            if charge is not None:
+                await charge(tenant)
             live = await self._opener(code, setting, seed)
         except BaseException:
-            self._quotas.release_session(tenant)
+            await self._quotas.release_session(tenant, session_id)
             raise
-        session_id = secrets.token_urlsafe(16)
+        finally:
+            self._opening -= 1
         entry = _Entry(tenant=tenant, live=live, last_used=self._clock())
-        entry.finished = _is_final(live.initial)
         self._sessions[session_id] = entry
+        if _is_final(live.initial):
+            await self._end(session_id, entry)
         return session_id, live.initial
+
+    async def _end(self, session_id: str, entry: _Entry) -> None:
+        """The session's episode is over: free its process and its quota now, keep a tombstone."""
+        if entry.finished:
+            return
+        entry.finished = True
+        await self._quotas.release_session(entry.tenant, session_id)
+        await entry.live.close()
 
     def _get(self, tenant: Tenant, session_id: str) -> _Entry:
         entry = self._sessions.get(session_id)
@@ -119,9 +157,14 @@ class SessionManager:
                     "open a new session to play again"
                 )
             entry.last_used = self._clock()
-            outcome = await entry.live.step(action)
+            try:
+                outcome = await entry.live.step(action)
+            except BaseException:
+                await self._end(session_id, entry)  # its process's state is unknown: end it
+                raise
             entry.last_used = self._clock()
-            entry.finished = _is_final(outcome)
+            if _is_final(outcome):
+                await self._end(session_id, entry)
             return outcome
 
     async def close(self, tenant: Tenant, session_id: str) -> None:
@@ -130,10 +173,8 @@ class SessionManager:
 
     async def _drop(self, session_id: str) -> None:
         entry = self._sessions.pop(session_id, None)
-        if entry is None:
-            return
-        self._quotas.release_session(entry.tenant)
-        await entry.live.close()
+        if entry is not None:
+            await self._end(session_id, entry)
 
     async def reap(self) -> int:
         """Close sessions idle longer than the TTL; returns how many were closed."""

@@ -61,10 +61,9 @@ def _settings() -> SandboxSettings:
     )
 
 
-@pytest.fixture(scope="package")
-def sandbox_service() -> Iterator[Service]:
-    """Run the service on its own event loop in a thread, as a separate server would."""
-    settings = _settings()
+@contextlib.contextmanager
+def running_service(settings: SandboxSettings) -> Iterator[Service]:
+    """Run a sandbox service on its own event loop in a thread, as a separate server would."""
     ready: dict[str, Service] = {}
     started = threading.Event()
     loop = asyncio.new_event_loop()
@@ -97,6 +96,12 @@ def sandbox_service() -> Iterator[Service]:
         thread.join(30)
         with contextlib.suppress(Exception):
             loop.close()
+
+
+@pytest.fixture(scope="package")
+def sandbox_service() -> Iterator[Service]:
+    with running_service(_settings()) as service:
+        yield service
 
 
 MEMORY_BOMB_ENV = COUNTER_ENV.replace(

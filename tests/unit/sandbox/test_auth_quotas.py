@@ -1,4 +1,5 @@
-"""Auth and quota rules of the sandbox service (pure core)."""
+"""Auth rules of the sandbox service and the local quota's clock (pure core); the quota contract over
+every store is in tests/integration/sandbox/test_quotas.py."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 from services.sandbox.core.auth import DEV_TENANT, KeyRing, Tenant, hash_key, tenant_keyring
 from services.sandbox.core.errors import QuotaExceeded, Unauthenticated
-from services.sandbox.core.quotas import Quotas
+from services.sandbox.core.quotas import LocalQuotas
 
 ALICE = Tenant(name="alice", max_sessions=2, executions_per_minute=3)
 
@@ -32,35 +33,17 @@ def test_anonymous_only_in_dev_mode_without_keys() -> None:
         tenant_keyring({hash_key("k-alice"): ALICE}, dev_mode=True).authenticate(None)
 
 
-def test_session_quota_counts_and_releases() -> None:
-    quotas = Quotas()
-    quotas.acquire_session(ALICE)
-    quotas.acquire_session(ALICE)
-    with pytest.raises(QuotaExceeded, match="limit is 2"):
-        quotas.acquire_session(ALICE)
-    quotas.release_session(ALICE)
-    quotas.acquire_session(ALICE)
-    assert quotas.sessions_held(ALICE) == 2
-
-
-def test_execution_rate_is_a_rolling_minute() -> None:
+async def test_local_run_rate_is_a_rolling_minute() -> None:
     now = [1000.0]
-    quotas = Quotas(clock=lambda: now[0])
+    quotas = LocalQuotas(clock=lambda: now[0])
     for _ in range(3):
-        quotas.charge_run(ALICE)
-    with pytest.raises(QuotaExceeded, match="retry in"):
-        quotas.charge_run(ALICE)
+        await quotas.charge_run(ALICE)
+    with pytest.raises(QuotaExceeded, match="retry in 60 s") as refused:
+        await quotas.charge_run(ALICE)
+    assert refused.value.retry_after_s == 60.0
     now[0] += 59.0
-    with pytest.raises(QuotaExceeded):
-        quotas.charge_run(ALICE)
+    with pytest.raises(QuotaExceeded) as refused:
+        await quotas.charge_run(ALICE)
+    assert refused.value.retry_after_s == pytest.approx(1.0)
     now[0] += 1.5
-    quotas.charge_run(ALICE)
-
-
-def test_tenants_do_not_share_quota() -> None:
-    bob = Tenant(name="bob", max_sessions=1, executions_per_minute=1)
-    quotas = Quotas()
-    quotas.charge_run(bob)
-    quotas.charge_run(ALICE)
-    with pytest.raises(QuotaExceeded):
-        quotas.charge_run(bob)
+    await quotas.charge_run(ALICE)
