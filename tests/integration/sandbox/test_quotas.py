@@ -23,7 +23,7 @@ BOB = Tenant(name="bob", max_sessions=1, executions_per_minute=1)
 
 
 def redis_settings(**overrides: object) -> RedisQuotaSettings:
-    return RedisQuotaSettings(prefix=f"spade-test:quota:{uuid.uuid4().hex}", **overrides)  # type: ignore[arg-type]
+    return RedisQuotaSettings(prefix=f"spade-test:quota:{uuid.uuid4().hex}", **overrides)
 
 
 @pytest_asyncio.fixture(params=["local", "redis"])

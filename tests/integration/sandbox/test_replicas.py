@@ -71,5 +71,5 @@ def test_a_tenant_over_its_shared_quota_is_refused_by_either_replica(replicas: t
             with pytest.raises(grpc.RpcError) as refused_grpc:
                 stub.Execute(sandbox_pb2.ExecuteRequest(code="print(1)"), metadata=GRPC_CAROL)
         assert refused_grpc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        trailers = dict(refused_grpc.value.trailing_metadata() or ())
+        trailers = {item.key: item.value for item in refused_grpc.value.trailing_metadata() or ()}
         assert 1 <= int(trailers["retry-after"]) <= 60
