@@ -15,6 +15,7 @@ content and ``tool_calls`` in one delta when it finishes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -204,35 +205,37 @@ async def stream_chat(
 
     for index in range(job.n):
         yield _chunk(rid, created, model, _choice(index, {"role": "assistant", "content": ""}))
-    async for event in engine.stream(job):
-        i = event.index
-        if isinstance(event, FinishEvent):
-            outcome = event.outcome
-            outcomes.append(outcome)
-            finish = str(outcome.finish_reason.get("type"))
-            delta: dict[str, Any]
+    # aclosing: a client that hangs up closes the engine stream at once, which cancels the request.
+    async with contextlib.aclosing(engine.stream(job)) as events:
+        async for event in events:
+            i = event.index
+            if isinstance(event, FinishEvent):
+                outcome = event.outcome
+                outcomes.append(outcome)
+                finish = str(outcome.finish_reason.get("type"))
+                delta: dict[str, Any]
+                if tools:
+                    message, finish = assistant_message(outcome.text, finish, True)
+                    delta = {"content": message["content"]}
+                    if "tool_calls" in message:
+                        delta["tool_calls"] = message["tool_calls"]
+                else:
+                    delta = {"content": texts[i].finish(outcome.text)}
+                unsent = len(outcome.output_ids) > sent_tokens[i]
+                if delta.get("content") or delta.get("tool_calls") or (body.logprobs and unsent):
+                    lps = logprobs_since(i, outcome.output_ids, outcome.output_logprobs)
+                    yield _chunk(rid, created, model, _choice(i, delta, logprobs=lps))
+                matched = outcome.finish_reason.get("matched")
+                yield _chunk(rid, created, model, _choice(i, {}, finish_reason=finish, matched_stop=matched))
+                continue
+            seen_tokens[i].append((event.token_id, event.logprob))
             if tools:
-                message, finish = assistant_message(outcome.text, finish, True)
-                delta = {"content": message["content"]}
-                if "tool_calls" in message:
-                    delta["tool_calls"] = message["tool_calls"]
-            else:
-                delta = {"content": texts[i].finish(outcome.text)}
-            unsent = len(outcome.output_ids) > sent_tokens[i]
-            if delta.get("content") or delta.get("tool_calls") or (body.logprobs and unsent):
-                lps = logprobs_since(i, outcome.output_ids, outcome.output_logprobs)
-                yield _chunk(rid, created, model, _choice(i, delta, logprobs=lps))
-            matched = outcome.finish_reason.get("matched")
-            yield _chunk(rid, created, model, _choice(i, {}, finish_reason=finish, matched_stop=matched))
-            continue
-        seen_tokens[i].append((event.token_id, event.logprob))
-        if tools:
-            continue
-        delta_text = texts[i].push(event.token_id)
-        if delta_text:
-            ids, lps_list = [t for t, _ in seen_tokens[i]], [lp for _, lp in seen_tokens[i]]
-            lps = logprobs_since(i, ids, lps_list)
-            yield _chunk(rid, created, model, _choice(i, {"content": delta_text}, logprobs=lps))
+                continue
+            delta_text = texts[i].push(event.token_id)
+            if delta_text:
+                ids, lps_list = [t for t, _ in seen_tokens[i]], [lp for _, lp in seen_tokens[i]]
+                lps = logprobs_since(i, ids, lps_list)
+                yield _chunk(rid, created, model, _choice(i, {"content": delta_text}, logprobs=lps))
     if body.include_usage and outcomes:
         yield _chunk(rid, created, model, {}, usage=_usage(outcomes))
     yield "data: [DONE]\n\n"

@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -374,7 +374,7 @@ class BatchEngine:
             raise InvalidRequest(f"generate() returns one sample but sampling_params.n is {job.n}; use generate_n()")
         return (await self.generate_n(job))[0]
 
-    async def stream(self, job: GenerationJob) -> AsyncIterator[StreamEvent]:
+    async def stream(self, job: GenerationJob) -> AsyncGenerator[StreamEvent, None]:
         """Queue ``job`` and yield each token as it is sampled, then one :class:`FinishEvent` per sample.
 
         Closing the iterator early cancels the request.
