@@ -45,7 +45,10 @@ class InferenceSettings(ServiceSettings):
         default=None, ge=1, le=512, description="torch intra-op threads; unset: torch's default."
     )
     prefix_cache_tokens: int = Field(
-        default=8192, ge=0, le=10_000_000, description="Prompt tokens whose KV is kept for reuse; 0 disables."
+        default=8192,
+        ge=0,
+        le=10_000_000,
+        description="Tokens (prompts and finished turns) whose KV the radix prefix cache keeps for reuse; 0 disables.",
     )
     health_timeout_s: float = Field(
         default=20.0, gt=0, le=600, description="How long /health_generate waits for a one-token generation."
