@@ -31,6 +31,7 @@ def serve(
 ) -> None:
     """Serve the sandbox over gRPC and REST until SIGTERM/SIGINT (then drain and stop)."""
     from services.sandbox.isolation import SandboxUnavailable
+    from services.sandbox.isolation.cgroups import CgroupUnavailable
     from services.sandbox.wiring import serve_forever
     from spade.serving.run import run_until_signalled
 
@@ -39,7 +40,7 @@ def serve(
     settings = _settings(config_file, grpc=grpc_bind or None, http=http_bind or None, dev_mode=dev_mode)
     try:
         run_until_signalled(lambda stop: serve_forever(settings, stop))
-    except (SandboxUnavailable, OSError) as exc:
+    except (SandboxUnavailable, CgroupUnavailable, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 

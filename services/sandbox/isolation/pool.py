@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.sandbox.isolation import layers as layers_mod
+from services.sandbox.isolation.cgroups import CgroupLimits, CgroupPlan, make_cgroup, remove_cgroup
 from services.sandbox.isolation.channels import Channel
 from services.sandbox.isolation.execution import run_execution
 from services.sandbox.isolation.outcomes import ExecLimits, ExecStatus, ExecutionResult, SandboxFault
@@ -78,6 +79,7 @@ class SandboxPool:
         self._watchers: set[asyncio.Task[None]] = set()
         self._stopping = False
         self.repairs = Repairs()
+        self.cgroup = CgroupPlan(None, detail="not started")
         self.faults = 0
 
     async def __aenter__(self) -> SandboxPool:
@@ -101,6 +103,14 @@ class SandboxPool:
         self.degraded = layers_mod.require_layers(self.settings, self.layers)
         ok = {name: status.available for name, status in self.layers.items()}
         staging = await asyncio.to_thread(stage_sources)
+        try:
+            self.cgroup = await asyncio.to_thread(self._make_cgroup, staging.name)
+        except BaseException:
+            await asyncio.to_thread(remove_staging, staging)
+            raise
+        (log.warning if self.cgroup.version is None else log.info)(
+            "sandbox limits across jails: %s", self.cgroup.detail
+        )
         self._plan = ZygotePlan(
             settings=self.settings,
             staging=staging,
@@ -108,6 +118,7 @@ class SandboxPool:
             use_bwrap=ok["bwrap"],
             use_userns=ok["userns"],
             use_seccomp=ok["seccomp"],
+            cgroup=self.cgroup,
         )
         if self.degraded:
             log.warning("sandbox running DEGRADED, without: %s", ", ".join(self.degraded))
@@ -121,6 +132,13 @@ class SandboxPool:
         except BaseException:
             await self.stop()
             raise
+
+    def _make_cgroup(self, name: str) -> CgroupPlan:
+        s = self.settings
+        if s.cgroup == "off":
+            return CgroupPlan(None, detail="no cgroup (isolation.cgroup=off): per-jail rlimits only")
+        limits = CgroupLimits(s.total_memory_mb << 20, s.total_processes, s.cpu_weight)
+        return make_cgroup(name, limits, required=s.cgroup == "required")
 
     async def _check_canary(self, plan: ZygotePlan) -> None:
         """Run one program and compare what it sees of itself with what the plan promises."""
@@ -156,6 +174,7 @@ class SandboxPool:
                     await slot.zygote.close()
             self._slots = []
         if self._plan is not None:
+            await asyncio.to_thread(remove_cgroup, self._plan.cgroup)
             await asyncio.to_thread(remove_staging, self._plan.staging)
             self._plan = None
 
@@ -190,6 +209,7 @@ class SandboxPool:
             "zygotes": zygotes,
             "sessions": len(self._sessions),
             "faults": self.faults,
+            "cgroup": self.cgroup.to_dict(),
         }
 
     async def _zygote(self) -> Zygote:

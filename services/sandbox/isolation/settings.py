@@ -102,6 +102,25 @@ class IsolationSettings(BaseModel):
     stderr_bytes: int = Field(
         default=1 << 20, ge=1024, le=1 << 30, description="Stderr kept from an execution; more is `output_limit`."
     )
+    cgroup: Literal["auto", "required", "off"] = Field(
+        "auto",
+        description="The pool's cgroup holding all its jails in total (see isolation/cgroups.py): 'auto' makes "
+        "one where the machine allows (v2, else v1) and otherwise says what holds; 'required' refuses to start "
+        "without one; 'off' never makes one.",
+    )
+    total_memory_mb: int = Field(
+        4096, ge=64, le=1 << 22, description="Memory of all the pool's jails together (its cgroup), MiB."
+    )
+    total_processes: int = Field(
+        2048, ge=16, le=4_194_304, description="Processes of all the pool's jails together (its cgroup)."
+    )
+    cpu_weight: int = Field(
+        100,
+        ge=1,
+        le=10_000,
+        description="CPU weight of all the pool's jails together against other cgroups (cgroup v2 cpu.weight; "
+        "v1 cpu.shares = weight x 10.24); 100 is an equal share.",
+    )
     observation_bytes: int = Field(
         default=1 << 20,
         ge=1024,
@@ -126,6 +145,8 @@ class IsolationSettings(BaseModel):
             ("cpu_seconds", "max_cpu_seconds"),
             ("memory_mb", "max_memory_mb"),
             ("wall_seconds", "max_wall_seconds"),
+            ("max_memory_mb", "total_memory_mb"),
+            ("processes", "total_processes"),
         )
         for default, maximum in pairs:
             if getattr(self, default) > getattr(self, maximum):

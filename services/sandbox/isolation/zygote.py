@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.sandbox.isolation.cgroups import CgroupPlan
 from services.sandbox.isolation.outcomes import SandboxFault
 from services.sandbox.isolation.settings import IsolationSettings
 from services.sandbox.isolation.staging import MOUNT_POINT
@@ -41,6 +42,7 @@ class ZygotePlan:
     use_bwrap: bool
     use_userns: bool
     use_seccomp: bool
+    cgroup: CgroupPlan = field(default_factory=lambda: CgroupPlan(None))
 
     def command(self, ctl_fd: int) -> list[str]:
         s = self.settings
@@ -90,7 +92,8 @@ class ZygotePlan:
             ]  # fmt: skip
         if self.use_setpriv:
             argv = [str(s.setpriv), f"--reuid={s.uid}", f"--regid={s.gid}", "--clear-groups", "--", *argv]
-        return argv
+        # Outermost: still the service's identity, it moves itself into the pool's cgroup, then execs.
+        return [*self.cgroup.launcher(), *argv]
 
 
 @dataclass
