@@ -1,19 +1,33 @@
 """Benchmark: one GRPO training step on SmolLM2-135M on CPU, ours vs TRL's GRPOTrainer.
 
-Both sides train the same batch (same token ids, masks, advantages) with the same settings: fp32,
-the whole batch in one forward/backward, AdamW lr 1e-6, grad clip 1.0, clip 0.2/0.28, no KL. Ours is
-``services.learner.trainer.Trainer.train_step``; TRL's is a real ``GRPOTrainer`` (its
-``compute_loss`` + backward + its own optimizer and clipping) on inputs built the way it builds
-them, without generation. Each side runs in its own process so peak memory is its own: the figure
-is the growth of the peak resident set (VmHWM, reset before the step) over the loaded model.
+The batch looks like the learner's real one: ``--batch`` agent plays whose lengths are spread evenly
+between ``--min-len`` and ``--max-len`` tokens (default 8 plays of 256…1024 tokens), each a prompt of
+``--prompt`` untrained tokens followed by turns of ``--turn`` trained (model) tokens alternating
+with ``--obs`` untrained (observation) tokens. Both sides train the same token ids, masks and
+advantages with the same settings: fp32, the whole batch in one optimiser step, AdamW lr 1e-6, grad
+clip 1.0, clip 0.2/0.28, no KL, no gradient checkpointing.
+
+- ``ours``: ``services.learner.trainer.Trainer.train_step`` (packed micro-batches, budget = the
+  batch's tokens, so one forward);
+- ``ours-padded`` (``--sides``): the same trainer with packing off (one right-padded row per play),
+  to see what packing buys;
+- ``trl``: a real ``GRPOTrainer`` (its ``compute_loss`` + backward + its optimizer and clipping) on
+  inputs built the way it builds them (``tool_mask`` = the untrained observation tokens), without
+  generation. TRL pads the completions to the longest.
+
+Each side runs in its own process so its peak memory is its own: the figure is the growth of the
+peak resident set (VmHWM, reset before the timed step) over the resident set after a warm-up step
+on two short plays (model, optimizer state, allocator). tokens/s counts the batch's real tokens on
+every side (padding is work, not throughput).
 
 Usage::
 
-    .venv/bin/python bench/learner_bench.py [--batch 4] [--prompt 32] [--completion 96] [--steps 2] [--rounds 2]
+    .venv/bin/python bench/learner_bench.py [--batch 8] [--min-len 256] [--max-len 1024] [--steps 1]
+        [--rounds 1] [--sides ours,trl] [--threads 1] [--json]
 
-The machine is shared, so sides alternate over rounds and the fastest step of each side counts.
-Prints tokens/s and peak memory of each side and the ratios ours/TRL (tokens/s: higher is better;
-memory: lower is better). Not a test: nothing is asserted.
+``--json`` prints one object: the settings, ``os.getloadavg()`` at start, our figures, the
+baseline's (TRL's) figures and the ratios. Sides alternate over rounds (the machine is shared);
+the fastest step of each side counts. Not a test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -26,22 +40,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+SIDES = ("ours", "ours-padded", "trl")
 
 
-def _vm_hwm_kib() -> int:
+def _status_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return 0
-
-
-def _vm_rss_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1])
     return 0
 
@@ -51,21 +60,42 @@ def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def _batch(args: argparse.Namespace, vocab: int) -> tuple[Any, Any, Any, Any]:
+@dataclass(frozen=True)
+class Play:
+    """One synthetic agent play: token ids, the trained-token mask, rollout logprobs, advantage."""
+
+    ids: list[int]
+    mask: list[bool]
+    rollout: list[float]
+    advantage: float
+
+
+def lengths(args: argparse.Namespace) -> list[int]:
+    """Play lengths spread evenly over ``[min_len, max_len]``, in a shuffled order."""
+    n = args.batch
+    spread = [round(args.min_len + (args.max_len - args.min_len) * i / max(n - 1, 1)) for i in range(n)]
+    order = sorted(range(n), key=lambda i: (i * 5) % n)  # deterministic shuffle: lengths not sorted
+    return [spread[i] for i in order]
+
+
+def plays(args: argparse.Namespace, vocab: int, sizes: list[int] | None = None) -> list[Play]:
+    """The benchmark batch (deterministic): prompt, then trained turns and untrained observations."""
     import torch
 
     g = torch.Generator().manual_seed(0)
-    b, p, c = args.batch, args.prompt, args.completion
-    ids = torch.randint(10, vocab, (b, p + c), generator=g)
-    # Completions of different lengths (right padding), as real ones are.
-    lengths = torch.randint(c // 2, c + 1, (b,), generator=g)
-    completion_mask = (torch.arange(c)[None, :] < lengths[:, None]).long()
-    advantages = torch.randn(b, generator=g)
-    rollout = -torch.rand(b, c, generator=g) * 3 - 1
-    return ids, completion_mask, advantages, rollout
+    out = []
+    for n in sizes if sizes is not None else lengths(args):
+        ids = torch.randint(10, vocab, (n,), generator=g).tolist()
+        mask = [False] * min(args.prompt, n)
+        while len(mask) < n:
+            mask += [True] * min(args.turn, n - len(mask))
+            mask += [False] * min(args.obs, n - len(mask))
+        rollout = [float(-torch.rand((), generator=g) * 3 - 0.5) if m else 0.0 for m in mask]
+        out.append(Play(ids, mask, rollout, float(torch.randn((), generator=g))))
+    return out
 
 
-def run_ours(args: argparse.Namespace, model_dir: Path) -> dict[str, float]:
+def run_ours(args: argparse.Namespace, model_dir: Path, packed: bool) -> dict[str, float]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -75,22 +105,23 @@ def run_ours(args: argparse.Namespace, model_dir: Path) -> dict[str, float]:
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     model.config.use_cache = False
-    ids, cmask, adv, rollout = _batch(args, model.config.vocab_size)
-    p = args.prompt
-    samples = []
-    for i in range(ids.shape[0]):
-        n = p + int(cmask[i].sum())
-        mask = (False,) * p + (True,) * (n - p)
-        lps = (0.0,) * p + tuple(rollout[i, : n - p].tolist())
-        samples.append(TrainSample(f"s{i}", Role.AGENT, tuple(ids[i, :n].tolist()), lps, mask, 0, float(adv[i])))
-    total_tokens = args.batch * (args.prompt + args.completion)
+
+    def samples(batch: list[Play]) -> list[TrainSample]:
+        return [
+            TrainSample(f"s{i}", Role.AGENT, tuple(p.ids), tuple(p.rollout), tuple(p.mask), 0, p.advantage)
+            for i, p in enumerate(batch)
+        ]
+
+    batch = samples(plays(args, model.config.vocab_size))
+    warm = samples(plays(args, model.config.vocab_size, [args.prompt + 8, args.prompt + 16]))
+    budget = len(batch) * args.max_len  # one forward for the whole batch, packed or padded
     trainer = Trainer(
         model,
         build_loss(GrpoLossConfig(tis=args.tis)),
-        OptimConfig(lr=1e-6, grad_clip=1.0, micro_batch_tokens=total_tokens, temperature=1.0),
+        OptimConfig(lr=1e-6, grad_clip=1.0, micro_batch_tokens=budget, temperature=1.0, packed=packed),
         pad_id=0,
     )
-    return _time(lambda: trainer.train_step(samples), args, total_tokens)
+    return _time(lambda: trainer.train_step(warm), lambda: trainer.train_step(batch), args)
 
 
 def _zero_reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
@@ -105,12 +136,11 @@ def run_trl(args: argparse.Namespace, model_dir: Path) -> dict[str, float]:
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    ids, cmask, adv, _ = _batch(args, model.config.vocab_size)
     config = GRPOConfig(
         output_dir=str(Path(args.tmp) / "trl"),
         per_device_train_batch_size=args.batch,
         num_generations=args.batch,
-        max_completion_length=args.completion,
+        max_completion_length=args.max_len - args.prompt,
         learning_rate=1e-6,
         max_grad_norm=1.0,
         beta=0.0,
@@ -133,90 +163,170 @@ def run_trl(args: argparse.Namespace, model_dir: Path) -> dict[str, float]:
     optimizer = trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer's train loop, which is bypassed here
     p = args.prompt
-    inputs = {
-        "prompt_ids": ids[:, :p],
-        "prompt_mask": torch.ones(ids.shape[0], p, dtype=torch.long),
-        "completion_ids": ids[:, p:],
-        "completion_mask": cmask,
-        "advantages": adv,
-        "old_per_token_logps": None,
-        "num_items_in_batch": cmask.sum(),
-    }
+
+    def inputs(batch: list[Play]) -> dict[str, Any]:
+        width = max(len(x.ids) for x in batch) - p
+        completion = torch.zeros(len(batch), width, dtype=torch.long)
+        completion_mask = torch.zeros(len(batch), width, dtype=torch.long)
+        tool_mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, x in enumerate(batch):
+            n = len(x.ids) - p
+            completion[row, :n] = torch.tensor(x.ids[p:])
+            completion_mask[row, :n] = 1
+            tool_mask[row, :n] = torch.tensor(x.mask[p:], dtype=torch.long)
+        return {
+            "prompt_ids": torch.tensor([x.ids[:p] for x in batch]),
+            "prompt_mask": torch.ones(len(batch), p, dtype=torch.long),
+            "completion_ids": completion,
+            "completion_mask": completion_mask,
+            "tool_mask": tool_mask,
+            "advantages": torch.tensor([x.advantage for x in batch]),
+            "old_per_token_logps": None,
+            "num_items_in_batch": (completion_mask * tool_mask).sum(),
+        }
+
+    batch = inputs(plays(args, model.config.vocab_size))
+    warm = inputs(plays(args, model.config.vocab_size, [p + 8, p + 16]))
     policy: Any = trainer.model
     policy.train()
 
-    def step() -> None:
-        loss = trainer.compute_loss(policy, inputs)
+    def step(data: dict[str, Any]) -> None:
+        loss = trainer.compute_loss(policy, data)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return _time(step, args, args.batch * (args.prompt + args.completion))
+    return _time(lambda: step(warm), lambda: step(batch), args)
 
 
-def _time(step: Callable[[], object], args: argparse.Namespace, tokens: int) -> dict[str, float]:
+def _time(warm: Callable[[], object], step: Callable[[], object], args: argparse.Namespace) -> dict[str, float]:
     import gc
 
-    step()  # warm-up (allocator, optimizer state)
+    warm()  # optimizer state, allocator, first-call overheads
     gc.collect()
-    base = _vm_rss_kib()
+    base = _status_kib("VmRSS")
     _reset_peak()
     times = []
     for _ in range(args.steps):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    peak = _vm_hwm_kib()
-    best = min(times)
-    return {"tokens_per_s": tokens / best, "step_s": best, "peak_mib": (peak - base) / 1024}
+    peak = _status_kib("VmHWM")
+    return {"step_s": min(times), "peak_mib": (peak - base) / 1024}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--prompt", type=int, default=32)
-    parser.add_argument("--completion", type=int, default=96)
-    parser.add_argument("--steps", type=int, default=2, help="Timed steps per process (after a warm-up).")
-    parser.add_argument("--rounds", type=int, default=2, help="Alternating ours/TRL process pairs.")
-    parser.add_argument("--tis", action="store_true", help="Our step with truncated IS (TRL side has none).")
-    parser.add_argument("--side", choices=["ours", "trl"], default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=8, help="plays per step")
+    parser.add_argument("--min-len", type=int, default=256, help="shortest play (tokens)")
+    parser.add_argument("--max-len", type=int, default=1024, help="longest play (tokens)")
+    parser.add_argument("--prompt", type=int, default=128, help="untrained prompt tokens at the start of each play")
+    parser.add_argument("--turn", type=int, default=48, help="trained tokens per model turn")
+    parser.add_argument("--obs", type=int, default=32, help="untrained tokens per observation")
+    parser.add_argument("--steps", type=int, default=1, help="timed steps per process (after a warm-up)")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of the sides")
+    parser.add_argument("--sides", default="ours,trl", help=f"comma-separated, among {', '.join(SIDES)}")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads per side (1 by default: on a shared machine two threads per process contend)",
+    )
+    parser.add_argument("--tis", action="store_true", help="our step with truncated IS (TRL side has none)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object with every figure")
+    parser.add_argument("--side", choices=SIDES, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--tmp", default="/tmp/spade-learner-bench", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not 2 <= args.prompt + 1 < args.min_len <= args.max_len:
+        parser.error("need 2 <= prompt + 1 < min-len <= max-len: every play needs trained tokens after its prompt")
 
     if args.side is not None:
+        import torch
+
         from spade.inference.models import ensure_default_model
 
+        torch.set_num_threads(args.threads)
+
         model_dir = ensure_default_model()
-        result = run_ours(args, model_dir) if args.side == "ours" else run_trl(args, model_dir)
+        if args.side == "trl":
+            result = run_trl(args, model_dir)
+        else:
+            result = run_ours(args, model_dir, packed=args.side == "ours")
         print(json.dumps(result))
         return
 
-    runs: dict[str, list[dict[str, float]]] = {"ours": [], "trl": []}
-    for _ in range(args.rounds):  # alternate the sides so load from other processes hits both alike
-        for side in ("ours", "trl"):
-            cmd = [sys.executable, __file__, "--side", side, *sys.argv[1:]]
+    load_at_start = os.getloadavg()
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    if not sides or any(s not in SIDES for s in sides):
+        parser.error(f"--sides takes a comma-separated list among {SIDES}, got {args.sides!r}")
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    passthrough = [a for a in sys.argv[1:] if a != "--json"]
+    for _ in range(args.rounds):  # alternate the sides so load from other processes hits them alike
+        for side in sides:
+            cmd = [sys.executable, __file__, "--side", side, *passthrough]
             env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=ROOT)
             runs[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    results = {
-        side: {
-            "tokens_per_s": max(r["tokens_per_s"] for r in rs),
-            "step_s": min(r["step_s"] for r in rs),
+    sizes = lengths(args)
+    tokens = sum(sizes)
+    trained = sum(sum(p.mask[1:]) for p in plays(args, 100, sizes))
+    results = {}
+    for side, rs in runs.items():
+        step_s = min(r["step_s"] for r in rs)
+        results[side] = {
+            "tokens_per_s": tokens / step_s,
+            "step_s": step_s,
             "peak_mib": statistics.median(r["peak_mib"] for r in rs),
         }
-        for side, rs in runs.items()
+    ratios: dict[str, float] = {}
+    for side in results:
+        if side != "trl" and "trl" in results:
+            ratios[f"{side}_vs_trl_tokens_per_s"] = results[side]["tokens_per_s"] / results["trl"]["tokens_per_s"]
+            ratios[f"{side}_vs_trl_peak_mib"] = results[side]["peak_mib"] / max(results["trl"]["peak_mib"], 1e-9)
+    if "ours" in results and "ours-padded" in results:
+        padded = results["ours-padded"]
+        ratios["packed_vs_padded_tokens_per_s"] = results["ours"]["tokens_per_s"] / padded["tokens_per_s"]
+        ratios["packed_vs_padded_peak_mib"] = results["ours"]["peak_mib"] / max(padded["peak_mib"], 1e-9)
+    settings = {
+        "model": "SmolLM2-135M-Instruct",
+        "device": "cpu",
+        "dtype": "float32",
+        "batch": args.batch,
+        "lengths": sizes,
+        "tokens": tokens,
+        "padded_tokens": args.batch * max(sizes),
+        "trained_tokens": trained,
+        "prompt": args.prompt,
+        "turn": args.turn,
+        "obs": args.obs,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "torch_threads": args.threads,
     }
-    ours, trl = results["ours"], results["trl"]
-    tokens = args.batch * (args.prompt + args.completion)
-    print(f"SmolLM2-135M, CPU fp32, batch {args.batch} x ({args.prompt} prompt + {args.completion} completion)")
-    print(f"= {tokens} tokens per step; fastest of {args.steps} steps x {args.rounds} alternating rounds per side")
-    print(f"{'':8}{'tokens/s':>12}{'step s':>10}{'peak MiB':>12}")
-    for side in ("ours", "trl"):
-        r = results[side]
-        print(f"{side:8}{r['tokens_per_s']:>12.1f}{r['step_s']:>10.2f}{r['peak_mib']:>12.1f}")
-    print(f"ratio tokens/s ours/TRL: {ours['tokens_per_s'] / trl['tokens_per_s']:.3f}  (target >= 1.0)")
-    print(f"ratio peak memory ours/TRL: {ours['peak_mib'] / max(trl['peak_mib'], 1e-9):.3f}  (lower is better)")
+    if args.json:
+        report = {
+            "benchmark": "learner",
+            "loadavg_start": list(load_at_start),
+            "settings": settings,
+            "figures": {side: r for side, r in results.items() if side != "trl"},
+            "baseline": {"name": "trl GRPOTrainer", **results["trl"]} if "trl" in results else None,
+            "ratios": ratios,
+            "runs": runs,
+        }
+        print(json.dumps(report, indent=2))
+        return
+    print(
+        f"SmolLM2-135M, CPU fp32, {args.batch} plays of {min(sizes)}..{max(sizes)} tokens = {tokens} tokens "
+        f"({args.batch * max(sizes)} padded), {trained} trained; load average at start {load_at_start[0]:.2f}"
+    )
+    print(f"fastest of {args.steps} step(s) x {args.rounds} round(s) per side")
+    print(f"{'':12}{'tokens/s':>12}{'step s':>10}{'peak MiB':>12}")
+    for side, r in results.items():
+        print(f"{side:12}{r['tokens_per_s']:>12.1f}{r['step_s']:>10.2f}{r['peak_mib']:>12.1f}")
+    for name, value in ratios.items():
+        print(f"{name}: {value:.3f}")
+    print("(tokens/s: higher is better, target ours/TRL >= 2; peak memory: lower is better, target ours/TRL <= 1)")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,11 @@
 
 ``train_step`` is synchronous and pure in the sense that matters: given the same model, optimizer
 state and batch it produces the same update (no queue, no disk). The ``Learner`` runs it with
-``asyncio.to_thread``. Single process on CPU or one GPU; under ``torchrun`` the model is sharded
-with FSDP2 (``fully_shard``) and each rank trains on its slice of the batch, the loss normaliser
-being the trained-token count of the whole batch over all ranks.
+``asyncio.to_thread``. Each micro-batch is packed into one row without padding
+(``core.batching.pack``; the forward is ``logprobs.token_logprobs``). Single process on CPU or one
+GPU; under ``torchrun`` the model is sharded with FSDP2 (``fully_shard``) and each rank trains on
+its slice of the batch, the loss normaliser being the trained-token count of the whole batch over
+all ranks.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from services.learner.core.batching import Collated, TrainSample, collate, pack_by_tokens
+from services.learner.core.batching import Collated, TrainSample, collate, pack, pack_by_tokens, pad_by_tokens
 from services.learner.core.losses import LossInputs, PolicyLoss
 from services.learner.distributed import World
+from services.learner.logprobs import token_logprobs
+
+__all__ = ["OptimConfig", "StepMetrics", "Trainer", "shard_model", "token_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,9 @@ class OptimConfig:
     micro_batch_tokens: int = 8192
     temperature: float = 1.0
     bf16: bool = True
+    packed: bool = True
+    """Pack each micro-batch into one row without padding (``False``: one right-padded row per
+    sample, the budget then counting padded tokens; kept to measure what packing buys)."""
 
 
 @dataclass(frozen=True)
@@ -60,111 +67,6 @@ class StepMetrics:
     def as_dict(self) -> dict[str, float]:
         """Flat metric names to values."""
         return {k: float(v) for k, v in asdict(self).items()}
-
-
-def _chunk_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, temperature: float
-) -> torch.Tensor:
-    logits = nn.functional.linear(hidden, weight, bias)
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
-def _output_head(model: nn.Module) -> nn.Linear | None:
-    getter = getattr(model, "get_output_embeddings", None)
-    head = getter() if callable(getter) else None
-    return head if isinstance(head, nn.Linear) else None
-
-
-def _fusable(model: nn.Module) -> bool:
-    """Whether the LM head's output is the logits as they are (no soft-capping or scaling after it)."""
-    config = getattr(model, "config", None)
-    if config is None or _output_head(model) is None:
-        return False
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    post = ("logit_scale", "logits_scaling", "output_multiplier")
-    scaled = any(getattr(text, k, None) not in (None, 1.0) for k in post)
-    return not scaled and getattr(text, "final_logit_softcapping", None) is None
-
-
-@contextlib.contextmanager
-def _logprob_head(
-    model: nn.Module, targets: torch.Tensor, mask: torch.Tensor, temperature: float, rows: int
-) -> Iterator[None]:
-    """Make the LM head return next-token logprobs ``(B, T−1)`` instead of logits ``(B, T, V)``.
-
-    Only the trained positions (``mask``) go through the head, ``rows`` of them at a time, and each
-    chunk's logits are recomputed in backward (activation checkpointing): the ``(B, T, V)`` logits
-    and their gradient never exist, and prompt/observation tokens cost no head compute. Untrained
-    positions hold 0. The head is patched on the instance, inside the model's own forward, so
-    FSDP2's hooks on the root module still gather its weight.
-    """
-    head = _output_head(model)
-    assert head is not None
-
-    def forward(hidden: torch.Tensor) -> torch.Tensor:
-        hidden = hidden[:, :-1]
-        where = mask > 0
-        if not bool(where.any()):
-            # Nothing trains here (an inert micro-batch): still run one position through the head,
-            # scaled by 0, so backward reaches every parameter (FSDP needs the collectives).
-            where = torch.zeros_like(where)
-            where[0, 0] = True
-            scale = 0.0
-        else:
-            scale = 1.0
-        picked_h, picked_t = hidden[where], targets[where]
-        parts = []
-        for start in range(0, picked_h.shape[0], rows):
-            args = (picked_h[start : start + rows], head.weight, head.bias, picked_t[start : start + rows])
-            if torch.is_grad_enabled():
-                parts.append(checkpoint(_chunk_logprobs, *args, temperature, use_reentrant=False))
-            else:
-                parts.append(_chunk_logprobs(*args, temperature))
-        flat = torch.cat(parts) * scale
-        out = torch.zeros(hidden.shape[:2], dtype=flat.dtype, device=hidden.device)
-        return out.index_put(where.nonzero(as_tuple=True), flat)
-
-    head.forward = forward  # type: ignore[method-assign,assignment]
-    try:
-        yield
-    finally:
-        del head.forward
-
-
-def token_logprobs(
-    model: nn.Module, batch: Collated, temperature: float = 1.0, *, logits_budget: int = 1 << 24, fused: bool = True
-) -> torch.Tensor:
-    """Logprob of each next token, ``(B, T−1)``, at least float32, at the sampling temperature.
-
-    With the fused head (the default) only positions where ``batch.loss_mask`` is set are
-    computed; the others hold 0 (every consumer multiplies by the mask).
-
-    Args:
-        model: A causal LM.
-        batch: The micro-batch.
-        temperature: The temperature the tokens were sampled at.
-        logits_budget: Most logits elements materialised at once (fused head); models whose head
-            output is post-processed (soft-capping, scaling) compute full logits instead.
-        fused: Use the fused head when the model allows it (``False``: full logits, every position).
-    """
-    if fused and _fusable(model):
-        head = _output_head(model)
-        assert head is not None
-        rows = max(1, logits_budget // head.weight.shape[0])
-        with _logprob_head(model, batch.targets, batch.loss_mask, temperature, rows):
-            out: torch.Tensor = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        return out
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    picked = logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
 
 
 def shard_model(model: nn.Module) -> None:
@@ -197,7 +99,7 @@ class Trainer:
         optim: Optimiser and step settings.
         ref_model: Frozen reference for the KL term (required when the loss has ``kl_coef > 0``).
         world: The process group (single process by default).
-        pad_id: Token used to pad micro-batches (its positions are masked out).
+        pad_id: Token used to pad micro-batches when ``optim.packed`` is off (its positions are masked out).
     """
 
     def __init__(
@@ -228,8 +130,17 @@ class Trainer:
         return contextlib.nullcontext()
 
     def _micro_batches(self, samples: Sequence[TrainSample]) -> list[list[TrainSample]]:
-        bins = pack_by_tokens([len(s.token_ids) for s in samples], self.optim_config.micro_batch_tokens)
+        budget = self.optim_config.micro_batch_tokens
+        if self.optim_config.packed:
+            bins = pack_by_tokens([len(s.token_ids) for s in samples], budget)
+        else:
+            bins = pad_by_tokens([len(s.token_ids) for s in samples], budget)
         return [[samples[i] for i in b] for b in bins]
+
+    def _collate(self, samples: Sequence[TrainSample]) -> Collated:
+        if self.optim_config.packed:
+            return pack(samples, self.device)
+        return collate(samples, self.pad_id, self.device)
 
     def _rank_slice(self, samples: Sequence[TrainSample]) -> list[TrainSample]:
         return list(samples[self.world.rank :: self.world.size])
@@ -273,7 +184,7 @@ class Trainer:
         n_mb = 0
         for mb in self._aligned_micro_batches(local, samples[0]):
             n_mb += 1
-            batch = collate(mb, self.pad_id, self.device)
+            batch = self._collate(mb)
             ref = None
             if self.ref_model is not None:
                 with torch.no_grad(), self._autocast():
@@ -340,7 +251,7 @@ class Trainer:
         self.model.eval()
         out: list[torch.Tensor] = []
         for s in samples:
-            batch = collate([s], self.pad_id, self.device)
+            batch = pack([s], self.device)
             with self._autocast():
                 out.append(token_logprobs(self.model, batch, self.optim_config.temperature)[0].cpu())
         return out
@@ -352,7 +263,7 @@ class Trainer:
         total = float(sum(s.trained_tokens for s in samples))
         loss = 0.0
         for s, old in zip(samples, old_logprobs, strict=True):
-            batch = collate([s], self.pad_id, self.device)
+            batch = pack([s], self.device)
             with self._autocast():
                 logp = token_logprobs(self.model, batch, self.optim_config.temperature)
             ref = None

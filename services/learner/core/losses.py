@@ -60,7 +60,11 @@ LossConfigAdapter: TypeAdapter[GrpoLossConfig | CispoLossConfig] = TypeAdapter(L
 
 @dataclass
 class LossInputs:
-    """One micro-batch's tensors (see the module docstring); ``advantages`` is ``(B,)``."""
+    """One micro-batch's tensors (see the module docstring).
+
+    ``advantages`` is per sequence ``(B,)`` (padded rows) or per token ``(B, T)`` (packed rows,
+    where one row holds several sequences).
+    """
 
     logprobs: torch.Tensor
     old_logprobs: torch.Tensor
@@ -95,6 +99,11 @@ def low_var_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tens
     """Per-token k3 estimator of KL(policy ‖ ref): ``exp(ref − logp) − (ref − logp) − 1`` (>= 0)."""
     delta = ref_logprobs - logprobs
     return torch.exp(delta) - delta - 1.0
+
+
+def _token_advantages(inputs: LossInputs) -> torch.Tensor:
+    adv = inputs.advantages
+    return adv if adv.dim() == 2 else adv.unsqueeze(1)
 
 
 def _tis_weights(cfg: _LossConfigBase, inputs: LossInputs) -> torch.Tensor:
@@ -141,7 +150,7 @@ class GrpoLoss:
 
     def __call__(self, inputs: LossInputs, normalizer: float) -> LossOutput:
         cfg = self.config
-        adv = inputs.advantages.unsqueeze(1)
+        adv = _token_advantages(inputs)
         ratio = torch.exp(inputs.logprobs - inputs.old_logprobs)
         clipped_ratio = torch.clamp(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
         policy_term = -torch.min(ratio * adv, clipped_ratio * adv)
@@ -157,7 +166,7 @@ class CispoLoss:
 
     def __call__(self, inputs: LossInputs, normalizer: float) -> LossOutput:
         cfg = self.config
-        adv = inputs.advantages.unsqueeze(1)
+        adv = _token_advantages(inputs)
         ratio = torch.exp(inputs.logprobs - inputs.old_logprobs)
         weight = torch.clamp(ratio, max=cfg.eps_high).detach()
         policy_term = -weight * adv * inputs.logprobs

@@ -15,6 +15,7 @@ from services.learner.core.batching import (
     designer_advantages,
     normalize_per_role,
     pack_by_tokens,
+    pad_by_tokens,
 )
 from services.learner.core.rewards import DesignerRewardConfig
 from services.learner.core.window import DesignerAttempt, DesignerWindow, Play, ScoreOutcome
@@ -176,9 +177,18 @@ def test_pack_by_tokens_respects_the_budget():
     lengths = [5, 3, 9, 2, 2, 7, 1]
     bins = pack_by_tokens(lengths, 10)
     assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    for b in bins:  # packed micro-batches cost their total length, not count × longest
+        assert len(b) == 1 or sum(lengths[i] for i in b) <= 10
+    assert len(bins) == 3  # 29 tokens in bins of 10: first-fit decreasing needs only 3
+    assert pack_by_tokens([20, 3], 10) == [[0], [1]]
+
+
+def test_pad_by_tokens_respects_the_padded_budget():
+    lengths = [5, 3, 9, 2, 2, 7, 1]
+    bins = pad_by_tokens(lengths, 10)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
     for b in bins:
         assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 10
-    assert pack_by_tokens([20, 3], 10) == [[0], [1]]
 
 
 def test_incomplete_windows_wait_for_late_plays_up_to_the_grace():

@@ -1,0 +1,207 @@
+"""Sequence packing: one row per micro-batch, no padding, and each sequence still on its own.
+
+Every figure of a packed forward (logprobs, loss, gradients) must equal the same sequences run one
+per forward, for both attention paths: the per-sequence SDPA calls (``segment_attention``) and
+``transformers``' own block-diagonal mask built from restarting position ids (the fallback).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from services.learner import logprobs as lp
+from services.learner.core.batching import BatchError, Role, TrainSample, collate, pack
+from services.learner.core.losses import GrpoLossConfig, LossInputs, build_loss
+from services.learner.trainer import OptimConfig, Trainer, token_logprobs
+
+from .conftest import VOCAB, random_batch, tiny_llama
+
+PATHS = ["segments", "transformers-mask"]
+
+
+@pytest.fixture(params=PATHS)
+def attention_path(request, monkeypatch):
+    """Run the test through each packed-attention path (the fallback is forced for Llama)."""
+    if request.param == "transformers-mask":
+        monkeypatch.setattr(lp, "segment_attention_applies", lambda model: False)
+    return request.param
+
+
+def _llama(seed: int, attn: str = "sdpa"):
+    model = tiny_llama(seed=seed)
+    model.set_attn_implementation(attn)
+    return model
+
+
+def _one_per_forward(model, samples, temperature=1.0, fused=False):
+    return [token_logprobs(model, collate([s]), temperature, fused=fused)[0] for s in samples]
+
+
+def test_pack_lays_sequences_back_to_back_with_restarting_positions():
+    samples = random_batch(n=3, seed=2)
+    batch = pack(samples)
+    lengths = [len(s.token_ids) for s in samples]
+    assert batch.input_ids.shape == (1, sum(lengths)) and batch.attention_mask is None
+    assert batch.cu_seqlens is not None and batch.cu_seqlens.tolist() == [0, lengths[0], sum(lengths[:2]), sum(lengths)]
+    assert batch.position_ids is not None
+    assert batch.position_ids[0].tolist() == [p for n in lengths for p in range(n)]
+    assert batch.max_length == max(lengths)
+    # Per-token advantages; the boundary target (the next sequence's first token) never trains.
+    for s, adv, mask in zip(samples, batch.split(batch.advantages), batch.split(batch.loss_mask), strict=True):
+        assert torch.all(adv == s.advantage)
+        assert mask.tolist() == [float(m) for m in s.loss_mask[1:]]
+    assert float(batch.loss_mask.sum()) == sum(s.trained_tokens for s in samples)
+    with pytest.raises(BatchError, match="empty"):
+        pack([])
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_packed_logprobs_equal_one_sequence_per_forward(attention_path, attn, temperature):
+    model = _llama(seed=0, attn=attn)
+    samples = random_batch(n=6, seed=7, min_len=3, max_len=40)
+    batch = pack(samples)
+    with torch.no_grad():
+        packed = batch.split(token_logprobs(model, batch, temperature, fused=False))
+        alone = _one_per_forward(model, samples, temperature)
+    assert [p.shape for p in packed] == [a.shape for a in alone]
+    for p, a in zip(packed, alone, strict=True):
+        assert torch.allclose(p, a, atol=1e-5, rtol=0), float((p - a).abs().max())
+    assert model.config._attn_implementation == attn  # the packed path left the model as it was
+
+
+def test_no_token_attends_across_a_sequence_boundary(attention_path):
+    model = _llama(seed=1)
+    first, second = random_batch(n=2, seed=3, min_len=12, max_len=16)
+    changed = replace(first, token_ids=tuple((t % (VOCAB - 1)) + 1 for t in reversed(first.token_ids)))
+    with torch.no_grad():
+        a = pack([first, second])
+        b = pack([changed, second])
+        before = a.split(token_logprobs(model, a, fused=False))
+        after = b.split(token_logprobs(model, b, fused=False))
+    assert not torch.allclose(before[0], after[0], atol=1e-3)  # the change is visible where it was made ...
+    assert torch.allclose(before[1], after[1], atol=1e-6)  # ... and nowhere else
+
+
+def _loss_and_grads(model, ref, batches, config, normalizer, temperature):
+    model.zero_grad(set_to_none=True)
+    loss = build_loss(config)
+    total = torch.zeros(())
+    for batch in batches:
+        logp = token_logprobs(model, batch, temperature)
+        ref_lp = token_logprobs(ref, batch, temperature).detach() if ref is not None else None
+        # An "old" policy a little off the current one (by token, whatever the layout), so the
+        # clipped ratio is exercised too.
+        old = (logp.detach() + 0.3 * torch.sin(batch.targets.float())) * batch.loss_mask
+        out = loss(LossInputs(logp, old, batch.rollout_logprobs, batch.advantages, batch.loss_mask, ref_lp), normalizer)
+        out.loss.backward()
+        total = total + out.loss.detach()
+    return float(total), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("config", [GrpoLossConfig(kl_coef=0.05), GrpoLossConfig(eps_low=0.1, eps_high=0.1)])
+def test_packed_loss_and_gradients_equal_one_sequence_per_forward(attention_path, config):
+    samples = random_batch(n=7, seed=12, min_len=4, max_len=30)
+    normalizer = float(sum(s.trained_tokens for s in samples))
+    model, ref = _llama(seed=2), _llama(seed=5)
+    packed_loss, packed_grads = _loss_and_grads(model, ref, [pack(samples)], config, normalizer, 0.7)
+    alone_loss, alone_grads = _loss_and_grads(model, ref, [collate([s]) for s in samples], config, normalizer, 0.7)
+    assert abs(packed_loss) > 1e-3  # a vacuous match on zero would prove nothing
+    assert packed_loss == pytest.approx(alone_loss, abs=1e-6)
+    assert packed_grads.keys() == alone_grads.keys() == {n for n, _ in model.named_parameters()}
+    for name, g in packed_grads.items():
+        assert torch.allclose(g, alone_grads[name], atol=1e-6, rtol=1e-4), name
+
+
+def test_chunked_head_on_a_packed_row_equals_full_logits():
+    batch = pack(random_batch(n=4, seed=8))
+    results = []
+    for kwargs in ({"fused": False}, {"logits_budget": VOCAB * 3}):
+        model = _llama(seed=4)
+        logp = token_logprobs(model, batch, 0.6, **kwargs)
+        (logp * batch.loss_mask).sum().backward()
+        results.append((logp.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    (full, g_full), (chunked, g_chunked) = results
+    assert torch.allclose(full * batch.loss_mask, chunked, atol=1e-6)
+    for a, b in zip(g_full, g_chunked, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_packed_and_padded_training_steps_give_the_same_update():
+    batch = random_batch(n=7, seed=4)
+    results = []
+    for packed in (True, False):
+        model = tiny_llama(seed=1)
+        trainer = Trainer(model, build_loss(GrpoLossConfig()), OptimConfig(lr=1e-3, packed=packed))
+        m = trainer.train_step(batch)
+        results.append((m, [trainer.optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]))
+    (m_packed, g_packed), (m_padded, g_padded) = results
+    assert m_packed.micro_batches == m_padded.micro_batches == 1
+    assert m_packed.loss == pytest.approx(m_padded.loss, abs=1e-6)
+    assert m_packed.grad_norm == pytest.approx(m_padded.grad_norm, rel=1e-5)
+    for a, b in zip(g_packed, g_padded, strict=True):
+        assert torch.allclose(a, b, atol=1e-8, rtol=1e-4)
+
+
+def test_the_attention_choice_follows_the_model():
+    llama = tiny_llama()
+    assert lp.segment_attention_applies(llama)
+    llama.set_attn_implementation("eager")
+    assert lp.segment_attention_applies(llama)
+    window = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=0,
+        )
+    )
+    assert not lp.segment_attention_applies(window)  # windows span sequences: transformers' mask handles them
+
+
+def test_a_sliding_window_model_packs_through_transformers_masks():
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            use_sliding_window=True,
+            sliding_window=5,
+            max_window_layers=0,
+        )
+    )
+    model.set_attn_implementation("sdpa")
+    samples = random_batch(n=4, seed=9, min_len=8, max_len=20)
+    batch = pack(samples)
+    with torch.no_grad():
+        packed = batch.split(token_logprobs(model, batch, fused=False))
+        alone = _one_per_forward(model, samples)
+    for p, a in zip(packed, alone, strict=True):
+        assert torch.allclose(p, a, atol=1e-5, rtol=0)
+
+
+def test_segment_attention_refuses_a_call_without_boundaries():
+    q = torch.zeros(1, 4, 3, 8)
+    with pytest.raises(ValueError, match="cu_seq_lens_q"):
+        lp.segment_attention(torch.nn.Module(), q, q, q, None)
+
+
+def test_a_failing_forward_restores_the_attention_implementation():
+    model = _llama(seed=0)
+    bad = pack([TrainSample("x", Role.AGENT, (1, VOCAB + 5, 2), (0.0, 0.0, 0.0), (False, True, True), 0)])
+    with pytest.raises((IndexError, RuntimeError)):
+        token_logprobs(model, bad)
+    assert model.config._attn_implementation == "sdpa"
