@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Generic, TypeVar
 
@@ -36,6 +37,21 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+EMPTY_KEY_SHA256 = hash_key("")
+"""The digest of an empty key: what ``printf %s "$KEY" | sha256sum`` gives when ``$KEY`` is unset."""
+
+
+def generate_key() -> tuple[str, str]:
+    """A new random API key (256 bits, URL-safe) and its SHA-256, for ``api_keys[].key_sha256``.
+
+    >>> key, digest = generate_key()
+    >>> len(key) >= 43 and digest == hash_key(key)
+    True
+    """
+    key = secrets.token_urlsafe(32)
+    return key, hash_key(key)
+
+
 class Unauthenticated(ServiceError):
     """No key, a malformed ``Authorization`` header, or a key no tenant holds."""
 
@@ -51,12 +67,19 @@ class ApiKey(BaseModel):
     tenant: str = Field(min_length=1, max_length=64, description="Tenant name, shown in logs and metrics.")
     key_sha256: str = Field(
         pattern=r"^[0-9a-fA-F]{64}$",
-        description="Hex SHA-256 of the key: `spade envs hash-token --generate`, or `printf %s KEY | sha256sum`.",
+        description="Hex SHA-256 of the key: `spade sandbox keygen` makes a key and prints it, or "
+        '`printf %s "$KEY" | sha256sum` (never of an empty key).',
     )
 
     @field_validator("key_sha256")
     @classmethod
-    def _lower(cls, digest: str) -> str:
+    def _not_empty_lowercase(cls, digest: str) -> str:
+        if digest.lower() == EMPTY_KEY_SHA256:
+            raise ValueError(
+                f"key_sha256 {digest[:12]}... is the SHA-256 of an empty key (the variable holding the key was "
+                "empty when it was hashed): make a key with `spade sandbox keygen` (or `spade envs hash-token "
+                "--generate`) and configure its sha256"
+            )
         return digest.lower()
 
 

@@ -7,7 +7,6 @@ works in embedded mode without a running service and never changes the data.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -216,10 +215,10 @@ def export(database_url: str, output: str | None, **kw: Any) -> None:
 @click.option("--generate", is_flag=True, help="Generate a new random token and print it with its hash.")
 def hash_token_cmd(token: str | None, generate: bool) -> None:
     """Print the SHA-256 of an API key, for ``key_sha256`` in SPADE_MEMORY_API_KEYS or SPADE_SANDBOX_API_KEYS."""
-    from spade.auth import hash_key
+    from spade.auth import generate_key, hash_key
 
     if generate:
-        token = secrets.token_urlsafe(32)
+        token, _ = generate_key()
         click.echo(f"token:  {token}")
     elif token is None:
         token = click.prompt("token", hide_input=True)

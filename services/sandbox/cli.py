@@ -153,3 +153,29 @@ def validate_command(file: Path, setting: str, as_json: bool, config: Path | Non
         mark = "PASS" if check["passed"] else "FAIL"
         click.echo(f"{mark:4} {check['name']:18} {check['detail']}")
     click.echo(f"{'VALID' if report.valid else 'INVALID'}: {payload['env_class'] or '(no env class)'}")
+
+
+@sandbox.command("keygen")
+@click.option("--tenant", default="my-team", show_default=True, help="Tenant name for the configuration entry.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def keygen_command(tenant: str, as_json: bool) -> None:
+    """Make a new API key; print it (give it to the caller, once) and the entry that configures it.
+
+    The sandbox keeps only the key's SHA-256: add the printed entry to SPADE_SANDBOX_API_KEYS (or the
+    api_keys list of the settings file). The caller sends the key as 'Authorization: Bearer <key>'.
+    """
+    from services.sandbox.settings import SandboxApiKey
+    from spade.auth import generate_key
+
+    key, digest = generate_key()
+    entry = SandboxApiKey(tenant=tenant, key_sha256=digest).model_dump()
+    if as_json:
+        click.echo(json.dumps({"key": key, "sha256": digest, "entry": entry}))
+        return
+    click.echo(f"key:    {key}")
+    click.echo(f"sha256: {digest}")
+    click.echo(f"entry:  {json.dumps(entry)}")
+    click.echo(
+        "Configure the entry (SPADE_SANDBOX_API_KEYS='[...]'); hand the key to the caller: it is stored nowhere.",
+        err=True,
+    )

@@ -17,6 +17,7 @@ from services.sandbox.core.auth import Tenant
 from services.sandbox.core.errors import InvalidRequest
 from services.sandbox.service import SandboxService
 from spade.envs import StepOutcome, ValidationReport
+from spade.serving.docs import install_offline_docs
 from spade.serving.http import HttpMetrics, bearer_auth, error_response, install_error_handlers, ops_router
 
 
@@ -43,13 +44,15 @@ class ExecuteBody(_Strict):
 
 
 class OpenSessionBody(_Strict):
-    code: StrictStr
-    setting: Literal["game", "tool"] = "game"
-    seed: StrictInt = 0
+    code: StrictStr = Field(description="Python source of one environment class (loaded, then reset(seed)).")
+    setting: Literal["game", "tool"] = Field("game", description="Which contract the env follows.")
+    seed: StrictInt = Field(0, description="The seed reset() gets: the same seed gives the same instance.")
 
 
 class StepBody(_Strict):
-    action: StrictStr
+    action: StrictStr = Field(
+        description="The agent's reply: a \\boxed{...} command (game) or tool calls (tool), as in docs/environments.md."
+    )
 
 
 def outcome_json(outcome: StepOutcome, session_id: str | None = None) -> dict[str, Any]:
@@ -124,8 +127,12 @@ def create_app(service: SandboxService, *, max_request_bytes: int) -> FastAPI:
     app = FastAPI(
         title="SPADE sandbox",
         version="1",
-        description="Runs untrusted Python: environment validation, sessions, and plain execution.",
+        description="Runs untrusted Python: environment validation, sessions, and plain execution. "
+        "Send 'Authorization: Bearer <key>' on every /v1 call (docs/sandbox-client.md).",
+        docs_url=None,
+        redoc_url=None,
     )
+    install_offline_docs(app)
 
     install_error_handlers(app, service="sandbox")
     tenant = bearer_auth(service.authenticator)

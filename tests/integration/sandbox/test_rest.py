@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import httpx
@@ -179,3 +180,15 @@ def test_a_memory_bomb_is_reported_as_a_memory_limit(http: httpx.Client) -> None
     step = http.post(f"/v1/sessions/{session}/step", json={"action": "\\boxed{bomb}"}, headers=ALICE).json()
     assert step["outcome"] == "memory_limit" and step["terminated"] is False, step
     http.delete(f"/v1/sessions/{session}", headers=ALICE)
+
+
+def test_docs_work_offline(http: httpx.Client) -> None:
+    """/docs loads Swagger UI's assets from the service itself, never from a CDN."""
+    page = http.get("/docs")
+    assert page.status_code == 200 and "swagger-ui" in page.text
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert assets and all(a.startswith("/") and not a.startswith("//") for a in assets), assets
+    assert "://" not in page.text.replace("'/openapi.json'", "")
+    for asset in assets:
+        assert http.get(asset).status_code == 200, asset
+    assert http.get("/openapi.json").json()["openapi"].startswith("3.1")  # Swagger UI 5 renders 3.1
