@@ -41,6 +41,7 @@ from services.learner.core.batching import (
     agent_advantages,
     designer_advantages,
     normalize_per_role,
+    staleness,
 )
 from services.learner.core.rewards import DesignerRewardConfig, group_zscores
 from services.learner.core.window import DesignerWindow, ScoredAttempt, ScoreOutcome
@@ -75,6 +76,7 @@ class StepReport:
         designer_rewards: The designer attempts scored in this step.
         publish: The weight publication, when this step published.
         checkpoint: The checkpoint written by this step, if any.
+        staleness: Versions behind the learner of the trained samples' weights, per role (mean, max).
     """
 
     version: int
@@ -84,6 +86,7 @@ class StepReport:
     designer_rewards: list[ScoredAttempt] = field(default_factory=list)
     publish: PublishResult | None = None
     checkpoint: Path | None = None
+    staleness: dict[str, float] = field(default_factory=dict)
 
     def flat_metrics(self) -> dict[str, float]:
         """Every figure of the step under one flat namespace (for logs and dashboards)."""
@@ -91,6 +94,7 @@ class StepReport:
         if self.metrics is not None:
             out.update(self.metrics.as_dict())
         out.update({f"count/{k}": float(v) for k, v in self.counters.items()})
+        out.update(self.staleness)
         scored = [s.components for s in self.designer_rewards if s.components is not None]
         for name in ("regret", "regret_norm", "window_win_rate", "plateau", "blend"):
             values = [getattr(c, name) for c in scored if getattr(c, name) is not None]
@@ -333,6 +337,7 @@ class Learner:
             if self.on_designer_reward is not None:
                 self.on_designer_reward(s)
         trained = bool(batch)
+        behind = staleness(batch, self.version)
         next_version = self.version + 1 if trained else self.version
         publish_version = next_version if trained and next_version % self.settings.publish_every == 0 else None
         checkpoint_step = next_version if trained and next_version % self.settings.checkpoint_every == 0 else None
@@ -351,7 +356,9 @@ class Learner:
         if ckpt is not None:
             await self._ack_all()
         write_json_atomic(self.settings.checkpoint_dir / "learner_state.json", state)
-        report = StepReport(self.version, trained, metrics, dict(self._step_counts), scored, publish, ckpt)
+        report = StepReport(
+            self.version, trained, metrics, dict(self._step_counts), scored, publish, ckpt, staleness=behind
+        )
         logger.info("learner step %s", json.dumps(report.flat_metrics(), sort_keys=True))
         return report
 

@@ -76,6 +76,17 @@ async def test_three_steps_train_score_the_designer_publish_and_checkpoint(tmp_p
     assert r3.metrics is not None and r3.metrics.samples == 4 + 3  # e1@1 plus three designer samples
     assert r3.flat_metrics()["designer/blend_mean"] == pytest.approx((0.94 + 0.4 + 0.0) / 3)
 
+    # Staleness: versions between the weights that produced a trained sample and the learner's.
+    assert r1.flat_metrics()["staleness/agent_max"] == 0.0  # version 0's plays trained at version 0
+    assert r2.flat_metrics()["staleness/agent_mean"] == 1.0  # e2's version-0 group waited a step
+    assert "staleness/designer_mean" not in r2.flat_metrics()
+    assert r3.staleness == {  # e1@1 at version 2; the designer samples of version 0 after their window
+        "staleness/agent_mean": 1.0,
+        "staleness/agent_max": 1.0,
+        "staleness/designer_mean": 2.0,
+        "staleness/designer_max": 2.0,
+    }
+
     # Weights: version 3 on disk as a HF checkpoint with the tokenizer files; announced on the queue.
     v3 = settings.weights_dir / "v00000003"
     assert (v3 / "config.json").is_file() and (v3 / "tokenizer_config.json").is_file()
