@@ -138,7 +138,7 @@ def _run(request: Any, settings: Any, pool_source: str | None, as_json: bool) ->
 
     def on_start(todo: int, resumed: int) -> None:
         if resumed:
-            err.print(f"resuming {request.out}: {resumed} items already done")
+            err.print(f"resuming {request.out}: {resumed} items already done", soft_wrap=True)
         progress.start()
         state["task"] = progress.add_task(request.suite, total=todo, mean="-")
 
@@ -176,7 +176,8 @@ def _print_summary(summary: Any, directory: Path) -> None:
     console = Console()
     console.print(
         f"[bold]{h.suite}[/] seed {h.seed} · model {h.model} · weights {h.weight_version} · "
-        f"sampling {json.dumps(h.sampling)}"
+        f"sampling {json.dumps(h.sampling)}",
+        soft_wrap=True,
     )
     table = Table(show_edge=False)
     for column in ("category", "n", "mean", "95% interval"):

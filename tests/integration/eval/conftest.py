@@ -1,0 +1,48 @@
+"""Fixtures: the real SmolLM2 model behind the embedded server on loopback, and the real sandbox pool."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from services.inference.settings import InferenceSettings
+from services.inference.wiring import ServerHandle, serve_in_thread
+from services.sandbox.isolation import SandboxPool
+from services.sandbox.isolation.settings import IsolationSettings
+from spade.inference.client import InferenceClient
+from spade.inference.models import ensure_default_model
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    """The default model, converted from the shipped GGUF once (cached across runs)."""
+    return ensure_default_model()
+
+
+@pytest.fixture(scope="session")
+def server(model_dir: Path) -> Iterator[ServerHandle]:
+    """The embedded server, as ``spade eval --model DIR`` starts it (one torch thread: a shared CPU)."""
+    handle = serve_in_thread(
+        InferenceSettings(model_path=model_dir, http={"host": "127.0.0.1", "port": 0}, torch_threads=1)
+    )
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+async def client(server: ServerHandle, model_dir: Path) -> AsyncIterator[InferenceClient]:
+    async with InferenceClient([server.url], tokenizer_path=model_dir) as c:
+        await c.wait_ready()
+        yield c
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[SandboxPool]:
+    pool = SandboxPool(IsolationSettings())
+    await pool.start()
+    try:
+        yield pool
+    finally:
+        await pool.stop()
