@@ -33,7 +33,11 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServicer):
         return who
 
     async def Validate(self, request: sandbox_pb2.ValidateRequest, context: Any) -> sandbox_pb2.ValidationReport:
-        return report_message(await self.service.validate(self._tenant(), request.code, request.setting or "game"))
+        return report_message(
+            await self.service.validate(
+                self._tenant(), request.code, request.setting or "game", request.agent_max_turns
+            )
+        )
 
     async def Execute(self, request: sandbox_pb2.ExecuteRequest, context: Any) -> sandbox_pb2.ExecuteResult:
         files: dict[str, bytes] = {}
@@ -48,7 +52,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServicer):
 
     async def OpenSession(self, request: sandbox_pb2.OpenSessionRequest, context: Any) -> sandbox_pb2.SessionState:
         session_id, outcome = await self.service.open_session(
-            self._tenant(), request.code, request.setting or "game", request.seed
+            self._tenant(), request.code, request.setting or "game", request.seed, request.agent_max_turns
         )
         return state_message(session_id, outcome)
 
@@ -74,8 +78,9 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServicer):
                 if session_id is None:
                     if kind != "open":
                         raise InvalidRequest("the first Play message must be 'open' with code, setting and seed")
+                    opened = message.open
                     session_id, outcome = await self.service.open_session(
-                        who, message.open.code, message.open.setting or "game", message.open.seed
+                        who, opened.code, opened.setting or "game", opened.seed, opened.agent_max_turns
                     )
                 elif kind == "action":
                     outcome = await self.service.step(who, session_id, message.action)

@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.sandbox.core.auth import Tenant
 from services.sandbox.core.errors import InvalidRequest
+from services.sandbox.core.requests import MAX_TURN_BUDGET
 from services.sandbox.service import SandboxService
 from spade.envs import StepOutcome, ValidationReport
 from spade.serving.docs import install_offline_docs
@@ -25,9 +26,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+_BUDGET = (
+    "The agent's turn budget (the run spec's agent_max_turns): solution() must win within it, and a longer "
+    "episode is truncated at it. 0: the sandbox's configured budget."
+)
+
+
 class ValidateBody(_Strict):
     code: StrictStr = Field(description="Python source of one environment class.")
     setting: Literal["game", "tool"] = Field("game", description="Which contract the env follows.")
+    agent_max_turns: StrictInt = Field(0, ge=0, le=MAX_TURN_BUDGET, description=_BUDGET)
 
 
 class ExecuteBody(_Strict):
@@ -47,6 +55,7 @@ class OpenSessionBody(_Strict):
     code: StrictStr = Field(description="Python source of one environment class (loaded, then reset(seed)).")
     setting: Literal["game", "tool"] = Field("game", description="Which contract the env follows.")
     seed: StrictInt = Field(0, description="The seed reset() gets: the same seed gives the same instance.")
+    agent_max_turns: StrictInt = Field(0, ge=0, le=MAX_TURN_BUDGET, description=_BUDGET)
 
 
 class StepBody(_Strict):
@@ -140,7 +149,7 @@ def create_app(service: SandboxService, *, max_request_bytes: int) -> FastAPI:
     @app.post("/v1/validate")
     async def validate(body: ValidateBody, who: Tenant = Depends(tenant)) -> dict[str, Any]:
         """Run every validation check on one environment and report each by name."""
-        return report_json(await service.validate(who, body.code, body.setting))
+        return report_json(await service.validate(who, body.code, body.setting, body.agent_max_turns))
 
     @app.post("/v1/execute")
     async def execute(body: ExecuteBody, who: Tenant = Depends(tenant)) -> dict[str, Any]:
@@ -159,7 +168,7 @@ def create_app(service: SandboxService, *, max_request_bytes: int) -> FastAPI:
     @app.post("/v1/sessions", status_code=201)
     async def open_session(body: OpenSessionBody, who: Tenant = Depends(tenant)) -> dict[str, Any]:
         """Load an environment and ``reset(seed)`` it; the reply carries the session id."""
-        session_id, outcome = await service.open_session(who, body.code, body.setting, body.seed)
+        session_id, outcome = await service.open_session(who, body.code, body.setting, body.seed, body.agent_max_turns)
         return outcome_json(outcome, session_id)
 
     @app.post("/v1/sessions/{session_id}/step")

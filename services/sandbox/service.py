@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from services.sandbox.core.requests import (
     check_execution,
     check_seed,
     check_setting,
+    check_turn_budget,
 )
 from services.sandbox.core.sessions import LiveSession, SessionManager
 from services.sandbox.metrics import SandboxMetrics
@@ -68,8 +70,18 @@ class SandboxService:
         self.quotas: QuotaStore = quotas or LocalQuotas()
         self.sessions = SessionManager(self._open_live, self.quotas, ttl_s=session_ttl_s, max_sessions=max_sessions)
 
-    async def _open_live(self, code: str, setting: str, seed: int) -> LiveSession:
-        return await self.backend.open_session(code, setting, seed, self.checks)
+    async def _open_live(self, code: str, setting: str, seed: int, checks: CheckConfig | None) -> LiveSession:
+        return await self.backend.open_session(code, setting, seed, checks or self.checks)
+
+    def checks_for(self, agent_max_turns: int) -> CheckConfig:
+        """The checks with the agent's turn budget a request names (0: the configured ones)."""
+        if not agent_max_turns:
+            return self.checks
+        return dataclasses.replace(
+            self.checks,
+            max_turns_cap=agent_max_turns,
+            default_max_turns=min(self.checks.default_max_turns, agent_max_turns),
+        )
 
     def authenticate(self, authorization: str | None) -> Tenant:
         return self.authenticator.authenticate(authorization)
@@ -91,12 +103,15 @@ class SandboxService:
             self.metrics.latency.labels(op).observe(time.perf_counter() - start)
             self.metrics.sessions_open.set(len(self.sessions))
 
-    async def validate(self, tenant: Tenant, code: object, setting: object) -> ValidationReport:
+    async def validate(
+        self, tenant: Tenant, code: object, setting: object, agent_max_turns: object = 0
+    ) -> ValidationReport:
         with self._observe("validate"):
             code_s = check_code(code, self.limits)
             setting_s = check_setting(setting)
+            checks = self.checks_for(check_turn_budget(agent_max_turns))
             await self.quotas.charge_run(tenant)
-            report = await self.backend.validate(code_s, setting_s, self.checks)
+            report = await self.backend.validate(code_s, setting_s, checks)
             self.metrics.validations.labels(str(report.valid).lower()).inc()
             for check in report.checks:
                 if not check.passed:
@@ -124,15 +139,16 @@ class SandboxService:
             return result
 
     async def open_session(
-        self, tenant: Tenant, code: object, setting: object, seed: object
+        self, tenant: Tenant, code: object, setting: object, seed: object, agent_max_turns: object = 0
     ) -> tuple[str, StepOutcome]:
         with self._observe("open_session"):
             code_s = check_code(code, self.limits)
             setting_s = check_setting(setting)
             seed_i = check_seed(seed)
+            checks = self.checks_for(check_turn_budget(agent_max_turns))
             # Opening runs the env's module code and reset(): it counts as a run.
             session_id, outcome = await self.sessions.open(
-                tenant, code_s, setting_s, seed_i, charge=self.quotas.charge_run
+                tenant, code_s, setting_s, seed_i, charge=self.quotas.charge_run, options=checks
             )
             self._count(outcome)
             return session_id, outcome

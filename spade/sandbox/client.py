@@ -55,7 +55,7 @@ DEFAULT_RETRY = RetryPolicy(attempts=3, initial_s=0.05, multiplier=2.0, max_s=1.
 """Tries of one call on transient statuses before ``SandboxFault`` (quick: a healthy replica answers at once)."""
 
 
-def _error(code: grpc.StatusCode, details: str | None, what: str) -> SandboxFault | SandboxRefused:
+def domain_error(code: grpc.StatusCode, details: str | None, what: str) -> SandboxFault | SandboxRefused:
     """The domain error for a failed call: a fault when transient, else a refusal naming the fix."""
     if code in TRANSIENT:
         return SandboxFault(f"sandbox gRPC {code.name} during {what}: {details}")
@@ -109,7 +109,7 @@ class SandboxSession:
         try:
             response = await self._call.read()
         except grpc.aio.AioRpcError as exc:
-            raise _error(exc.code(), exc.details(), "session") from exc
+            raise domain_error(exc.code(), exc.details(), "session") from exc
         if response is _EOF:
             raise SandboxFault("the sandbox closed the Play stream mid-session")
         return state_outcome(response.state)
@@ -170,19 +170,25 @@ class SandboxClient:
                 try:
                     return await method(request, metadata=self._metadata, timeout=self._timeout_s)
                 except grpc.aio.AioRpcError as exc:
-                    raise _error(exc.code(), exc.details(), what) from exc
+                    raise domain_error(exc.code(), exc.details(), what) from exc
         raise AssertionError("unreachable: the retryer re-raises the last failure")
 
-    async def validate(self, code: str, setting: str) -> ValidationReport:
+    async def validate(self, code: str, setting: str, *, agent_max_turns: int = 0) -> ValidationReport:
         """Run the validation pipeline (DESIGN §4) on ``code`` as an environment of ``setting``.
 
         A report with failed checks is an answer, not an error.
+
+        Args:
+            code: The env's source.
+            setting: ``"game"`` or ``"tool"``.
+            agent_max_turns: The agent's turn budget (the run spec's): ``solution()`` must win within
+                it and a longer declared ``max_turns`` is clamped. 0: the sandbox's configured budget.
 
         Raises:
             SandboxFault: The sandbox stayed unreachable or failing for every try.
             SandboxRefused: The sandbox refused the request (key, size limits).
         """
-        request = sandbox_pb2.ValidateRequest(code=code, setting=setting)
+        request = sandbox_pb2.ValidateRequest(code=code, setting=setting, agent_max_turns=agent_max_turns)
         return report_from_message(await self._unary("validation", self._stub.Validate, request))
 
     async def execute(
@@ -218,10 +224,12 @@ class SandboxClient:
 
     # ---- sessions ---------------------------------------------------------------------------------
 
-    async def open_session(self, code: str, setting: str, seed: int) -> SandboxSession:
+    async def open_session(self, code: str, setting: str, seed: int, *, agent_max_turns: int = 0) -> SandboxSession:
         """Open a ``Play`` stream and ``reset(seed)`` the env on it.
 
-        A failed open leaves nothing behind: the stream's end closes it.
+        A failed open leaves nothing behind: the stream's end closes it. ``agent_max_turns``: the turn
+        at which the session truncates (outcome ``limit``) unless the env's own ``max_turns`` is lower;
+        0: the sandbox's configured budget.
 
         Raises:
             SandboxFault: No session opened within the tries (unreachable, timed out, stream ended).
@@ -229,12 +237,14 @@ class SandboxClient:
         """
         async for attempt in self._retry.async_retrying(SandboxFault, logger=log, what="opening a sandbox session"):
             with attempt:
-                return await self._open(code, setting, seed)
+                return await self._open(code, setting, seed, agent_max_turns)
         raise AssertionError("unreachable: the retryer re-raises the last failure")
 
-    async def _open(self, code: str, setting: str, seed: int) -> SandboxSession:
+    async def _open(self, code: str, setting: str, seed: int, agent_max_turns: int) -> SandboxSession:
         outbox: asyncio.Queue[sandbox_pb2.PlayRequest | None] = asyncio.Queue()
-        open_request = sandbox_pb2.OpenSessionRequest(code=code, setting=setting, seed=seed)
+        open_request = sandbox_pb2.OpenSessionRequest(
+            code=code, setting=setting, seed=seed, agent_max_turns=agent_max_turns
+        )
         await outbox.put(sandbox_pb2.PlayRequest(open=open_request))
         call = self._stub.Play(_requests(outbox), metadata=self._metadata)
         try:
@@ -244,7 +254,7 @@ class SandboxClient:
             raise SandboxFault(f"the sandbox did not open a session within {self._open_timeout_s}s") from exc
         except grpc.aio.AioRpcError as exc:
             await _end(call, outbox)
-            raise _error(exc.code(), exc.details(), "session") from exc
+            raise domain_error(exc.code(), exc.details(), "session") from exc
         if response is _EOF:
             await _end(call, outbox)
             raise SandboxFault("the sandbox closed the Play stream before the session opened")

@@ -51,18 +51,24 @@ class ValidateRequest(_message.Message):
 
     CODE_FIELD_NUMBER: _builtins.int
     SETTING_FIELD_NUMBER: _builtins.int
+    AGENT_MAX_TURNS_FIELD_NUMBER: _builtins.int
     code: _builtins.str
     setting: _builtins.str
     """"game" or "tool"."""
+    agent_max_turns: _builtins.int
+    """The agent's turn budget (the run spec's agent_max_turns): solution() must win within it and an
+    env's max_turns above it is clamped. 0: the sandbox's configured checks.max_turns_cap.
+    """
     def __init__(
         self,
         *,
         code: _builtins.str = ...,
         setting: _builtins.str = ...,
+        agent_max_turns: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "setting", b"setting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_max_turns", b"agent_max_turns", "code", b"code", "setting", b"setting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -200,19 +206,26 @@ class OpenSessionRequest(_message.Message):
     CODE_FIELD_NUMBER: _builtins.int
     SETTING_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    AGENT_MAX_TURNS_FIELD_NUMBER: _builtins.int
     code: _builtins.str
     setting: _builtins.str
+    """"game" or "tool"."""
     seed: _builtins.int
+    agent_max_turns: _builtins.int
+    """The agent's turn budget: the session truncates (outcome "limit") at this turn, or earlier at the
+    env's own max_turns. 0: the sandbox's configured checks.max_turns_cap.
+    """
     def __init__(
         self,
         *,
         code: _builtins.str = ...,
         setting: _builtins.str = ...,
         seed: _builtins.int = ...,
+        agent_max_turns: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "seed", b"seed", "setting", b"setting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_max_turns", b"agent_max_turns", "code", b"code", "seed", b"seed", "setting", b"setting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

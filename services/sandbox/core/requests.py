@@ -9,6 +9,8 @@ from services.sandbox.core.errors import InvalidRequest, PayloadTooLarge
 
 SETTINGS = ("game", "tool")
 SEED_MIN, SEED_MAX = 0, 2**63 - 1
+MAX_TURN_BUDGET = 1000
+"""The largest agent turn budget a request may name (``CheckConfig.max_turns_cap``'s own bound)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,17 @@ def check_seed(seed: object) -> int:
     if not SEED_MIN <= seed <= SEED_MAX:
         raise InvalidRequest(f"'seed' must be in [{SEED_MIN}, {SEED_MAX}], got {seed}")
     return seed
+
+
+def check_turn_budget(turns: object) -> int:
+    """The agent's turn budget a request names: 0 (the service's configured one) to ``MAX_TURN_BUDGET``."""
+    if isinstance(turns, bool) or not isinstance(turns, int):
+        raise InvalidRequest(f"'agent_max_turns' must be an integer, got {type(turns).__name__}")
+    if not 0 <= turns <= MAX_TURN_BUDGET:
+        raise InvalidRequest(
+            f"'agent_max_turns' must be in [0, {MAX_TURN_BUDGET}] (0 = the sandbox's configured budget), got {turns}"
+        )
+    return turns
 
 
 def check_action(action: object, limits: RequestLimits) -> str:

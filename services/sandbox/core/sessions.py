@@ -39,7 +39,8 @@ class LiveSession(Protocol):
     async def close(self) -> None: ...
 
 
-Opener = Callable[[str, str, int], Awaitable[LiveSession]]
+Opener = Callable[[str, str, int, Any], Awaitable[LiveSession]]
+"""Opens a sandboxed session from ``(code, setting, seed, options)`` (options: the opener's own, passed through)."""
 
 
 @dataclass
@@ -60,7 +61,7 @@ class SessionManager:
     """Owns every live session of this replica.
 
     Args:
-        opener: Opens a sandboxed session from ``(code, setting, seed)``.
+        opener: Opens a sandboxed session (see ``Opener``).
         quotas: Where the tenants' concurrent sessions are counted.
         ttl_s: A session idle this long is closed by ``reap``.
         max_sessions: Cap across all tenants (protects the host).
@@ -99,12 +100,14 @@ class SessionManager:
         setting: str,
         seed: int,
         charge: Callable[[Tenant], Awaitable[None]] | None = None,
+        options: Any = None,
     ) -> tuple[str, Any]:
         """Open a session; returns its id and the outcome of ``reset(seed)``.
 
         Args:
             charge: Called once the session has its slot, before it opens (the run rate; a session
                 refused its slot is not charged).
+            options: Passed to the opener as they are.
         """
         if len(self) >= self._max:
             raise QuotaExceeded(f"the service holds its maximum of {self._max} live sessions: retry shortly")
@@ -114,7 +117,7 @@ class SessionManager:
         try:
             if charge is not None:
                 await charge(tenant)
-            live = await self._opener(code, setting, seed)
+            live = await self._opener(code, setting, seed, options)
         except BaseException:
             await self._quotas.release_session(tenant, session_id)
             raise

@@ -38,7 +38,7 @@ class FakeLive:
 def manager(*lives: FakeLive, max_sessions: int = 10, clock: list[float] | None = None) -> SessionManager:
     queue = list(lives)
 
-    async def opener(code: str, setting: str, seed: int) -> FakeLive:
+    async def opener(code: str, setting: str, seed: int, options: object) -> FakeLive:
         return queue.pop(0)
 
     now = clock or [0.0]
