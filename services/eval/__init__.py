@@ -1,0 +1,1 @@
+"""spade eval: held-out suites scored by their own scorers (see docs/eval.md)."""

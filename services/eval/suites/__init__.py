@@ -1,0 +1,1 @@
+"""One adapter module per suite: reasoning-gym, bfcl-multi-turn, pool."""

@@ -1,0 +1,1 @@
+"""Unit tests of spade eval and the pool metrics."""
