@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
+import threading
 from collections.abc import Sequence
 from importlib.metadata import version
 from typing import Any
@@ -172,6 +173,9 @@ class ReasoningGymSuite:
         self.seed = seed
         self.items_per_category = items_per_category
         self.system_prompt = SYSTEM_PROMPTS["default"]
+        # Generation and scoring run in worker threads (off the event loop); the package is not
+        # written for threads (shared caches in sympy and some generators), so one at a time.
+        self._package_lock = threading.Lock()
         self._datasets: dict[str, Any] = {}
         self._configs: dict[str, dict[str, Any]] = {}
         self._category: dict[str, str] = {}
@@ -216,7 +220,8 @@ class ReasoningGymSuite:
     def entry(self, item: EvalItem) -> dict[str, Any]:
         """The package's entry (question, answer, metadata) for ``item``."""
         name, index = item.payload
-        return dict(self._datasets[name][index])
+        with self._package_lock:
+            return dict(self._datasets[name][index])
 
     def score(self, item: EvalItem, entry: dict[str, Any], response: str) -> tuple[float, str | None, str]:
         """Score ``response`` with the dataset's own scorer.
@@ -229,7 +234,8 @@ class ReasoningGymSuite:
         name, _ = item.payload
         answer = extract_answer(response)
         try:
-            value = float(self._datasets[name].score_answer(answer, entry))
+            with self._package_lock:
+                value = float(self._datasets[name].score_answer(answer, entry))
         except Exception as exc:  # the package's scorer failed: the item counts 0, logged
             log.warning("reasoning-gym scorer of %s raised on item %s: %r", name, item.id, exc)
             return 0.0, answer, f"scorer raised {type(exc).__name__}: {exc}"
