@@ -14,7 +14,7 @@ library) are imported inside the functions that need them.
 - **Hash-distinct envs** and **distinct corpus documents** (:func:`hash_distinct`,
   :func:`distinct_documents`).
 - **Reward levels**: distinct reward values an env emits over its plays (:func:`reward_levels`);
-  **interaction turns** (mean turns of its plays); **program length** (:func:`program_length`);
+  **interaction turns** (:func:`interaction_turns`); **program length** (:func:`program_length`);
   **hidden-state size**: the attributes ``reset`` sets, measured in the sandbox (:func:`probe_env`).
 - **Formula leakage**: the share of envs whose first observation states the answer or the formula
   the task asks for (:func:`leaks_answer`, a cheap heuristic; :func:`judge_leakage`, an optional
@@ -57,6 +57,7 @@ __all__ = [
     "distinct_documents",
     "env_description",
     "hash_distinct",
+    "interaction_turns",
     "judge_leakage",
     "leakage_share",
     "leaks_answer",
@@ -200,6 +201,12 @@ def distinct_documents(corpus_refs: Iterable[str]) -> int:
 def reward_levels(rewards: Iterable[float], decimals: int = REWARD_DECIMALS) -> int:
     """Distinct reward values an env emitted over its plays (rounded to ``decimals``)."""
     return len({round(float(r), decimals) for r in rewards})
+
+
+def interaction_turns(turns: Iterable[int]) -> float | None:
+    """Mean model turns per play of an env (``None`` before its first play)."""
+    values = [int(t) for t in turns]
+    return sum(values) / len(values) if values else None
 
 
 @dataclass(frozen=True)

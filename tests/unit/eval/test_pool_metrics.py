@@ -70,6 +70,7 @@ def test_counts_of_distinct_things() -> None:
     assert pm.distinct_documents(["doc-1", "", "doc-1", "doc-2"]) == 2
     assert pm.reward_levels([0.0, 1.0, 1.0000000001, 0.25]) == 3
     assert pm.reward_levels([]) == 0
+    assert pm.interaction_turns([2, 3, 7]) == 4.0 and pm.interaction_turns([]) is None
     code = "import x\n\n   # c\nclass A:\n    pass\n"
     assert pm.program_length(code) == pm.ProgramLength(lines=3, chars=len(code))
     assert pm.learnable_fraction([0.1, 0.5, 0.8, 0.9]) == 0.5
