@@ -328,7 +328,7 @@ async def test_symlink_and_proc_root_tricks_fail(pool: SandboxPool, planted: dic
         attempt("proc1_root_secret", lambda: open("/proc/1/root" + {str(planted["tmp"])!r}).read())
         attempt("proc1_cwd", lambda: os.listdir("/proc/1/cwd"))
         attempt("proc1_fd", lambda: os.readlink("/proc/1/fd/3"))
-        attempt("proc1_fd_reopen", lambda: open("/proc/1/fd/4", "wb").write(b"M"))
+        attempt("proc1_fd_reopen", lambda: open("/proc/1/fd/3", "wb").write(b"M"))
         attempt("proc1_mem", lambda: open("/proc/1/mem", "rb").read(1))
         attempt("self_root", lambda: sorted(os.listdir("/proc/self/root/")))
         attempt("dotdot", lambda: os.listdir("/tmp/../../../../root"))

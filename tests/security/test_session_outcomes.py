@@ -68,7 +68,11 @@ async def pool() -> AsyncIterator[SandboxPool]:
 
 
 def env_process(instance: str) -> int:
-    """Host pid of the one session env process of the pool ``instance`` (pid 2 in its jail)."""
+    """Host pid of the one session env process of the pool ``instance``.
+
+    It is pid 2 of its jail, like the waiters of the spare jails; it alone has the env channel
+    (fds 0-3; a waiter holds only its handoff socket and marker pipe).
+    """
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -78,7 +82,7 @@ def env_process(instance: str) -> int:
             nspid = next(line for line in (entry / "status").read_text().splitlines() if line.startswith("NSpid:"))
         except (OSError, StopIteration):
             continue
-        if instance in cmdline and nspid.split()[-1] == "2" and len(nspid.split()) >= 4:
+        if instance in cmdline and nspid.split()[-1] == "2" and len(os.listdir(entry / "fd")) == 4:
             found.append(int(entry.name))
     assert len(found) == 1, found
     return found[0]

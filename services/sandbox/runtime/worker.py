@@ -137,33 +137,139 @@ def run(config: dict[str, Any], program: bytes | None, alive_fd: int) -> int:
     os.chdir(workdir)
     os.environ.clear()
     os.environ.update({"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+    waiter = Waiter.fork()  # ahead of time too: a request pays for no fork
     assignment = socket.socket(fileno=0)
     received = _receive_assignment(assignment)
     assignment.detach()
     if received is None:
+        waiter.discard()
         return 0  # a spare the zygote no longer needs
     request, fds = received
     kind = str(request["kind"])
     if kind == "exec":
-        jail.keep_fds([fds[1], fds[2], fds[3], fds[0]])
+        waiter.keep_fds([fds[1], fds[2], fds[3], fds[0]])
     else:
         null = os.open("/dev/null", os.O_RDWR)
-        jail.keep_fds([null, null, null, *fds])  # control on 3 (a session's env channel on 4)
+        waiter.keep_fds([null, null, null, *fds])  # control on 3 (a session's env channel on 4)
     # A disposition, not a handler: pid 1 still receives no signal from inside its namespace, and a
     # write to a peer that went away is an EPIPE (in degraded mode pid 1 is an ordinary process).
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    limits = dict(request["limits"])
     try:
-        jail.apply_rlimits(jail.Limits.from_dict(dict(request["limits"])))
+        jail.apply_rlimits(jail.Limits.from_dict(limits))
     except Exception as exc:
+        waiter.discard()
         report_fault(CTL, f"applying the request's limits failed: {exc}")
         return 71
     ctl = socket.socket(fileno=CTL)
     serve = {"exec": run_exec, "session": run_session, "validate": run_validate}[kind]
     try:
-        return serve(ctl)
+        return serve(ctl, waiter, limits)
     except Exception as exc:  # the runtime's own failure: say so rather than vanish
+        waiter.discard()
         report_fault(CTL, f"{kind} worker failed: {type(exc).__name__}: {exc}")
         return 70
+
+
+# -- the waiter: the request's untrusted part, forked ahead of time ----------------------------
+
+
+class Waiter:
+    """A child of pid 1, forked while the jail waits for its request, that will run the untrusted
+    part of it (an execution's program, a session's env) once handed its channels.
+
+    It keeps only its handoff socket and a marker pipe; everything else of pid 1's is closed before
+    the request arrives. Pid 1 stays the witness of how it ends (``wait``).
+    """
+
+    def __init__(self, pid: int, sock: socket.socket, marker: int) -> None:
+        self.pid = pid
+        self.sock = sock
+        self.marker = marker
+
+    @classmethod
+    def fork(cls) -> Waiter:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        marker_r, marker_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 70
+            try:
+                code = _await_work(theirs.fileno(), marker_w)
+            except MemoryError:
+                code = MEMORY_EXIT
+            finally:
+                os._exit(code)
+        theirs.close()
+        os.close(marker_w)
+        return cls(pid, mine, marker_r)
+
+    def keep_fds(self, fds: list[int]) -> None:
+        """``jail.keep_fds(fds)`` in pid 1, keeping this waiter's socket and marker (after ``fds``)."""
+        sock = self.sock.detach()
+        jail.keep_fds([*fds, sock, self.marker])
+        self.sock = socket.socket(fileno=len(fds))
+        self.marker = len(fds) + 1
+
+    def hand(self, work: dict[str, Any], fds: list[int]) -> None:
+        """Give the waiter its work and channels (the caller then closes its copies of ``fds``)."""
+        data = encode_frame(work)
+        sent = socket.send_fds(self.sock, [data], fds)
+        if sent < len(data):
+            self.sock.sendall(data[sent:])
+
+    def wait(self) -> dict[str, Any]:
+        """Wait for the waiter's end; pid 1's ``exit`` report of it."""
+        self.sock.close()
+        while True:
+            try:
+                _, status, usage = os.wait4(self.pid, 0)
+                break
+            except InterruptedError:
+                continue
+        os.set_blocking(self.marker, False)
+        try:
+            marker = os.read(self.marker, 1)
+        except BlockingIOError:
+            marker = b""
+        os.close(self.marker)
+        message: dict[str, Any] = {
+            "op": "exit",
+            "memory": marker == b"M",
+            "file_limit": marker == b"F",
+            "cpu_s": usage.ru_utime + usage.ru_stime,
+        }
+        if os.WIFSIGNALED(status):
+            message["signal"] = os.WTERMSIG(status)
+        else:
+            message["code"] = os.waitstatus_to_exitcode(status)
+            message["memory"] = message["memory"] or message["code"] == MEMORY_EXIT
+        return message
+
+    def discard(self) -> None:
+        """No work for it: it ends when its handoff socket closes."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        with contextlib.suppress(OSError):
+            os.close(self.marker)
+
+
+def _await_work(handoff_fd: int, marker_fd: int) -> int:
+    """The waiter: keep only the handoff socket and the marker, then do the work it is handed."""
+    jail.keep_fds([handoff_fd, marker_fd])  # handoff on 0, marker on 1
+    received = _receive_assignment(socket.socket(fileno=0))
+    if received is None:
+        return 0
+    work, fds = received
+    jail.apply_rlimits(jail.Limits.from_dict(dict(work["limits"])))
+    if work["kind"] == "exec":
+        jail.keep_fds([fds[0], fds[1], fds[2], 1])  # the program's stdio, the marker on 3
+        run_program(str(work["code"]), list(work.get("argv") or [PROGRAM_NAME]), 3)
+    null = os.open("/dev/null", os.O_RDWR)
+    jail.keep_fds([null, null, null, fds[0]])  # the env channel on 3
+    return serve_session(socket.socket(fileno=3))
 
 
 # -- execution ---------------------------------------------------------------------------------
@@ -181,13 +287,15 @@ def _write_files(files: dict[str, str]) -> None:
             handle.write(base64.b64decode(content))
 
 
-def run_exec(ctl: socket.socket) -> int:
+def run_exec(ctl: socket.socket, waiter: Waiter, limits: dict[str, Any]) -> int:
     setup = recv_frame(ctl)
     if setup is None:
+        waiter.discard()
         return 0
     try:
         _write_files(dict(setup.get("files") or {}))
     except (OSError, ValueError) as exc:
+        waiter.discard()
         # The files are the caller's data (too large for the limits, clashing paths): their error,
         # reported like a program that failed before it started.
         reason = exc.strerror if isinstance(exc, OSError) else str(exc)
@@ -196,35 +304,13 @@ def run_exec(ctl: socket.socket) -> int:
         file_limit = isinstance(exc, OSError) and exc.errno in (errno.EFBIG, errno.ENOSPC)
         send_frame(ctl, {"op": "exit", "code": 1, "file_limit": file_limit, "setup_error": reason})
         return 0
-    marker_r, marker_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(marker_r)
-        ctl.close()
-        run_program(str(setup["code"]), list(setup.get("argv") or [PROGRAM_NAME]), marker_w)
-    os.close(marker_w)
-    while True:
-        try:
-            _, status, usage = os.wait4(pid, 0)
-            break
-        except InterruptedError:
-            continue
-    os.set_blocking(marker_r, False)
-    try:
-        marker = os.read(marker_r, 1)
-    except BlockingIOError:
-        marker = b""
-    message: dict[str, Any] = {
-        "op": "exit",
-        "memory": marker == b"M",
-        "file_limit": marker == b"F",
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-    }
-    if os.WIFSIGNALED(status):
-        message["signal"] = os.WTERMSIG(status)
-    else:
-        message["code"] = os.waitstatus_to_exitcode(status)
-    send_frame(ctl, message)
+    work = {"kind": "exec", "limits": limits, "code": str(setup["code"]), "argv": setup.get("argv")}
+    waiter.hand(work, [0, 1, 2])
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):  # the program alone holds its pipes: their end is its end
+        os.dup2(null, fd)
+    os.close(null)
+    send_frame(ctl, waiter.wait())
     return 0
 
 
@@ -308,34 +394,13 @@ def _describe(exc: BaseException) -> str:
     return text if len(text) <= 500 else text[:500] + "…"
 
 
-def run_session(ctl: socket.socket) -> int:
-    """Fork the env's process onto the env channel, then witness how it ends."""
-    pid = os.fork()
-    if pid == 0:
-        code = 70
-        try:
-            ctl.detach()
-            jail.keep_fds([0, 1, 2, ENV_CHANNEL])  # the control socket is gone before env code runs
-            code = serve_session(socket.socket(fileno=3))
-        except MemoryError:
-            code = MEMORY_EXIT
-        finally:
-            os._exit(code)
+def run_session(ctl: socket.socket, waiter: Waiter, limits: dict[str, Any]) -> int:
+    """Hand the env channel to the waiter (the env's process), then witness how it ends."""
+    waiter.hand({"kind": "session", "limits": limits}, [ENV_CHANNEL])
     os.close(ENV_CHANNEL)
-    while True:
-        try:
-            _, status, usage = os.wait4(pid, 0)
-            break
-        except InterruptedError:
-            continue
-    message: dict[str, Any] = {"op": "exit", "cpu_s": usage.ru_utime + usage.ru_stime}
-    if os.WIFSIGNALED(status):
-        message["signal"] = os.WTERMSIG(status)
-    else:
-        message["code"] = os.waitstatus_to_exitcode(status)
-        message["memory"] = message["code"] == MEMORY_EXIT
+    report = waiter.wait()
     with contextlib.suppress(OSError):
-        send_frame(ctl, message)
+        send_frame(ctl, report)
     return 0
 
 
@@ -402,8 +467,9 @@ def _load_session(request: dict[str, Any]) -> Any:
     return EnvSession.from_class(loaded.env_class, setting, seed, config)
 
 
-def run_validate(ctl: socket.socket) -> int:
+def run_validate(ctl: socket.socket, waiter: Waiter, limits: dict[str, Any]) -> int:
     """Check the env as pid 1, with its code in forked hosts; stream progress, then the report."""
+    waiter.discard()  # the hosts are forked as the checks need them
     request = recv_frame(ctl)
     if request is None:
         return 0
