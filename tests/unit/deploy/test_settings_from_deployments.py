@@ -248,3 +248,11 @@ def test_the_image_pins_its_no_deps_wheels_as_setup_sh_does() -> None:
     for pin in match.group(1).split():
         name, _, version = pin.partition("==")
         assert setup.get(name) == version, f"the image pins {pin}, scripts/setup.sh {name}=={setup.get(name)}"
+
+
+def test_the_image_installs_the_torch_that_pyproject_pins() -> None:
+    import tomllib
+
+    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch = next(p for p in pins if p.startswith("torch=="))
+    assert f"ARG TORCH_VERSION={torch.removeprefix('torch==')}" in (ROOT / "Dockerfile").read_text()
