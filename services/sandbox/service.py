@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -75,13 +74,7 @@ class SandboxService:
 
     def checks_for(self, agent_max_turns: int) -> CheckConfig:
         """The checks with the agent's turn budget a request names (0: the configured ones)."""
-        if not agent_max_turns:
-            return self.checks
-        return dataclasses.replace(
-            self.checks,
-            max_turns_cap=agent_max_turns,
-            default_max_turns=min(self.checks.default_max_turns, agent_max_turns),
-        )
+        return self.checks.with_turn_budget(agent_max_turns) if agent_max_turns else self.checks
 
     def authenticate(self, authorization: str | None) -> Tenant:
         return self.authenticator.authenticate(authorization)

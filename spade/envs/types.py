@@ -7,7 +7,7 @@ Everything here crosses the sandbox boundary as JSON, so every type has ``to_dic
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -229,7 +229,9 @@ class CheckConfig:
         seeds: seeds every seed-wise check tries (at least 2, distinct). Default ``(0, 1, 2, 3)``.
         call_time_limit_s: wall-clock limit of one ``reset()``/``step()``/``solution()`` call, in
             seconds (0 < x <= 60). Default 2.0.
-        max_turns_cap: upper bound on any env's ``max_turns`` (1..1000). Default 25, as in the paper.
+        max_turns_cap: the agent's turn budget (the run spec's ``agent_max_turns``; see
+            ``with_turn_budget``): no session runs past it, an env's ``max_turns`` above it is
+            clamped, and ``solution()`` must win within it (1..1000). Default 25, as in the paper.
         default_max_turns: ``max_turns`` of an env that declares none (capped by
             ``max_turns_cap``). Default 25.
         random_policy_episodes: episodes the random/no-op policy plays (1..1000). Default 20.
@@ -282,6 +284,15 @@ class CheckConfig:
             problems.append(f"total_time_limit_s must be in (0, 3600], got {self.total_time_limit_s!r}")
         if problems:
             raise ValueError("invalid CheckConfig: " + "; ".join(problems))
+
+    def with_turn_budget(self, turns: int) -> CheckConfig:
+        """This config with the agent's turn budget ``turns`` (the run spec's ``agent_max_turns``) as
+        ``max_turns_cap``: ``solution()`` must win within it, and no session runs past it.
+
+        >>> CheckConfig().with_turn_budget(8).max_turns_cap, CheckConfig().with_turn_budget(8).default_max_turns
+        (8, 8)
+        """
+        return replace(self, max_turns_cap=turns, default_max_turns=min(self.default_max_turns, turns))
 
     def effective_max_turns(self, declared: object) -> int:
         """The ``max_turns`` a session enforces for an env that declares ``declared``.
