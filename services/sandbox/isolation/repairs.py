@@ -18,8 +18,8 @@ from spade.envs.repair import needs_repair, repair_code
 
 REPAIR_CACHE_SIZE = 4096
 """Codes whose repaired form the service remembers (two digests each)."""
-INLINE_BYTES = 16 << 10
-"""Code up to this size is repaired on the event loop (well under a millisecond); larger in a thread."""
+INLINE_BYTES = 4 << 10
+"""Code up to this size is repaired on the event loop (about a millisecond at most); larger in a thread."""
 
 
 def digest(code: str) -> str:
