@@ -106,7 +106,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     config = CheckConfig()
     unique = itertools.count()
     out: dict[str, Any] = {"sandbox": {}, "baseline": {}, "ratios": {}}
-    async with SandboxPool(IsolationSettings(spares=args.spares)) as pool:
+    async with SandboxPool(IsolationSettings(spares=args.spares, cgroup=args.cgroup)) as pool:
         out["cgroup"] = pool.health()["cgroup"]["detail"]
         # Warm-up: the first forks fault in the zygote's pages.
         for _ in range(5):
@@ -200,6 +200,13 @@ def main() -> None:
     parser.add_argument("--executions", type=int, default=40)
     parser.add_argument("--baseline", type=int, default=20, help="calls per baseline workload")
     parser.add_argument("--spares", type=int, default=IsolationSettings().spares, help="spare jails per zygote")
+    parser.add_argument(
+        "--cgroup",
+        choices=["auto", "off"],
+        default="auto",
+        help="the pool's cgroup (its CPU weight is one process's: on a busy machine 'off' shows the jails "
+        "competing as separate processes, as the baseline's interpreters do)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     load = [round(x, 2) for x in os.getloadavg()]
