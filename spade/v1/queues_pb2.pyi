@@ -177,6 +177,7 @@ class DesignerSample(_message.Message):
     SPEC_ID_FIELD_NUMBER: _builtins.int
     TRAINABLE_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
+    CONSTRAINED_FIELD_NUMBER: _builtins.int
     sample_id: _builtins.str
     env_id: _builtins.str
     """Empty when the attempt produced no stored environment."""
@@ -194,6 +195,11 @@ class DesignerSample(_message.Message):
     """False for attempts that are scored but never trained on (a pool designer, a frozen designer)."""
     outcome: _builtins.str
     """"valid", "malformed" (no code/hint could be parsed), "duplicate", or the failing check's name."""
+    constrained: _builtins.bool
+    """The output was generated under a grammar (structured output: the answer format's regex/EBNF):
+    its output_logprobs come from the masked distribution, not the policy's own, so an importance
+    ratio against the learner's unconstrained logprobs would be wrong.
+    """
     @_builtins.property
     def prompt_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -220,10 +226,11 @@ class DesignerSample(_message.Message):
         spec_id: _builtins.str = ...,
         trainable: _builtins.bool = ...,
         outcome: _builtins.str = ...,
+        constrained: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "checks", b"checks", "env_id", b"env_id", "failed_check", b"failed_check", "outcome", b"outcome", "output_ids", b"output_ids", "output_logprobs", b"output_logprobs", "prompt_ids", b"prompt_ids", "sample_id", b"sample_id", "setting", b"setting", "skill", b"skill", "spec_id", b"spec_id", "trainable", b"trainable", "valid", b"valid", "weight_version", b"weight_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "checks", b"checks", "constrained", b"constrained", "env_id", b"env_id", "failed_check", b"failed_check", "outcome", b"outcome", "output_ids", b"output_ids", "output_logprobs", b"output_logprobs", "prompt_ids", b"prompt_ids", "sample_id", b"sample_id", "setting", b"setting", "skill", b"skill", "spec_id", b"spec_id", "trainable", b"trainable", "valid", b"valid", "weight_version", b"weight_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
