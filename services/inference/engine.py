@@ -406,7 +406,7 @@ class BatchEngine:
         async with self._update_lock():
             try:
                 path = resolve_model_path(Path(model_path))
-                model = await asyncio.to_thread(load_model, path, self.dtype)
+                model = await asyncio.to_thread(load_model, path, self.dtype, like=self.model)
             except Exception as exc:
                 return WeightUpdateOutcome(False, f"failed to load weights from {model_path}: {exc}")
             if int(model.config.vocab_size) != self.vocab_size:

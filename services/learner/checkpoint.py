@@ -8,6 +8,12 @@ the whole checkpoint or none of it; a retention policy keeps the newest ``keep``
 
 Under FSDP2 the full state dicts are gathered collectively (every rank must call ``save``/
 ``write_weights``); rank 0 alone writes.
+
+Writing a weight version is on the learner's critical path (every ``publish_every`` steps), so it
+copies nothing it need not: an unsharded model's state is its own tensors (no gather, no copy), the
+safetensors file is written straight from them, and the tokenizer files are hard-linked from the
+base checkpoint. Every file and the directory are fsynced before the rename, so a crash of the
+machine never leaves a renamed directory with torn files.
 """
 
 from __future__ import annotations
@@ -71,9 +77,93 @@ def _full_options() -> StateDictOptions:
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
+def _sharded(model: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
 def full_model_state(model: nn.Module) -> dict[str, Any]:
-    """The unsharded model state dict on CPU (a collective under FSDP2)."""
+    """The unsharded model state dict on CPU (a collective under FSDP2).
+
+    An unsharded model on CPU gives its own tensors (detached, not copied): use the result before
+    the next optimiser step changes them.
+    """
+    if not _sharded(model) and all(t.device.type == "cpu" for t in model.state_dict().values()):
+        return {k: v.detach() for k, v in model.state_dict().items()}
     return get_model_state_dict(model, options=_full_options())
+
+
+def save_model_files(model: nn.Module, state: dict[str, Any], directory: Path) -> None:
+    """Write ``state`` as ``model``'s Hugging Face checkpoint files (safetensors + config) into ``directory``.
+
+    Written straight from the tensors with ``safetensors`` (tied duplicates dropped, as
+    ``save_pretrained`` does); a model whose checkpoint layout differs from its module layout
+    (transformers' weight conversions, e.g. fused MoE experts) goes through ``save_pretrained``,
+    which reverts them.
+    """
+    from transformers import PreTrainedModel
+    from transformers.conversion_mapping import extract_weight_conversions_for_model
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+    from transformers.utils import logging as hf_logging
+
+    if not isinstance(model, PreTrainedModel):
+        raise CheckpointError(f"{type(model).__name__} is not a transformers model; the learner trains HF models")
+    directory.mkdir(parents=True, exist_ok=True)
+    if extract_weight_conversions_for_model(model) is not None:
+        hf_logging.disable_progress_bar()
+        model.save_pretrained(str(directory), state_dict=state, safe_serialization=True)
+        return
+    from safetensors.torch import save_file
+
+    tensors = remove_tied_weights_from_state_dict(dict(state), model)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / "model.safetensors"), {"format": "pt"})
+    config = model.config
+    config.architectures = [type(model).__name__.removeprefix("FSDP")]
+    dtypes = {v.dtype for v in tensors.values() if v.is_floating_point()}
+    if len(dtypes) == 1:
+        config.dtype = str(dtypes.pop()).removeprefix("torch.")
+    config.save_pretrained(str(directory))
+    generation = getattr(model, "generation_config", None)
+    if generation is not None and model.can_generate():
+        generation.save_pretrained(str(directory))
+
+
+def link_tokenizer_files(base_model_dir: Path | None, directory: Path) -> None:
+    """Hard-link the base checkpoint's tokenizer files into ``directory`` (copy across filesystems)."""
+    if base_model_dir is None:
+        return
+    for name in TOKENIZER_FILES:
+        src, dst = base_model_dir / name, directory / name
+        if src.is_file() and not dst.exists():
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(directory: Path) -> None:
+    """fsync every file of ``directory`` (not recursing), then the directory itself."""
+    for entry in directory.iterdir():
+        if entry.is_file():
+            _fsync(entry)
+    _fsync(directory)
+
+
+def install(tmp: Path, target: Path) -> None:
+    """Rename the finished ``tmp`` directory to ``target`` (replacing it) and fsync the parent."""
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+    _fsync(target.parent)
 
 
 def write_weights(
@@ -81,34 +171,28 @@ def write_weights(
 ) -> Path | None:
     """Write the model as a Hugging Face checkpoint directory, atomically (collective under FSDP2).
 
-    ``target`` appears complete or not at all; tokenizer files are copied from ``base_model_dir``.
-    Returns ``target`` on rank 0, ``None`` elsewhere.
+    ``target`` appears complete (and durable) or not at all; tokenizer files are linked from
+    ``base_model_dir``. Returns ``target`` on rank 0, ``None`` elsewhere.
     """
     state = full_model_state(model)
     if not world.is_main:
         return None
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".tmp-{target.name}-{uuid.uuid4().hex[:8]}"
+    tmp = staging_dir(target)
     try:
-        save = getattr(model, "save_pretrained", None)
-        if save is None:
-            raise CheckpointError(f"{type(model).__name__} has no save_pretrained; the learner trains HF models")
-        save(str(tmp), state_dict=state, safe_serialization=True)
-        if base_model_dir is not None:
-            for name in TOKENIZER_FILES:
-                src = base_model_dir / name
-                if src.is_file():
-                    shutil.copy2(src, tmp / name)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        save_model_files(model, state, tmp)
+        link_tokenizer_files(base_model_dir, tmp)
+        fsync_tree(tmp)
+        install(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def staging_dir(target: Path) -> Path:
+    """A fresh temporary directory beside ``target`` (same filesystem, so the rename is atomic)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target.parent / f".tmp-{target.name}-{uuid.uuid4().hex[:8]}"
 
 
 @dataclass(frozen=True)
@@ -174,9 +258,8 @@ class CheckpointManager:
             torch.save(optim_state, tmp / "optimizer.pt")
             torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
             write_json_atomic(tmp / "state.json", {"step": step, **state})
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
+            fsync_tree(tmp)
+            install(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.rmtree(tmp_model, ignore_errors=True)
