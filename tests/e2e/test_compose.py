@@ -162,29 +162,6 @@ print("SERVING")
 """
 
 
-#: What the sandbox logs when its jails are killed inside a container (seen with every security
-#: option, --privileged included, while the same code runs on the host): a defect of the sandbox
-#: runtime in containers, reported to its owners. Until it is fixed the stack cannot play an env.
-SANDBOX_IN_CONTAINER_DEFECT = "the canary execution did not see the promised isolation"
-
-
-def _sandbox_up_or_known_defect(stack: Stack) -> None:
-    """Wait for the sandbox's /healthz; xfail (visibly, with the log) on the known in-container defect."""
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        try:
-            if _http_json(f"http://127.0.0.1:{stack.sandbox_port}/healthz"):
-                return
-        except (OSError, ValueError):
-            pass
-        log = stack.log("sandbox")
-        if SANDBOX_IN_CONTAINER_DEFECT in log:
-            tail = "\n".join(line for line in log.splitlines() if "canary" in line or "jail" in line)[-1500:]
-            pytest.xfail(f"the sandbox's jails are killed inside a container (known defect):\n{tail}")
-        time.sleep(3)
-    raise AssertionError(f"sandbox /healthz: not within 600 s\n{stack.logs()}")
-
-
 @pytest.fixture(scope="module")
 def images() -> Iterator[None]:
     """Podman and the images (cached between runs: see scripts/containers/)."""
@@ -221,7 +198,7 @@ def test_the_compose_stack_runs_a_learner_step(stack: Stack) -> None:
         return state == ["exited", "0"]
 
     _wait("the migrate one-shot", migrated, stack, 600)
-    _sandbox_up_or_known_defect(stack)
+    _wait("sandbox /healthz", lambda: _http_json(f"http://127.0.0.1:{stack.sandbox_port}/healthz"), stack, 600)
     _wait("memory /healthz", lambda: _http_json(f"http://127.0.0.1:{stack.memory_port}/healthz"), stack, 600)
     assert "SERVING" in stack.exec("designer", "python", "-c", GRPC_HEALTH, "sandbox:50051", "memory:50052")
     health = "import urllib.request; print(urllib.request.urlopen('http://inference:30000/health', timeout=5).status)"
