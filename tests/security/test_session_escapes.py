@@ -122,8 +122,8 @@ async def test_env_that_kills_its_own_process_is_killed(pool: SandboxPool) -> No
 
 async def test_memory_bomb_in_a_session_is_a_memory_fault_not_a_truncation(pool: SandboxPool) -> None:
     for code in (
-        env("blocks = []\nwhile True:\n    blocks.append(bytearray(16 << 20))"),
-        env("return 'ready', {}", "blocks = []\nwhile True:\n    blocks.append(bytearray(16 << 20))"),
+        env("blocks = []\nwhile True:\n    blocks.append(bytes(64 << 20))"),
+        env("return 'ready', {}", "blocks = []\nwhile True:\n    blocks.append(bytes(64 << 20))"),
     ):
         session = await pool.open_session(code, "game", 1, CONFIG)
         outcome = session.initial

@@ -103,7 +103,8 @@ async def test_a_cpu_spin_is_a_cpu_limit(pool: SandboxPool) -> None:
 
 
 async def test_a_memory_bomb_is_a_memory_limit(pool: SandboxPool) -> None:
-    outcome = await play_one_step(pool, env("hog = []\nwhile True:\n    hog.append(bytearray(32 << 20))"))
+    # Pages really written (bytearray zero-fills): the bomb fills memory, not only address space.
+    outcome = await play_one_step(pool, env("hog = []\nwhile True:\n    hog.append(bytearray(64 << 20))"))
     assert outcome is Outcome.MEMORY_LIMIT
 
 

@@ -109,7 +109,7 @@ MEMORY_BOMB_ENV = COUNTER_ENV.replace(
     '        if "bomb" in action:\n'
     "            hog = []\n"
     "            while True:\n"
-    "                hog.append(bytearray(256 << 20))\n"
+    "                hog.append(bytes(64 << 20))\n"
     '        if "go" in action:\n',
 )
 """``COUNTER_ENV`` that eats memory without limit when told ``\\boxed{bomb}``."""
