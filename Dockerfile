@@ -61,6 +61,7 @@ ENV SPADE_MODEL_CACHE=/opt/spade/models \
     PYTHONDONTWRITEBYTECODE=1
 COPY spade/inference/models.py /tmp/convert/models.py
 RUN cd /tmp/convert && /app/.venv/bin/python -c 'import models; print(models.ensure_default_model())' \
+ && chmod -R a+rX /opt/spade \
  && rm -rf /tmp/convert
 
 # The project itself.
@@ -71,7 +72,8 @@ COPY services ./services
 RUN if [ -d /wheels ]; then index="--no-index --find-links /wheels"; else index=""; fi \
  && /app/.venv/bin/pip install --no-cache-dir --no-deps $index . \
  && rm -rf /app/build /app/*.egg-info \
- && /app/.venv/bin/python -m services.designer.corpus.builder >/dev/null
+ && /app/.venv/bin/python -m services.designer.corpus.builder >/dev/null \
+ && chmod -R a+rX /opt/spade/corpus
 
 # Services run as an unprivileged user with a read-only root filesystem; HOME is the only
 # writable place they need (mount a tmpfs/emptyDir there). The sandbox runs as root *inside its
