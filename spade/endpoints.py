@@ -1,7 +1,7 @@
 """How a service reaches another one: the settings sections every caller of the sandbox or memory uses.
 
 One shape per concept, in every service: ``sandbox: {target, api_key, timeout_s, open_timeout_s,
-retry}`` and ``memory: {target, timeout_s}``, so the sandbox's address is
+retry}`` and ``memory: {target, timeout_s, api_key}``, so the sandbox's address is
 ``SPADE_DESIGNER_SANDBOX__TARGET`` in the designer and ``SPADE_ROLLOUT_SANDBOX__TARGET`` in the
 rollout. The inference servers are ``inference_urls`` and queues ``queue`` (``spade.queues.config``).
 
@@ -56,3 +56,10 @@ class MemoryEndpoint(BaseModel):
         default="127.0.0.1:50052", min_length=3, max_length=500, description="host:port of the memory's gRPC server."
     )
     timeout_s: float = Field(default=30.0, gt=0, le=600, description="Deadline of each call, in seconds.")
+    api_key: SecretStr | None = Field(
+        default=None, description="This service's memory tenant key (unset only in dev mode); never logged."
+    )
+
+    def key(self) -> str | None:
+        """The API key in clear, for the client's ``authorization`` header."""
+        return self.api_key.get_secret_value() if self.api_key is not None else None

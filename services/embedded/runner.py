@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # the parts' modules load torch and the model server: importe
     from spade.envs import CheckConfig, ValidationReport
     from spade.inference.client import InferenceClient
     from spade.queues.inprocess import InProcessQueue
+    from spade.runspec import RunSpec
 
 log = logging.getLogger("spade.run")
 
@@ -65,6 +66,9 @@ class TappedMemory:
     async def record_plays(self, plays: Sequence[Play]) -> RecordResult:
         self.plays.extend(plays)
         return await self.memory.record_plays(plays)
+
+    async def set_window(self, env_id: str, window_start: int, window_versions: int) -> Environment:
+        return await self.memory.set_window(env_id, window_start, window_versions)
 
     async def update_stats(self, env_id: str, update: StatsUpdate) -> Environment:
         return await self.memory.update_stats(env_id, update)
@@ -195,7 +199,8 @@ async def embedded_system(settings: RunSettings) -> AsyncIterator[EmbeddedParts]
         memory_settings = MemorySettings(
             dev_mode=True,
             database_url=f"sqlite:///{(run_dir / 'memory.db').resolve()}",
-            window_versions=settings.window_versions,
+            window_versions_game=settings.window_versions if settings.setting == "game" else None,
+            window_versions_tool=settings.window_versions if settings.setting == "tool" else None,
         )
         memory = build_service(memory_settings)
         stack.callback(memory.store.engine.dispose)
@@ -262,12 +267,6 @@ def role_settings(settings: RunSettings, *, inference_url: str, model: Path) -> 
         **_with_overrides(
             {
                 "dev_mode": True,
-                "group_size": settings.group_size,
-                "window_versions": settings.window_versions,
-                "max_turns": settings.agent_max_turns,
-                "max_tokens_per_turn": settings.agent_max_tokens_per_turn,
-                "max_total_tokens": settings.agent_max_total_tokens,
-                "temperature": settings.temperature,
                 "queue": {"kind": "inprocess"},
                 "state_url": f"sqlite:///{run_dir / 'rollout.db'}",
                 "block_ms": 50,
@@ -303,6 +302,25 @@ def role_settings(settings: RunSettings, *, inference_url: str, model: Path) -> 
     return RoleSettings(designer=designer, rollout=rollout, learner=learner)
 
 
+def run_spec(settings: RunSettings) -> RunSpec:
+    """The run's spec: what every role of this run agrees on (G, k, the agent's budget, sampling)."""
+    from spade.runspec import RewardConstants, RunSpec
+
+    return RunSpec(
+        temperature=settings.temperature,
+        group_size=settings.group_size,
+        window_versions_game=settings.window_versions,
+        window_versions_tool=settings.window_versions,
+        agent_max_turns=settings.agent_max_turns,
+        agent_max_tokens_per_turn=settings.agent_max_tokens_per_turn,
+        agent_max_total_tokens=settings.agent_max_total_tokens,
+        designer_max_new_tokens=settings.designer_max_new_tokens,
+        envs_per_round=settings.envs_per_step,
+        skills_per_round=min(3, settings.envs_per_step),
+        rewards=RewardConstants(validity_shaping_weight=settings.validity_shaping),
+    )
+
+
 async def run(settings: RunSettings, progress: Progress = _no_progress) -> RunResult:
     """Run ``settings.steps`` self-play steps and write the run directory (see the module docstring)."""
     from services.designer.adapters import InferencePolicy, MemoryServiceEnvironments, PoolValidator
@@ -336,6 +354,7 @@ async def run(settings: RunSettings, progress: Progress = _no_progress) -> RunRe
         try:
             async with rollout_worker(
                 roles.rollout,
+                spec=run_spec(settings),
                 queue=parts.queue,
                 memory=tapped,
                 sessions=PoolSessions(parts.pool, parts.checks),

@@ -7,10 +7,12 @@ logs internal failures and answers them ``INTERNAL`` without details (no traceba
 from __future__ import annotations
 
 import grpc
+from pydantic import ValidationError
 
 from services.memory.service import MemoryService
 from spade.memory import wire
 from spade.memory.errors import InvalidArgument
+from spade.runspec import RunSpec
 from spade.serving.grpc import GrpcService
 from spade.v1 import memory_pb2 as pb
 from spade.v1 import memory_pb2_grpc as pb_grpc
@@ -71,6 +73,27 @@ class MemoryServicer(pb_grpc.MemoryServicer):
             request.setting, request.skill, request.n_positive, request.n_negative, seed
         )
         return wire.examples_to_pb(ex)
+
+    async def SetWindow(self, request: pb.SetWindowRequest, context: grpc.aio.ServicerContext) -> pb.StoredEnvironment:
+        env = await self._svc.set_window(request.env_id, request.window_start, request.window_versions)
+        return wire.env_to_pb(env, include_code=False)
+
+    async def RecordAttempts(
+        self, request: pb.RecordAttemptsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RecordAttemptsResponse:
+        res = await self._svc.record_attempts([wire.attempt_from_pb(a) for a in request.attempts])
+        return pb.RecordAttemptsResponse(recorded=res.recorded, duplicates=res.duplicates)
+
+    async def GetRunSpec(self, request: pb.GetRunSpecRequest, context: grpc.aio.ServicerContext) -> pb.RunSpecRecord:
+        return wire.runspec_to_pb(await self._svc.get_run_spec())
+
+    async def SetRunSpec(self, request: pb.SetRunSpecRequest, context: grpc.aio.ServicerContext) -> pb.RunSpecRecord:
+        try:
+            spec = RunSpec.from_json(request.spec_json)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in exc.errors())
+            raise InvalidArgument(f"spec_json is not a valid run spec: {problems}") from None
+        return wire.runspec_to_pb(await self._svc.set_run_spec(spec, replace=request.replace))
 
 
 def grpc_service(service: MemoryService) -> GrpcService:

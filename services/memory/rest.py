@@ -214,6 +214,7 @@ def create_app(service: MemoryService, settings: MemorySettings) -> FastAPI:
     )
     registry = CollectorRegistry()
     registry.register(_MemoryCollector(service))
+    app.state.registry = registry  # the gRPC server's call metrics go to the same /metrics
     keyring = settings.keyring()
     auth = [Depends(bearer_auth(keyring, cookie=COOKIE))]
     install_error_handlers(app, service="memory")

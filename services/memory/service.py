@@ -8,14 +8,20 @@ runs in worker threads so an event loop is never blocked.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from services.memory.core.policy import PolicyConfig, choose, with_code
 from services.memory.store.sql import SqlStore
+from spade import pool_metrics
+from spade.memory.errors import RunSpecConflict
 from spade.memory.records import (
+    DesignerAttempt,
     EnvFilter,
     Environment,
+    EnvProbe,
     Examples,
     MemoryStats,
     NewEnvironment,
@@ -23,8 +29,12 @@ from spade.memory.records import (
     Play,
     PutResult,
     RecordResult,
+    RunSpecRecord,
     StatsUpdate,
 )
+from spade.runspec import RunSpec
+
+log = logging.getLogger("spade.memory")
 
 
 class MemoryService:
@@ -32,12 +42,20 @@ class MemoryService:
 
     Args:
         store: The SQL store (migrated).
-        policy: Bands and counts of the designer's examples.
+        policy: Counts and sizes of the designer's examples.
+        configured: The memory's own settings that overlap the run spec (spec field name -> value,
+            ``None``: take the spec's); a spec that contradicts them is refused.
     """
 
-    def __init__(self, store: SqlStore, policy: PolicyConfig | None = None) -> None:
+    def __init__(
+        self,
+        store: SqlStore,
+        policy: PolicyConfig | None = None,
+        configured: Mapping[str, Any] | None = None,
+    ) -> None:
         self.store = store
         self.policy = policy or PolicyConfig()
+        self.configured = dict(configured or {})
 
     async def put_environment(self, env: NewEnvironment) -> PutResult:
         """Store an environment; a duplicate (same normalised code) is reported, not stored."""
@@ -77,8 +95,82 @@ class MemoryService:
         code = await asyncio.to_thread(self.store.codes, picks.env_ids())
         return with_code(picks, code, self.policy)
 
+    async def set_window(self, env_id: str, window_start: int, window_versions: int) -> Environment:
+        """Fix the env's window (WAVE2 §3); the first writer wins and everyone gets the stored window.
+
+        Args:
+            env_id: The environment.
+            window_start: The rollout's weight version when it first plays the env (slot 0).
+            window_versions: ``k``: how many versions (slots) the window spans.
+
+        Returns:
+            The environment with its stored window (another caller's, when it came first).
+        """
+        return await asyncio.to_thread(self.store.set_window, env_id, window_start, window_versions)
+
+    async def record_attempts(self, attempts: Sequence[DesignerAttempt]) -> RecordResult:
+        """Record designer attempts, valid or not (idempotent by sample id), for the validity figures."""
+        return await asyncio.to_thread(self.store.record_attempts, list(attempts))
+
+    async def get_run_spec(self) -> RunSpecRecord:
+        """The stored run spec (raises ``RunSpecNotSet`` before one is set)."""
+        return await asyncio.to_thread(self.store.get_run_spec)
+
+    async def set_run_spec(self, spec: RunSpec, replace: bool = False) -> RunSpecRecord:
+        """Store the run spec; the same one again is a no-op, a different one needs ``replace``.
+
+        Raises:
+            RunSpecConflict: Another spec is stored (and not ``replace``), or ``spec`` contradicts the
+                memory's own configuration (each field named).
+        """
+        self.check_spec(spec)
+        record = await asyncio.to_thread(self.store.set_run_spec, spec, replace)
+        log.info("run spec %s stored", record.spec_id, extra={"spec_id": record.spec_id})
+        return record
+
+    def check_spec(self, spec: RunSpec) -> None:
+        """Refuse a spec that the memory's own settings contradict (one sentence per field).
+
+        Raises:
+            RunSpecConflict: Names each contradicting field, its configured and its spec value.
+        """
+        problems = spec.contradictions(self.configured)
+        if problems:
+            raise RunSpecConflict(
+                "the memory's configuration contradicts the run spec: "
+                + "; ".join(problems)
+                + " — unset the memory's setting (it then takes the spec's) or fix the spec"
+            )
+
+    async def record_probe(self, probe: EnvProbe) -> None:
+        """Keep what a sandboxed reset of an env showed (first observation, hidden state, leakage)."""
+        await asyncio.to_thread(self.store.record_probe, probe)
+
+    async def probe_pending(self, executor: pool_metrics.Executor, limit: int = 32) -> int:
+        """Probe pool envs never probed, through ``executor`` (a sandbox), and keep the results.
+
+        The env code runs only in the sandbox (``spade.pool_metrics.probe_env``), never in this
+        process. Returns how many envs were probed.
+        """
+        pending = await asyncio.to_thread(self.store.unprobed, limit)
+        for env_id, setting, code in pending:
+            found = await pool_metrics.probe_env(executor, code, setting)
+            await self.record_probe(
+                EnvProbe(
+                    env_id=env_id,
+                    first_observation=found.first_observation,
+                    hidden_attributes=dict(found.hidden_attributes),
+                    solution=tuple(found.solution),
+                    error=found.error,
+                )
+            )
+        return len(pending)
+
     async def stats(self) -> MemoryStats:
-        """Aggregates over the whole memory."""
+        """Aggregates and the pool's process metrics (cached until the database changes).
+
+        ``(await memory.stats()).metrics()`` gives the flat figures of one ``metrics.jsonl`` line.
+        """
         return await asyncio.to_thread(self.store.stats)
 
     async def plays(self, env_id: str, limit: int = 200, cursor: str | None = None) -> tuple[list[Play], str | None]:

@@ -2,21 +2,23 @@
 
 Built once in the entry point (``cli.py``) and passed down. API keys are stored as SHA-256 digests
 only, per tenant: ``SPADE_MEMORY_API_KEYS='[{"tenant": "ops", "key_sha256": "<hex>"}]'`` (make a key
-and its digest with ``spade envs hash-token --generate``). Outside dev mode the service refuses to
-start without at least one.
+and its digest with ``spade envs hash-token --generate``). They guard the gRPC API (every other
+service's calls) and the REST API + web page alike. Outside dev mode the service refuses to start
+without at least one.
 """
 
 from __future__ import annotations
 
-from typing import Self
+from pathlib import Path
+from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.memory.core.policy import PolicyConfig
-from services.memory.core.scoring import ScoringConfig
 from spade.auth import ApiKey, KeyRing, check_unique_keys
 from spade.config import ServiceSettings
+from spade.pool_metrics import DEFAULT_WINDOW
 from spade.serving.settings import ServerAddress
 
 
@@ -33,26 +35,53 @@ class MemorySettings(ServiceSettings):
     )
     migrate_on_start: bool = Field(default=True, description="Apply the Alembic migrations when starting.")
     grpc: ServerAddress = Field(
-        default=ServerAddress(host="0.0.0.0", port=50052),
-        description="Where the gRPC server (used by the other services, inside the private network) listens.",
+        default=ServerAddress(host="127.0.0.1", port=50052),
+        description="Where the gRPC API (the other services' calls, keys required) listens; 0.0.0.0 to serve "
+        "other hosts.",
     )
     http: ServerAddress = Field(
         default=ServerAddress(host="127.0.0.1", port=8082), description="Where the REST API and web page listen."
     )
     api_keys: list[ApiKey] = Field(
-        default_factory=list, description="Tenants allowed to read the REST API and the web page."
+        default_factory=list,
+        description="Tenants allowed to call the gRPC API and to read the REST API and the web page.",
+    )
+    run_spec_file: Path | None = Field(
+        default=None,
+        description="A run spec (YAML/JSON of spade.runspec.RunSpec fields) to store at start when none is "
+        "stored; a different stored spec refuses the start.",
+    )
+    session_ttl_s: float = Field(
+        default=12 * 3600.0, ge=60.0, le=30 * 86400.0, description="How long a web page login lasts, in seconds."
     )
 
     window: int = Field(default=200, ge=1, le=100_000, description="Scored environments per skill the policy sees.")
-    positive_low: float = Field(default=0.15, ge=0.0, le=1.0, description="Lowest win rate of a positive example.")
-    positive_high: float = Field(default=0.85, ge=0.0, le=1.0, description="Highest win rate of a positive example.")
-    too_easy: float = Field(default=0.9, ge=0.0, le=1.0, description="Win rates above this are 'too easy' negatives.")
-    too_hard: float = Field(default=0.1, ge=0.0, le=1.0, description="Win rates below this are 'too hard' negatives.")
     pool_factor: int = Field(default=3, ge=1, le=100, description="Positive pool size is max(pool_factor*n, pool_min).")
     pool_min: int = Field(default=10, ge=1, le=10_000, description="See pool_factor.")
     excerpt_chars: int = Field(default=1200, ge=80, le=100_000, description="Longest code excerpt in an example.")
-    window_versions: int = Field(default=4, ge=1, le=10_000, description="k: weight versions an environment is active.")
-    win_threshold: float = Field(default=1.0, ge=0.0, le=1.0, description="Least return that counts as a win.")
+    window_versions_game: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="k of game envs whose window was never set; unset: the run spec's (a different value "
+        "contradicts the spec and is refused).",
+    )
+    window_versions_tool: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="k of tool envs whose window was never set; unset: the run spec's.",
+    )
+    vendi: bool = Field(
+        default=True,
+        description="Compute the Vendi score / n of the pool in /v1/stats (loads all-MiniLM-L6-v2 on first use).",
+    )
+    metrics_window: int = Field(
+        default=DEFAULT_WINDOW,
+        ge=2,
+        le=10_000,
+        description="Envs in the sliding window of the windowed process metrics (Vendi, learnable fraction).",
+    )
 
     @field_validator("api_keys")
     @classmethod
@@ -64,37 +93,23 @@ class MemorySettings(ServiceSettings):
         if not self.api_keys:
             return [
                 f"no API key configured: set {self.env_name('api_keys')} to tenants with key_sha256 "
-                "(`spade envs hash-token --generate`); without keys the REST API is open"
+                "(`spade envs hash-token --generate`); without keys the gRPC and REST APIs are open"
             ]
         return []
-
-    @model_validator(mode="after")
-    def _bands(self) -> Self:
-        if not self.positive_low <= self.positive_high:
-            raise ValueError(f"positive_low {self.positive_low} must be <= positive_high {self.positive_high}")
-        if not self.too_hard <= self.too_easy:
-            raise ValueError(f"too_hard {self.too_hard} must be <= too_easy {self.too_easy}")
-        return self
 
     def policy(self) -> PolicyConfig:
         """The memory policy these settings describe."""
         return PolicyConfig(
-            window=self.window,
-            positive_band=(self.positive_low, self.positive_high),
-            too_easy=self.too_easy,
-            too_hard=self.too_hard,
-            pool_factor=self.pool_factor,
-            pool_min=self.pool_min,
-            excerpt_chars=self.excerpt_chars,
+            window=self.window, pool_factor=self.pool_factor, pool_min=self.pool_min, excerpt_chars=self.excerpt_chars
         )
 
-    def scoring(self) -> ScoringConfig:
-        """How plays become statistics under these settings."""
-        return ScoringConfig(
-            window_versions=self.window_versions,
-            win_threshold=self.win_threshold,
-            learnable_band=(self.positive_low, self.positive_high),
-        )
+    def spec_overlap(self) -> dict[str, Any]:
+        """The settings the run spec also fixes, by spec field name (``None``: take the spec's)."""
+        return {"window_versions_game": self.window_versions_game, "window_versions_tool": self.window_versions_tool}
+
+    def window_defaults(self) -> dict[str, int]:
+        """k per setting for envs whose window was never set, where configured."""
+        return {k.removeprefix("window_versions_"): v for k, v in self.spec_overlap().items() if v is not None}
 
     def keyring(self) -> KeyRing[str]:
         """The tenants by key digest; in dev mode without keys the API is open (as ``dev``)."""

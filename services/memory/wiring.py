@@ -13,7 +13,10 @@ from fastapi import FastAPI
 from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings
 from services.memory.store.sql import SqlStore, make_engine, migrate
+from spade.memory.errors import RunSpecNotSet
+from spade.memory.runspec import load_spec_file
 from spade.memory.wire import GRPC_OPTIONS
+from spade.runspec import RunSpec
 from spade.serving.grpc import RunningGrpc, grpc_server
 from spade.serving.http import RunningHttp, http_server
 
@@ -33,12 +36,47 @@ class MemoryApp:
         self.service.store.engine.dispose()
 
 
-def build_service(settings: MemorySettings) -> MemoryService:
-    """The store (migrated when configured) and policy from settings."""
+def build_service(settings: MemorySettings, spec: RunSpec | None = None) -> MemoryService:
+    """The store (migrated when configured), policy and run spec from settings.
+
+    Args:
+        settings: The memory's settings.
+        spec: The run spec (embedded mode builds it once and hands it to every service); otherwise
+            ``settings.run_spec_file``'s, when given. It is stored when none is, and checked against
+            the memory's own settings; a stored spec is checked the same way.
+
+    Raises:
+        RunSpecConflict: The given spec differs from the stored one, or a spec contradicts the
+            memory's own settings (each field named): the memory refuses to start.
+        ConfigError: The spec file is unreadable or invalid.
+    """
+    from spade.pool_metrics import MiniLMEmbedder
+
     engine = make_engine(settings.database_url)
     if settings.migrate_on_start:
         migrate(engine)
-    return MemoryService(SqlStore(engine, settings.scoring()), settings.policy())
+    store = SqlStore(
+        engine,
+        window_versions=settings.window_defaults(),
+        embedder=MiniLMEmbedder() if settings.vendi else None,
+        metrics_window=settings.metrics_window,
+    )
+    service = MemoryService(store, settings.policy(), configured=settings.spec_overlap())
+    try:
+        if spec is None and settings.run_spec_file is not None:
+            spec = load_spec_file(settings.run_spec_file)
+        if spec is not None:
+            service.check_spec(spec)
+            store.set_run_spec(spec)
+        else:
+            try:
+                service.check_spec(RunSpec.from_json(store.get_run_spec().spec_json))
+            except RunSpecNotSet:
+                log.info("no run spec stored yet: `spade runspec set FILE` stores one")
+    except Exception:
+        engine.dispose()
+        raise
+    return service
 
 
 def build(settings: MemorySettings) -> MemoryApp:
@@ -71,6 +109,8 @@ async def serving(settings: MemorySettings) -> AsyncIterator[RunningServers]:
                 [grpc_service(app.service)],
                 settings.grpc,
                 service="memory",
+                authenticate=settings.keyring().authenticate,
+                registry=app.rest.state.registry,
                 max_receive_bytes=options["grpc.max_receive_message_length"],
                 max_send_bytes=options["grpc.max_send_message_length"],
             ) as grpc_running,

@@ -25,3 +25,20 @@ class InvalidArgument(MemoryServiceError):
 
     kind = ErrorKind.INVALID
     code = "invalid_request"
+
+
+class RunSpecNotSet(MemoryServiceError):
+    """No run spec is stored yet (``spade runspec set FILE``, or a service started with one, stores it)."""
+
+    kind = ErrorKind.NOT_FOUND
+    code = "runspec_not_set"
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or "no run spec is stored in the memory yet: store one with `spade runspec set FILE`")
+
+
+class RunSpecConflict(MemoryServiceError):
+    """A different run spec is already stored, or the spec contradicts the memory's own settings."""
+
+    kind = ErrorKind.CONFLICT
+    code = "runspec_conflict"

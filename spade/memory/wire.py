@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 from spade.memory.errors import InvalidArgument
 from spade.memory.records import (
+    DesignerAttempt,
     EnvFilter,
     Environment,
     EnvStats,
@@ -19,6 +20,7 @@ from spade.memory.records import (
     Examples,
     NewEnvironment,
     Play,
+    RunSpecRecord,
     StatsUpdate,
 )
 from spade.v1 import memory_pb2 as pb
@@ -92,12 +94,18 @@ def new_env_to_pb(e: NewEnvironment) -> pb.NewEnvironment:
 
 def stats_to_pb(s: EnvStats) -> pb.EnvStats:
     m = pb.EnvStats(
-        plays=s.plays, window_plays=s.window_plays, learnable=s.learnable, reward_components=s.reward_components
+        plays=s.plays,
+        window_plays=s.window_plays,
+        learnable=s.learnable,
+        reward_components=s.reward_components,
+        regret_note=s.regret_note,
     )
     if s.win_rate is not None:
         m.win_rate = s.win_rate
     if s.regret is not None:
         m.regret = s.regret
+    if s.solved_fraction is not None:
+        m.solved_fraction = s.solved_fraction
     return m
 
 
@@ -109,11 +117,13 @@ def stats_from_pb(m: pb.EnvStats) -> EnvStats:
         regret=m.regret if m.HasField("regret") else None,
         learnable=m.learnable,
         reward_components=dict(m.reward_components),
+        solved_fraction=m.solved_fraction if m.HasField("solved_fraction") else None,
+        regret_note=m.regret_note,
     )
 
 
 def env_to_pb(e: Environment, *, include_code: bool = True) -> pb.StoredEnvironment:
-    return pb.StoredEnvironment(
+    m = pb.StoredEnvironment(
         id=e.id,
         setting=e.setting,
         skill=e.skill,
@@ -130,7 +140,11 @@ def env_to_pb(e: Environment, *, include_code: bool = True) -> pb.StoredEnvironm
         parent_ids=list(e.parent_ids),
         created_at_ms=_ms(e.created_at),
         stats=stats_to_pb(e.stats),
+        window_versions=e.window_versions,
     )
+    if e.window_start is not None:
+        m.window_start = e.window_start
+    return m
 
 
 def env_from_pb(m: pb.StoredEnvironment) -> Environment:
@@ -152,6 +166,8 @@ def env_from_pb(m: pb.StoredEnvironment) -> Environment:
         parent_ids=tuple(m.parent_ids),
         created_at=_from_ms(m.created_at_ms),
         stats=stats_from_pb(m.stats),
+        window_start=m.window_start if m.HasField("window_start") else None,
+        window_versions=m.window_versions,
     )
 
 
@@ -188,6 +204,9 @@ def play_from_pb(m: pb.PlayRecord) -> Play:
         trajectory_id=m.trajectory_id,
         finish_reason=m.finish_reason,
         played_at=_from_ms(m.played_at_ms) if m.played_at_ms else None,
+        window_start=m.window_start,
+        window_index=m.window_index,
+        spec_id=m.spec_id,
     )
 
 
@@ -202,7 +221,46 @@ def play_to_pb(p: Play) -> pb.PlayRecord:
         trajectory_id=p.trajectory_id,
         finish_reason=p.finish_reason,
         played_at_ms=_ms(p.played_at) if p.played_at else 0,
+        window_start=p.window_start,
+        window_index=p.window_index,
+        spec_id=p.spec_id,
     )
+
+
+def attempt_from_pb(m: pb.DesignerAttempt) -> DesignerAttempt:
+    return DesignerAttempt(
+        sample_id=m.sample_id,
+        setting=m.setting,
+        skill=m.skill,
+        outcome=m.outcome,
+        batch_id=m.batch_id,
+        weight_version=m.weight_version,
+        env_id=m.env_id,
+        spec_id=m.spec_id,
+        created_at=_from_ms(m.created_at_ms) if m.created_at_ms else None,
+    )
+
+
+def attempt_to_pb(a: DesignerAttempt) -> pb.DesignerAttempt:
+    return pb.DesignerAttempt(
+        sample_id=a.sample_id,
+        setting=a.setting,
+        skill=a.skill,
+        outcome=a.outcome,
+        batch_id=a.batch_id,
+        weight_version=a.weight_version,
+        env_id=a.env_id,
+        spec_id=a.spec_id,
+        created_at_ms=_ms(a.created_at) if a.created_at else 0,
+    )
+
+
+def runspec_to_pb(r: RunSpecRecord) -> pb.RunSpecRecord:
+    return pb.RunSpecRecord(spec_id=r.spec_id, spec_json=r.spec_json, set_at_ms=_ms(r.set_at))
+
+
+def runspec_from_pb(m: pb.RunSpecRecord) -> RunSpecRecord:
+    return RunSpecRecord(spec_id=m.spec_id, spec_json=m.spec_json, set_at=_from_ms(m.set_at_ms))
 
 
 def update_from_pb(m: pb.UpdateStatsRequest) -> StatsUpdate:

@@ -51,6 +51,7 @@ class EnvStats(_message.Message):
     LEARNABLE_FIELD_NUMBER: _builtins.int
     REWARD_COMPONENTS_FIELD_NUMBER: _builtins.int
     SOLVED_FRACTION_FIELD_NUMBER: _builtins.int
+    REGRET_NOTE_FIELD_NUMBER: _builtins.int
     plays: _builtins.int
     """Every recorded play."""
     window_plays: _builtins.int
@@ -62,6 +63,8 @@ class EnvStats(_message.Message):
     learnable: _builtins.bool
     solved_fraction: _builtins.float
     """Share of window plays whose return reached 1 (display only; win_rate is the mean return)."""
+    regret_note: _builtins.str
+    """Why no regret is stored (slot 0's arms incomplete or not on the same seeds); empty otherwise."""
     @_builtins.property
     def reward_components(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
     def __init__(
@@ -74,10 +77,11 @@ class EnvStats(_message.Message):
         learnable: _builtins.bool = ...,
         reward_components: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         solved_fraction: _builtins.float | None = ...,
+        regret_note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_regret", b"_regret", "_solved_fraction", b"_solved_fraction", "_win_rate", b"_win_rate", "regret", b"regret", "solved_fraction", b"solved_fraction", "win_rate", b"win_rate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_regret", b"_regret", "_solved_fraction", b"_solved_fraction", "_win_rate", b"_win_rate", "learnable", b"learnable", "plays", b"plays", "regret", b"regret", "reward_components", b"reward_components", "solved_fraction", b"solved_fraction", "win_rate", b"win_rate", "window_plays", b"window_plays"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_regret", b"_regret", "_solved_fraction", b"_solved_fraction", "_win_rate", b"_win_rate", "learnable", b"learnable", "plays", b"plays", "regret", b"regret", "regret_note", b"regret_note", "reward_components", b"reward_components", "solved_fraction", b"solved_fraction", "win_rate", b"win_rate", "window_plays", b"window_plays"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__regret: _TypeAlias = _typing.Literal["regret"]  # noqa: Y015
     _WhichOneofArgType__regret: _TypeAlias = _typing.Literal["_regret", b"_regret"]  # noqa: Y015

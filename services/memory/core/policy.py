@@ -4,10 +4,11 @@ Per setting and skill the store hands over the ``window`` most recent *scored* e
 with a windowed win rate) as ``Candidate``s, without their code. ``choose`` picks from them;
 ``with_code`` then attaches excerpts of the few chosen (so a window never loads 200 programs):
 
-- **positives** are learnable — win rate in ``positive_band`` — ranked by regret (highest first;
-  unmeasured regret last). The top ``max(pool_factor · n, pool_min)`` form a pool and ``n`` are drawn
-  from it with ``random.Random(seed)``, then shown best first;
-- **negatives** are too easy (win rate above ``too_easy``) or too hard (below ``too_hard``); ``n`` are
+- **positives** are learnable — ``spade.signal.learnable``, the paper's band [0.2, 0.8] of the window
+  win rate, the one definition the learner's reward and the metrics use — ranked by regret (highest
+  first; unmeasured regret last). The top ``max(pool_factor · n, pool_min)`` form a pool and ``n``
+  are drawn from it with ``random.Random(seed)``, then shown best first;
+- **negatives** are the rest: too easy (win rate above the band) or too hard (below it); ``n`` are
   drawn with the same generator, alternating easy and hard while both remain so one failure mode does
   not crowd out the other.
 
@@ -22,38 +23,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from spade.memory.records import Candidate, Example, Examples, Pick, Picks
+from spade.signal import LEARNABLE_BAND, learnable
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """Bands, counts and sizes of the memory policy.
+    """Counts and sizes of the memory policy (the bands are ``spade.signal``'s).
 
     Attributes:
         window: Most recent scored environments considered per setting and skill.
-        positive_band: Closed win-rate interval of learnable environments.
-        too_easy: Win rates strictly above this are negatives ("too easy").
-        too_hard: Win rates strictly below this are negatives ("too hard").
         pool_factor: The positive pool is ``max(pool_factor * n, pool_min)`` top-regret candidates.
         pool_min: See ``pool_factor``.
         excerpt_chars: Longest code excerpt, cut at a line boundary.
     """
 
     window: int = 200
-    positive_band: tuple[float, float] = (0.15, 0.85)
-    too_easy: float = 0.9
-    too_hard: float = 0.1
     pool_factor: int = 3
     pool_min: int = 10
     excerpt_chars: int = 1200
 
     def __post_init__(self) -> None:
-        lo, hi = self.positive_band
-        if not 0.0 <= lo <= hi <= 1.0:
-            raise ValueError(f"positive_band {self.positive_band} must satisfy 0 <= low <= high <= 1")
-        if not 0.0 <= self.too_hard <= self.too_easy <= 1.0:
-            raise ValueError(
-                f"too_hard {self.too_hard} and too_easy {self.too_easy} must satisfy 0 <= hard <= easy <= 1"
-            )
         if self.window < 1 or self.excerpt_chars < 80:
             raise ValueError(f"window ({self.window}) must be >= 1 and excerpt_chars ({self.excerpt_chars}) >= 80")
 
@@ -97,18 +86,18 @@ def choose(window: Sequence[Candidate], n_positive: int, n_negative: int, seed: 
         raise ValueError(f"example counts must be >= 0, got {n_positive} positive, {n_negative} negative")
     rng = random.Random(seed)
     scored = sorted((c for c in window if c.win_rate is not None), key=lambda c: -c.seq)[: config.window]
-    lo, hi = config.positive_band
+    lo, hi = LEARNABLE_BAND
 
     def regret_key(c: Candidate) -> tuple[bool, float, int]:
         return (c.regret is None, -(c.regret or 0.0), -c.seq)
 
-    learnable = sorted((c for c in scored if lo <= (c.win_rate or 0.0) <= hi), key=regret_key)
-    pool = learnable[: max(config.pool_factor * n_positive, config.pool_min)]
+    positive = sorted((c for c in scored if learnable(c.win_rate or 0.0)), key=regret_key)
+    pool = positive[: max(config.pool_factor * n_positive, config.pool_min)]
     chosen = sorted(rng.sample(pool, min(n_positive, len(pool))), key=regret_key)
     positives = tuple(Pick(c, f"learnable: win rate {_fmt(c.win_rate)}, regret {_fmt(c.regret)}") for c in chosen)
 
-    easy = [c for c in scored if (c.win_rate or 0.0) > config.too_easy]
-    hard = [c for c in scored if (c.win_rate or 0.0) < config.too_hard]
+    easy = [c for c in scored if (c.win_rate or 0.0) > hi]
+    hard = [c for c in scored if (c.win_rate or 0.0) < lo]
     rng.shuffle(easy)
     rng.shuffle(hard)
     negatives: list[Pick] = []

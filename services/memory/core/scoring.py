@@ -1,12 +1,21 @@
 """Per-environment statistics from its plays (pure; the store calls it after recording plays).
 
-Definitions (DESIGN §5):
+Every quantity is ``spade.signal``'s (DESIGN §5, WAVE2 §1); this module only decides which plays
+feed it, by the env's own window slots (WAVE2 §3), never by the weight version that generated them:
 
-- a play *wins* when its return reaches ``win_threshold`` (1.0: the env's win reward);
-- the *windowed win rate* is the win fraction of the unhinted plays whose weight version lies in the
-  env's window ``[v0, v0 + window_versions)``, ``v0`` being the version that designed it;
-- *regret* is mean hinted return minus mean unhinted return at ``v0``, over the seeds both arms
-  played (the same seeds and count on each side, so a lopsided arm cannot bias it).
+- the **window win rate** is ``signal.win_rate`` of the unhinted plays of slots ``0..k-1``;
+- the **regret** is ``signal.regret`` of slot 0's hinted and unhinted arms. It is strict: when the
+  arms were not played on the same seeds the same number of times, no regret is stored and
+  ``regret_note`` records why (``signal.MismatchedArmsError``'s message) — never a lenient number;
+- **learnable** is ``signal.learnable`` of the window win rate, unless the learner set it;
+- a play that ended in a **resource fault** (``FinishReason.is_resource_fault``) counts as return 0:
+  the env failed the agent.
+
+>>> ps = [Play("e", s, h, r, 3, 0, f"{s}{h}") for s, h, r in [(1, False, 0.0), (1, True, 1.0),
+...       (2, False, 1.0), (2, True, 0.5)]]
+>>> st = score(ps, window_versions=4)
+>>> st.plays, st.window_plays, st.win_rate, st.regret, st.learnable, st.solved_fraction
+(4, 2, 0.5, 0.25, True, 0.5)
 """
 
 from __future__ import annotations
@@ -14,70 +23,82 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from spade import signal
+from spade.envs.types import FinishReason
 from spade.memory.records import EnvStats, Play
+from spade.pool_metrics import interaction_turns, reward_levels
+
+LEARNABLE_OVERRIDE = "learnable_override"
+"""Reward component recording that the learner set the learnable flag (1.0 / 0.0)."""
 
 
 @dataclass(frozen=True)
-class ScoringConfig:
-    """How plays turn into statistics.
+class EnvShape:
+    """Per-env process figures kept with the statistics (``spade.pool_metrics``).
 
     Attributes:
-        window_versions: ``k``: weight versions an environment stays active (its window).
-        win_threshold: Minimum return that counts as a win.
-        learnable_band: Win rates in this closed interval make an environment learnable.
+        reward_levels: Distinct reward values the env emitted over its plays (faults excluded).
+        turns_mean: Mean turns per play (``None`` before the first play).
     """
 
-    window_versions: int = 4
-    win_threshold: float = 1.0
-    learnable_band: tuple[float, float] = (0.15, 0.85)
+    reward_levels: int
+    turns_mean: float | None
 
 
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
+def is_resource_fault(finish_reason: str) -> bool:
+    """Whether a play's finish reason is a resource fault (unknown or empty reasons are not)."""
+    try:
+        return FinishReason(finish_reason).is_resource_fault
+    except ValueError:
+        return False
 
 
-def score(
-    plays: Iterable[Play], first_version: int, config: ScoringConfig, previous: EnvStats | None = None
-) -> EnvStats:
+def effective_return(play: Play) -> float:
+    """The return a play counts with in the env's statistics: 0 for a resource fault."""
+    return 0.0 if is_resource_fault(play.finish_reason) else play.episode_return
+
+
+def in_window(play: Play, window_versions: int | None) -> bool:
+    """Whether an unhinted play counts toward the window win rate (slot in ``0..k-1``).
+
+    ``window_versions`` ``None`` (no window known for the env) counts every slot.
+    """
+    if play.hinted or play.window_index < 0:
+        return False
+    return window_versions is None or play.window_index < window_versions
+
+
+def _regret(plays: list[Play]) -> tuple[float | None, str]:
+    hinted = [(p.seed, effective_return(p)) for p in plays if p.hinted and p.window_index == 0]
+    unhinted = [(p.seed, effective_return(p)) for p in plays if not p.hinted and p.window_index == 0]
+    if not hinted and not unhinted:
+        return None, ""
+    if not hinted or not unhinted:
+        return None, (f"slot 0 has {len(hinted)} hinted and {len(unhinted)} unhinted plays; regret needs both arms")
+    try:
+        return signal.regret(hinted, unhinted), ""
+    except signal.SignalError as exc:
+        return None, str(exc)
+
+
+def score(plays: Iterable[Play], window_versions: int | None, previous: EnvStats | None = None) -> EnvStats:
     """Compute an environment's statistics from all of its plays.
 
     Args:
-        plays: Every play recorded for the environment.
-        first_version: The weight version that designed it (``v0``).
-        config: Window, win threshold and learnable band.
-        previous: Stored statistics; the learner's reward components are kept.
+        plays: Every play recorded for the environment (returns in [0, 1]).
+        window_versions: ``k``, the env's window length (``None``: unknown, every slot counts).
+        previous: Stored statistics; the learner's reward components (and learnable flag) are kept.
 
     Returns:
-        Fresh ``EnvStats``. ``learnable`` follows the band unless the learner set it (recorded as the
-        reward component ``learnable_override``).
-
-    >>> ps = [Play("e", s, h, r, 3, 0, f"{s}{h}") for s, h, r in [(1, False, 0.0), (1, True, 1.0),
-    ...       (2, False, 1.0), (2, True, 1.0), (3, True, 1.0)]]
-    >>> st = score(ps, 0, ScoringConfig())
-    >>> st.plays, st.window_plays, st.win_rate, st.regret, st.learnable
-    (5, 2, 0.5, 0.5, True)
+        Fresh ``EnvStats``.
     """
     plays = list(plays)
-    lo_v, hi_v = first_version, first_version + config.window_versions
-    window = [p for p in plays if not p.hinted and lo_v <= p.weight_version < hi_v]
-    win_rate = _mean([float(p.episode_return >= config.win_threshold) for p in window]) if window else None
-
-    hinted: dict[int, list[float]] = {}
-    unhinted: dict[int, list[float]] = {}
-    for p in plays:
-        if p.weight_version == first_version:
-            (hinted if p.hinted else unhinted).setdefault(p.seed, []).append(p.episode_return)
-    shared = sorted(hinted.keys() & unhinted.keys())
-    regret = None
-    if shared:
-        # Pair play counts per seed too: the i-th hinted play of a seed against its i-th unhinted.
-        pairs = [(h, u) for s in shared for h, u in zip(hinted[s], unhinted[s], strict=False)]
-        regret = _mean([h for h, _ in pairs]) - _mean([u for _, u in pairs])
-
+    window = [effective_return(p) for p in plays if in_window(p, window_versions)]
+    win_rate = signal.win_rate(window) if window else None
+    regret, note = _regret(plays)
     components = dict(previous.reward_components) if previous else {}
-    override = components.get("learnable_override")
-    lo, hi = config.learnable_band
-    learnable = bool(override) if override is not None else (win_rate is not None and lo <= win_rate <= hi)
+    override = components.get(LEARNABLE_OVERRIDE)
+    learnable = bool(override) if override is not None else win_rate is not None and signal.learnable(win_rate)
     return EnvStats(
         plays=len(plays),
         window_plays=len(window),
@@ -85,4 +106,13 @@ def score(
         regret=regret,
         learnable=learnable,
         reward_components=components,
+        solved_fraction=signal.solved_fraction(window) if window else None,
+        regret_note=note,
     )
+
+
+def shape(plays: Iterable[Play]) -> EnvShape:
+    """The env's reward levels and mean turns over its plays (``spade.pool_metrics``)."""
+    plays = list(plays)
+    rewards = [p.episode_return for p in plays if not is_resource_fault(p.finish_reason)]
+    return EnvShape(reward_levels=reward_levels(rewards), turns_mean=interaction_turns(p.turns for p in plays))

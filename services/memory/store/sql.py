@@ -1,35 +1,52 @@
-"""The memory's SQL store: environments, plays and statistics in Postgres or a SQLite file.
+"""The memory's SQL store: environments, plays, statistics, designer attempts and the run spec.
 
-All methods are synchronous and each runs in one transaction; ``MemoryService`` calls them from a
-worker thread. Concurrency-safe on Postgres: the unique constraints on the normalised-code hash and
-on the trajectory id decide races, and the loser re-reads instead of failing.
+Postgres or a SQLite file. All methods are synchronous and each runs in one transaction;
+``MemoryService`` calls them from a worker thread. Concurrency-safe on both databases: the unique
+constraints on the normalised-code hash, the trajectory id, the attempt's sample id and the run
+spec's single slot decide races, and the loser re-reads instead of failing; an env's window is
+fixed by one conditional ``UPDATE`` (first writer wins).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import math
+import secrets
+import threading
 import uuid
-from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, Integer, Select, cast, create_engine, event, func, or_, select
+from sqlalchemy import Engine, Select, create_engine, delete, event, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.memory.core.normalise import code_hash
-from services.memory.core.scoring import ScoringConfig, score
-from services.memory.store.models import EnvironmentRow, EnvStatsRow, PlayRow
-from spade.memory.errors import EnvironmentNotFound, InvalidArgument
+from services.memory.core.scoring import LEARNABLE_OVERRIDE, score, shape
+from services.memory.store.models import (
+    DesignerAttemptRow,
+    EnvironmentRow,
+    EnvProbeRow,
+    EnvStatsRow,
+    PlayRow,
+    RunSpecRow,
+    WebSessionRow,
+)
+from services.memory.store.pool_stats import POOL_STATUSES, fingerprint, memory_stats
+from spade import pool_metrics
+from spade.memory.errors import EnvironmentNotFound, InvalidArgument, RunSpecConflict, RunSpecNotSet
 from spade.memory.records import (
     Candidate,
+    DesignerAttempt,
     EnvFilter,
     Environment,
+    EnvProbe,
     EnvStats,
     EnvStatus,
     MemoryStats,
@@ -38,11 +55,17 @@ from spade.memory.records import (
     Play,
     PutResult,
     RecordResult,
+    RunSpecRecord,
     StatsUpdate,
 )
+from spade.memory.runspec import conflict_message
+from spade.pool_metrics import program_length
+from spade.runspec import RunSpec
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 MAX_PAGE = 1000
+MAX_WINDOW_VERSIONS = 1_000_000
+"""Longest window an env may be given (the seed pool's spans a whole run)."""
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -115,6 +138,8 @@ def _stats(row: EnvStatsRow | None) -> EnvStats:
         regret=row.regret,
         learnable=row.learnable,
         reward_components=dict(row.reward_components or {}),
+        solved_fraction=row.solved_fraction,
+        regret_note=row.regret_note or "",
     )
 
 
@@ -137,6 +162,8 @@ def _env(row: EnvironmentRow, stats: EnvStatsRow | None) -> Environment:
         parent_ids=tuple(row.parent_ids or ()),
         created_at=_aware(row.created_at),
         stats=_stats(stats),
+        window_start=row.window_start,
+        window_versions=row.window_versions or 0,
     )
 
 
@@ -151,6 +178,9 @@ def _play(row: PlayRow) -> Play:
         trajectory_id=row.trajectory_id,
         finish_reason=row.finish_reason,
         played_at=_aware(row.played_at),
+        window_start=row.window_start,
+        window_index=row.window_index,
+        spec_id=row.spec_id,
     )
 
 
@@ -159,13 +189,31 @@ class SqlStore:
 
     Args:
         engine: From ``make_engine``; the schema must be migrated (``migrate``).
-        scoring: How plays become statistics.
+        window_versions: ``k`` per setting for envs whose window was never set (their plays predate
+            ``set_window``); a setting missing here takes the stored run spec's k, else every slot counts.
+        embedder: Sentence embedder of the Vendi metric (``spade.pool_metrics.MiniLMEmbedder``);
+            ``None`` turns the metric off.
+        embedding_model: The embedder's name, stored with each cached embedding.
+        metrics_window: Envs in the sliding window of the windowed process metrics.
     """
 
-    def __init__(self, engine: Engine, scoring: ScoringConfig | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        window_versions: Mapping[str, int] | None = None,
+        embedder: Any = None,
+        embedding_model: str = "all-MiniLM-L6-v2",
+        metrics_window: int = pool_metrics.DEFAULT_WINDOW,
+    ) -> None:
         self.engine = engine
-        self.scoring = scoring or ScoringConfig()
+        self.window_versions = dict(window_versions or {})
+        self.embedder = embedder
+        self.embedding_model = embedding_model
+        self.metrics_window = metrics_window
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._stats_lock = threading.Lock()
+        self._stats_cache: tuple[tuple[Any, ...], MemoryStats] | None = None
 
     # -- environments -------------------------------------------------------------------------
 
@@ -180,6 +228,7 @@ class SqlStore:
         except ValueError:
             raise InvalidArgument(f"status {env.status!r} is not one of {[x.value for x in EnvStatus]}") from None
         digest = code_hash(env.code)
+        length = program_length(env.code)
         env_id = uuid.uuid4().hex
         now = _now()
         try:
@@ -204,6 +253,9 @@ class SqlStore:
                         batch_id=env.batch_id,
                         parent_ids=list(env.parent_ids),
                         created_at=now,
+                        window_versions=0,
+                        program_lines=length.lines,
+                        program_chars=length.chars,
                     )
                 )
                 s.flush()
@@ -215,6 +267,8 @@ class SqlStore:
                         learnable=False,
                         reward_components={},
                         updated_at=now,
+                        regret_note="",
+                        reward_levels=0,
                     )
                 )
         except IntegrityError:
@@ -334,15 +388,21 @@ class SqlStore:
 
         Raises:
             EnvironmentNotFound: A play names an environment that is not stored.
-            InvalidArgument: A play without a trajectory id, or the same id twice with other values.
+            InvalidArgument: A play without a trajectory id, a return outside [0, 1], negative turns
+                or a negative window slot.
         """
         for p in plays:
             if not p.trajectory_id:
                 raise InvalidArgument(f"play of env {p.env_id!r} seed {p.seed} has no trajectory_id")
-            if not math.isfinite(p.episode_return) or p.turns < 0:
+            if not (math.isfinite(p.episode_return) and 0.0 <= p.episode_return <= 1.0) or p.turns < 0:
                 raise InvalidArgument(
                     f"play {p.trajectory_id!r} has return {p.episode_return} and turns {p.turns}; "
-                    "returns must be finite and turns >= 0"
+                    "returns are rewards in [0, 1] (the env contract) and turns must be >= 0"
+                )
+            if p.window_index < 0 or p.window_start < 0:
+                raise InvalidArgument(
+                    f"play {p.trajectory_id!r} has window slot {p.window_index} of a window starting at "
+                    f"{p.window_start}; both must be >= 0 (slot 0 is the env's first window version)"
                 )
         for _attempt in range(3):
             try:
@@ -355,12 +415,8 @@ class SqlStore:
         now = _now()
         with self._sessions.begin() as s:
             env_ids = {p.env_id for p in plays}
-            known = dict(
-                s.execute(
-                    select(EnvironmentRow.id, EnvironmentRow.weight_version).where(EnvironmentRow.id.in_(env_ids))
-                ).all()
-            )
-            missing = sorted(env_ids - known.keys())
+            known = set(s.scalars(select(EnvironmentRow.id).where(EnvironmentRow.id.in_(env_ids))))
+            missing = sorted(env_ids - known)
             if missing:
                 raise EnvironmentNotFound(missing[0])
             seen = set(
@@ -383,21 +439,66 @@ class SqlStore:
                     trajectory_id=p.trajectory_id,
                     finish_reason=p.finish_reason,
                     played_at=p.played_at or now,
+                    window_start=p.window_start,
+                    window_index=p.window_index,
+                    spec_id=p.spec_id,
                 )
                 for p in fresh.values()
             )
             s.flush()
             for env_id in sorted({p.env_id for p in fresh.values()}):
-                self._rescore(s, env_id, known[env_id], now)
+                self._rescore(s, env_id, now)
         return RecordResult(recorded=len(fresh), duplicates=len(plays) - len(fresh))
 
-    def _rescore(self, s: Session, env_id: str, first_version: int, now: datetime) -> None:
+    def _window_versions(self, s: Session, env: EnvironmentRow) -> int | None:
+        """The env's k: its stored window, else the configured or the run spec's k for its setting."""
+        if env.window_start is not None and env.window_versions > 0:
+            return env.window_versions
+        if env.setting in self.window_versions:
+            return self.window_versions[env.setting]
+        stored = s.scalar(select(RunSpecRow.spec_json))
+        return RunSpec.from_json(stored).window_for(env.setting) if stored else None
+
+    def _rescore(self, s: Session, env_id: str, now: datetime) -> None:
         row = s.get(EnvStatsRow, env_id, with_for_update=True)
-        assert row is not None, "every environment has a stats row from put_environment"
+        env = s.scalar(select(EnvironmentRow).where(EnvironmentRow.id == env_id))
+        assert row is not None and env is not None, "every environment has a stats row from put_environment"
         plays = [_play(r) for r in s.scalars(select(PlayRow).where(PlayRow.env_id == env_id))]
-        st = score(plays, first_version, self.scoring, _stats(row))
+        st = score(plays, self._window_versions(s, env), _stats(row))
+        sh = shape(plays)
         row.plays, row.window_plays, row.win_rate, row.regret = st.plays, st.window_plays, st.win_rate, st.regret
-        row.learnable, row.updated_at = st.learnable, now
+        row.learnable, row.solved_fraction, row.regret_note = st.learnable, st.solved_fraction, st.regret_note
+        row.reward_levels, row.turns_mean, row.updated_at = sh.reward_levels, sh.turns_mean, now
+
+    def set_window(self, env_id: str, window_start: int, window_versions: int) -> Environment:
+        """Fix the env's window unless one is already fixed (first writer wins); returns the stored one.
+
+        One conditional ``UPDATE ... WHERE window_start IS NULL``: on Postgres a concurrent second
+        writer waits for the first's row lock and then finds the window set; SQLite serialises writers.
+
+        Raises:
+            EnvironmentNotFound: Unknown id.
+            InvalidArgument: A negative start or a length outside [1, 1000000].
+        """
+        if window_start < 0 or not 1 <= window_versions <= MAX_WINDOW_VERSIONS:
+            raise InvalidArgument(
+                f"window_start {window_start} must be >= 0 and window_versions {window_versions} between 1 "
+                f"and {MAX_WINDOW_VERSIONS}: the window is the rollout's version when it first plays the env, "
+                "and k"
+            )
+        with self._sessions.begin() as s:
+            result = s.execute(
+                update(EnvironmentRow)
+                .where(EnvironmentRow.id == env_id, EnvironmentRow.window_start.is_(None))
+                .values(window_start=window_start, window_versions=window_versions)
+                .execution_options(synchronize_session=False)
+            )
+            fixed = getattr(result, "rowcount", 0)  # a CursorResult for an UPDATE
+            if fixed:
+                self._rescore(s, env_id, _now())
+            elif s.scalar(select(EnvironmentRow.id).where(EnvironmentRow.id == env_id)) is None:
+                raise EnvironmentNotFound(env_id)
+        return self.get_environment(env_id)
 
     def update_stats(self, env_id: str, update: StatsUpdate) -> Environment:
         """Merge the learner's reward components, set the learnable flag or move the status.
@@ -416,7 +517,7 @@ class SqlStore:
             components = dict(row.reward_components or {})
             components.update({k: float(v) for k, v in update.reward_components.items()})
             if update.learnable is not None:
-                components["learnable_override"] = float(update.learnable)
+                components[LEARNABLE_OVERRIDE] = float(update.learnable)
                 row.learnable = update.learnable
             row.reward_components = components
             row.updated_at = _now()
@@ -442,37 +543,206 @@ class SqlStore:
         nxt = encode_cursor(rows[limit - 1].seq) if len(rows) > limit else None
         return [_play(r) for r in rows[:limit]], nxt
 
-    def stats(self) -> MemoryStats:
-        """Counts by status and skill, learnable fraction, mean regret and validity rate."""
-        with self._sessions() as s:
-            by_status = {
-                k: int(v)
-                for k, v in s.execute(select(EnvironmentRow.status, func.count()).group_by(EnvironmentRow.status)).all()
-            }
-            by_skill = {
-                k: int(v)
-                for k, v in s.execute(select(EnvironmentRow.skill, func.count()).group_by(EnvironmentRow.skill)).all()
-            }
-            scored, learnable, mean_regret = s.execute(
-                select(
-                    func.count(EnvStatsRow.win_rate),
-                    func.sum(cast(EnvStatsRow.learnable, Integer)),
-                    func.avg(EnvStatsRow.regret),
+    # -- designer attempts ----------------------------------------------------------------------
+
+    def record_attempts(self, attempts: Sequence[DesignerAttempt]) -> RecordResult:
+        """Store designer attempts, valid or not (idempotent by sample id).
+
+        Raises:
+            InvalidArgument: An attempt without a sample id or an outcome, or of an unknown setting.
+        """
+        for a in attempts:
+            if not a.sample_id or not a.outcome:
+                raise InvalidArgument(
+                    f"designer attempt {a.sample_id!r} needs a sample_id and an outcome (valid, malformed, "
+                    f"duplicate or the failing check), got outcome {a.outcome!r}"
                 )
-            ).one()
-            plays = int(s.scalar(select(func.count()).select_from(PlayRow)) or 0)
-        total = sum(by_status.values())
-        valid = by_status.get(EnvStatus.VALID.value, 0) + by_status.get(EnvStatus.RETIRED.value, 0)
-        return MemoryStats(
-            total=total,
-            by_status=by_status,
-            by_skill=by_skill,
-            scored=int(scored or 0),
-            learnable_fraction=(int(learnable or 0) / scored) if scored else None,
-            mean_regret=float(mean_regret) if mean_regret is not None else None,
-            validity_rate=valid / total if total else None,
-            plays=plays,
+            if a.setting not in ("game", "tool"):
+                raise InvalidArgument(
+                    f"designer attempt {a.sample_id!r}: setting {a.setting!r} is not 'game' or 'tool'"
+                )
+        for _attempt in range(3):
+            try:
+                return self._attempts_once(attempts)
+            except IntegrityError:
+                continue  # a concurrent writer recorded some of these; re-check and retry
+        return self._attempts_once(attempts)
+
+    def _attempts_once(self, attempts: Sequence[DesignerAttempt]) -> RecordResult:
+        now = _now()
+        with self._sessions.begin() as s:
+            ids = {a.sample_id for a in attempts}
+            seen = set(s.scalars(select(DesignerAttemptRow.sample_id).where(DesignerAttemptRow.sample_id.in_(ids))))
+            fresh: dict[str, DesignerAttempt] = {}
+            for a in attempts:
+                if a.sample_id not in seen:
+                    fresh.setdefault(a.sample_id, a)
+            s.add_all(
+                DesignerAttemptRow(
+                    sample_id=a.sample_id,
+                    setting=a.setting,
+                    skill=a.skill,
+                    batch_id=a.batch_id,
+                    weight_version=a.weight_version,
+                    outcome=a.outcome,
+                    env_id=a.env_id,
+                    spec_id=a.spec_id,
+                    created_at=a.created_at or now,
+                )
+                for a in fresh.values()
+            )
+        return RecordResult(recorded=len(fresh), duplicates=len(attempts) - len(fresh))
+
+    def attempts(self, batch_id: str | None = None, limit: int = 200) -> list[DesignerAttempt]:
+        """Recorded attempts, newest first (of one round when ``batch_id`` is given)."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidArgument(f"limit {limit} must be between 1 and {MAX_PAGE}")
+        stmt = select(DesignerAttemptRow)
+        if batch_id is not None:
+            stmt = stmt.where(DesignerAttemptRow.batch_id == batch_id)
+        with self._sessions() as s:
+            rows = s.scalars(stmt.order_by(DesignerAttemptRow.seq.desc()).limit(limit)).all()
+        return [
+            DesignerAttempt(
+                sample_id=r.sample_id,
+                setting=r.setting,
+                skill=r.skill,
+                outcome=r.outcome,
+                batch_id=r.batch_id,
+                weight_version=r.weight_version,
+                env_id=r.env_id,
+                spec_id=r.spec_id,
+                created_at=_aware(r.created_at),
+            )
+            for r in rows
+        ]
+
+    # -- the run spec ---------------------------------------------------------------------------
+
+    def get_run_spec(self) -> RunSpecRecord:
+        """The stored run spec.
+
+        Raises:
+            RunSpecNotSet: None is stored yet.
+        """
+        with self._sessions() as s:
+            row = s.get(RunSpecRow, 1)
+            if row is None:
+                raise RunSpecNotSet()
+            return RunSpecRecord(spec_id=row.spec_id, spec_json=row.spec_json, set_at=_aware(row.set_at))
+
+    def set_run_spec(self, spec: RunSpec, replace: bool = False) -> RunSpecRecord:
+        """Store ``spec`` as the run spec; the same spec again changes nothing.
+
+        Raises:
+            RunSpecConflict: A different spec is stored and ``replace`` is false (names each field).
+        """
+        for _attempt in range(2):
+            try:
+                with self._sessions.begin() as s:
+                    row = s.get(RunSpecRow, 1, with_for_update=True)
+                    if row is None:
+                        s.add(RunSpecRow(slot=1, spec_id=spec.spec_id, spec_json=spec.to_json(), set_at=_now()))
+                    elif row.spec_id != spec.spec_id:
+                        if not replace:
+                            raise RunSpecConflict(conflict_message(RunSpec.from_json(row.spec_json), spec))
+                        row.spec_id, row.spec_json, row.set_at = spec.spec_id, spec.to_json(), _now()
+                break
+            except IntegrityError:
+                continue  # another writer stored a spec first: compare against it
+        return self.get_run_spec()
+
+    # -- sandbox probes (hidden state, first observation, leakage) --------------------------------
+
+    def record_probe(self, probe: EnvProbe) -> None:
+        """Keep what a sandboxed reset of the env showed (the latest probe of an env wins).
+
+        Raises:
+            EnvironmentNotFound: Unknown id.
+        """
+        with self._sessions.begin() as s:
+            env = s.scalar(select(EnvironmentRow).where(EnvironmentRow.id == probe.env_id))
+            if env is None:
+                raise EnvironmentNotFound(probe.env_id)
+            leaked: bool | None = None
+            rule = ""
+            if not probe.error and env.setting == "game":
+                verdict = pool_metrics.leaks_answer(probe.first_observation, probe.solution)
+                leaked, rule = verdict.leaked, verdict.rule or ""
+            row = s.get(EnvProbeRow, probe.env_id) or EnvProbeRow(env_id=probe.env_id)
+            row.first_observation = probe.first_observation
+            row.hidden_attributes = dict(probe.hidden_attributes)
+            row.solution = list(probe.solution)
+            row.error = probe.error[:2000]
+            row.hidden_state_size = len(probe.hidden_attributes)
+            row.hidden_state_bytes = sum(probe.hidden_attributes.values())
+            row.leaked, row.leak_rule, row.probed_at = leaked, rule, _now()
+            s.add(row)
+
+    def unprobed(self, limit: int = 32) -> list[tuple[str, str, str]]:
+        """Pool envs never probed, oldest first: ``(env_id, setting, code)``."""
+        stmt = (
+            select(EnvironmentRow.id, EnvironmentRow.setting, EnvironmentRow.code)
+            .outerjoin(EnvProbeRow, EnvProbeRow.env_id == EnvironmentRow.id)
+            .where(EnvProbeRow.env_id.is_(None), EnvironmentRow.status.in_(POOL_STATUSES))
+            .order_by(EnvironmentRow.seq)
+            .limit(limit)
         )
+        with self._sessions() as s:
+            return [(str(i), str(st), str(c)) for i, st, c in s.execute(stmt).all()]
+
+    # -- web sessions -----------------------------------------------------------------------------
+
+    def create_session(self, tenant: str, ttl_s: float) -> str:
+        """A new web session of ``tenant``: returns its id (the cookie's value); only its hash is kept."""
+        session_id = secrets.token_urlsafe(32)
+        now = _now()
+        with self._sessions.begin() as s:
+            s.execute(delete(WebSessionRow).where(WebSessionRow.expires_at < now))
+            s.add(
+                WebSessionRow(
+                    id_sha256=hashlib.sha256(session_id.encode()).hexdigest(),
+                    tenant=tenant,
+                    created_at=now,
+                    expires_at=now + timedelta(seconds=ttl_s),
+                )
+            )
+        return session_id
+
+    def session_tenant(self, session_id: str) -> str | None:
+        """The tenant of a live session, ``None`` for an unknown, ended or expired one."""
+        if not session_id:
+            return None
+        with self._sessions() as s:
+            row = s.get(WebSessionRow, hashlib.sha256(session_id.encode()).hexdigest())
+            if row is None or _aware(row.expires_at) <= _now():
+                return None
+            return row.tenant
+
+    def end_session(self, session_id: str) -> None:
+        """Log a web session out (nothing happens for an unknown one)."""
+        with self._sessions.begin() as s:
+            s.execute(
+                delete(WebSessionRow).where(WebSessionRow.id_sha256 == hashlib.sha256(session_id.encode()).hexdigest())
+            )
+
+    # -- aggregates -------------------------------------------------------------------------------
+
+    def stats(self) -> MemoryStats:
+        """Counts, the signal's aggregates, the designer's attempts and the pool's process metrics.
+
+        Cached until the database changes: a fingerprint of the latest writes (one cheap query per
+        table) decides, so a write through any replica invalidates every replica's cache.
+        """
+        with self._stats_lock:
+            with self._sessions() as s:
+                key = fingerprint(s)
+            if self._stats_cache is not None and self._stats_cache[0] == key:
+                return self._stats_cache[1]
+            with self._sessions.begin() as s:
+                result = memory_stats(s, self.metrics_window, self.embedder, self.embedding_model)
+            self._stats_cache = (key, result)
+            return result
 
     def ping(self) -> None:
         """Run a trivial query (health check); raises when the database is unreachable."""

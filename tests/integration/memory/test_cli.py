@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from services.memory.cli import envs
 from services.memory.store.sql import SqlStore, make_engine, migrate
-from spade.auth import hash_key
+from spade.auth import Unauthenticated, hash_key
 from spade.memory.client import MemoryClient
 from spade.memory.records import EnvStatus, Play
 from tests.integration.memory.conftest import new_env
@@ -120,7 +120,11 @@ async def test_serve_runs_grpc_and_rest(tmp_path: Path) -> None:
                     pass
                 assert time.monotonic() < deadline, "the memory service did not come up"
                 time.sleep(0.2)
-            client = MemoryClient(f"127.0.0.1:{grpc_port}")
+            anonymous = MemoryClient(f"127.0.0.1:{grpc_port}")
+            with pytest.raises(Unauthenticated, match="missing API key"):
+                await anonymous.put_environment(new_env("Served"))  # writes need a key, like reads
+            await anonymous.close()
+            client = MemoryClient(f"127.0.0.1:{grpc_port}", api_key="tok")
             put = await client.put_environment(new_env("Served"))
             await client.close()
             r = await http.get(f"/v1/environments/{put.env_id}", headers={"Authorization": "Bearer tok"})

@@ -1,4 +1,4 @@
-"""gRPC over loopback (port 0): MemoryClient against the real server, on both databases."""
+"""gRPC over loopback (port 0): MemoryClient against the real server, with keys, on both databases."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 from sqlalchemy import Engine
 
 from services.memory.core.policy import PolicyConfig
-from services.memory.core.scoring import ScoringConfig
 from services.memory.grpc_server import grpc_service
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, migrate
+from spade.auth import KeyRing, hash_key
 from spade.memory.client import MemoryClient
 from spade.memory.errors import EnvironmentNotFound, InvalidArgument
 from spade.memory.records import EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
@@ -19,15 +19,26 @@ from spade.serving.grpc import grpc_server
 from spade.serving.settings import ServerAddress
 from tests.integration.memory.conftest import env_code, new_env
 
+KEY = "memory-test-key"
+KEYRING = KeyRing({hash_key(KEY): "rollout"})
+
 
 @pytest.fixture
-async def client(empty_engine: Engine) -> AsyncIterator[MemoryClient]:
+async def served(empty_engine: Engine) -> AsyncIterator[int]:
+    """The memory's gRPC API on a free port, keys required as in production; yields the port."""
     migrate(empty_engine)
-    service = MemoryService(SqlStore(empty_engine, ScoringConfig()), PolicyConfig(pool_min=2, pool_factor=1))
-    async with grpc_server([grpc_service(service)], ServerAddress(port=0), service="memory") as running:
-        c = MemoryClient(f"127.0.0.1:{running.port}", timeout_s=20)
-        yield c
-        await c.close()
+    service = MemoryService(SqlStore(empty_engine), PolicyConfig(pool_min=2, pool_factor=1))
+    async with grpc_server(
+        [grpc_service(service)], ServerAddress(port=0), service="memory", authenticate=KEYRING.authenticate
+    ) as running:
+        yield running.port
+
+
+@pytest.fixture
+async def client(served: int) -> AsyncIterator[MemoryClient]:
+    c = MemoryClient(f"127.0.0.1:{served}", timeout_s=20, api_key=KEY)
+    yield c
+    await c.close()
 
 
 async def scored(client: MemoryClient, name: str, win_rate: float, regret: float, skill: str = "Optimization") -> str:

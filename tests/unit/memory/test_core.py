@@ -6,7 +6,8 @@ import pytest
 
 from services.memory.core.normalise import code_hash, normalise_code
 from services.memory.core.policy import PolicyConfig, choose, excerpt, with_code
-from services.memory.core.scoring import ScoringConfig, score
+from services.memory.core.scoring import is_resource_fault, score, shape
+from spade import signal
 from spade.memory.records import Candidate, Examples, Play
 
 
@@ -50,50 +51,80 @@ def test_unparsable_code_still_normalises() -> None:
 # -- scoring ------------------------------------------------------------------------------------
 
 
-def play(seed: int, hinted: bool, ret: float, version: int = 0, i: int = 0) -> Play:
-    return Play("e", seed, hinted, ret, 2, version, f"{seed}-{hinted}-{version}-{i}")
+def play(
+    seed: int, hinted: bool, ret: float, slot: int = 0, i: int = 0, version: int = 0, finish: str = "terminated"
+) -> Play:
+    return Play("e", seed, hinted, ret, 2, version, f"{seed}-{hinted}-{slot}-{i}", finish, window_index=slot)
 
 
-def test_regret_uses_only_shared_seeds_at_the_first_version() -> None:
-    plays = [
-        play(1, False, 0.0),
-        play(1, True, 1.0),
-        play(2, True, 1.0),
-        play(3, False, 0.0),
-        play(1, True, 0.0, version=1),
-    ]
-    st = score(plays, 0, ScoringConfig())
-    assert st.regret == pytest.approx(1.0)  # only seed 1 is in both arms at version 0
+def test_regret_is_slot_zeros_arms_on_the_same_seeds() -> None:
+    plays = [play(1, False, 0.0), play(1, True, 1.0), play(2, False, 0.5), play(2, True, 1.0)]
+    plays.append(play(3, True, 0.0, slot=1))  # a hinted play outside slot 0 is not regret's
+    st = score(plays, window_versions=4)
+    assert st.regret == pytest.approx(signal.regret([(1, 1.0), (2, 1.0)], [(1, 0.0), (2, 0.5)]))
+    assert st.regret == pytest.approx(0.75) and st.regret_note == ""
 
 
-def test_regret_pairs_equal_counts_per_seed() -> None:
-    plays = [play(1, False, 0.0), play(1, True, 1.0, i=0), play(1, True, 1.0, i=1), play(1, True, 1.0, i=2)]
-    assert score(plays, 0, ScoringConfig()).regret == pytest.approx(1.0)
-    plays = [play(1, False, 1.0, i=0), play(1, False, 0.0, i=1), play(1, True, 1.0, i=0)]
-    assert score(plays, 0, ScoringConfig()).regret == pytest.approx(0.0)  # first unhinted pairs with the hinted
+def test_mismatched_arms_store_no_regret_and_say_why() -> None:
+    seeds_differ = [play(1, False, 0.0), play(1, True, 1.0), play(2, True, 1.0), play(3, False, 0.0)]
+    st = score(seeds_differ, window_versions=4)
+    assert st.regret is None and "same seeds" in st.regret_note and "[2]" in st.regret_note
+    counts_differ = [play(1, False, 0.0), play(1, True, 1.0, i=0), play(1, True, 1.0, i=1)]
+    st = score(counts_differ, window_versions=4)
+    assert st.regret is None and "2 hinted vs 1 unhinted" in st.regret_note
+    one_arm = score([play(1, True, 1.0)], window_versions=4)
+    assert one_arm.regret is None and "1 hinted and 0 unhinted" in one_arm.regret_note
+    assert score([], window_versions=4).regret_note == ""
 
 
-def test_partial_returns_are_not_wins_and_window_bounds_hold() -> None:
-    plays = [play(1, False, 0.99, version=2), play(2, False, 1.0, version=3), play(3, False, 1.0, version=4)]
-    plays.append(play(4, False, 1.0, version=1))
-    st = score(plays, 2, ScoringConfig(window_versions=2))
-    assert (st.window_plays, st.win_rate) == (2, 0.5)  # versions 2 and 3 only; 0.99 is no win
-    assert st.regret is None
+def test_slots_not_generating_versions_decide() -> None:
+    # The learner published between design and play: slot 0 was played by versions 7 and 8.
+    plays = [play(1, False, 0.0, version=7), play(1, True, 1.0, version=8), play(2, False, 1.0, slot=1, version=9)]
+    st = score(plays, window_versions=2)
+    assert st.regret == pytest.approx(1.0)
+    assert (st.window_plays, st.win_rate) == (2, 0.5)
 
 
-def test_unscored_environment_is_not_learnable() -> None:
-    st = score([play(1, True, 1.0)], 0, ScoringConfig())
-    assert st.win_rate is None and not st.learnable
+def test_win_rate_is_the_mean_return_over_the_window_slots() -> None:
+    plays = [play(1, False, 0.5), play(2, False, 1.0, slot=1), play(3, False, 0.0, slot=2), play(4, True, 1.0)]
+    st = score(plays, window_versions=2)  # slots 0 and 1; the hinted play is no window play
+    assert (st.window_plays, st.win_rate, st.solved_fraction) == (2, 0.75, 0.5)
+    assert score(plays, window_versions=None).window_plays == 3  # no window known: every slot
+
+
+def test_a_resource_fault_counts_as_return_zero() -> None:
+    plays = [play(1, False, 1.0), play(2, False, 1.0, finish="fault_memory"), play(3, False, 1.0, finish="truncated")]
+    st = score(plays, window_versions=4)
+    assert st.win_rate == pytest.approx(2 / 3) and st.window_plays == 3
+    assert shape(plays).reward_levels == 1  # a fault emits no reward level
+    assert is_resource_fault("fault_cpu") and not is_resource_fault("turn_limit") and not is_resource_fault("")
+
+
+def test_learnable_is_the_signal_band() -> None:
+    def rate(r: float) -> bool:
+        return score([play(1, False, r)], window_versions=1).learnable
+
+    assert [rate(x) for x in (0.19, 0.2, 0.5, 0.8, 0.81)] == [False, True, True, True, False]
+    assert signal.LEARNABLE_BAND == (0.2, 0.8)
+    assert not score([play(1, True, 1.0)], window_versions=1).learnable  # unscored
+
+
+def test_shape_counts_reward_levels_and_turns() -> None:
+    plays = [play(1, False, 0.0), play(2, False, 0.5), play(3, False, 0.5), play(4, True, 1.0)]
+    sh = shape(plays)
+    assert sh.reward_levels == 3 and sh.turns_mean == 2.0
+    assert shape([]).turns_mean is None
 
 
 # -- policy -------------------------------------------------------------------------------------
 
 
 def test_positives_are_learnable_and_ranked_by_regret() -> None:
-    window = [env(1, 0.15, 0.2), env(2, 0.85, 0.9), env(3, 0.5, 0.5), env(4, 0.86, 1.0), env(5, 0.14, 1.0)]
+    window = [env(1, 0.2, 0.2), env(2, 0.8, 0.9), env(3, 0.5, 0.5), env(4, 0.81, 1.0), env(5, 0.19, 1.0)]
     ex = select_examples(window, n_positive=3, n_negative=0, seed=0, config=PolicyConfig())
     assert [e.env_id for e in ex.positives] == ["e2", "e3", "e1"]  # band edges included, outside excluded
-    assert ex.positives[0].reason == "learnable: win rate 0.85, regret 0.90"
+    assert ex.positives[0].reason == "learnable: win rate 0.80, regret 0.90"
+    assert all(signal.learnable(e.win_rate) for e in ex.positives)  # the learner's definition
 
 
 def test_positive_draw_comes_from_the_top_regret_pool_and_is_seeded() -> None:
@@ -111,7 +142,7 @@ def test_positive_draw_comes_from_the_top_regret_pool_and_is_seeded() -> None:
 
 
 def test_negatives_carry_code_and_reason_and_mix_both_failure_modes() -> None:
-    window = [env(1, 0.95), env(2, 0.97), env(3, 0.05), env(4, 0.9), env(5, 0.1), env(6, 0.5)]
+    window = [env(1, 0.95), env(2, 0.97), env(3, 0.05), env(4, 0.8), env(5, 0.2), env(6, 0.5)]
     ex = select_examples(window, 0, 2, seed=3, config=PolicyConfig(excerpt_chars=300))
     reasons = sorted(e.reason.split(":")[0] for e in ex.negatives)
     assert reasons == ["too easy", "too hard"]
@@ -120,7 +151,7 @@ def test_negatives_carry_code_and_reason_and_mix_both_failure_modes() -> None:
     assert hard.code.startswith("class Env3:") and "x0 = 0" in hard.code  # the code, not just a name
     assert len(hard.code) <= 300 and hard.code.endswith("# ... (truncated)")
     everything = select_examples(window, 0, 10, seed=3, config=PolicyConfig())
-    assert {e.env_id for e in everything.negatives} == {"e1", "e2", "e3"}  # 0.9 and 0.1 are not negatives
+    assert {e.env_id for e in everything.negatives} == {"e1", "e2", "e3"}  # 0.8 and 0.2 are learnable
 
 
 def test_only_the_most_recent_window_counts_and_unscored_are_ignored() -> None:
@@ -130,10 +161,8 @@ def test_only_the_most_recent_window_counts_and_unscored_are_ignored() -> None:
 
 
 def test_policy_config_and_counts_are_checked() -> None:
-    with pytest.raises(ValueError, match="positive_band"):
-        PolicyConfig(positive_band=(0.9, 0.1))
-    with pytest.raises(ValueError, match="too_hard"):
-        PolicyConfig(too_hard=0.95, too_easy=0.9)
+    with pytest.raises(ValueError, match="excerpt_chars"):
+        PolicyConfig(excerpt_chars=10)
     with pytest.raises(ValueError, match=">= 0"):
         select_examples([], -1, 0, 0, PolicyConfig())
 
