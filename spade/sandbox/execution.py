@@ -11,7 +11,8 @@ class ExecStatus(StrEnum):
     """How an execution ended.
 
     - ``ok``: exited 0. ``error``: exited non-zero (an uncaught exception is exit 1).
-    - ``timeout``: ran past its wall-clock limit or its CPU-time limit.
+    - ``timeout``: ran past its wall-clock limit.
+    - ``cpu_limit``: used up its CPU-time limit (SIGXCPU, or SIGKILL at the hard limit).
     - ``memory_limit``: ran out of its address-space limit (``MemoryError``).
     - ``output_limit``: wrote more stdout/stderr than the caps, or a file over the file-size limit.
     - ``killed``: ended by a signal for another reason (e.g. a segfault in native code).
@@ -20,6 +21,7 @@ class ExecStatus(StrEnum):
     OK = "ok"
     ERROR = "error"
     TIMEOUT = "timeout"
+    CPU_LIMIT = "cpu_limit"
     MEMORY_LIMIT = "memory_limit"
     OUTPUT_LIMIT = "output_limit"
     KILLED = "killed"

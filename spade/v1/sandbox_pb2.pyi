@@ -177,7 +177,7 @@ class ExecuteResult(_message.Message):
     STDERR_FIELD_NUMBER: _builtins.int
     DURATION_MS_FIELD_NUMBER: _builtins.int
     status: _builtins.str
-    """"ok", "error", "timeout", "memory_limit", "output_limit" or "killed"."""
+    """"ok", "error", "timeout" (wall clock), "cpu_limit", "memory_limit", "output_limit" or "killed"."""
     exit_code: _builtins.int
     stdout: _builtins.bytes
     stderr: _builtins.bytes

@@ -208,7 +208,7 @@ async def test_busy_loop_hits_the_cpu_limit_even_if_the_wall_clock_allows(pool: 
         "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass\n",
         limits=ExecLimits(timeout_s=20.0, cpu_s=1.0),
     )
-    assert result.status is ExecStatus.TIMEOUT
+    assert result.status is ExecStatus.CPU_LIMIT
     assert result.exit_code == -9  # SIGXCPU ignored, so the hard limit's SIGKILL ended it
     await assert_healthy(pool)
 

@@ -38,7 +38,8 @@ class ExecLimits:
     Attributes:
         timeout_s: wall-clock limit, enforced by the service.
         memory_mb: address-space rlimit of each process.
-        cpu_s: CPU-time rlimit of each process (defaults to the wall-clock limit, rounded up).
+        cpu_s: CPU-time rlimit of each process (default: one second over the wall-clock limit,
+            rounded up, so that a program given only a wall clock meets that first).
     """
 
     timeout_s: float | None = None
@@ -72,7 +73,7 @@ def classify_execution(seen: Observed) -> tuple[ExecStatus, int]:
     >>> classify_execution(Observed({"code": 0}, None, False, False, 10))
     (<ExecStatus.OK: 'ok'>, 0)
     >>> classify_execution(Observed({"signal": 24, "cpu_s": 10.0}, None, False, False, 10))[0].value
-    'timeout'
+    'cpu_limit'
     """
     report = seen.report or {}
     sig = report.get("signal")
@@ -88,7 +89,7 @@ def classify_execution(seen: Observed) -> tuple[ExecStatus, int]:
     if sig is not None:
         cpu = float(report.get("cpu_s", 0.0))
         if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= seen.cpu_limit_s - 0.5):
-            return ExecStatus.TIMEOUT, exit_code
+            return ExecStatus.CPU_LIMIT, exit_code
         if sig == signal.SIGXFSZ:
             return ExecStatus.OUTPUT_LIMIT, exit_code
         return ExecStatus.KILLED, exit_code

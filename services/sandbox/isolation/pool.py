@@ -339,7 +339,7 @@ class SandboxPool:
         s = self.settings
         wall = timeout_s or limits.timeout_s or s.wall_seconds
         memory = memory_mb or limits.memory_mb or s.memory_mb
-        cpu = limits.cpu_s or min(max(wall, 1.0), s.max_cpu_seconds)
+        cpu = limits.cpu_s or min(math.ceil(wall) + 1.0, s.max_cpu_seconds)
         for name, value, maximum in (
             ("timeout_s", wall, s.max_wall_seconds),
             ("memory_mb", memory, s.max_memory_mb),

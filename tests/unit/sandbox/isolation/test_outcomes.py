@@ -18,9 +18,9 @@ CPU = 10.0
         (Observed({"code": 3}, None, False, False, CPU), (ExecStatus.ERROR, 3)),
         (Observed({"code": 1, "memory": True}, None, False, False, CPU), (ExecStatus.MEMORY_LIMIT, 1)),
         (Observed({"code": 1, "file_limit": True}, None, False, False, CPU), (ExecStatus.OUTPUT_LIMIT, 1)),
-        (Observed({"signal": signal.SIGXCPU, "cpu_s": 10.0}, None, False, False, CPU), (ExecStatus.TIMEOUT, -24)),
+        (Observed({"signal": signal.SIGXCPU, "cpu_s": 10.0}, None, False, False, CPU), (ExecStatus.CPU_LIMIT, -24)),
         # The hard CPU limit (soft + 1 s) kills with SIGKILL once SIGXCPU was ignored.
-        (Observed({"signal": signal.SIGKILL, "cpu_s": 11.0}, None, False, False, CPU), (ExecStatus.TIMEOUT, -9)),
+        (Observed({"signal": signal.SIGKILL, "cpu_s": 11.0}, None, False, False, CPU), (ExecStatus.CPU_LIMIT, -9)),
         # A SIGKILL with CPU time to spare came from elsewhere (e.g. kill(getpid())).
         (Observed({"signal": signal.SIGKILL, "cpu_s": 0.1}, None, False, False, CPU), (ExecStatus.KILLED, -9)),
         (Observed({"signal": signal.SIGSEGV, "cpu_s": 0.1}, None, False, False, CPU), (ExecStatus.KILLED, -11)),
@@ -40,4 +40,12 @@ def test_classification(seen: Observed, expected: tuple[ExecStatus, int]) -> Non
 
 
 def test_statuses_are_the_wire_names() -> None:
-    assert [s.value for s in ExecStatus] == ["ok", "error", "timeout", "memory_limit", "output_limit", "killed"]
+    assert [s.value for s in ExecStatus] == [
+        "ok",
+        "error",
+        "timeout",
+        "cpu_limit",
+        "memory_limit",
+        "output_limit",
+        "killed",
+    ]
