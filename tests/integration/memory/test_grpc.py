@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import grpc
 import pytest
 from sqlalchemy import Engine
 
@@ -11,12 +12,14 @@ from services.memory.core.policy import PolicyConfig
 from services.memory.grpc_server import grpc_service
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, migrate
-from spade.auth import KeyRing, hash_key
+from spade.auth import KeyRing, Unauthenticated, hash_key
 from spade.memory.client import MemoryClient
-from spade.memory.errors import EnvironmentNotFound, InvalidArgument
-from spade.memory.records import EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
+from spade.memory.errors import EnvironmentNotFound, InvalidArgument, RunSpecConflict, RunSpecNotSet
+from spade.memory.records import DesignerAttempt, EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
+from spade.runspec import RunSpec
 from spade.serving.grpc import grpc_server
 from spade.serving.settings import ServerAddress
+from spade.v1 import memory_pb2 as pb
 from tests.integration.memory.conftest import env_code, new_env
 
 KEY = "memory-test-key"
@@ -113,3 +116,57 @@ async def test_sample_examples_follows_the_policy(client: MemoryClient) -> None:
     assert all(e.code.startswith("class ") and "def step" in e.code for e in ex.negatives + ex.positives)
     assert ex == await client.sample_examples("game", "Optimization", 2, 2, seed=7)
     assert (await client.sample_examples("tool", "Optimization", 2, 2)).positives == ()
+
+
+async def test_every_rpc_refuses_a_caller_without_a_valid_key(served: int) -> None:
+    """Reads and writes alike: no metadata, a wrong key and a malformed header are all UNAUTHENTICATED."""
+    methods = [m.name for m in pb.DESCRIPTOR.services_by_name["Memory"].methods]
+    assert {"PutEnvironment", "ListEnvironments", "RecordPlays", "SetWindow", "SetRunSpec"} <= set(methods)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{served}") as channel:
+        for name in methods:
+            call = channel.unary_unary(
+                f"/spade.v1.Memory/{name}", request_serializer=lambda b: b, response_deserializer=lambda b: b
+            )
+            for metadata in ((), (("authorization", "Bearer wrong"),), (("authorization", "Basic abc"),)):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call(b"", metadata=metadata, timeout=10)
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, (name, metadata)
+        health = channel.unary_unary(
+            "/grpc.health.v1.Health/Check", request_serializer=lambda b: b, response_deserializer=lambda b: b
+        )
+        assert await health(b"", timeout=10) is not None  # probes stay open
+    anonymous = MemoryClient(f"127.0.0.1:{served}", timeout_s=10)
+    with pytest.raises(Unauthenticated, match="SPADE_MEMORY_API_KEYS"):
+        await anonymous.list_environments()
+    await anonymous.close()
+
+
+async def test_windows_attempts_and_the_run_spec_over_grpc(client: MemoryClient) -> None:
+    env_id = (await client.put_environment(new_env("Windowed"))).env_id
+    env = await client.set_window(env_id, 3, 4)
+    assert (env.window_start, env.window_versions, env.code) == (3, 4, "")
+    assert (await client.set_window(env_id, 5, 8)).window_start == 3
+    assert (await client.get_environment(env_id)).window_start == 3
+    with pytest.raises(EnvironmentNotFound):
+        await client.set_window("ghost", 1, 1)
+
+    plays = [
+        Play(env_id, 1, True, 1.0, 2, 7, "h", "terminated", window_start=3, window_index=0, spec_id="s1"),
+        Play(env_id, 1, False, 0.5, 2, 8, "u", "terminated", window_start=3, window_index=0, spec_id="s1"),
+        Play(env_id, 2, False, 0.0, 2, 8, "u2", "terminated", window_start=3, window_index=1, spec_id="s1"),
+    ]
+    await client.record_plays(plays)
+    stats = (await client.get_environment(env_id)).stats
+    assert (stats.regret, stats.win_rate, stats.solved_fraction, stats.regret_note) == (0.5, 0.25, 0.0, "")
+
+    attempt = DesignerAttempt("d1", "game", "Optimization", "malformed", batch_id="r1", weight_version=2)
+    assert (await client.record_attempts([attempt, attempt])).recorded == 1
+
+    with pytest.raises(RunSpecNotSet):
+        await client.get_run_spec()
+    spec = RunSpec(group_size=8)
+    assert (await client.set_run_spec(spec)).spec_id == spec.spec_id
+    assert RunSpec.from_json((await client.get_run_spec()).spec_json) == spec
+    with pytest.raises(RunSpecConflict, match="group_size: stored 8, given 16"):
+        await client.set_run_spec(RunSpec())
+    assert (await client.set_run_spec(RunSpec(), replace=True)).spec_id == RunSpec().spec_id
