@@ -83,7 +83,7 @@ class LearnerSettings(ServiceSettings):
     beta2: float = Field(default=0.98, ge=0.0, lt=1.0, description="AdamW beta2.")
     grad_clip: float = Field(default=1.0, gt=0.0, le=1e6, description="Max global gradient norm.")
     micro_batch_tokens: int = Field(
-        default=8192, ge=16, le=10_000_000, description="Padded tokens per micro-batch (forward/backward pass)."
+        default=8192, ge=16, le=10_000_000, description="Tokens per micro-batch (packed: one forward/backward pass)."
     )
     temperature: float = Field(
         default=0.6,
