@@ -1,10 +1,12 @@
 """The read-only REST inspection API and the small web page, on FastAPI.
 
-Every ``/v1`` route and the page need a key (``Authorization: Bearer <key>``; the page also takes
-the ``spade_memory_token`` cookie set by ``/login``). ``/healthz``, ``/metrics`` and ``/docs`` are
-open. Errors, bearer authentication, ``/healthz`` and ``/metrics`` are the shared ones of
-``spade.serving.http``: every error answers ``{"error": {"code", "message"}}`` — bad filters and
-cursors 422 with a message naming the rule, unknown ids 404.
+Every ``/v1`` route and the page need a key (``Authorization: Bearer <key>``) or a web session:
+``POST /login`` checks a key and sets the ``spade_memory_session`` cookie to a random session id
+whose SHA-256 the database keeps (never the key itself; ``HttpOnly``, ``SameSite=Strict``, ``Secure``
+when served over HTTPS); ``POST /logout`` ends the session. ``/healthz``, ``/metrics`` and ``/docs``
+are open. Errors, ``/healthz`` and ``/metrics`` are the shared ones of ``spade.serving.http``: every
+error answers ``{"error": {"code", "message"}}`` — bad filters and cursors 422 with a message naming
+the rule, unknown ids 404, a missing key or session 401.
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ from pygments.lexers import PythonLexer
 
 from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings
-from spade.memory.records import EnvFilter, Environment, EnvStatus, Play, Setting
-from spade.serving.http import HttpMetrics, bearer_auth, install_error_handlers, ops_router
+from spade.auth import Unauthenticated
+from spade.memory.records import DesignerAttempt, EnvFilter, Environment, EnvStatus, MemoryStats, Play, Setting
+from spade.runspec import RunSpec
+from spade.serving.http import HttpMetrics, install_error_handlers, ops_router
 
-COOKIE = "spade_memory_token"
+COOKIE = "spade_memory_session"
+"""The web page's cookie: a random session id (the database keeps its SHA-256), never a key."""
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 
 
@@ -42,9 +47,11 @@ TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 
 class StatsOut(BaseModel):
     plays: int
-    window_plays: int
-    win_rate: float | None
-    regret: float | None
+    window_plays: int = Field(description="Unhinted plays of the env's window slots 0..k-1.")
+    win_rate: float | None = Field(description="Mean return of those plays (spade.signal.win_rate).")
+    solved_fraction: float | None = Field(description="Share of those plays that reached return 1 (display only).")
+    regret: float | None = Field(description="spade.signal.regret of slot 0's two arms; null until they match.")
+    regret_note: str = Field(description="Why no regret is stored (empty when one is).")
     learnable: bool
     reward_components: dict[str, float]
 
@@ -63,6 +70,8 @@ class EnvSummary(BaseModel):
     parent_ids: list[str]
     code_hash: str
     created_at: datetime
+    window_start: int | None = Field(description="The env's first window version (null until first played).")
+    window_versions: int = Field(description="k: the slots of its window (0 until first played).")
     stats: StatsOut
     code: str | None = Field(default=None, description="Present in listings only with include_code=true.")
 
@@ -87,6 +96,9 @@ class PlayOut(BaseModel):
     trajectory_id: str
     finish_reason: str
     played_at: datetime | None
+    window_start: int
+    window_index: int = Field(description="The window slot (0..k-1) the play belongs to.")
+    spec_id: str
 
 
 class PlayPage(BaseModel):
@@ -94,15 +106,22 @@ class PlayPage(BaseModel):
     next_cursor: str | None
 
 
-class MemoryStatsOut(BaseModel):
-    total: int
-    by_status: dict[str, int]
-    by_skill: dict[str, int]
-    scored: int
-    learnable_fraction: float | None
-    mean_regret: float | None
-    validity_rate: float | None
-    plays: int
+class AttemptOut(BaseModel):
+    sample_id: str
+    setting: str
+    skill: str
+    outcome: str = Field(description="valid, malformed, duplicate or the failing check's name.")
+    batch_id: str
+    weight_version: int
+    env_id: str
+    spec_id: str
+    created_at: datetime | None
+
+
+class RunSpecOut(BaseModel):
+    spec_id: str
+    set_at: datetime
+    spec: RunSpec
 
 
 def _stats_out(e: Environment) -> StatsOut:
@@ -111,7 +130,9 @@ def _stats_out(e: Environment) -> StatsOut:
         plays=s.plays,
         window_plays=s.window_plays,
         win_rate=s.win_rate,
+        solved_fraction=s.solved_fraction,
         regret=s.regret,
+        regret_note=s.regret_note,
         learnable=s.learnable,
         reward_components=s.reward_components,
     )
@@ -132,6 +153,8 @@ def summary(e: Environment, include_code: bool = False) -> EnvSummary:
         parent_ids=list(e.parent_ids),
         code_hash=e.code_hash,
         created_at=e.created_at,
+        window_start=e.window_start,
+        window_versions=e.window_versions,
         stats=_stats_out(e),
         code=e.code if include_code else None,
     )
@@ -143,6 +166,10 @@ def detail(e: Environment) -> EnvDetail:
 
 def play_out(p: Play) -> PlayOut:
     return PlayOut(**{k: getattr(p, k) for k in PlayOut.model_fields})
+
+
+def attempt_out(a: DesignerAttempt) -> AttemptOut:
+    return AttemptOut(**{k: getattr(a, k) for k in AttemptOut.model_fields})
 
 
 # -- filters ---------------------------------------------------------------------------------------
@@ -200,6 +227,12 @@ class _MemoryCollector(Collector):
             "Learnable fraction of scored environments",
             value=st.learnable_fraction or 0.0,
         )
+        outcomes = GaugeMetricFamily(
+            "spade_memory_designer_attempts", "Designer attempts by outcome", labels=["outcome"]
+        )
+        for outcome, n in sorted(st.attempts.by_outcome.items()):
+            outcomes.add_metric([outcome], n)
+        yield outcomes
 
 
 # -- the app ---------------------------------------------------------------------------------------
@@ -216,7 +249,23 @@ def create_app(service: MemoryService, settings: MemorySettings) -> FastAPI:
     registry.register(_MemoryCollector(service))
     app.state.registry = registry  # the gRPC server's call metrics go to the same /metrics
     keyring = settings.keyring()
-    auth = [Depends(bearer_auth(keyring, cookie=COOKIE))]
+    store = service.store
+
+    async def session_tenant(request: Request) -> str | None:
+        session_id = request.cookies.get(COOKIE, "")
+        return await asyncio.to_thread(store.session_tenant, session_id) if session_id else None
+
+    async def caller(request: Request) -> str:
+        """A key in ``Authorization: Bearer``, else a live web session; 401 otherwise."""
+        header = request.headers.get("authorization")
+        if header or keyring.open:
+            return str(keyring.authenticate(header))
+        tenant = await session_tenant(request)
+        if tenant is None:
+            raise Unauthenticated("missing API key: send the header 'Authorization: Bearer <key>' or log in at /login")
+        return tenant
+
+    auth = [Depends(caller)]
     install_error_handlers(app, service="memory")
 
     async def health() -> tuple[bool, dict[str, Any]]:
@@ -260,11 +309,27 @@ def create_app(service: MemoryService, settings: MemorySettings) -> FastAPI:
         plays, nxt = await service.plays(env_id, limit, cursor)
         return PlayPage(items=[play_out(p) for p in plays], next_cursor=nxt)
 
-    @app.get("/v1/stats", response_model=MemoryStatsOut, dependencies=auth, tags=["stats"])
-    async def stats() -> MemoryStatsOut:
-        """Counts by status and skill, learnable fraction, mean regret and validity rate."""
-        st = await service.stats()
-        return MemoryStatsOut(**st.__dict__)
+    @app.get("/v1/stats", response_model=MemoryStats, dependencies=auth, tags=["stats"])
+    async def stats() -> MemoryStats:
+        """Counts, the signal's aggregates, every designer attempt by outcome and round, and the pool's
+        process metrics (learnable fraction, Vendi score / n, distinct envs and documents, reward levels,
+        turns, program length, hidden state, formula leakage). Cached until the memory changes."""
+        return await service.stats()
+
+    @app.get("/v1/attempts", response_model=list[AttemptOut], dependencies=auth, tags=["stats"])
+    async def attempts(
+        batch_id: Annotated[str | None, Query(max_length=200, description="Only this round's attempts")] = None,
+        limit: Limit = 200,
+    ) -> list[AttemptOut]:
+        """Designer attempts, newest first, whatever their outcome (malformed answers included)."""
+        found = await asyncio.to_thread(store.attempts, batch_id, limit)
+        return [attempt_out(a) for a in found]
+
+    @app.get("/v1/runspec", response_model=RunSpecOut, dependencies=auth, tags=["runspec"])
+    async def runspec() -> RunSpecOut:
+        """The run spec every service of the run agreed on (404 before `spade runspec set FILE`)."""
+        record = await service.get_run_spec()
+        return RunSpecOut(spec_id=record.spec_id, set_at=record.set_at, spec=RunSpec.from_json(record.spec_json))
 
     @app.get(
         "/v1/export",
@@ -286,27 +351,50 @@ def create_app(service: MemoryService, settings: MemorySettings) -> FastAPI:
 
     @app.get("/login", response_class=HTMLResponse, include_in_schema=False)
     async def login_form(request: Request) -> HTMLResponse:
-        return TEMPLATES.TemplateResponse(request, "login.html", {"error": None})
+        return TEMPLATES.TemplateResponse(request, "login.html", {"error": None, "login_page": True})
 
     @app.post("/login", include_in_schema=False, response_model=None)
     async def login(request: Request) -> Response:
         # A one-field urlencoded form; parsed here to avoid a multipart dependency for it.
         form = parse_qs((await request.body()).decode(errors="replace"))
         token = (form.get("token") or [""])[0]
-        if keyring.verify(token) is None:
-            return TEMPLATES.TemplateResponse(request, "login.html", {"error": "invalid token"}, status_code=401)
+        tenant = keyring.verify(token)
+        if tenant is None:
+            return TEMPLATES.TemplateResponse(
+                request, "login.html", {"error": "invalid token", "login_page": True}, status_code=401
+            )
+        session_id = await asyncio.to_thread(store.create_session, str(tenant), settings.session_ttl_s)
         response = RedirectResponse("/", status_code=303)
-        response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+        response.set_cookie(
+            COOKIE,
+            session_id,
+            max_age=int(settings.session_ttl_s),
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
         return response
 
-    def page_auth(request: Request) -> bool:
-        creds = request.headers.get("authorization", "")
-        token = creds[7:] if creds.lower().startswith("bearer ") else request.cookies.get(COOKIE, "")
-        return keyring.verify(token) is not None
+    @app.post("/logout", include_in_schema=False, response_model=None)
+    async def logout(request: Request) -> Response:
+        session_id = request.cookies.get(COOKIE, "")
+        if session_id:
+            await asyncio.to_thread(store.end_session, session_id)
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE, httponly=True, samesite="strict", secure=request.url.scheme == "https")
+        return response
+
+    async def page_auth(request: Request) -> bool:
+        header = request.headers.get("authorization", "")
+        if keyring.open:
+            return True
+        if header.lower().startswith("bearer "):
+            return keyring.verify(header[7:].strip()) is not None
+        return await session_tenant(request) is not None
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False, response_model=None)
     async def index(request: Request, cursor: Cursor = None) -> Response:
-        if not page_auth(request):
+        if not await page_auth(request):
             return RedirectResponse("/login", status_code=303)
         # An HTML form sends empty fields: they mean "no filter" here, unlike in the API.
         params = {k: v for k, v in request.query_params.items() if k in FilterParams.model_fields and v}
@@ -326,7 +414,7 @@ def create_app(service: MemoryService, settings: MemorySettings) -> FastAPI:
 
     @app.get("/envs/{env_id}", response_class=HTMLResponse, include_in_schema=False, response_model=None)
     async def env_page(request: Request, env_id: str) -> Response:
-        if not page_auth(request):
+        if not await page_auth(request):
             return RedirectResponse("/login", status_code=303)
         env = await service.get_environment(env_id)
         plays, _ = await service.plays(env_id, 200)

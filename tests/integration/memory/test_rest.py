@@ -10,12 +10,13 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import Engine
 
-from services.memory.rest import create_app
+from services.memory.rest import COOKIE, create_app
 from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings
 from services.memory.store.sql import SqlStore, migrate
 from spade.auth import hash_key
-from spade.memory.records import EnvStatus, NewEnvironment, Play
+from spade.memory.records import DesignerAttempt, EnvStatus, NewEnvironment, Play
+from spade.runspec import RunSpec
 from tests.integration.memory.conftest import new_env
 
 TOKEN = "s3cret-token"
@@ -100,6 +101,9 @@ async def test_listing_filters_and_details(http: httpx.AsyncClient, service: Mem
 
     stats = (await http.get("/v1/stats", headers=AUTH)).json()
     assert stats["total"] == 3 and stats["by_status"] == {"valid": 2, "invalid": 1} and stats["mean_regret"] == 1.0
+    assert stats["pool"]["envs"] == 2 and stats["pool"]["program_lines_mean"] > 5
+    assert stats["attempts"] == {"attempts": 0, "valid": 0, "validity_rate": None, "by_outcome": {}, "by_round": {}}
+    assert env["window_start"] is None and env["stats"]["regret_note"] == ""
 
 
 @pytest.mark.parametrize(
@@ -143,13 +147,18 @@ async def test_export_streams_jsonl(http: httpx.AsyncClient, service: MemoryServ
     assert [json.loads(x)["id"] for x in only_tool] == [ids["beta"]]
 
 
+async def login(http: httpx.AsyncClient) -> str:
+    """Log in through the form; returns the session cookie's value (the client keeps the cookie)."""
+    response = await http.post("/login", data={"token": TOKEN})
+    assert response.status_code == 303
+    return response.cookies[COOKIE]
+
+
 async def test_web_page_lists_and_shows_an_environment(http: httpx.AsyncClient, service: MemoryService) -> None:
     ids = await seed(service)
     assert (await http.get("/")).headers["location"] == "/login"
     assert (await http.post("/login", data={"token": "wrong"})).status_code == 401
-    login = await http.post("/login", data={"token": TOKEN})
-    assert login.status_code == 303
-    http.cookies.set("spade_memory_token", TOKEN)
+    await login(http)
     index = await http.get("/", params={"skill": "Optimization", "min_regret": ""})
     assert index.status_code == 200 and "AlphaEnv" in index.text and "BadEnv" not in index.text
     bad = await http.get("/", params={"max_win_rate": "7"})
@@ -183,7 +192,61 @@ async def test_page_escapes_designer_output(http: httpx.AsyncClient, service: Me
             )
         )
     ).env_id
-    http.cookies.set("spade_memory_token", TOKEN)
+    await login(http)
     for path in ("/", f"/envs/{env_id}"):
         body = (await http.get(path)).text
         assert evil not in body and "&lt;script&gt;" in body
+
+
+async def test_the_login_cookie_holds_a_session_not_the_key(http: httpx.AsyncClient, service: MemoryService) -> None:
+    response = await http.post("/login", data={"token": TOKEN})
+    header = response.headers["set-cookie"]
+    session = response.cookies[COOKIE]
+    assert TOKEN not in header and hash_key(TOKEN) not in header and session != TOKEN
+    assert "HttpOnly" in header and "SameSite=strict" in header.replace("Strict", "strict")
+    assert "Secure" not in header  # plain HTTP here; over HTTPS the cookie is Secure (next test)
+    assert (await http.get("/v1/stats")).status_code == 200  # the session opens the API too
+    assert (await http.get("/")).status_code == 200
+
+    stolen = httpx.AsyncClient(transport=http._transport, base_url="http://memory")
+    stolen.cookies.set(COOKIE, TOKEN)  # a cookie carrying the raw key is no session
+    assert (await stolen.get("/v1/stats")).status_code == 401
+    stolen.cookies.set(COOKIE, session)
+    assert (await stolen.get("/v1/stats")).status_code == 200
+
+    out = await http.post("/logout")
+    assert out.status_code == 303 and out.headers["location"] == "/login"
+    assert (await stolen.get("/v1/stats")).status_code == 401, "logout did not end the session server-side"
+    assert (await stolen.get("/")).headers["location"] == "/login"
+    await stolen.aclose()
+
+
+async def test_the_cookie_is_secure_over_https(service: MemoryService) -> None:
+    settings = MemorySettings(api_keys=[{"tenant": "ops", "key_sha256": hash_key(TOKEN)}])
+    transport = httpx.ASGITransport(app=create_app(service, settings))
+    async with httpx.AsyncClient(transport=transport, base_url="https://memory") as https:
+        header = (await https.post("/login", data={"token": TOKEN})).headers["set-cookie"]
+    assert "Secure" in header and "HttpOnly" in header
+
+
+async def test_runspec_and_attempts_routes(http: httpx.AsyncClient, service: MemoryService) -> None:
+    missing = await http.get("/v1/runspec", headers=AUTH)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "runspec_not_set"
+    spec = RunSpec(group_size=8)
+    await service.set_run_spec(spec)
+    got = (await http.get("/v1/runspec", headers=AUTH)).json()
+    assert got["spec_id"] == spec.spec_id and RunSpec.model_validate(got["spec"]) == spec
+    await service.record_attempts(
+        [DesignerAttempt(f"a{i}", "game", "Logic", "malformed", batch_id=f"r{i % 2}") for i in range(5)]
+    )
+    rows = (await http.get("/v1/attempts", params={"batch_id": "r0"}, headers=AUTH)).json()
+    assert [r["sample_id"] for r in rows] == ["a4", "a2", "a0"] and rows[0]["outcome"] == "malformed"
+    stats = (await http.get("/v1/stats", headers=AUTH)).json()
+    assert stats["validity_rate"] == 0.0 and stats["attempts"]["by_round"] == {
+        "r0": {"malformed": 3},
+        "r1": {"malformed": 2},
+    }
+    assert stats["spec_id"] == spec.spec_id
+    await login(http)
+    page = (await http.get("/")).text
+    assert "Designer validity: 0/5 attempts valid (0%)" in page and "5 malformed" in page
