@@ -47,6 +47,7 @@ class LazyGroup(click.Group):
         "serve": ("spade.cli:serve", "Start one service (distributed mode)."),
         "sandbox": ("services.sandbox.cli:sandbox", "Run or validate code in the sandbox."),
         "envs": ("services.memory.cli:envs", "Inspect the environment memory."),
+        "runspec": ("services.memory.cli:runspec", "Store or show the run spec every service reads."),
         "designer": ("services.designer.cli:designer", "Designer tools: build-corpus, show-prompt."),
         "run": ("services.embedded.cli:run", "Run the whole self-play loop in one process."),
         "migrate": ("services.memory.migrate:migrate_command", "Create or upgrade the database schema, once."),

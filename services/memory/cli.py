@@ -1,7 +1,9 @@
-"""Command line of the memory: ``spade serve memory`` and ``spade envs list|show|export|hash-token``.
+"""Command line of the memory: ``spade serve memory``, ``spade envs ...`` and ``spade runspec set|show``.
 
-``spade envs`` reads the database directly (``--database-url`` or ``SPADE_MEMORY_DATABASE_URL``), so it
-works in embedded mode without a running service and never changes the data.
+``spade envs list|show|export`` read the database directly (``--database-url`` or
+``SPADE_MEMORY_DATABASE_URL``), so they work in embedded mode without a running service and never
+change the data. ``spade runspec`` and ``spade envs seed`` talk to a running memory over gRPC
+(``--memory`` host:port, ``--memory-key`` or ``SPADE_MEMORY_API_KEY``).
 """
 
 from __future__ import annotations
@@ -34,11 +36,15 @@ def serve(config_file: Path | None, dev_mode: bool | None) -> None:
     from spade.serving.run import run_until_signalled, settings_or_exit
 
     settings = settings_or_exit(MemorySettings, config_file, dev_mode=dev_mode)
+    from spade.config import ConfigError
     from spade.dependencies import postgres, wait_for
 
     wait_for([postgres(settings.database_url)])  # started with the database, not after it
     try:
         run_until_signalled(lambda stop: serve_forever(settings, stop))
+    except (MemoryServiceError, ConfigError) as exc:  # a run spec the memory cannot take: one line
+        click.echo(f"spade serve memory: {exc}", err=True)
+        sys.exit(2)
     except OSError as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -229,6 +235,12 @@ def hash_token_cmd(token: str | None, generate: bool) -> None:
 @click.option("--setting", type=click.Choice(["game", "tool"]), default="game", show_default=True)
 @click.option("--memory", "memory_target", default="127.0.0.1:50052", show_default=True, help="Memory gRPC host:port.")
 @click.option(
+    "--memory-key",
+    envvar="SPADE_MEMORY_API_KEY",
+    default=None,
+    help="Bearer key for --memory [env SPADE_MEMORY_API_KEY].",
+)
+@click.option(
     "--queue",
     "queue_json",
     default='{"kind": "redis", "url": "redis://127.0.0.1:6379/0"}',
@@ -244,6 +256,7 @@ def hash_token_cmd(token: str | None, generate: bool) -> None:
 def seed(
     setting: str,
     memory_target: str,
+    memory_key: str | None,
     queue_json: str,
     window: int,
     sandbox_target: str | None,
@@ -261,11 +274,14 @@ def seed(
     except ValidationError as exc:
         raise click.UsageError(f"--queue is not a valid queue configuration: {exc}") from None
     from services.memory.seed_pool import SeedPoolError
+    from spade.auth import Unauthenticated
     from spade.sandbox import SandboxFault, SandboxRefused
 
     try:
-        ids = asyncio.run(_seed(setting, memory_target, queue_config, window, sandbox_target, sandbox_key, names))
-    except (SeedPoolError, SandboxFault, SandboxRefused) as exc:
+        ids = asyncio.run(
+            _seed(setting, memory_target, memory_key, queue_config, window, sandbox_target, sandbox_key, names)
+        )
+    except (SeedPoolError, SandboxFault, SandboxRefused, MemoryServiceError, Unauthenticated) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"seed pool: {len(ids)} {setting} environments stored and announced")
     for env_id in ids:
@@ -275,6 +291,7 @@ def seed(
 async def _seed(
     setting: str,
     memory_target: str,
+    memory_key: str | None,
     queue_config: Any,
     window: int,
     sandbox_target: str | None,
@@ -286,7 +303,7 @@ async def _seed(
     from spade.queues.config import make_queue
     from spade.sandbox.client import SandboxClient
 
-    memory = MemoryClient(memory_target)
+    memory = MemoryClient(memory_target, api_key=memory_key)
     queue = make_queue(queue_config)
     sandbox = SandboxClient(sandbox_target, key) if sandbox_target else None
     try:
@@ -297,3 +314,81 @@ async def _seed(
         await queue.close()
         if sandbox is not None:
             await sandbox.close()
+
+
+# -- spade runspec ----------------------------------------------------------------------------------
+
+memory_target_option = click.option(
+    "--memory",
+    "memory_target",
+    envvar="SPADE_MEMORY_TARGET",
+    default="127.0.0.1:50052",
+    show_default=True,
+    help="The memory's gRPC host:port [env SPADE_MEMORY_TARGET].",
+)
+memory_key_option = click.option(
+    "--memory-key",
+    envvar="SPADE_MEMORY_API_KEY",
+    default=None,
+    help="Bearer key for the memory [env SPADE_MEMORY_API_KEY].",
+)
+
+
+@click.group()
+def runspec() -> None:
+    """Store or show the run spec: the settings every service of a run must agree on.
+
+    Every service reads it from the memory at start and refuses to start when its own configuration
+    contradicts it, naming the field (spade/runspec.py lists the fields).
+    """
+
+
+async def _with_client(target: str, key: str | None, call: Any) -> Any:
+    from spade.memory.client import MemoryClient
+
+    client = MemoryClient(target, timeout_s=30.0, api_key=key)
+    try:
+        return await call(client)
+    finally:
+        await client.close()
+
+
+def _run_memory_call(target: str, key: str | None, call: Any) -> Any:
+    from spade.auth import Unauthenticated
+
+    try:
+        return asyncio.run(_with_client(target, key, call))
+    except (MemoryServiceError, Unauthenticated) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@runspec.command("set")
+@click.argument("spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--replace", is_flag=True, help="Replace a different stored spec (then restart every service).")
+@memory_target_option
+@memory_key_option
+def runspec_set(spec_file: Path, replace: bool, memory_target: str, memory_key: str | None) -> None:
+    """Store SPEC_FILE (YAML or JSON of RunSpec fields; missing fields take the paper's defaults).
+
+    Storing the same spec again changes nothing; a different one is refused (each differing field
+    named) unless --replace.
+    """
+    from spade.config import ConfigError
+    from spade.memory.runspec import load_spec_file
+
+    try:
+        spec = load_spec_file(spec_file)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    record = _run_memory_call(memory_target, memory_key, lambda c: c.set_run_spec(spec, replace=replace))
+    click.echo(f"run spec {record.spec_id} stored in the memory at {memory_target}")
+
+
+@runspec.command("show")
+@memory_target_option
+@memory_key_option
+def runspec_show(memory_target: str, memory_key: str | None) -> None:
+    """Print the stored run spec (JSON) after a line with its id."""
+    record = _run_memory_call(memory_target, memory_key, lambda c: c.get_run_spec())
+    click.echo(f"# run spec {record.spec_id}, stored {record.set_at.isoformat()}")
+    click.echo(record.spec_json)

@@ -14,11 +14,12 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from services.memory.cli import envs
+from services.memory.cli import envs, runspec
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from spade.auth import Unauthenticated, hash_key
 from spade.memory.client import MemoryClient
 from spade.memory.records import EnvStatus, Play
+from spade.runspec import RunSpec
 from tests.integration.memory.conftest import new_env
 
 
@@ -132,3 +133,91 @@ async def test_serve_runs_grpc_and_rest(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _memory_env(tmp_path: Path, rest_port: int, grpc_port: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPADE_MEMORY_")}
+    env.update(
+        SPADE_MEMORY_DATABASE_URL=f"sqlite:///{tmp_path / 'served.db'}",
+        SPADE_MEMORY_API_KEYS=json.dumps([{"tenant": "ops", "key_sha256": hash_key("tok")}]),
+        SPADE_MEMORY_HTTP__PORT=str(rest_port),
+        SPADE_MEMORY_GRPC__PORT=str(grpc_port),
+        SPADE_MEMORY_VENDI="false",
+        **extra,
+    )
+    return env
+
+
+def test_runspec_set_and_show_against_a_served_memory(tmp_path: Path) -> None:
+    rest_port, grpc_port = _free_port(), _free_port()
+    given = tmp_path / "spec.yaml"
+    given.write_text("group_size: 8\nwindow_versions_game: 2\n")
+    env = _memory_env(tmp_path, rest_port, grpc_port, SPADE_MEMORY_RUN_SPEC_FILE=str(given))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spade.cli", "serve", "memory"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                if httpx.get(f"http://127.0.0.1:{rest_port}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the memory service did not come up"
+            time.sleep(0.2)
+        runner = CliRunner()
+        target = ["--memory", f"127.0.0.1:{grpc_port}"]
+        stored = RunSpec(group_size=8, window_versions_game=2)  # the service stored its spec file at start
+        shown = runner.invoke(runspec, ["show", *target, "--memory-key", "tok"])
+        assert shown.exit_code == 0, shown.output
+        assert f"# run spec {stored.spec_id}" in shown.output
+        assert RunSpec.from_json(shown.output.split("\n", 1)[1]) == stored
+
+        anonymous = runner.invoke(runspec, ["show", *target])
+        assert anonymous.exit_code == 1 and "missing API key" in anonymous.output
+
+        other = tmp_path / "other.json"
+        other.write_text(json.dumps({"group_size": 4, "window_versions_game": 2}))
+        refused = runner.invoke(runspec, ["set", str(other), *target, "--memory-key", "tok"])
+        assert refused.exit_code == 1 and "group_size: stored 8, given 4" in refused.output
+        assert "Traceback" not in refused.output
+        replaced = runner.invoke(runspec, ["set", str(other), "--replace", *target, "--memory-key", "tok"])
+        assert replaced.exit_code == 0 and RunSpec(group_size=4, window_versions_game=2).spec_id in replaced.output
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("group_size: 1\nfavourite_colour: blue\n")
+        invalid = runner.invoke(runspec, ["set", str(bad), *target, "--memory-key", "tok"])
+        assert invalid.exit_code == 2 and "group_size" in invalid.output and "favourite_colour" in invalid.output
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_serve_refuses_a_spec_its_own_settings_contradict(tmp_path: Path) -> None:
+    given = tmp_path / "spec.yaml"
+    given.write_text("{}\n")  # the paper's defaults: k = 4 for game envs
+    env = _memory_env(
+        tmp_path,
+        _free_port(),
+        _free_port(),
+        SPADE_MEMORY_RUN_SPEC_FILE=str(given),
+        SPADE_MEMORY_WINDOW_VERSIONS_GAME="2",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "spade.cli", "serve", "memory"],
+        check=False,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "window_versions_game: this service is configured with 2 but the run spec has 4" in proc.stderr
+    assert "Traceback" not in proc.stderr
