@@ -106,19 +106,26 @@ class Stack:
                 name = self.container(service)
             except AssertionError:
                 continue
-            out = subprocess.run(["podman", "logs", "--tail", "25", name], capture_output=True, text=True, check=False)
+            out = subprocess.run(
+                ["podman", "logs", "--tail", "25", name], env=self.env, capture_output=True, text=True, check=False
+            )
             tails.append(f"--- {service}\n{out.stdout[-2500:]}{out.stderr[-2500:]}")
         return "\n".join(tails)
 
     def log(self, service: str) -> str:
-        out = subprocess.run(["podman", "logs", self.container(service)], capture_output=True, text=True, check=False)
+        out = subprocess.run(
+            ["podman", "logs", self.container(service)], env=self.env, capture_output=True, text=True, check=False
+        )
         return out.stdout + out.stderr
 
     def assert_running(self) -> None:
         """Every long-running service is still up (a crash fails the test at once, with its log)."""
+        names = subprocess.run(
+            ["podman", "ps", "-a", "-q", "--filter", f"label=io.podman.compose.project={self.project}"],
+            env=self.env, capture_output=True, text=True, timeout=60, check=True,
+        ).stdout.split()  # fmt: skip
         out = subprocess.run(
-            ["podman", "ps", "-a", "--filter", f"label=io.podman.compose.project={self.project}",
-             "--format", "{{.Names}} {{.State}} {{.ExitCode}}"],
+            ["podman", "inspect", "--format", "{{.Name}} {{.State.Status}} {{.State.ExitCode}}", *names],
             env=self.env, capture_output=True, text=True, timeout=60, check=True,
         )  # fmt: skip
         for line in out.stdout.splitlines():
