@@ -9,12 +9,14 @@ methods) into ``EnvironmentMemory``. The queues are behind ``outbox.QueueOutbox`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from services.designer.core.ports import (
+    AttemptSummary,
     Check,
     EnvironmentRecord,
     MemoryExample,
@@ -88,6 +90,7 @@ class InferencePolicy:
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             sampling_seed=sampling.seed,
+            regex=sampling.regex,
         )
         generation = await self._client.generate(input_ids, params)
         return PolicyGeneration(
@@ -113,21 +116,31 @@ class _Pool(Protocol):
     async def validate(self, code: str, setting: str, config: CheckConfig) -> ValidationReport: ...
 
 
+def checks_within(checks: CheckConfig, agent_max_turns: int) -> CheckConfig:
+    """``checks`` with the agent's turn budget as the cap (what the sandbox service does per request)."""
+    return dataclasses.replace(
+        checks,
+        max_turns_cap=agent_max_turns,
+        default_max_turns=min(checks.default_max_turns, agent_max_turns),
+    )
+
+
 class PoolValidator:
     """``Validator`` over the sandbox's isolated worker pool (embedded mode).
 
     Args:
         pool: ``services.sandbox.isolation.SandboxPool`` (started).
-        checks: The limits and thresholds the checks run with.
+        checks: The limits and thresholds the checks run with (the turn cap is the agent's budget
+            each call names).
     """
 
     def __init__(self, pool: _Pool, checks: CheckConfig) -> None:
         self._pool = pool
         self._checks = checks
 
-    async def validate(self, code: str, setting: str) -> ValidationResult:
-        """Run the validation pipeline in an isolated worker."""
-        return validation_result(await self._pool.validate(code, setting, self._checks))
+    async def validate(self, code: str, setting: str, *, agent_max_turns: int) -> ValidationResult:
+        """Run the validation pipeline in an isolated worker, within the agent's turn budget."""
+        return validation_result(await self._pool.validate(code, setting, checks_within(self._checks, agent_max_turns)))
 
 
 class SandboxServiceValidator:
@@ -141,13 +154,15 @@ class SandboxServiceValidator:
     def __init__(self, client: SandboxClient) -> None:
         self._client = client
 
-    async def validate(self, code: str, setting: str) -> ValidationResult:
-        """Validate through the sandbox service's ``Validate`` call."""
-        return validation_result(await self._client.validate(code, setting))
+    async def validate(self, code: str, setting: str, *, agent_max_turns: int) -> ValidationResult:
+        """Validate through the sandbox service's ``Validate`` call, within the agent's turn budget."""
+        return validation_result(await self._client.validate(code, setting, agent_max_turns=agent_max_turns))
 
 
 class _Memory(Protocol):
     async def put_environment(self, env: Any) -> Any: ...
+
+    async def record_attempts(self, attempts: Sequence[Any]) -> Any: ...
 
     async def sample_examples(
         self, setting: str, skill: str, n_positive: int, n_negative: int, seed: int | None = None
@@ -203,3 +218,23 @@ class MemoryServiceEnvironments:
         )
         result = await self._memory.put_environment(env)
         return StoreResult(env_id=result.env_id, duplicate=bool(result.duplicate))
+
+    async def record_attempts(self, attempts: Sequence[AttemptSummary]) -> None:
+        """Record finished attempts (``RecordAttempts``), so validity figures count malformed answers."""
+        from spade.memory.records import DesignerAttempt
+
+        await self._memory.record_attempts(
+            [
+                DesignerAttempt(
+                    sample_id=a.sample_id,
+                    setting=a.setting,
+                    skill=a.skill,
+                    outcome=a.outcome,
+                    batch_id=a.batch_id,
+                    weight_version=a.weight_version,
+                    env_id=a.env_id,
+                    spec_id=a.spec_id,
+                )
+                for a in attempts
+            ]
+        )

@@ -27,34 +27,86 @@ def _offline_settings(**overrides: object) -> object:
 @config_option
 @click.option("--setting", type=click.Choice(["game", "tool"]), default=None, help="Which kind of env to design.")
 @click.option("--corpus", "corpus_path", type=click.Path(path_type=Path, exists=True), default=None)
+@click.option(
+    "--pool",
+    "pool_dir",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    default=None,
+    help="Design from this directory of designer answers (the pool designer: scored, never trained).",
+)
+@click.option(
+    "--spec",
+    "spec_file",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    help="Run spec file: stored in the memory when none is (else it must equal the stored one).",
+)
 @click.option("--dev", "dev_mode", is_flag=True, default=None, help="Allow unsafe defaults (local development).")
-def serve(config_file: Path | None, setting: str | None, corpus_path: Path | None, dev_mode: bool | None) -> None:
-    """The environment designer (distributed mode): designs a batch per k published weight versions."""
-    from services.designer.settings import DesignerSettings
+def serve(
+    config_file: Path | None,
+    setting: str | None,
+    corpus_path: Path | None,
+    pool_dir: Path | None,
+    spec_file: Path | None,
+    dev_mode: bool | None,
+) -> None:
+    """The environment designer (distributed mode): designs a round per k published weight versions."""
+    from services.designer.settings import DesignerSettings, SpecMismatch
+    from services.designer.startup import StopRequested
     from services.designer.wiring import designer_service
     from services.designer.worker import serve_forever
+    from spade.config import ConfigError
+    from spade.inference.client import InferenceUnavailable
+    from spade.memory.errors import MemoryServiceError
     from spade.serving.run import run_until_signalled, settings_or_exit
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = settings_or_exit(
-        DesignerSettings, config_file, setting=setting, corpus_path=corpus_path, dev_mode=dev_mode
+        DesignerSettings,
+        config_file,
+        setting=setting,
+        corpus_path=corpus_path,
+        pool_dir=pool_dir,
+        spec_file=spec_file,
+        dev_mode=dev_mode,
     )
     from spade.dependencies import endpoint, inference, queue, wait_for
 
+    needs_inference = settings.pool_dir is None or (settings.setting == "tool" and settings.criteria_reachable.enabled)
     wait_for(
         [
             queue(settings.queue),
             endpoint(settings.sandbox),
             endpoint(settings.memory),
-            *inference(settings.inference_urls),
+            *(inference(settings.inference_urls) if needs_inference else []),
         ]
     )
 
     async def main(stop: asyncio.Event) -> None:
-        async with designer_service(settings) as runtime:
-            await serve_forever(runtime.designer, runtime.queue, regenerate_every=settings.regenerate_every, stop=stop)
+        async with designer_service(settings, stop=stop) as runtime:
+            await serve_forever(
+                runtime.designer,
+                runtime.queue,
+                regenerate_every=settings.regenerate_every,
+                stop=stop,
+                initial_version=runtime.initial_version,
+            )
 
-    run_until_signalled(main)
+    try:
+        run_until_signalled(main)
+    except StopRequested as stopped:
+        click.echo(f"designer: {stopped}", err=True)
+    except SpecMismatch as mismatch:
+        click.echo("the designer's settings contradict the run spec:", err=True)
+        for problem in mismatch.problems:
+            click.echo(f"  {problem}", err=True)
+        raise SystemExit(2) from None
+    except (ConfigError, MemoryServiceError, InferenceUnavailable) as error:
+        # A spec file that is invalid or differs from the stored spec (RunSpecConflict) is
+        # configuration (status 2); an unreachable memory or inference server is not (status 1).
+        click.echo(f"designer: {error}", err=True)
+        configuration = isinstance(error, ConfigError) or getattr(error, "code", "") == "runspec_conflict"
+        raise SystemExit(2 if configuration else 1) from None
 
 
 @click.group()
@@ -80,19 +132,31 @@ def build_corpus_command(setting: str, cache_dir: Path | None) -> None:
 @click.option("--skill", default=None, help="Skill name (default: the first of the setting).")
 @click.option("--corpus", "corpus_path", type=click.Path(path_type=Path, exists=True), default=None)
 @click.option("--seed", type=int, default=0, show_default=True, help="Document sampling seed.")
+@click.option(
+    "--spec",
+    "spec_file",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    help="Run spec file for the agent's budget (default: the paper's values).",
+)
 @click.option("--as-json", is_flag=True, help="Print the chat messages as JSON.")
-def show_prompt(setting: str, skill: str | None, corpus_path: Path | None, seed: int, as_json: bool) -> None:
+def show_prompt(
+    setting: str, skill: str | None, corpus_path: Path | None, seed: int, spec_file: Path | None, as_json: bool
+) -> None:
     """Print one designer prompt, fitted to the token budget with the default model's tokenizer."""
-    from services.designer.core.prompts import PromptParts, fit_prompt, truncate_words
+    from services.designer.core.prompts import AgentBudget, PromptParts, fit_prompt, truncate_words
     from services.designer.core.skills import skill_named, skills_for
     from services.designer.corpus.loader import CorpusSampler
     from services.designer.settings import DesignerSettings
     from services.designer.wiring import load_corpus, load_examples
     from spade.inference.chat import ChatFormatter
     from spade.inference.models import load_tokenizer, resolve_model_path
+    from spade.memory.runspec import load_spec_file
+    from spade.runspec import RunSpec
 
     settings = _offline_settings(setting=setting, corpus_path=corpus_path, corpus_seed=seed)
     assert isinstance(settings, DesignerSettings)
+    spec = load_spec_file(spec_file) if spec_file else RunSpec()
     chosen = skill_named(setting, skill) if skill else skills_for(setting)[0]
     document = CorpusSampler(load_corpus(settings), seed=seed).next_document()
     formatter = ChatFormatter(load_tokenizer(resolve_model_path(settings.tokenizer_path)))
@@ -102,6 +166,7 @@ def show_prompt(setting: str, skill: str | None, corpus_path: Path | None, seed:
         document=truncate_words(document.text, settings.doc_max_words),
         example=load_examples(setting)[0],
         excerpt_chars=settings.excerpt_chars,
+        budget=AgentBudget(max_turns=spec.agent_max_turns, max_tokens_per_turn=spec.agent_max_tokens_per_turn),
     )
     fitted = fit_prompt(
         parts,

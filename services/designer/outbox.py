@@ -20,6 +20,7 @@ def env_ready_message(ready: EnvReady) -> queues_pb2.EnvReady:
         skill=ready.skill,
         weight_version=ready.weight_version,
         designer_sample_id=ready.designer_sample_id,
+        spec_id=ready.spec_id,
     )
 
 
@@ -38,6 +39,10 @@ def designer_sample_message(sample: DesignerSample) -> queues_pb2.DesignerSample
         failed_check=sample.failed_check,
         checks=[sandbox_pb2.CheckResult(name=c.name, passed=c.passed, detail=c.detail) for c in sample.checks],
         batch_id=sample.batch_id,
+        spec_id=sample.spec_id,
+        trainable=sample.trainable,
+        outcome=sample.outcome,
+        constrained=sample.constrained,
     )
 
 

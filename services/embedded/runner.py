@@ -252,11 +252,9 @@ def role_settings(settings: RunSettings, *, inference_url: str, model: Path) -> 
             {
                 "dev_mode": True,
                 "setting": settings.setting,
-                "envs_per_batch": settings.envs_per_step,
                 "max_attempts_per_env": settings.designer_attempts,
-                "max_new_tokens": settings.designer_max_new_tokens,
                 "max_prompt_tokens": settings.designer_max_prompt_tokens,
-                "temperature": settings.temperature,
+                "criteria_reachable": {"enabled": False},  # off in the embedded run (a setting)
                 "inference_urls": [inference_url],
                 "tokenizer_path": model,
             },
@@ -344,6 +342,7 @@ async def run(settings: RunSettings, progress: Progress = _no_progress) -> RunRe
             log.info("seed pool: %d example envs", len(seeded))
         designer = build_designer(
             roles.designer,
+            spec=run_spec(settings),
             llm=InferencePolicy(parts.client),
             validator=PoolValidator(parts.pool, parts.checks),
             memory=MemoryServiceEnvironments(parts.memory),
@@ -364,7 +363,7 @@ async def run(settings: RunSettings, progress: Progress = _no_progress) -> RunRe
                     progress("step", step - 1, settings.steps)
                     tapped.plays.clear()
                     progress("designer", 0, 1)
-                    batch = await designer.run_batch(batch_index=step)
+                    batch = await designer.run_batch(round_index=step)
                     progress("designer", 1, 1)
                     progress("rollout", 0, 1)
                     await worker.step_weights()

@@ -13,7 +13,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.designer.core.ports import Check, DesignerSample
+from services.designer.core.ports import AttemptSummary, Check, DesignerSample
 
 DUPLICATE_CHECK = "duplicate"
 
@@ -35,8 +35,8 @@ class AttemptOutcome(enum.Enum):
     """The sandbox, memory or queue failed: not the designer's fault, no sample."""
 
     @property
-    def trainable(self) -> bool:
-        """Whether the attempt yields a designer sample."""
+    def yields_sample(self) -> bool:
+        """Whether the attempt yields a designer sample (it has output the designer is answerable for)."""
         return self not in (AttemptOutcome.GENERATION_FAILED, AttemptOutcome.INFRA_FAILED)
 
 
@@ -46,8 +46,8 @@ class AttemptRecord:
 
     Attributes:
         sample_id: Id of its designer sample (also the queue idempotency key).
-        batch_id: The regeneration batch.
-        slot: Index of the environment slot within the batch.
+        batch_id: The round id.
+        slot: Index of the environment slot within the round.
         attempt: 0-based attempt number within the slot.
         setting: ``"game"`` or ``"tool"``.
         skill: Target skill name.
@@ -65,7 +65,11 @@ class AttemptRecord:
         hint: Parsed hint, ``""`` when none.
         text: The raw generated text.
         error: What failed, for ``GENERATION_FAILED``/``INFRA_FAILED``.
-        source: Corpus document metadata.
+        source: Corpus document metadata (a pool answer: its file).
+        round_index: The round's index (drives its skills and the sampling seeds).
+        spec_id: The run spec.
+        trainable: False when the sample is scored but never trained on (pool, frozen designer).
+        constrained: The output was generated under the answer-format grammar.
     """
 
     sample_id: str
@@ -88,6 +92,10 @@ class AttemptRecord:
     text: str = ""
     error: str = ""
     source: dict[str, object] = field(default_factory=dict)
+    round_index: int = 0
+    spec_id: str = ""
+    trainable: bool = True
+    constrained: bool = False
 
     @property
     def failed_check(self) -> str:
@@ -97,6 +105,30 @@ class AttemptRecord:
                 return check.name
         return ""
 
+    @property
+    def label(self) -> str:
+        """The outcome as samples, the memory and logs name it.
+
+        ``"valid"``, ``"malformed"``, ``"duplicate"``, the failing check's name for an invalid
+        attempt, or ``"generation_failed"`` / ``"infra_failed"``.
+        """
+        if self.outcome is AttemptOutcome.INVALID:
+            return self.failed_check or "validation"
+        return self.outcome.value
+
+    def summary(self) -> AttemptSummary:
+        """What the memory records of this attempt."""
+        return AttemptSummary(
+            sample_id=self.sample_id,
+            setting=self.setting,
+            skill=self.skill,
+            batch_id=self.batch_id,
+            weight_version=self.weight_version,
+            outcome=self.label,
+            env_id=self.env_id,
+            spec_id=self.spec_id,
+        )
+
 
 def to_designer_sample(record: AttemptRecord) -> DesignerSample:
     """The designer sample of ``record`` (what goes to ``samples.designer``).
@@ -105,7 +137,7 @@ def to_designer_sample(record: AttemptRecord) -> DesignerSample:
         ValueError: The attempt has no trainable output (``GENERATION_FAILED``/``INFRA_FAILED``), or
             its token ids and logprobs differ in length.
     """
-    if not record.outcome.trainable:
+    if not record.outcome.yields_sample:
         raise ValueError(f"attempt {record.sample_id} ended {record.outcome.value}: it has no designer sample")
     if len(record.output_ids) != len(record.logprobs):
         raise ValueError(
@@ -126,4 +158,8 @@ def to_designer_sample(record: AttemptRecord) -> DesignerSample:
         failed_check="" if valid else record.failed_check,
         checks=record.checks,
         batch_id=record.batch_id,
+        spec_id=record.spec_id,
+        trainable=record.trainable,
+        outcome=record.label,
+        constrained=record.constrained,
     )

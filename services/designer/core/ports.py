@@ -22,13 +22,17 @@ class Sampling:
         max_new_tokens: Cap on generated tokens (the environment code plus the hint).
         temperature: Softmax temperature; the reference used 0.6 for both roles.
         top_p: Nucleus sampling mass.
-        seed: Optional per-request sampling seed (reproducible generations where the server supports it).
+        seed: Optional per-request sampling seed (SGLang's ``sampling_seed``): the same seed, prompt
+            and weights give the same tokens.
+        regex: Optional constraint: the output must match this regular expression (SGLang's
+            ``regex``). A constrained generation's logprobs come from the masked distribution.
     """
 
     max_new_tokens: int
     temperature: float = 0.6
     top_p: float = 1.0
     seed: int | None = None
+    regex: str | None = None
 
 
 class GenerationLike(Protocol):
@@ -97,8 +101,12 @@ class ValidationResult:
 class Validator(Protocol):
     """Runs the validation pipeline on untrusted code (the sandbox pool or the sandbox service)."""
 
-    async def validate(self, code: str, setting: str) -> ValidationResult:
-        """Validate ``code`` as an environment of ``setting``; never raises for bad code."""
+    async def validate(self, code: str, setting: str, *, agent_max_turns: int) -> ValidationResult:
+        """Validate ``code`` as an environment of ``setting``; never raises for bad code.
+
+        ``agent_max_turns`` is the agent's turn budget (the run spec's): ``solution()`` must win
+        within it, and an env declaring a larger ``max_turns`` is clamped to it (and the report says so).
+        """
         ...
 
 
@@ -169,6 +177,31 @@ class StoreResult:
     duplicate: bool = False
 
 
+@dataclass(frozen=True)
+class AttemptSummary:
+    """One designer attempt as the memory counts it (validity figures count malformed answers too).
+
+    Attributes:
+        sample_id: The attempt's designer sample id (the memory records each once).
+        setting: ``"game"`` or ``"tool"``.
+        skill: The skill it was designed for.
+        batch_id: The round id.
+        weight_version: Policy version that wrote it (-1 for a pool answer).
+        outcome: ``"valid"``, ``"malformed"``, ``"duplicate"`` or the failing check's name.
+        env_id: The stored environment, ``""`` when none.
+        spec_id: The run spec.
+    """
+
+    sample_id: str
+    setting: str
+    skill: str
+    batch_id: str
+    weight_version: int
+    outcome: str
+    env_id: str
+    spec_id: str
+
+
 class EnvironmentMemory(Protocol):
     """The environment memory: examples for prompts, dedup and storage of new environments."""
 
@@ -180,6 +213,10 @@ class EnvironmentMemory(Protocol):
         """Store ``record`` unless an equivalent environment exists (then return that one's id)."""
         ...
 
+    async def record_attempts(self, attempts: Sequence[AttemptSummary]) -> None:
+        """Record finished attempts (idempotent by sample id)."""
+        ...
+
 
 @dataclass(frozen=True)
 class EnvReady:
@@ -189,8 +226,10 @@ class EnvReady:
         env_id: The stored environment.
         setting: ``"game"`` or ``"tool"``.
         skill: The skill it was designed for.
-        weight_version: Policy version that designed it (its window starts here).
+        weight_version: Policy version that designed it (the rollout fixes its window when it
+            first plays it, WAVE2 §3).
         designer_sample_id: The designer sample to score when its window closes.
+        spec_id: The run spec it was designed under.
     """
 
     env_id: str
@@ -198,6 +237,7 @@ class EnvReady:
     skill: str
     weight_version: int
     designer_sample_id: str
+    spec_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -216,7 +256,13 @@ class DesignerSample:
         valid: Whether the environment passed every check and was stored as new.
         failed_check: The first failing check, ``""`` when valid.
         checks: Every check result in pipeline order.
-        batch_id: The regeneration batch (per-skill centring happens within it).
+        batch_id: The round id (the learner centres rewards within (round, skill)).
+        spec_id: The run spec the attempt was made under.
+        trainable: False for attempts that are scored but never trained on (a pool designer's
+            answers, a frozen designer's).
+        outcome: ``"valid"``, ``"malformed"``, ``"duplicate"`` or the failing check's name.
+        constrained: The output was generated under a grammar (structured output): its logprobs
+            come from the masked distribution, not the policy's own.
     """
 
     sample_id: str
@@ -231,6 +277,10 @@ class DesignerSample:
     failed_check: str
     checks: tuple[Check, ...]
     batch_id: str
+    spec_id: str = ""
+    trainable: bool = True
+    outcome: str = ""
+    constrained: bool = False
 
 
 class Outbox(Protocol):

@@ -1,14 +1,18 @@
 """Designer prompts for both settings, fitted to a token budget.
 
-A prompt is built from (DESIGN §1, issue 6): the environment contract, one complete example
-environment with its hint (written in the exact answer format, so it doubles as a format
+A prompt is built from (DESIGN §1, issue 6): the environment contract, the agent's budget (its turn
+and token limits from the run spec: ``solution()`` must win within them, DESIGN §3), one complete
+example environment with its hint (written in the exact answer format, so it doubles as a format
 demonstration), the target skill, one corpus document, memory positives and negatives (code excerpts
 with the reason they are shown), and difficulty guidance.
 
 Small models have small contexts (SmolLM2-135M: 8192 tokens), so ``fit_prompt`` shrinks the optional
-parts until the chat-templated prompt fits ``max_prompt_tokens``: first the document (halved down to
-a floor), then the memory examples (negatives first), then the document to nothing, and last the
-example code. It measures with the real tokenizer, never an estimate.
+parts until the chat-templated prompt fits ``max_prompt_tokens``. Grounding comes first: the corpus
+document is the main source of diversity (the paper), so everything else gives way before it goes.
+In order: memory excerpts are shortened, then memory examples dropped (negatives first); the example
+env is cut to its beginning (halving its lines); the document is halved down to ``doc_min_words``;
+the example is dropped; only then does the document shrink to nothing. The contract, the budget and
+the task never go. Lengths are measured with the real tokenizer, never estimated.
 """
 
 from __future__ import annotations
@@ -85,6 +89,25 @@ HINT_GUIDANCE = {
 
 
 @dataclass(frozen=True)
+class AgentBudget:
+    """The agent's budget, as the run spec fixes it and the prompt states it.
+
+    Attributes:
+        max_turns: Turns per play (one ``step()`` each); ``solution()`` must win within them.
+        max_tokens_per_turn: Tokens the agent may write in one turn.
+    """
+
+    max_turns: int = 25
+    max_tokens_per_turn: int = 8192
+
+
+#: The shortest memory excerpt and example beginning the budget shrinks them to before dropping them.
+MIN_EXCERPT_CHARS = 300
+MIN_EXAMPLE_LINES = 24
+EXAMPLE_CUT_MARK = "# ... (the rest of this example is omitted)"
+
+
+@dataclass(frozen=True)
 class ExampleEnv:
     """One complete example environment shown in the prompt.
 
@@ -110,6 +133,8 @@ class PromptParts:
         example: The example environment, or ``None`` to leave it out.
         memory: Earlier environments to imitate and to avoid.
         excerpt_chars: Memory code excerpts are cut to this many characters.
+        budget: The agent's budget, stated in the contract section.
+        example_lines: Show only the example's first lines (``None``: all of it).
     """
 
     setting: str
@@ -118,6 +143,8 @@ class PromptParts:
     example: ExampleEnv | None = None
     memory: MemoryExamples = field(default_factory=MemoryExamples)
     excerpt_chars: int = 1200
+    budget: AgentBudget = field(default_factory=AgentBudget)
+    example_lines: int | None = None
 
 
 @dataclass(frozen=True)
@@ -178,15 +205,45 @@ def _memory_block(title: str, examples: tuple[MemoryExample, ...], limit: int) -
     return "\n".join(parts)
 
 
+def render_budget(setting: str, budget: AgentBudget) -> str:
+    """The section telling the designer the agent's budget (part of the contract, DESIGN §3)."""
+    turns, tokens = budget.max_turns, budget.max_tokens_per_turn
+    if setting == "tool":
+        episode = (
+            f"The agent has at most {turns} turns for the whole episode, all instructions together (one "
+            f"`step()` with its tool calls per turn), and writes at most {tokens} tokens per turn. The calls "
+            f"of `solution()` must complete every instruction within {turns} turns"
+        )
+    else:
+        episode = (
+            f"The agent plays at most {turns} turns per episode (one `step()` per turn) and writes at most "
+            f"{tokens} tokens per turn. `solution()` must win within {turns} actions on every seed"
+        )
+    return (
+        f"## The agent's budget\n{episode}; `max_turns` must be at most {turns} (a larger value is cut to "
+        f"{turns}). Keep observations short enough to read within the budget."
+    )
+
+
+def _example_code(parts: PromptParts) -> tuple[str, bool]:
+    assert parts.example is not None
+    lines = parts.example.code.strip().splitlines()
+    if parts.example_lines is None or parts.example_lines >= len(lines):
+        return "\n".join(lines), False
+    return "\n".join([*lines[: parts.example_lines], EXAMPLE_CUT_MARK]), True
+
+
 def render_user_prompt(parts: PromptParts) -> str:
     """The user message for ``parts`` (no budget applied)."""
     if parts.setting not in CONTRACTS:
         raise ValueError(f"unknown setting {parts.setting!r}: expected 'game' or 'tool'")
-    sections = [f"## Environment contract\n{CONTRACTS[parts.setting]}"]
+    sections = [f"## Environment contract\n{CONTRACTS[parts.setting]}", render_budget(parts.setting, parts.budget)]
     if parts.example is not None:
+        code, cut = _example_code(parts)
+        what = "its beginning: format and style" if cut else "format and level of completeness"
         sections.append(
-            "## Example answer (format and level of completeness; write a different environment)\n"
-            f"```python\n{parts.example.code.strip()}\n```\n{HINT_MARKER}\n{parts.example.hint.strip()}"
+            f"## Example answer ({what}; write a different environment)\n"
+            f"```python\n{code}\n```\n{HINT_MARKER}\n{parts.example.hint.strip()}"
         )
     if parts.document.strip():
         sections.append(
@@ -226,15 +283,15 @@ def render_messages(parts: PromptParts) -> Messages:
 
 
 def _shrink_ladder(parts: PromptParts, doc_min_words: int) -> Iterator[PromptParts]:
-    """Ever smaller variants of ``parts``, in the order the budget gives things up."""
+    """Ever smaller variants of ``parts``, in the order the budget gives things up (grounding last)."""
     yield parts
-    original = parts.document.removesuffix("\n" + TRUNCATION_MARK)
-    words = len(original.split())
-    while words // 2 >= max(doc_min_words, 1):
-        words //= 2
-        parts = replace(parts, document=truncate_words(original, words))
-        yield parts
+    # 1. Memory examples: shorter excerpts, then fewer of them (negatives first).
     memory = parts.memory
+    chars = parts.excerpt_chars
+    while (memory.positives or memory.negatives) and chars // 2 >= MIN_EXCERPT_CHARS:
+        chars //= 2
+        parts = replace(parts, excerpt_chars=chars)
+        yield parts
     while memory.negatives or memory.positives:
         if memory.negatives:
             memory = MemoryExamples(memory.positives, memory.negatives[:-1])
@@ -242,12 +299,29 @@ def _shrink_ladder(parts: PromptParts, doc_min_words: int) -> Iterator[PromptPar
             memory = MemoryExamples(memory.positives[:-1], ())
         parts = replace(parts, memory=memory)
         yield parts
+    # 2. The example env: its beginning only.
+    if parts.example is not None:
+        lines = len(parts.example.code.strip().splitlines())
+        while lines > MIN_EXAMPLE_LINES:
+            lines = max(lines // 2, MIN_EXAMPLE_LINES)
+            parts = replace(parts, example_lines=lines)
+            yield parts
+    # 3. The document, halved down to its floor.
+    original = parts.document.removesuffix("\n" + TRUNCATION_MARK)
+    words = len(original.split())
+    while words // 2 >= max(doc_min_words, 1):
+        words //= 2
+        parts = replace(parts, document=truncate_words(original, words))
+        yield parts
+    # 4. The example goes before the document does.
+    if parts.example is not None:
+        parts = replace(parts, example=None, example_lines=None)
+        yield parts
+    # 5. Last, the document.
     while parts.document:
         words //= 2
         parts = replace(parts, document=truncate_words(original, words) if words else "")
         yield parts
-    if parts.example is not None:
-        yield replace(parts, example=None)
 
 
 def fit_prompt(
@@ -263,7 +337,7 @@ def fit_prompt(
         parts: The full prompt parts (document already cut to the configured maximum of words).
         tokenize: Chat template + tokenizer of the policy (``PolicyLLM.apply_chat_template``).
         max_prompt_tokens: The budget.
-        doc_min_words: The document is halved down to this many words before memory examples go.
+        doc_min_words: The document is halved down to this many words before the example env goes.
 
     Raises:
         PromptTooLong: Even contract + task alone exceed the budget; raise ``max_prompt_tokens``.

@@ -1,11 +1,15 @@
-"""The six skills of each setting and their rotation over a regeneration batch.
+"""The six skills of each setting and their rotation over regeneration rounds (DESIGN §5).
 
-Skills steer what the designer writes (DESIGN §1). Every batch cycles through all six skills of its
-setting; the starting skill advances from batch to batch so that a batch smaller than six still
-covers every skill over consecutive batches.
+Skills steer what the designer writes (DESIGN §1). As in the paper, a round writes
+``envs_per_round`` environments over ``skills_per_round`` of the six skills (paper: 24 over 3, so 8
+per skill): round ``r`` uses skills ``(r * s + j) mod 6`` for ``j < s``, so consecutive rounds walk
+through all six and every skill recurs; the round's slots go round-robin over its skills. The
+learner centres designer rewards within (round, skill), so each skill of a round holds several envs.
 
->>> [s.name for s in assign_skills("game", 3, batch_index=1)]
+>>> [s.name for s in round_skills("game", 1, 3)]
 ['Pattern Recognition', 'Optimization', 'Causal Inference']
+>>> [s.name[:4] for s in assign_round("game", 0, envs_per_round=5, skills_per_round=2)]
+['Math', 'Logi', 'Math', 'Logi', 'Math']
 """
 
 from __future__ import annotations
@@ -113,20 +117,34 @@ def skill_named(setting: str, name: str) -> Skill:
     raise ValueError(f"unknown {setting} skill {name!r}: expected one of {names}")
 
 
-def assign_skills(setting: str, count: int, *, batch_index: int = 0) -> list[Skill]:
-    """Skills for the ``count`` environment slots of one batch, round-robin.
+def round_skills(setting: str, round_index: int, skills_per_round: int) -> list[Skill]:
+    """The skills of round ``round_index``: ``(round_index * skills_per_round + j) mod 6``, ``j < s``.
 
-    Args:
-        setting: ``"game"`` or ``"tool"``.
-        count: Number of environments in the batch (>= 0).
-        batch_index: Index of the regeneration batch; the rotation starts at skill
-            ``batch_index * count`` so consecutive small batches walk through all six skills.
-
-    Returns:
-        One skill per slot; every skill appears ``count // 6`` or ``count // 6 + 1`` times.
+    Raises:
+        ValueError: ``round_index`` is negative or ``skills_per_round`` is not in ``1..6``.
     """
-    if count < 0:
-        raise ValueError(f"count must be >= 0, got {count}")
     skills = skills_for(setting)
-    start = (batch_index * count) % len(skills)
-    return [skills[(start + i) % len(skills)] for i in range(count)]
+    if round_index < 0:
+        raise ValueError(f"round_index must be >= 0, got {round_index}")
+    if not 1 <= skills_per_round <= len(skills):
+        raise ValueError(f"skills_per_round must be in 1..{len(skills)}, got {skills_per_round}")
+    start = round_index * skills_per_round
+    return [skills[(start + j) % len(skills)] for j in range(skills_per_round)]
+
+
+def assign_round(setting: str, round_index: int, *, envs_per_round: int, skills_per_round: int) -> list[Skill]:
+    """One skill per slot of round ``round_index``: round-robin over the round's skills.
+
+    Every skill of the round gets ``envs_per_round // skills_per_round`` or one more slot. The
+    round-robin continues from where the previous rounds left it (a global slot counter), so when
+    ``skills_per_round`` does not divide ``envs_per_round`` the extra slots go to a different skill
+    from round to round instead of always to the round's first.
+
+    Raises:
+        ValueError: ``envs_per_round`` is negative, or see :func:`round_skills`.
+    """
+    if envs_per_round < 0:
+        raise ValueError(f"envs_per_round must be >= 0, got {envs_per_round}")
+    skills = round_skills(setting, round_index, skills_per_round)
+    first = round_index * envs_per_round
+    return [skills[(first + slot) % len(skills)] for slot in range(envs_per_round)]

@@ -16,6 +16,7 @@ import pytest
 from services.designer.adapters import MemoryServiceEnvironments, PoolValidator, SandboxServiceValidator
 from services.designer.core.attempt import AttemptOutcome
 from services.designer.core.loop import Designer, DesignerConfig
+from services.designer.core.pipeline import AttemptPipeline, PipelineConfig
 from services.designer.core.ports import Sampling
 from services.designer.core.prompts import PromptParts, fit_prompt, render_messages, truncate_words
 from services.designer.core.skills import skill_named
@@ -79,20 +80,27 @@ async def test_example_envs_pass_and_broken_ones_fail_with_the_check_named(
     queue = InProcessQueue(InProcessQueueConfig(max_len=100))
     config = DesignerConfig(
         setting=setting,
-        envs_per_batch=3,
+        envs_per_round=3,
+        skills_per_round=3,
         max_attempts_per_env=1,
         concurrency=1,
         sampling=Sampling(max_new_tokens=64),
     )
+    memory = MemoryServiceEnvironments(memory_service)
+    pipeline = AttemptPipeline(
+        PipelineConfig(setting=setting, agent_max_turns=25),
+        validator=PoolValidator(pool, CHECKS),
+        memory=memory,
+        outbox=QueueOutbox(queue),
+        repair=repair,
+    )
     designer = Designer(
         config,
         llm=policy,
-        validator=PoolValidator(pool, CHECKS),
-        memory=MemoryServiceEnvironments(memory_service),
-        outbox=QueueOutbox(queue),
+        pipeline=pipeline,
+        memory=memory,
         documents=CorpusSampler(parse_lines([json.dumps({"text": "a document"})])),
         examples=load_examples(setting),
-        repair=repair,
     )
     result = await designer.run_batch()
     outcomes = [r.outcome for r in result.records]
@@ -120,10 +128,17 @@ async def test_the_validator_speaks_to_the_sandbox_service_through_the_shared_cl
     async with serving(settings) as running, SandboxClient(f"127.0.0.1:{running.grpc_port}") as client:
         validator = SandboxServiceValidator(client)
         example = EXAMPLES["counterfeit_coin"]
-        report = await validator.validate(example.code, "game")
+        report = await validator.validate(example.code, "game", agent_max_turns=25)
         assert report.valid and report.env_class == "CounterfeitCoinEnv"
         assert [c.name for c in report.checks] == list(CHECK_NAMES) and report.repaired_code == example.code
-        bad = await validator.validate("class BrokenEnv:\n    def reset(self, seed=None):\n", "game")
+        # The agent's budget travels with the request: a budget below what solution() needs fails it.
+        tight = await validator.validate(example.code, "game", agent_max_turns=1)
+        assert not tight.valid
+        failed = next(c for c in tight.checks if not c.passed)
+        assert failed.name in {"solution_replay", "termination"} and "1" in failed.detail, failed
+        bad = await validator.validate(
+            "class BrokenEnv:\n    def reset(self, seed=None):\n", "game", agent_max_turns=25
+        )
         assert not bad.valid and not bad.checks[0].passed and bad.checks[0].name == "syntax"
 
 
@@ -132,7 +147,7 @@ def test_default_prompts_fit_smollm2_context_with_the_real_tokenizer() -> None:
     from spade.inference.chat import ChatFormatter
     from spade.inference.models import ensure_default_model, load_tokenizer
 
-    settings = DesignerSettings(dev_mode=True)
+    settings = DesignerSettings(dev_mode=True, max_new_tokens=2048)
     formatter = ChatFormatter(load_tokenizer(ensure_default_model()))
     long_doc = " ".join(f"theorem{i} states that x{i} + y{i} = z{i}." for i in range(2000))
     for setting in ("game", "tool"):
@@ -152,4 +167,4 @@ def test_default_prompts_fit_smollm2_context_with_the_real_tokenizer() -> None:
             assert len(fitted.prompt_ids) <= settings.max_prompt_tokens
             assert fitted.parts.example == example  # the example always fits the default budget
             assert fitted.prompt_ids == formatter.apply(render_messages(fitted.parts))
-    assert settings.max_prompt_tokens + settings.max_new_tokens <= 8192
+    assert settings.max_prompt_tokens + 2048 <= 8192

@@ -19,8 +19,18 @@ from pathlib import Path
 import pytest
 
 from services.designer.adapters import MemoryServiceEnvironments, PolicyGeneration
-from services.designer.core.loop import DesignerConfig
-from services.designer.core.ports import Check, DesignerSample, EnvReady, Sampling, ValidationResult
+from services.designer.core.loop import Designer, DesignerConfig
+from services.designer.core.pipeline import AttemptPipeline, PipelineConfig, SeedDeriver
+from services.designer.core.ports import (
+    Check,
+    DesignerSample,
+    EnvironmentMemory,
+    EnvReady,
+    Sampling,
+    ValidationResult,
+)
+from services.designer.core.prompts import ExampleEnv
+from services.designer.core.reachability import CriteriaReachable
 from services.designer.corpus.loader import CorpusSampler, parse_lines
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
@@ -47,6 +57,7 @@ class ScriptedPolicy:
     weight_version: int = 3
     delays: list[float] = field(default_factory=list)
     prompts: list[list[int]] = field(default_factory=list)
+    samplings: list[Sampling] = field(default_factory=list)
     messages: list[list[dict[str, str]]] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
@@ -59,6 +70,7 @@ class ScriptedPolicy:
     async def generate(self, input_ids: list[int], sampling: Sampling) -> PolicyGeneration:
         call = len(self.prompts)
         self.prompts.append(input_ids)
+        self.samplings.append(sampling)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -90,9 +102,11 @@ class MarkerValidator:
 
     calls: int = 0
     release: asyncio.Event | None = None
+    budgets: list[int] = field(default_factory=list)
 
-    async def validate(self, code: str, setting: str) -> ValidationResult:
+    async def validate(self, code: str, setting: str, *, agent_max_turns: int) -> ValidationResult:
         self.calls += 1
+        self.budgets.append(agent_max_turns)
         if "# slow" in code and self.release is not None:
             await self.release.wait()
         failing = code.split("# fail:")[1].split(maxsplit=1)[0] if "# fail:" in code else None
@@ -167,12 +181,46 @@ def documents() -> CorpusSampler:
     return CorpusSampler(parse_lines(lines), seed=1)
 
 
+EXAMPLE = ExampleEnv(name="CoinEnv", code="class CoinEnv:\n    max_turns = 5\n", hint="Pairs cancel out.")
+
+
+def make_designer(
+    config: DesignerConfig,
+    policy: ScriptedPolicy,
+    outbox: RecordingOutbox,
+    memory: EnvironmentMemory,
+    documents: CorpusSampler,
+    validator: MarkerValidator | None = None,
+    *,
+    reachability: CriteriaReachable | None = None,
+    seeds: SeedDeriver | None = None,
+) -> Designer:
+    """The policy designer over the test doubles, its pipeline configured like the loop."""
+    pipeline = AttemptPipeline(
+        PipelineConfig(
+            setting=config.setting,
+            spec_id=config.spec_id,
+            agent_max_turns=config.budget.max_turns,
+            max_new_tokens=config.sampling.max_new_tokens,
+        ),
+        validator=validator or MarkerValidator(),
+        memory=memory,
+        outbox=outbox,
+        reachability=reachability,
+        seeds=seeds,
+    )
+    return Designer(
+        config, llm=policy, pipeline=pipeline, memory=memory, documents=documents, examples=[EXAMPLE], seeds=seeds
+    )
+
+
 @pytest.fixture
 def config_for() -> Callable[..., DesignerConfig]:
     def make(**overrides: object) -> DesignerConfig:
         base: dict[str, object] = {
             "setting": "game",
-            "envs_per_batch": 1,
+            "envs_per_round": 1,
+            "skills_per_round": 1,
             "max_attempts_per_env": 1,
             "concurrency": 2,
             "batch_timeout_s": 30.0,

@@ -11,6 +11,9 @@ MODULES = [
     "services.designer.core.skills",
     "services.designer.core.parsing",
     "services.designer.core.prompts",
+    "services.designer.core.reachability",
+    "services.designer.core.rounds",
+    "services.designer.pool_files",
     "services.designer.adapters",
 ]
 

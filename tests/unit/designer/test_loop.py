@@ -4,38 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 
 from services.designer.adapters import MemoryServiceEnvironments
 from services.designer.core.attempt import AttemptOutcome
-from services.designer.core.loop import Designer, DesignerConfig
-from services.designer.core.prompts import ExampleEnv
+from services.designer.core.loop import DesignerConfig
+from services.designer.core.prompts import AgentBudget
 from services.designer.corpus.loader import CorpusSampler
 from services.memory.service import MemoryService
 from spade.envs import CHECK_NAMES
 
 from .conftest import MarkerValidator, RecordingOutbox, ScriptedPolicy, answer
-
-EXAMPLE = ExampleEnv(name="CoinEnv", code="class CoinEnv:\n    max_turns = 5\n", hint="Pairs cancel out.")
-
-
-def make(
-    config: DesignerConfig,
-    policy: ScriptedPolicy,
-    outbox: RecordingOutbox,
-    memory: MemoryServiceEnvironments,
-    documents: CorpusSampler,
-    validator: MarkerValidator | None = None,
-) -> Designer:
-    return Designer(
-        config,
-        llm=policy,
-        validator=validator or MarkerValidator(),
-        memory=memory,
-        outbox=outbox,
-        documents=documents,
-        examples=[EXAMPLE],
-    )
+from .conftest import make_designer as make
 
 
 async def test_a_valid_attempt_is_stored_enqueued_and_becomes_a_trainable_sample(
@@ -46,25 +27,38 @@ async def test_a_valid_attempt_is_stored_enqueued_and_becomes_a_trainable_sample
     documents: CorpusSampler,
 ) -> None:
     policy = ScriptedPolicy([answer("Parity")], weight_version=7)
-    result = await make(config_for(), policy, outbox, memory, documents).run_batch()
+    config = config_for(spec_id="spec-7", budget=AgentBudget(max_turns=6, max_tokens_per_turn=300))
+    validator = MarkerValidator()
+    result = await make(config, policy, outbox, memory, documents, validator).run_batch(round_index=4)
 
     (record,) = result.records
     assert record.outcome is AttemptOutcome.VALID and result.env_ids == [record.env_id]
     env = await memory_service.get_environment(record.env_id)
     assert env.hint == "Think about parity." and "class ParityEnv" in env.code
     assert env.status == "valid" and env.weight_version == 7 and env.designer_sample_id == record.sample_id
-    assert env.skill == "Mathematical Reasoning" and env.corpus_ref.startswith("doc")
+    assert env.skill == "Optimization" and env.corpus_ref.startswith("doc")  # round 4, one skill: the 5th
 
     (message,) = outbox.ready
     assert (message.env_id, message.setting, message.skill) == (record.env_id, "game", env.skill)
     assert message.weight_version == 7 and message.designer_sample_id == record.sample_id
+    assert message.spec_id == "spec-7"
 
     (sample,) = outbox.samples
     assert sample.valid and sample.failed_check == "" and sample.env_id == record.env_id
     assert list(sample.prompt_ids) == policy.prompts[0]  # exactly what the model was conditioned on
     assert len(sample.output_ids) == len(sample.output_logprobs) == len(answer("Parity").split())
     assert sample.weight_version == 7 and sample.batch_id == result.batch_id
+    assert result.batch_id.startswith("r4-") and result.round_index == 4
+    assert (sample.spec_id, sample.outcome, sample.trainable, sample.constrained) == ("spec-7", "valid", True, False)
     assert [c.name for c in sample.checks] == list(CHECK_NAMES)
+    # The agent's budget is stated in the prompt and is the one validation replays solution() within.
+    assert validator.budgets == [6]
+    prompt = policy.messages[0][1]["content"]
+    assert "at most 6 turns" in prompt and "300 tokens per turn" in prompt
+
+    # The memory counted the attempt (validity figures come from these records).
+    attempts = (await memory_service.stats()).attempts
+    assert (attempts.attempts, attempts.by_outcome) == (1, {"valid": 1})
 
 
 async def test_a_malformed_answer_is_a_sample_with_the_reason_and_the_slot_retries(
@@ -80,6 +74,7 @@ async def test_a_malformed_answer_is_a_sample_with_the_reason_and_the_slot_retri
     assert [r.outcome for r in result.records] == [AttemptOutcome.MALFORMED, AttemptOutcome.VALID]
     first, second = outbox.samples
     assert not first.valid and first.failed_check == "output_format" and first.env_id == ""
+    assert first.outcome == "malformed" and second.outcome == "valid"
     assert "### HINT" in first.checks[0].detail
     assert second.valid
     assert len(outbox.ready) == 1
@@ -101,7 +96,7 @@ async def test_an_env_failing_a_check_is_kept_invalid_and_its_sample_names_the_c
     (record,) = result.records
     assert record.outcome is AttemptOutcome.INVALID and result.env_ids == []
     (sample,) = outbox.samples
-    assert not sample.valid and sample.failed_check == "solution_replay"
+    assert not sample.valid and sample.failed_check == "solution_replay" and sample.outcome == "solution_replay"
     assert "did not win" in next(c.detail for c in sample.checks if c.name == "solution_replay")
     stored = await memory_service.get_environment(sample.env_id)
     assert stored.status == "invalid" and stored.validation_report["valid"] is False
@@ -115,14 +110,14 @@ async def test_a_duplicate_env_is_not_enqueued_twice(
     documents: CorpusSampler,
 ) -> None:
     policy = ScriptedPolicy([answer("Same")])
-    designer = make(config_for(envs_per_batch=2, concurrency=1), policy, outbox, memory, documents)
+    designer = make(config_for(envs_per_round=2, concurrency=1), policy, outbox, memory, documents)
     result = await designer.run_batch()
 
     outcomes = sorted(r.outcome.value for r in result.records)
     assert outcomes == ["duplicate", "valid"]
     assert len(outbox.ready) == 1
     dup = next(s for s in outbox.samples if not s.valid)
-    assert dup.failed_check == "duplicate" and dup.env_id == ""
+    assert dup.failed_check == "duplicate" and dup.env_id == "" and dup.outcome == "duplicate"
 
 
 async def test_inference_failures_produce_no_sample_and_the_slot_moves_on(
@@ -151,7 +146,7 @@ async def test_the_deadline_keeps_every_finished_attempt(
         [answer("Fast"), answer("Validating", marker="slow"), answer("Never")], delays=[0.0, 0.0, float("inf")]
     )
     validator = MarkerValidator(release=policy.cancelled)
-    config = config_for(envs_per_batch=3, concurrency=3, batch_timeout_s=2.0)
+    config = config_for(envs_per_round=3, concurrency=3, batch_timeout_s=2.0)
     result = await make(config, policy, outbox, memory, documents, validator).run_batch()
 
     assert result.timed_out
@@ -161,21 +156,79 @@ async def test_the_deadline_keeps_every_finished_attempt(
     assert len(outbox.ready) == 2 and len(outbox.samples) == 2
 
 
-async def test_concurrency_is_bounded_and_skills_rotate(
+async def test_concurrency_is_bounded_and_rounds_rotate_their_skills(
     config_for: Callable[..., DesignerConfig],
     outbox: RecordingOutbox,
     memory: MemoryServiceEnvironments,
     documents: CorpusSampler,
 ) -> None:
     policy = ScriptedPolicy([answer(f"E{i}") for i in range(12)], delays=[0.02] * 12)
-    designer = make(config_for(envs_per_batch=6, concurrency=2), policy, outbox, memory, documents)
+    config = config_for(envs_per_round=6, skills_per_round=3, concurrency=2)
+    designer = make(config, policy, outbox, memory, documents)
     first = await designer.run_batch()
     assert policy.max_in_flight == 2
-    assert len({r.skill for r in first.records}) == 6
+    assert Counter(r.skill for r in first.records) == {
+        "Mathematical Reasoning": 2,
+        "Logical Deduction": 2,
+        "Spatial Reasoning": 2,
+    }
     assert first.validity_rate == 1.0
     second = await designer.run_batch()
-    assert second.batch_id != first.batch_id
+    assert second.batch_id != first.batch_id and second.round_index == first.round_index + 1
+    assert {r.skill for r in second.records} == {"Pattern Recognition", "Optimization", "Causal Inference"}
     assert {s.batch_id for s in outbox.samples} == {first.batch_id, second.batch_id}
+    # Each sample's skill is its slot's: the learner centres within (round, skill).
+    assert all(s.skill in {r.skill for r in first.records} for s in outbox.samples if s.batch_id == first.batch_id)
+
+
+async def test_generations_are_seeded_from_run_round_slot_and_attempt(
+    config_for: Callable[..., DesignerConfig],
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
+    documents: CorpusSampler,
+) -> None:
+    from services.designer.wiring import designer_seeds
+
+    seeds = designer_seeds("spec-a")
+    no_hint = "```python\nclass AEnv:\n    pass\n```\n"
+    policy = ScriptedPolicy([no_hint, answer("B"), answer("C")])
+    config = config_for(envs_per_round=2, max_attempts_per_env=2, concurrency=1)
+    await make(config, policy, outbox, memory, documents, seeds=seeds).run_batch(round_index=5)
+    used = [s.seed for s in policy.samplings]
+    # One slot retried once (attempt 1), the other succeeded at once; the order of slots may vary.
+    expected = {seeds(5, 0, 0, "design", 0), seeds(5, 1, 0, "design", 0)}
+    retried = {seeds(5, 0, 1, "design", 0), seeds(5, 1, 1, "design", 0)}
+    assert len(set(used)) == 3 and expected < set(used) and len(set(used) & retried) == 1
+    assert designer_seeds("spec-a")(5, 0, 0, "design", 0) == used[0]  # reproducible in any process
+    assert designer_seeds("spec-b")(5, 0, 0, "design", 0) != used[0]  # another run, other seeds
+
+
+async def test_structured_output_constrains_the_generation_and_marks_the_sample(
+    config_for: Callable[..., DesignerConfig],
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
+    documents: CorpusSampler,
+) -> None:
+    from services.designer.core.ports import Sampling
+    from spade.inference.answer_format import DESIGNER_ANSWER_REGEX
+
+    policy = ScriptedPolicy([answer("Shaped")])
+    config = config_for(sampling=Sampling(max_new_tokens=64, regex=DESIGNER_ANSWER_REGEX))
+    await make(config, policy, outbox, memory, documents).run_batch()
+    assert policy.samplings[0].regex == DESIGNER_ANSWER_REGEX
+    (sample,) = outbox.samples
+    assert sample.constrained
+
+
+async def test_a_frozen_designer_publishes_scored_but_untrainable_samples(
+    config_for: Callable[..., DesignerConfig],
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
+    documents: CorpusSampler,
+) -> None:
+    await make(config_for(trainable=False), ScriptedPolicy([answer("Frozen")]), outbox, memory, documents).run_batch()
+    (sample,) = outbox.samples
+    assert sample.valid and not sample.trainable
 
 
 async def test_memory_examples_reach_the_prompt(
@@ -183,7 +236,13 @@ async def test_memory_examples_reach_the_prompt(
     outbox: RecordingOutbox,
     documents: CorpusSampler,
 ) -> None:
-    from services.designer.core.ports import EnvironmentRecord, MemoryExample, MemoryExamples, StoreResult
+    from services.designer.core.ports import (
+        AttemptSummary,
+        EnvironmentRecord,
+        MemoryExample,
+        MemoryExamples,
+        StoreResult,
+    )
 
     class Examples(MemoryServiceEnvironments):
         def __init__(self) -> None:
@@ -196,6 +255,9 @@ async def test_memory_examples_reach_the_prompt(
             )
 
         async def store(self, record: EnvironmentRecord) -> StoreResult:
+            raise ConnectionError("memory unreachable")
+
+        async def record_attempts(self, attempts: Sequence[AttemptSummary]) -> None:
             raise ConnectionError("memory unreachable")
 
     policy = ScriptedPolicy([answer("X")])
@@ -215,7 +277,7 @@ async def test_cancelling_a_batch_still_publishes_generated_attempts(
 ) -> None:
     policy = ScriptedPolicy([answer("Validating", marker="slow"), answer("Never")], delays=[0.0, float("inf")])
     validator = MarkerValidator(release=policy.cancelled)
-    designer = make(config_for(envs_per_batch=2, concurrency=2), policy, outbox, memory, documents, validator)
+    designer = make(config_for(envs_per_round=2, concurrency=2), policy, outbox, memory, documents, validator)
     batch = asyncio.create_task(designer.run_batch())
     while validator.calls == 0 or len(policy.prompts) < 2:
         await asyncio.sleep(0.01)
@@ -249,3 +311,45 @@ async def test_a_queue_outage_is_an_infrastructure_failure_not_the_designers(
     (record,) = result.records
     assert record.outcome is AttemptOutcome.VALID and [r.env_id for r in unsampled.ready] == [record.env_id]
     assert record.error == "queue: designer sample not published: queue unreachable"
+
+
+async def test_a_stop_request_ends_the_round_and_keeps_answers_already_generated(
+    config_for: Callable[..., DesignerConfig],
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
+    documents: CorpusSampler,
+) -> None:
+    # Slot 0 has generated and is validating; slot 1 never answers. SIGTERM (stop) arrives: slot 1
+    # is cancelled at once, slot 0's answer is finished and published, and the round returns.
+    policy = ScriptedPolicy([answer("Validating", marker="slow"), answer("Never")], delays=[0.0, float("inf")])
+    validator = MarkerValidator(release=policy.cancelled)
+    config = config_for(envs_per_round=2, concurrency=2, batch_timeout_s=3600.0, grace_s=30.0)
+    designer = make(config, policy, outbox, memory, documents, validator)
+    stop = asyncio.Event()
+    round_task = asyncio.create_task(designer.run_batch(stop=stop))
+    while validator.calls == 0 or len(policy.prompts) < 2:
+        await asyncio.sleep(0.01)
+    stop.set()
+    result = await round_task
+    assert result.stopped and not result.timed_out
+    assert [r.outcome for r in result.records] == [AttemptOutcome.VALID]
+    assert [s.valid for s in outbox.samples] == [True] and len(outbox.ready) == 1
+
+
+async def test_after_a_stop_an_answer_stuck_in_validation_is_abandoned_after_the_grace(
+    config_for: Callable[..., DesignerConfig],
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
+    documents: CorpusSampler,
+) -> None:
+    # The validator never answers (an unreachable sandbox): shutdown still ends, after grace_s.
+    policy = ScriptedPolicy([answer("Stuck", marker="slow")])
+    validator = MarkerValidator(release=asyncio.Event())
+    designer = make(config_for(grace_s=0.2), policy, outbox, memory, documents, validator)
+    stop = asyncio.Event()
+    round_task = asyncio.create_task(designer.run_batch(stop=stop))
+    while validator.calls == 0:
+        await asyncio.sleep(0.01)
+    stop.set()
+    result = await round_task
+    assert result.stopped and result.records == () and outbox.samples == []

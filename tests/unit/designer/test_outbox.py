@@ -22,9 +22,15 @@ SAMPLE = DesignerSample(
     valid=False,
     failed_check="solution_replay",
     checks=(Check("syntax", True, "parses"), Check("solution_replay", False, "did not win seed 1")),
-    batch_id="b-1",
+    batch_id="r4-b1",
+    spec_id="spec-1",
+    trainable=False,
+    outcome="solution_replay",
+    constrained=True,
 )
-READY = EnvReady(env_id="e-2", setting="game", skill="Optimization", weight_version=9, designer_sample_id="s-2")
+READY = EnvReady(
+    env_id="e-2", setting="game", skill="Optimization", weight_version=9, designer_sample_id="s-2", spec_id="spec-1"
+)
 
 
 async def test_every_field_reaches_the_wire_and_republishing_is_idempotent(queue: InProcessQueue) -> None:
@@ -43,9 +49,10 @@ async def test_every_field_reaches_the_wire_and_republishing_is_idempotent(queue
         ("syntax", True, "parses"),
         ("solution_replay", False, "did not win seed 1"),
     ]
-    assert sample.batch_id == "b-1"
+    assert sample.batch_id == "r4-b1" and sample.spec_id == "spec-1"
+    assert not sample.trainable and sample.outcome == "solution_replay" and sample.constrained
 
     (ready_bytes,) = await drain(queue, ENVS_READY)
     ready = queues_pb2.EnvReady.FromString(ready_bytes)
     assert (ready.env_id, ready.setting, ready.skill) == ("e-2", "game", "Optimization")
-    assert ready.weight_version == 9 and ready.designer_sample_id == "s-2"
+    assert ready.weight_version == 9 and ready.designer_sample_id == "s-2" and ready.spec_id == "spec-1"

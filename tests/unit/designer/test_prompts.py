@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from services.designer.core.parsing import HINT_MARKER, ParsedOutput, parse_output
 from services.designer.core.ports import MemoryExample, MemoryExamples
 from services.designer.core.prompts import (
+    MIN_EXAMPLE_LINES,
     TRUNCATION_MARK,
+    AgentBudget,
     ExampleEnv,
     PromptParts,
     PromptTooLong,
@@ -75,23 +79,73 @@ def test_a_prompt_that_fits_is_left_whole() -> None:
     assert len(fitted.prompt_ids) == len(words_tokenize(fitted.messages))
 
 
-def test_the_document_shrinks_first_then_memory_then_the_example() -> None:
-    full = len(words_tokenize(render_messages(parts())))
-    doc_cut = fit_prompt(parts(), words_tokenize, max_prompt_tokens=full - 150, doc_min_words=50)
-    assert doc_cut.parts.memory == parts().memory
-    assert doc_cut.parts.document.endswith(TRUNCATION_MARK)
-    assert len(doc_cut.prompt_ids) <= full - 150
+LONG_EXAMPLE = ExampleEnv(
+    name="LongEnv",
+    code="class LongEnv:\n" + "".join(f"    step_{i} = {i}  # a line of the example\n" for i in range(200)),
+    hint="Count the steps.",
+)
 
-    no_doc = render_messages(parts(document="", memory=MemoryExamples()))
-    budget = len(words_tokenize(no_doc)) + 20
-    tight = fit_prompt(parts(), words_tokenize, max_prompt_tokens=budget, doc_min_words=50)
-    assert tight.parts.memory == MemoryExamples()
-    assert tight.parts.example == EXAMPLE
-    assert len(tight.prompt_ids) <= budget
 
-    bare = render_messages(parts(document="", memory=MemoryExamples(), example=None))
-    tiniest = fit_prompt(parts(), words_tokenize, max_prompt_tokens=len(words_tokenize(bare)))
+def tokens(p: PromptParts) -> int:
+    return len(words_tokenize(render_messages(p)))
+
+
+def test_grounding_first_memory_and_the_example_give_way_before_the_document() -> None:
+    full = parts(example=LONG_EXAMPLE)
+    # A budget that holds the whole document and the example's shortest beginning, nothing more.
+    budget = tokens(replace(full, memory=MemoryExamples(), example_lines=MIN_EXAMPLE_LINES)) + 2
+    fitted = fit_prompt(full, words_tokenize, max_prompt_tokens=budget, doc_min_words=50)
+    assert len(fitted.prompt_ids) <= budget
+    assert fitted.parts.document == DOC  # the corpus document is whole
+    assert fitted.parts.memory == MemoryExamples()  # memory examples went first
+    assert fitted.parts.example == LONG_EXAMPLE and fitted.parts.example_lines == MIN_EXAMPLE_LINES  # then this
+    assert "word399" in fitted.messages[1]["content"]
+
+
+def test_a_shrunk_example_shows_its_beginning_in_the_answer_format() -> None:
+    full = parts(example=LONG_EXAMPLE, memory=MemoryExamples())
+    budget = tokens(replace(full, example_lines=60)) + 5
+    fitted = fit_prompt(full, words_tokenize, max_prompt_tokens=budget, doc_min_words=50)
+    assert fitted.parts.document == DOC and fitted.parts.example == LONG_EXAMPLE
+    assert fitted.parts.example_lines is not None and fitted.parts.example_lines <= 60
+    text = fitted.messages[1]["content"]
+    assert "step_0 = 0" in text and "step_199" not in text
+    assert "the rest of this example is omitted" in text and "its beginning" in text
+    assert "Count the steps." in text  # the hint still closes the example answer
+
+
+def test_under_a_tight_budget_the_example_goes_before_the_document_and_the_document_goes_last() -> None:
+    full = parts(example=LONG_EXAMPLE)
+    bare = tokens(replace(full, document="", memory=MemoryExamples(), example=None))
+    # Room for the document cut to its floor (50 words) but not for any of the example as well.
+    budget = bare + 80  # the section header adds about 15 words
+    fitted = fit_prompt(full, words_tokenize, max_prompt_tokens=budget, doc_min_words=50)
+    assert fitted.parts.example is None and fitted.parts.memory == MemoryExamples()
+    assert fitted.parts.document.endswith(TRUNCATION_MARK) and "word49" in fitted.parts.document
+    assert len(fitted.prompt_ids) <= budget
+
+    tiniest = fit_prompt(full, words_tokenize, max_prompt_tokens=bare)
     assert tiniest.parts.example is None and tiniest.parts.document == ""
+
+
+def test_memory_excerpts_are_shortened_before_memory_examples_are_dropped() -> None:
+    long_code = "class GoodEnv:\n" + "".join(f"    field_{i} = {i}\n" for i in range(300))
+    memory = MemoryExamples(positives=(MemoryExample(code=long_code, reason="learnable: win rate 0.5"),))
+    full = parts(memory=memory, excerpt_chars=4000)
+    budget = tokens(replace(full, excerpt_chars=1000)) + 2
+    fitted = fit_prompt(full, words_tokenize, max_prompt_tokens=budget)
+    assert fitted.parts.memory == memory and fitted.parts.excerpt_chars <= 1000
+    assert fitted.parts.document == DOC and fitted.parts.example == EXAMPLE
+
+
+@pytest.mark.parametrize("setting", ["game", "tool"])
+def test_the_agents_budget_is_stated_in_the_contract(setting: str) -> None:
+    skill = skill_named(setting, "Optimization" if setting == "game" else "Tool Selection")
+    text = render_messages(parts(setting=setting, skill=skill, budget=AgentBudget(7, 512)))[1]["content"]
+    assert "## The agent's budget" in text
+    assert "at most 7 turns" in text and "512 tokens per turn" in text
+    assert "`max_turns` must be at most 7" in text
+    assert "within 7" in text  # solution() must win within the budget
 
 
 def test_an_impossible_budget_is_a_clear_error() -> None:

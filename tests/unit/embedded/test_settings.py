@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from pydantic import ValidationError
 
 from services.embedded.cli import run as run_command
-from services.embedded.runner import role_settings
+from services.embedded.runner import role_settings, run_spec
 from services.embedded.settings import RunSettings, ServiceOverrides
 from services.sandbox.isolation.settings import IsolationSettings
 from spade.config import describe_error
@@ -83,14 +83,17 @@ def test_each_role_gets_the_run_s_values_then_its_overrides(tmp_path: Path) -> N
         group_size=6,
         temperature=0.9,
         designer={"max_new_tokens": 96},
-        rollout={"group_size": 3, "block_ms": 10},
+        rollout={"block_ms": 10},
         learner={"lr": 3e-4},
     )
     roles = role_settings(settings, inference_url="http://127.0.0.1:1", model=tmp_path / "model")
-    assert (roles.designer.max_new_tokens, roles.designer.temperature) == (96, 0.9)
-    assert (roles.rollout.group_size, roles.rollout.block_ms, roles.rollout.temperature) == (3, 10, 0.9)
-    assert (roles.learner.lr, roles.learner.agent_group_size) == (3e-4, 6)
-    assert roles.rollout.inference_urls == ["http://127.0.0.1:1"] == roles.learner.inference_urls
+    assert roles.designer.max_new_tokens == 96
+    assert (roles.rollout.block_ms, roles.rollout.state_url) == (10, f"sqlite:///{tmp_path / 'rollout.db'}")
+    assert (roles.learner.lr, roles.learner.checkpoint_dir) == (3e-4, tmp_path / "checkpoints")
+    urls = ["http://127.0.0.1:1"]
+    assert roles.designer.inference_urls == roles.rollout.inference_urls == roles.learner.inference_urls == urls
+    spec = run_spec(settings)  # what every role agrees on comes from the run's own knobs
+    assert (spec.temperature, spec.group_size, spec.designer_max_new_tokens) == (0.9, 6, 512)
 
 
 def test_a_rule_across_a_service_s_fields_is_checked_when_its_settings_are_built(tmp_path: Path) -> None:
