@@ -87,6 +87,12 @@ class MemoryServicer(pb_grpc.MemoryServicer):
     async def GetRunSpec(self, request: pb.GetRunSpecRequest, context: grpc.aio.ServicerContext) -> pb.RunSpecRecord:
         return wire.runspec_to_pb(await self._svc.get_run_spec())
 
+    async def RecordProbe(
+        self, request: pb.RecordProbeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RecordProbeResponse:
+        await self._svc.record_probe(wire.probe_from_pb(request))
+        return pb.RecordProbeResponse()
+
     async def SetRunSpec(self, request: pb.SetRunSpecRequest, context: grpc.aio.ServicerContext) -> pb.RunSpecRecord:
         try:
             spec = RunSpec.from_json(request.spec_json)

@@ -29,6 +29,7 @@ from spade.memory.records import (
     DesignerAttempt,
     EnvFilter,
     Environment,
+    EnvProbe,
     Examples,
     NewEnvironment,
     Page,
@@ -142,6 +143,11 @@ class MemoryClient:
         req = pb.RecordAttemptsRequest(attempts=[wire.attempt_to_pb(a) for a in attempts])
         res = await self._call("", lambda: self._stub.RecordAttempts(req, **self._kw))
         return RecordResult(recorded=res.recorded, duplicates=res.duplicates)
+
+    async def record_probe(self, probe: EnvProbe) -> None:
+        """See ``MemoryService.record_probe``."""
+        req = wire.probe_to_pb(probe)
+        await self._call(probe.env_id, lambda: self._stub.RecordProbe(req, **self._kw))
 
     async def get_run_spec(self) -> RunSpecRecord:
         """See ``MemoryService.get_run_spec`` (raises ``RunSpecNotSet`` before one is stored)."""

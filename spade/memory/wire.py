@@ -14,6 +14,7 @@ from spade.memory.records import (
     DesignerAttempt,
     EnvFilter,
     Environment,
+    EnvProbe,
     EnvStats,
     EnvStatus,
     Example,
@@ -308,4 +309,24 @@ def examples_from_pb(m: pb.SampleExamplesResponse) -> Examples:
     return Examples(
         positives=tuple(example_from_pb(e) for e in m.positives),
         negatives=tuple(example_from_pb(e) for e in m.negatives),
+    )
+
+
+def probe_to_pb(p: EnvProbe) -> pb.RecordProbeRequest:
+    return pb.RecordProbeRequest(
+        env_id=p.env_id,
+        first_observation=p.first_observation,
+        hidden_attributes=p.hidden_attributes,
+        solution=list(p.solution),
+        error=p.error,
+    )
+
+
+def probe_from_pb(m: pb.RecordProbeRequest) -> EnvProbe:
+    return EnvProbe(
+        env_id=m.env_id,
+        first_observation=m.first_observation,
+        hidden_attributes=dict(m.hidden_attributes),
+        solution=tuple(m.solution),
+        error=m.error,
     )

@@ -619,6 +619,79 @@ class RunSpecRecord(_message.Message):
 Global___RunSpecRecord: _TypeAlias = RunSpecRecord  # noqa: Y015
 
 @_typing.final
+class RecordProbeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class HiddenAttributesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ENV_ID_FIELD_NUMBER: _builtins.int
+    FIRST_OBSERVATION_FIELD_NUMBER: _builtins.int
+    HIDDEN_ATTRIBUTES_FIELD_NUMBER: _builtins.int
+    SOLUTION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    env_id: _builtins.str
+    first_observation: _builtins.str
+    error: _builtins.str
+    """Why the probe failed; empty when it did not."""
+    @_builtins.property
+    def hidden_attributes(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Attributes reset() set (framework bookkeeping excluded) -> bytes of their repr."""
+
+    @_builtins.property
+    def solution(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The winning actions of that instance (game envs)."""
+
+    def __init__(
+        self,
+        *,
+        env_id: _builtins.str = ...,
+        first_observation: _builtins.str = ...,
+        hidden_attributes: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        solution: _abc.Iterable[_builtins.str] | None = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_id", b"env_id", "error", b"error", "first_observation", b"first_observation", "hidden_attributes", b"hidden_attributes", "solution", b"solution"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordProbeRequest: _TypeAlias = RecordProbeRequest  # noqa: Y015
+
+@_typing.final
+class RecordProbeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordProbeResponse: _TypeAlias = RecordProbeResponse  # noqa: Y015
+
+@_typing.final
 class RecordPlaysRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

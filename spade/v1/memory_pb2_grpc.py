@@ -84,6 +84,11 @@ class MemoryStub:
                 request_serializer=spade_dot_v1_dot_memory__pb2.SetRunSpecRequest.SerializeToString,
                 response_deserializer=spade_dot_v1_dot_memory__pb2.RunSpecRecord.FromString,
                 _registered_method=True)
+        self.RecordProbe = channel.unary_unary(
+                '/spade.v1.Memory/RecordProbe',
+                request_serializer=spade_dot_v1_dot_memory__pb2.RecordProbeRequest.SerializeToString,
+                response_deserializer=spade_dot_v1_dot_memory__pb2.RecordProbeResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServicer:
@@ -161,6 +166,14 @@ class MemoryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordProbe(self, request, context):
+        """Keep what a sandboxed reset of an environment showed (spade.pool_metrics.probe_env): its first
+        observation, hidden state and solution, for the pool's process metrics. The memory never runs env code.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -213,6 +226,11 @@ def add_MemoryServicer_to_server(servicer, server):
                     servicer.SetRunSpec,
                     request_deserializer=spade_dot_v1_dot_memory__pb2.SetRunSpecRequest.FromString,
                     response_serializer=spade_dot_v1_dot_memory__pb2.RunSpecRecord.SerializeToString,
+            ),
+            'RecordProbe': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordProbe,
+                    request_deserializer=spade_dot_v1_dot_memory__pb2.RecordProbeRequest.FromString,
+                    response_serializer=spade_dot_v1_dot_memory__pb2.RecordProbeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -485,6 +503,33 @@ class Memory:
             '/spade.v1.Memory/SetRunSpec',
             spade_dot_v1_dot_memory__pb2.SetRunSpecRequest.SerializeToString,
             spade_dot_v1_dot_memory__pb2.RunSpecRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordProbe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spade.v1.Memory/RecordProbe',
+            spade_dot_v1_dot_memory__pb2.RecordProbeRequest.SerializeToString,
+            spade_dot_v1_dot_memory__pb2.RecordProbeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,7 +15,7 @@ from services.memory.store.sql import SqlStore, migrate
 from spade.auth import KeyRing, Unauthenticated, hash_key
 from spade.memory.client import MemoryClient
 from spade.memory.errors import EnvironmentNotFound, InvalidArgument, RunSpecConflict, RunSpecNotSet
-from spade.memory.records import DesignerAttempt, EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
+from spade.memory.records import DesignerAttempt, EnvFilter, EnvProbe, EnvStatus, NewEnvironment, Play, StatsUpdate
 from spade.runspec import RunSpec
 from spade.serving.grpc import grpc_server
 from spade.serving.settings import ServerAddress
@@ -170,3 +170,30 @@ async def test_windows_attempts_and_the_run_spec_over_grpc(client: MemoryClient)
     with pytest.raises(RunSpecConflict, match="group_size: stored 8, given 16"):
         await client.set_run_spec(RunSpec())
     assert (await client.set_run_spec(RunSpec(), replace=True)).spec_id == RunSpec().spec_id
+
+
+async def test_record_probe_over_grpc_refuses_unknown_envs(client: MemoryClient) -> None:
+    env_id = (await client.put_environment(new_env("Probed"))).env_id
+    probe = EnvProbe(env_id, "The answer is 42. Guess it.", {"target": 2, "limit": 1}, (r"\boxed{42}",))
+    await client.record_probe(probe)
+    with pytest.raises(EnvironmentNotFound):
+        await client.record_probe(EnvProbe("ghost"))
+
+
+async def test_a_probe_reported_over_grpc_feeds_the_process_metrics(empty_engine: Engine) -> None:
+    migrate(empty_engine)
+    service = MemoryService(SqlStore(empty_engine))
+    async with grpc_server(
+        [grpc_service(service)], ServerAddress(port=0), service="memory", authenticate=KEYRING.authenticate
+    ) as running:
+        client = MemoryClient(f"127.0.0.1:{running.port}", api_key=KEY)
+        env_id = (await client.put_environment(new_env("Leaky"))).env_id
+        await client.record_probe(EnvProbe(env_id, "The answer is 42. Guess it.", {"target": 2}, (r"\boxed{42}",)))
+        await client.close()
+    pool = (await service.stats()).pool
+    assert (pool.probed, pool.hidden_state_size_mean, pool.hidden_state_bytes_mean, pool.leakage_share) == (
+        1,
+        1.0,
+        2.0,
+        1.0,
+    )
