@@ -18,6 +18,7 @@ from pydantic_settings import SettingsConfigDict
 from services.memory.core.policy import PolicyConfig
 from spade.auth import ApiKey, KeyRing, check_unique_keys
 from spade.config import ServiceSettings
+from spade.endpoints import SandboxEndpoint
 from spade.pool_metrics import DEFAULT_WINDOW
 from spade.serving.settings import ServerAddress
 
@@ -75,6 +76,14 @@ class MemorySettings(ServiceSettings):
     vendi: bool = Field(
         default=True,
         description="Compute the Vendi score / n of the pool in /v1/stats (loads all-MiniLM-L6-v2 on first use).",
+    )
+    sandbox: SandboxEndpoint | None = Field(
+        default=None,
+        description="A sandbox to probe new pool envs through (first observation, hidden state, leakage); unset: "
+        "only the probes other services report (RecordProbe) count.",
+    )
+    probe_every_s: float = Field(
+        default=30.0, ge=1.0, le=3600.0, description="Seconds between two looks for unprobed pool envs."
     )
     metrics_window: int = Field(
         default=DEFAULT_WINDOW,

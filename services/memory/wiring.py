@@ -16,6 +16,7 @@ from services.memory.store.sql import SqlStore, make_engine, migrate
 from spade.memory.errors import RunSpecNotSet
 from spade.memory.runspec import load_spec_file
 from spade.memory.wire import GRPC_OPTIONS
+from spade.pool_metrics import Executor
 from spade.runspec import RunSpec
 from spade.serving.grpc import RunningGrpc, grpc_server
 from spade.serving.http import RunningHttp, http_server
@@ -121,9 +122,26 @@ async def serving(settings: MemorySettings) -> AsyncIterator[RunningServers]:
         app.close()
 
 
+async def probe_forever(service: MemoryService, executor: Executor, every_s: float, stop: asyncio.Event) -> None:
+    """Probe new pool envs through the sandbox until ``stop`` is set (the env code runs only there).
+
+    A sandbox that fails is logged and tried again at the next round; nothing here stops serving.
+    """
+    while not stop.is_set():
+        try:
+            probed = await service.probe_pending(executor)
+            if probed:
+                log.info("probed %d pool environments in the sandbox", probed)
+        except Exception:
+            log.warning("probing pool environments failed; retrying in %.0f s", every_s, exc_info=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=every_s)
+
+
 async def serve_forever(settings: MemorySettings, stop: asyncio.Event) -> None:
     """Entry point of ``spade serve memory``: serve until ``stop`` is set (SIGTERM/SIGINT)."""
-    async with serving(settings) as running:
+    async with contextlib.AsyncExitStack() as stack:
+        running = await stack.enter_async_context(serving(settings))
         log.warning(
             "memory serving: gRPC %s:%d, REST http://%s:%d (OpenAPI at /docs)",
             settings.grpc.host,
@@ -131,4 +149,12 @@ async def serve_forever(settings: MemorySettings, stop: asyncio.Event) -> None:
             settings.http.host,
             running.http.port,
         )
+        if settings.sandbox is not None:
+            from spade.sandbox.client import SandboxClient
+
+            cfg = settings.sandbox
+            sandbox = SandboxClient(cfg.target, cfg.key(), timeout_s=cfg.timeout_s, retry=cfg.retry)
+            stack.push_async_callback(sandbox.close)
+            prober = asyncio.create_task(probe_forever(running.app.service, sandbox, settings.probe_every_s, stop))
+            stack.push_async_callback(lambda: asyncio.wait_for(prober, timeout=60))
         await stop.wait()

@@ -3,6 +3,7 @@ and every figure equals ``spade.pool_metrics`` / ``spade.signal`` applied to the
 
 from __future__ import annotations
 
+import asyncio
 import textwrap
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -14,6 +15,7 @@ from sqlalchemy import Engine, func, select
 from services.memory.service import MemoryService
 from services.memory.store.models import EnvEmbeddingRow
 from services.memory.store.sql import SqlStore, migrate
+from services.memory.wiring import probe_forever
 from services.sandbox.isolation import SandboxPool
 from services.sandbox.isolation.settings import IsolationSettings
 from spade import pool_metrics as pm
@@ -143,3 +145,22 @@ async def test_without_the_vendi_metric_the_stats_say_why(empty_engine: Engine) 
     stats = await service.stats()
     assert stats.pool.vendi_per_n is None and "vendi: false" in stats.pool.vendi_note
     assert stats.pool.probed == 0 and stats.pool.leakage_share is None and stats.pool.hidden_state_size_mean is None
+
+
+async def test_the_served_memory_probes_new_pool_envs_in_the_background(
+    empty_engine: Engine, sandbox: SandboxPool
+) -> None:
+    migrate(empty_engine)
+    service = MemoryService(SqlStore(empty_engine))
+    number_hunt = EXAMPLES["number_hunt"]
+    await service.put_environment(NewEnvironment("game", number_hunt.skill, number_hunt.code))
+    stop = asyncio.Event()
+    prober = asyncio.create_task(probe_forever(service, sandbox, every_s=0.2, stop=stop))
+    for _ in range(200):
+        if (await service.stats()).pool.probed:
+            break
+        await asyncio.sleep(0.1)
+    stop.set()
+    await asyncio.wait_for(prober, 30)
+    pool = (await service.stats()).pool
+    assert pool.probed == 1 and (pool.hidden_state_size_mean or 0) >= 1 and pool.leakage_share == 0.0
