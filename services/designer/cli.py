@@ -127,6 +127,17 @@ def build_corpus_command(setting: str, cache_dir: Path | None) -> None:
         click.echo(f"{name}: {len(load_jsonl(path))} documents in {path}")
 
 
+@designer.command("example-pool")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--setting", type=click.Choice(["game", "tool"]), default="game", show_default=True)
+def example_pool(directory: Path, setting: str) -> None:
+    """Write the contract's example envs as designer answers: a pool for `--pool DIR` / `--designer-pool DIR`."""
+    from services.designer.pool_files import write_example_pool
+
+    for path in write_example_pool(directory, setting):
+        click.echo(str(path))
+
+
 @designer.command("show-prompt")
 @click.option("--setting", type=click.Choice(["game", "tool"]), default="game", show_default=True)
 @click.option("--skill", default=None, help="Skill name (default: the first of the setting).")

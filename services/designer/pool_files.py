@@ -54,3 +54,23 @@ def load_pool(directory: Path) -> list[PoolAnswer]:
     if not files:
         raise ValueError(f"designer pool {directory} holds no answer file (*.md or *.txt, one designer answer each)")
     return [parse_answer_file(path.name, path.read_text(encoding="utf-8")) for path in files]
+
+
+def write_example_pool(directory: Path, setting: str) -> list[Path]:
+    """Write the contract's example envs of ``setting`` as answer files (``valid-<name>.md``).
+
+    The pool of the paper's fixed-env baseline over the examples (``--designer-pool DIR``); each file
+    names its example's skill on its first line.
+    """
+    from spade.envs.examples import EXAMPLES
+    from spade.inference.answer_format import designer_answer
+
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, example in sorted(EXAMPLES.items()):
+        if str(example.setting) != setting:
+            continue
+        path = directory / f"valid-{name}.md"
+        path.write_text(f"# skill: {example.skill}\n{designer_answer(example.code, example.hint)}\n", encoding="utf-8")
+        written.append(path)
+    return written

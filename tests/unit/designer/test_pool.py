@@ -103,3 +103,21 @@ async def test_a_duplicate_answer_is_a_duplicate_attempt(
     result = await pool.run_batch()
     assert sorted(r.outcome.value for r in result.records) == ["duplicate", "valid"]
     assert [r.outcome for r in result.records if r.outcome is AttemptOutcome.DUPLICATE]
+
+
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "designer_pool"
+
+
+@pytest.mark.parametrize("setting", ["game", "tool"])
+def test_the_shipped_valid_answers_are_the_contracts_examples_exactly(setting: str, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from services.designer.cli import designer as designer_cli
+
+    result = CliRunner().invoke(designer_cli, ["example-pool", str(tmp_path), "--setting", setting])
+    assert result.exit_code == 0, result.output
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == sorted(p.name for p in (FIXTURES / setting).glob("valid-*.md"))
+    for name in written:  # the fixtures cannot drift from spade.envs.examples
+        assert (tmp_path / name).read_text() == (FIXTURES / setting / name).read_text(), name
+    assert all(a.skill for a in load_pool(tmp_path))

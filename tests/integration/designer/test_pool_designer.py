@@ -1,0 +1,106 @@
+"""The pool designer over the shipped answer files through the real sandbox: every valid answer is
+stored and announced, every invalid one fails exactly the check its file names, malformed answers and
+duplicates are counted by the memory, and no sample is trainable."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from services.designer.adapters import MemoryServiceEnvironments, PoolValidator
+from services.designer.pool_files import load_pool
+from services.designer.settings import DesignerSettings
+from services.designer.wiring import build_pool_designer
+from services.memory.service import MemoryService
+from services.memory.store.sql import SqlStore, make_engine, migrate
+from services.sandbox.isolation import IsolationSettings, SandboxPool
+from spade.envs import CheckConfig
+from spade.queues.base import ENVS_READY, SAMPLES_DESIGNER
+from spade.queues.config import InProcessQueueConfig
+from spade.queues.inprocess import InProcessQueue
+from spade.runspec import RunSpec
+from spade.v1 import queues_pb2
+from tests.unit.designer.conftest import drain
+
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "designer_pool"
+CHECKS = CheckConfig(seeds=(0, 1, 2), random_policy_episodes=10)
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[SandboxPool]:
+    sandbox = SandboxPool(IsolationSettings())
+    await sandbox.start()
+    try:
+        yield sandbox
+    finally:
+        await sandbox.stop()
+
+
+def expected(name: str) -> str:
+    """The outcome a fixture's file name promises."""
+    stem = name.removesuffix(".md")
+    if stem.startswith("valid-"):
+        return "valid"
+    if stem.startswith("duplicate-"):
+        return "duplicate"
+    return stem.removeprefix("invalid-").split("-")[0]
+
+
+@pytest.mark.slow  # validates ~20 envs in the real sandbox
+@pytest.mark.parametrize("setting", ["game", "tool"])
+async def test_every_answer_file_gets_the_outcome_its_name_says(
+    setting: str, pool: SandboxPool, tmp_path: Path
+) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'memory.db'}")
+    migrate(engine)
+    memory_service = MemoryService(SqlStore(engine))
+    queue = InProcessQueue(InProcessQueueConfig(max_len=1000))
+    answers = load_pool(FIXTURES / setting)
+    spec = RunSpec(envs_per_round=len(answers), skills_per_round=3, agent_max_turns=25, designer_max_new_tokens=2048)
+    settings = DesignerSettings(dev_mode=True, setting=setting, concurrency=2, criteria_reachable={"enabled": False})
+    designer = build_pool_designer(
+        settings,
+        FIXTURES / setting,
+        spec=spec,
+        validator=PoolValidator(pool, CHECKS),
+        memory=MemoryServiceEnvironments(memory_service),
+        queue=queue,
+    )
+    result = await designer.run_batch(weight_version=2)
+    assert designer.exhausted and len(result.records) == len(answers)
+
+    got = {str(r.source["pool_file"]): r.label for r in result.records}
+    want = {a.name: expected(a.name) for a in answers}
+    # A duplicate pair: whichever was stored first is the valid one.
+    for name in [n for n in want if n.startswith("duplicate-")]:
+        original = "valid-" + name.removeprefix("duplicate-")
+        assert sorted([got.pop(name), got.pop(original)]) == ["duplicate", "valid"]
+        want.pop(name), want.pop(original)
+    assert got == want
+
+    samples = [queues_pb2.DesignerSample.FromString(p) for p in await drain(queue, SAMPLES_DESIGNER)]
+    assert len(samples) == len(answers)
+    assert not any(s.trainable for s in samples) and {s.spec_id for s in samples} == {spec.spec_id}
+    assert {s.batch_id for s in samples} == {result.batch_id}
+    by_file = {str(r.source["pool_file"]): r for r in result.records}
+    for sample in samples:
+        assert sample.outcome == next(r.label for r in result.records if r.sample_id == sample.sample_id)
+    ready = [queues_pb2.EnvReady.FromString(p) for p in await drain(queue, ENVS_READY)]
+    valid_ids = sorted(r.env_id for r in result.records if r.label == "valid")
+    assert sorted(r.env_id for r in ready) == valid_ids and {r.spec_id for r in ready} == {spec.spec_id}
+
+    # The agent's budget reached validation: the 30-step staircase fails replay naming it.
+    if setting == "game":
+        over = by_file["invalid-solution_replay-over_budget.md"]
+        detail = next(c.detail for c in over.checks if c.name == "solution_replay")
+        assert "budget is 25 turns" in detail, detail
+    # Every attempt is in the memory's figures, malformed ones included.
+    attempts = (await memory_service.stats()).attempts
+    assert attempts.attempts == len(answers) and attempts.valid == len(valid_ids)
+    assert attempts.by_outcome.get("malformed", 0) == (1 if setting == "game" else 0)
+    env = await memory_service.get_environment(valid_ids[0])
+    assert env.status == "valid" and env.corpus_ref.endswith(".md") and env.skill  # the file is its source
+    await queue.close()
+    engine.dispose()
