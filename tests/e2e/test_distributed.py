@@ -151,7 +151,7 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
                 "SPADE_MEMORY_GRPC__HOST": "127.0.0.1",
                 "SPADE_MEMORY_GRPC__PORT": str(ports["mem_grpc"]),
                 "SPADE_MEMORY_HTTP__PORT": str(ports["mem_rest"]),
-                "SPADE_MEMORY_WINDOW_VERSIONS": "1",
+                "SPADE_MEMORY_WINDOW_VERSIONS_GAME": "1",
             },
         )
         cluster.start("inference", ["serve", "inference", "--port", str(ports["inference"])], {})
