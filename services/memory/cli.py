@@ -161,6 +161,7 @@ def list_envs(database_url: str, limit: int, cursor: str | None, **kw: Any) -> N
 def show(database_url: str, env_id: str, code_only: bool) -> None:
     """Show one environment: statistics, hint, validation checks, code and recent plays."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.syntax import Syntax
 
     store = _store(database_url)
@@ -178,18 +179,26 @@ def show(database_url: str, env_id: str, code_only: bool) -> None:
         f"[bold]{e.env_class or e.id}[/] {e.id} — {e.setting} / {e.skill} — "
         f"{e.status.value}, version {e.weight_version}"
     )
-    c.print(
-        f"plays {s.plays}, win rate {_fmt(s.win_rate)} over {s.window_plays}, regret {_fmt(s.regret)}, "
-        f"learnable {'yes' if s.learnable else 'no'} {s.reward_components or ''}"
+    window = (
+        "not fixed yet"
+        if e.window_start is None
+        else f"versions {e.window_start}..{e.window_start + e.window_versions - 1} ({e.window_versions} slots)"
     )
-    c.print(f"[bold]hint[/]: {e.hint or '(none)'}")
+    c.print(f"window {window}")
+    c.print(
+        f"plays {s.plays}, win rate (mean return) {_fmt(s.win_rate)} over {s.window_plays}, solved "
+        f"{_fmt(s.solved_fraction)}, regret {_fmt(s.regret)}"
+        + (f" ({escape(s.regret_note)})" if s.regret_note else "")
+        + f", learnable {'yes' if s.learnable else 'no'} {s.reward_components or ''}"
+    )
+    c.print(f"[bold]hint[/]: {escape(e.hint) or '(none)'}")
     for check in e.validation_report.get("checks", []):
         mark = "[green]pass[/]" if check.get("passed") else "[red]FAIL[/]"
         c.print(f"  {mark} {check.get('name')} {check.get('detail', '')}")
     c.print(Syntax(e.code, "python", line_numbers=True))
     for p in plays:
         c.print(
-            f"  v{p.weight_version} seed {p.seed} {'hinted ' if p.hinted else 'unhinted'} "
+            f"  v{p.weight_version} slot {p.window_index} seed {p.seed} {'hinted ' if p.hinted else 'unhinted'} "
             f"return {p.episode_return:.2f} turns {p.turns} {p.finish_reason}"
         )
 
