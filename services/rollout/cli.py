@@ -1,4 +1,9 @@
-"""``spade serve rollout``: run one rollout worker until SIGTERM/SIGINT (its current plays finish first)."""
+"""``spade serve rollout``: run one rollout worker until SIGTERM/SIGINT.
+
+On SIGTERM the worker stops claiming slots, lets the slots in flight finish for
+``shutdown_grace_s``, cancels the rest (their finished plays are kept, their leases handed back at
+once) and exits. A configuration that contradicts the run spec exits with status 2, one line per field.
+"""
 
 from __future__ import annotations
 
@@ -9,21 +14,37 @@ from pathlib import Path
 import click
 
 from services.rollout.settings import RolloutSettings
+from spade.config import ConfigError
 from spade.serving.run import config_option, run_until_signalled, settings_or_exit
+
+log = logging.getLogger("spade.rollout")
 
 
 async def _serve(settings: RolloutSettings, stop: asyncio.Event) -> None:
-    from services.rollout.wiring import rollout_worker
+    from services.rollout.wiring import StoppedWhileWaiting, rollout_worker
+    from spade.memory.errors import RunSpecConflict
 
-    async with rollout_worker(settings) as worker:
-        logging.getLogger("spade.rollout").info(
-            "rollout worker %s serving (group %s, G=%d, k=%d)",
-            settings.consumer_name,
-            settings.consumer_group,
-            settings.group_size,
-            settings.window_versions,
-        )
-        await worker.run(stop)
+    try:
+        async with rollout_worker(settings, stop=stop) as worker:
+            spec = worker.spec
+            log.info(
+                "rollout worker %s serving (group %s, spec %s: G=%d, k=%d/%d game/tool, %d turns)",
+                settings.consumer_name,
+                settings.consumer_group,
+                spec.spec_id,
+                spec.group_size,
+                spec.window_versions_game,
+                spec.window_versions_tool,
+                spec.agent_max_turns,
+                extra={"event": "serving", "consumer": settings.consumer_name, "spec_id": spec.spec_id},
+            )
+            await worker.run(stop)
+    except StoppedWhileWaiting as exc:
+        log.info("rollout worker %s %s", settings.consumer_name, exc)
+    except (ConfigError, RunSpecConflict) as exc:
+        click.echo("the rollout's settings contradict the run spec:", err=True)
+        click.echo(str(exc), err=True)
+        raise SystemExit(2) from None
 
 
 @click.command()

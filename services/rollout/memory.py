@@ -1,4 +1,4 @@
-"""The memory as the rollout sees it: env code and hint in, plays and retirements out.
+"""The memory as the rollout sees it: env code and hint in; windows, plays and retirements out.
 
 Works over anything with the memory's async API — ``MemoryService`` in embedded mode, the gRPC
 ``MemoryClient`` in distributed mode — so the rollout never knows which one it talks to.
@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from services.rollout.core.ports import EnvSpec, PlayRecord
-from services.rollout.worker import EnvNotFound
+from services.rollout.core.ports import EnvNotFound, EnvSpec, PlayRecord, Window
 from spade.memory.errors import EnvironmentNotFound
 from spade.memory.records import Environment, EnvStatus, Play, RecordResult, StatsUpdate
 
@@ -20,16 +19,19 @@ class MemoryApi(Protocol):
 
     async def get_environment(self, env_id: str) -> Environment: ...
 
+    async def set_window(self, env_id: str, window_start: int, window_versions: int) -> Environment: ...
+
     async def record_plays(self, plays: Sequence[Play]) -> RecordResult: ...
 
     async def update_stats(self, env_id: str, update: StatsUpdate) -> Environment: ...
 
 
 class MemoryServicePlays:
-    """The rollout's ports to the memory (``EnvSource`` and ``PlayLog``) over the memory service's API.
+    """The rollout's port to the memory (``RolloutMemory``) over the memory service's API.
 
-    Translates, nothing more: the memory's ``Environment`` into the core's ``EnvSpec``, the core's
-    ``PlayRecord`` into the memory's ``Play``, a retirement into a status update.
+    Translates, nothing more: the memory's ``Environment`` into the core's ``EnvSpec`` and
+    ``Window``, the core's ``PlayRecord`` into the memory's ``Play``, a retirement into a status
+    update.
 
     Args:
         memory: ``MemoryService`` or ``MemoryClient``.
@@ -50,6 +52,20 @@ class MemoryServicePlays:
             raise EnvNotFound(str(exc)) from exc
         return EnvSpec(env_id=env.id, setting=env.setting, skill=env.skill, code=env.code, hint=env.hint)
 
+    async def set_window(self, env_id: str, window_start: int, window_versions: int) -> Window:
+        """Fix the env's window (first writer wins); the stored window, whoever wrote it.
+
+        Raises:
+            EnvNotFound: The memory has no such env.
+        """
+        try:
+            env = await self._memory.set_window(env_id, window_start, window_versions)
+        except EnvironmentNotFound as exc:
+            raise EnvNotFound(str(exc)) from exc
+        if env.window_start is None:
+            raise RuntimeError(f"the memory answered SetWindow for {env_id} without a window; it must store one")
+        return Window(start=env.window_start, versions=env.window_versions)
+
     async def record_plays(self, env_id: str, plays: Sequence[PlayRecord]) -> None:
         """Record plays (the memory stores each trajectory id once)."""
         await self._memory.record_plays(
@@ -63,6 +79,9 @@ class MemoryServicePlays:
                     weight_version=p.weight_version,
                     trajectory_id=p.sample_id,
                     finish_reason=p.finish_reason,
+                    window_start=p.window_start,
+                    window_index=p.window_index,
+                    spec_id=p.spec_id,
                 )
                 for p in plays
             ]

@@ -82,13 +82,14 @@ class InferenceGenerator:
         self._stop = list(stop_token_ids) or None
 
     async def generate(self, input_ids: list[int], sampling: TurnSampling) -> Generation:
-        """Sample one turn with logprobs."""
+        """Sample one turn with logprobs (seeded with SGLang's ``sampling_seed`` when the turn has one)."""
         params = SamplingParams(
             max_new_tokens=sampling.max_new_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,
             stop_token_ids=self._stop,
+            sampling_seed=sampling.seed,
         )
         gen = await self._client.generate(input_ids, params, return_logprob=True)
         return Generation(

@@ -7,6 +7,7 @@ the same shape.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
 from spade.envs import CheckConfig
@@ -28,6 +29,20 @@ class PoolSessions:
         self._pool = pool
         self._checks = checks or CheckConfig()
 
-    async def open_session(self, code: str, setting: str, seed: int) -> Any:
-        """Load ``code`` in a fresh jail and ``reset(seed)`` it."""
-        return await self._pool.open_session(code, setting, seed, self._checks)
+    async def open_session(self, code: str, setting: str, seed: int, *, agent_max_turns: int = 0) -> Any:
+        """Load ``code`` in a fresh jail and ``reset(seed)`` it.
+
+        ``agent_max_turns``: the agent's turn budget; the session truncates there, and an env's own
+        ``max_turns`` above it is clamped to it (as the sandbox service does for
+        ``OpenSessionRequest.agent_max_turns``). 0: the configured checks.
+        """
+        return await self._pool.open_session(code, setting, seed, self._with_budget(agent_max_turns))
+
+    def _with_budget(self, agent_max_turns: int) -> CheckConfig:
+        if not agent_max_turns:
+            return self._checks
+        return dataclasses.replace(
+            self._checks,
+            max_turns_cap=agent_max_turns,
+            default_max_turns=min(self._checks.default_max_turns, agent_max_turns),
+        )

@@ -1,9 +1,19 @@
-"""The rollout's durable state: the active env set, each env's window progress, the latest version.
+"""The rollout's durable state: the active envs, their window progress, leases, finished plays.
 
-Two small tables the rollout owns (``rollout_envs``, ``rollout_meta``), created on start-up if
-missing, in SQLite (embedded mode) or Postgres (distributed mode; every rollout worker shares it).
-Workers coordinate through it: a window play is claimed with a lease (compare-and-set on the row),
-so one worker plays each due version and a worker that dies mid-play loses its lease to another.
+Three small tables the rollout owns, created on start-up if missing, in SQLite (embedded mode) or
+Postgres (distributed mode; every rollout worker shares it):
+
+- ``rollout_windows``: one row per env: its window (start, k), how many slots are durable, status,
+  the lease on its next slot (owner, expiry, claims so far, last error) and the slots skipped with
+  their reasons;
+- ``rollout_plays``: the sample id of every play that is published and recorded, so a slot that is
+  resumed (after a crash, a takeover or SIGTERM) plays only what is missing;
+- ``rollout_meta``: the latest weight version seen.
+
+Leases follow liveness: a worker claims an env's due slot for ``lease_s`` seconds (compare-and-set
+on the row) and renews it while the plays run. A worker restarted under the same name takes its own
+leases back at once; another worker takes a lease over once it expired. Lease times are the
+database's clock (one clock for every worker), unless a test injects one.
 
 All calls are synchronous SQL on a small pool, run in a thread so the event loop never blocks.
 """
@@ -12,29 +22,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 
-from services.rollout.core.schedule import ActiveEnv, EnvStatus, due_version, window_closed
+from services.rollout.core.schedule import ActiveEnv, EnvStatus, due_slot
 
 _metadata = sa.MetaData()
 
-rollout_envs = sa.Table(
-    "rollout_envs",
+rollout_windows = sa.Table(
+    "rollout_windows",
     _metadata,
     sa.Column("env_id", sa.String(200), primary_key=True),
     sa.Column("setting", sa.String(16), nullable=False),
     sa.Column("skill", sa.String(200), nullable=False),
     sa.Column("designer_sample_id", sa.String(200), nullable=False),
-    sa.Column("first_version", sa.BigInteger, nullable=False),
+    sa.Column("spec_id", sa.String(64), nullable=False),
+    sa.Column("design_version", sa.BigInteger, nullable=False),
     sa.Column("window", sa.Integer, nullable=False),
-    sa.Column("played_through", sa.BigInteger, nullable=True),
+    sa.Column("window_start", sa.BigInteger, nullable=True),
+    sa.Column("slots_done", sa.Integer, nullable=False),
     sa.Column("status", sa.String(16), nullable=False, index=True),
     sa.Column("lease_owner", sa.String(200), nullable=True),
     sa.Column("lease_until", sa.Float, nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("skipped", sa.Text, nullable=False),
+    sa.Column("registered_at", sa.Float, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),
+)
+
+rollout_plays = sa.Table(
+    "rollout_plays",
+    _metadata,
+    sa.Column("sample_id", sa.String(400), primary_key=True),
+    sa.Column("env_id", sa.String(200), nullable=False, index=True),
+    sa.Column("slot", sa.Integer, nullable=False),
 )
 
 rollout_meta = sa.Table(
@@ -47,6 +73,24 @@ rollout_meta = sa.Table(
 _LATEST = "latest_weight_version"
 
 
+@dataclass(frozen=True)
+class Claim:
+    """A leased slot: the env, the slot to play, and how many times it has been claimed (this one included)."""
+
+    env: ActiveEnv
+    slot: int
+    attempts: int
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
+class SkippedSlot:
+    """A window slot that was not played, and why (never skipped silently)."""
+
+    slot: int
+    reason: str
+
+
 def _to_env(row: sa.Row[tuple[object, ...]]) -> ActiveEnv:
     m = row._mapping
     return ActiveEnv(
@@ -54,28 +98,30 @@ def _to_env(row: sa.Row[tuple[object, ...]]) -> ActiveEnv:
         setting=m["setting"],
         skill=m["skill"],
         designer_sample_id=m["designer_sample_id"],
-        first_version=int(m["first_version"]),
         window=int(m["window"]),
-        played_through=None if m["played_through"] is None else int(m["played_through"]),
+        design_version=int(m["design_version"]),
+        spec_id=m["spec_id"],
+        window_start=None if m["window_start"] is None else int(m["window_start"]),
+        slots_done=int(m["slots_done"]),
         status=EnvStatus(m["status"]),
     )
 
 
 class RolloutStateStore:
-    """The active set and window progress in SQL.
+    """The active set, window progress, leases and finished plays in SQL.
 
     Args:
         engine: A SQLAlchemy engine (``sqlite:///…`` or ``postgresql+psycopg://…``).
-        clock: Wall clock for leases (injectable in tests).
+        clock: Wall clock for leases (tests inject one); default: the database's own clock.
     """
 
-    def __init__(self, engine: sa.Engine, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, engine: sa.Engine, *, clock: Callable[[], float] | None = None) -> None:
         self._engine = engine
         self._clock = clock
         _metadata.create_all(engine)
 
     @classmethod
-    def from_url(cls, url: str, *, clock: Callable[[], float] = time.time) -> RolloutStateStore:
+    def from_url(cls, url: str, *, clock: Callable[[], float] | None = None) -> RolloutStateStore:
         """Open (and create if needed) the state tables at ``url``."""
         connect_args = {"timeout": 30} if url.startswith("sqlite") else {}
         return cls(sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args), clock=clock)
@@ -83,6 +129,21 @@ class RolloutStateStore:
     def dispose(self) -> None:
         """Close pooled connections."""
         self._engine.dispose()
+
+    def _now(self) -> sa.ColumnElement[Any]:
+        """Now, as a SQL expression: one clock for every worker sharing the database."""
+        if self._clock is not None:
+            return sa.literal(self._clock(), sa.Float)
+        if self._engine.dialect.name == "sqlite":
+            return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Float)
+        return sa.func.extract("epoch", sa.func.clock_timestamp())
+
+    def _now_value(self, conn: sa.Connection) -> float:
+        if self._clock is not None:
+            return self._clock()
+        return float(conn.execute(sa.select(self._now())).scalar_one())
+
+    # ---- registration and reads ------------------------------------------------------------------
 
     async def register(self, env: ActiveEnv) -> ActiveEnv:
         """Add ``env`` unless it is already known; return the stored row (the first registration wins)."""
@@ -94,17 +155,23 @@ class RolloutStateStore:
             return existing
         # Own transaction: on Postgres a failed insert poisons its transaction.
         with contextlib.suppress(sa.exc.IntegrityError), self._engine.begin() as conn:
+            now = self._now_value(conn)
             conn.execute(
-                rollout_envs.insert().values(
+                rollout_windows.insert().values(
                     env_id=env.env_id,
                     setting=env.setting,
                     skill=env.skill,
                     designer_sample_id=env.designer_sample_id,
-                    first_version=env.first_version,
+                    spec_id=env.spec_id,
+                    design_version=env.design_version,
                     window=env.window,
-                    played_through=env.played_through,
+                    window_start=env.window_start,
+                    slots_done=env.slots_done,
                     status=env.status.value,
-                    updated_at=self._clock(),
+                    attempts=0,
+                    skipped="[]",
+                    registered_at=now,
+                    updated_at=now,
                 )
             )
         got = self._get(env.env_id)  # ours, or the one another worker inserted first
@@ -117,19 +184,43 @@ class RolloutStateStore:
 
     def _get(self, env_id: str) -> ActiveEnv | None:
         with self._engine.connect() as conn:
-            row = conn.execute(sa.select(rollout_envs).where(rollout_envs.c.env_id == env_id)).first()
+            row = conn.execute(sa.select(rollout_windows).where(rollout_windows.c.env_id == env_id)).first()
         return None if row is None else _to_env(row)
 
     async def envs(self, status: EnvStatus | None = None) -> list[ActiveEnv]:
-        """Every stored env (optionally of one status), oldest first."""
+        """Every stored env (optionally of one status), in registration order."""
         return await asyncio.to_thread(self._envs, status)
 
     def _envs(self, status: EnvStatus | None) -> list[ActiveEnv]:
-        query = sa.select(rollout_envs).order_by(rollout_envs.c.first_version, rollout_envs.c.env_id)
+        query = sa.select(rollout_windows).order_by(rollout_windows.c.registered_at, rollout_windows.c.env_id)
         if status is not None:
-            query = query.where(rollout_envs.c.status == status.value)
+            query = query.where(rollout_windows.c.status == status.value)
         with self._engine.connect() as conn:
             return [_to_env(r) for r in conn.execute(query)]
+
+    async def skipped(self, env_id: str) -> list[SkippedSlot]:
+        """The slots of ``env_id`` that were skipped, with their reasons."""
+        return await asyncio.to_thread(self._skipped, env_id)
+
+    def _skipped(self, env_id: str) -> list[SkippedSlot]:
+        with self._engine.connect() as conn:
+            raw = conn.execute(sa.select(rollout_windows.c.skipped).where(rollout_windows.c.env_id == env_id)).scalar()
+        return [SkippedSlot(int(s["slot"]), str(s["reason"])) for s in json.loads(raw or "[]")]
+
+    async def lease(self, env_id: str) -> tuple[str | None, float | None]:
+        """The current lease on ``env_id``: owner and expiry (for inspection and tests)."""
+        return await asyncio.to_thread(self._lease, env_id)
+
+    def _lease(self, env_id: str) -> tuple[str | None, float | None]:
+        with self._engine.connect() as conn:
+            row = conn.execute(
+                sa.select(rollout_windows.c.lease_owner, rollout_windows.c.lease_until).where(
+                    rollout_windows.c.env_id == env_id
+                )
+            ).first()
+        return (None, None) if row is None else (row[0], row[1])
+
+    # ---- weight versions ---------------------------------------------------------------------------
 
     async def observe_version(self, version: int) -> int:
         """Raise the latest known weight version to ``version`` (never lowers it); return the latest."""
@@ -153,7 +244,7 @@ class RolloutStateStore:
         return latest
 
     async def latest_version(self) -> int | None:
-        """The newest weight version seen on ``weights.published`` (None before the first)."""
+        """The newest weight version seen (None before the first)."""
         return await asyncio.to_thread(self._latest)
 
     def _latest(self) -> int | None:
@@ -161,44 +252,57 @@ class RolloutStateStore:
             value = conn.execute(sa.select(rollout_meta.c.value).where(rollout_meta.c.key == _LATEST)).scalar()
         return None if value is None else int(value)
 
-    async def claim_due(self, owner: str, lease_s: float) -> tuple[ActiveEnv, int] | None:
-        """Lease one env whose window play is due (not its first plays: those follow the queue).
+    # ---- leases ------------------------------------------------------------------------------------
+
+    def _claimable(self, owner: str, now: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
+        c = rollout_windows.c
+        return sa.or_(c.lease_until.is_(None), c.lease_until < now, c.lease_owner == owner)
+
+    async def claim(self, owner: str, lease_s: float, busy: Collection[str] = ()) -> Claim | None:
+        """Lease the next due slot of one env for ``lease_s`` seconds.
+
+        An env is claimable when its lease expired, or is ``owner``'s own (a worker restarted under
+        the same name resumes its work at once); ``busy`` are the envs ``owner`` is playing now.
 
         Returns:
-            The env and the version to play, or None when nothing is due or everything due is leased.
+            The claim, or None when nothing is due or everything due is leased.
         """
-        return await asyncio.to_thread(self._claim_due, owner, lease_s)
+        return await asyncio.to_thread(self._claim, owner, lease_s, frozenset(busy))
 
-    def _claim_due(self, owner: str, lease_s: float) -> tuple[ActiveEnv, int] | None:
+    def _claim(self, owner: str, lease_s: float, busy: frozenset[str]) -> Claim | None:
         latest = self._latest()
-        now = self._clock()
+        c = rollout_windows.c
         with self._engine.connect() as conn:
             rows = conn.execute(
-                sa.select(rollout_envs)
-                .where(
-                    rollout_envs.c.status == EnvStatus.ACTIVE.value,
-                    rollout_envs.c.played_through.is_not(None),
-                    sa.or_(rollout_envs.c.lease_until.is_(None), rollout_envs.c.lease_until < now),
-                )
-                .order_by(rollout_envs.c.first_version, rollout_envs.c.env_id)
+                sa.select(rollout_windows)
+                .where(c.status == EnvStatus.ACTIVE.value, self._claimable(owner, self._now()))
+                .order_by(c.registered_at, c.env_id)
             ).all()
         for row in rows:
             env = _to_env(row)
-            version = due_version(env, latest)
-            if version is None:
+            if env.env_id in busy:
+                continue
+            slot = due_slot(env, latest)
+            if slot is None:
                 continue
             with self._engine.begin() as conn:
+                now = self._now()
                 won = conn.execute(
-                    rollout_envs.update()
+                    rollout_windows.update()
                     .where(
-                        rollout_envs.c.env_id == env.env_id,
-                        rollout_envs.c.played_through == env.played_through,
-                        sa.or_(rollout_envs.c.lease_until.is_(None), rollout_envs.c.lease_until < now),
+                        c.env_id == env.env_id,
+                        c.slots_done == env.slots_done,
+                        c.status == EnvStatus.ACTIVE.value,
+                        self._claimable(owner, now),
                     )
-                    .values(lease_owner=owner, lease_until=now + lease_s, updated_at=now)
+                    .values(lease_owner=owner, lease_until=now + lease_s, attempts=c.attempts + 1, updated_at=now)
                 ).rowcount
+                if won:
+                    attempts, error = conn.execute(
+                        sa.select(c.attempts, c.last_error).where(c.env_id == env.env_id)
+                    ).one()
             if won:
-                return env, version
+                return Claim(env, slot, int(attempts), error)
         return None
 
     async def extend(self, env_id: str, owner: str, lease_s: float) -> bool:
@@ -206,90 +310,150 @@ class RolloutStateStore:
         return await asyncio.to_thread(self._extend, env_id, owner, lease_s)
 
     def _extend(self, env_id: str, owner: str, lease_s: float) -> bool:
-        now = self._clock()
+        c = rollout_windows.c
         with self._engine.begin() as conn:
+            now = self._now()
             renewed = conn.execute(
-                rollout_envs.update()
-                .where(
-                    rollout_envs.c.env_id == env_id,
-                    rollout_envs.c.lease_owner == owner,
-                    rollout_envs.c.lease_until >= now,
-                )
+                rollout_windows.update()
+                .where(c.env_id == env_id, c.lease_owner == owner)
                 .values(lease_until=now + lease_s, updated_at=now)
             ).rowcount
         return bool(renewed)
 
-    async def release(self, env_id: str, owner: str) -> None:
-        """Give up a lease without progress (the play failed; another worker may retry it)."""
-        await asyncio.to_thread(self._release, env_id, owner)
+    async def release(self, env_id: str, owner: str, *, error: str | None = None, hold_s: float = 0.0) -> None:
+        """Give up ``owner``'s lease without progress.
 
-    def _release(self, env_id: str, owner: str) -> None:
+        Args:
+            env_id: The env.
+            owner: The worker releasing it (another's lease is left alone).
+            error: Why the slot failed (kept for the record when it is finally skipped).
+            hold_s: Nobody claims it again for this long (back-off after a failure); 0: at once
+                (a worker stopping hands its work over).
+        """
+        await asyncio.to_thread(self._release, env_id, owner, error, hold_s)
+
+    def _release(self, env_id: str, owner: str, error: str | None, hold_s: float) -> None:
+        c = rollout_windows.c
+        with self._engine.begin() as conn:
+            now = self._now()
+            values: dict[str, Any] = {
+                "lease_owner": None,
+                "lease_until": (now + hold_s) if hold_s > 0 else None,
+                "updated_at": now,
+            }
+            if error is not None:
+                values["last_error"] = error[:2000]
+            conn.execute(rollout_windows.update().where(c.env_id == env_id, c.lease_owner == owner).values(**values))
+
+    # ---- progress ----------------------------------------------------------------------------------
+
+    async def fix_window(self, env_id: str, start: int, window: int) -> ActiveEnv:
+        """Store the env's window as the memory fixed it (the memory's answer is the authority)."""
+        return await asyncio.to_thread(self._fix_window, env_id, start, window)
+
+    def _fix_window(self, env_id: str, start: int, window: int) -> ActiveEnv:
+        if window < 1:
+            raise ValueError(f"env {env_id}'s window must hold at least one slot, the memory answered {window}")
         with self._engine.begin() as conn:
             conn.execute(
-                rollout_envs.update()
-                .where(rollout_envs.c.env_id == env_id, rollout_envs.c.lease_owner == owner)
-                .values(lease_owner=None, lease_until=None, updated_at=self._clock())
+                rollout_windows.update()
+                .where(rollout_windows.c.env_id == env_id)
+                .values(window_start=start, window=window, updated_at=self._now())
             )
+        got = self._get(env_id)
+        if got is None:
+            raise KeyError(f"env {env_id!r} is not in the rollout's active set; register it first")
+        return got
 
-    async def complete(self, env_id: str, version: int) -> ActiveEnv:
-        """Record that the plays of ``version`` are durable; close the window if it is over.
+    async def done_plays(self, env_id: str, slot: int) -> set[str]:
+        """Sample ids of the plays of ``env_id``'s slot that are already published and recorded."""
+        return await asyncio.to_thread(self._done_plays, env_id, slot)
+
+    def _done_plays(self, env_id: str, slot: int) -> set[str]:
+        c = rollout_plays.c
+        with self._engine.connect() as conn:
+            return set(conn.execute(sa.select(c.sample_id).where(c.env_id == env_id, c.slot == slot)).scalars())
+
+    async def mark_play_done(self, sample_id: str, env_id: str, slot: int) -> None:
+        """Record that a play is published and recorded (idempotent)."""
+        await asyncio.to_thread(self._mark_play_done, sample_id, env_id, slot)
+
+    def _mark_play_done(self, sample_id: str, env_id: str, slot: int) -> None:
+        with contextlib.suppress(sa.exc.IntegrityError), self._engine.begin() as conn:
+            conn.execute(rollout_plays.insert().values(sample_id=sample_id, env_id=env_id, slot=slot))
+
+    async def complete_slot(self, env_id: str, slot: int) -> ActiveEnv:
+        """Record that slot ``slot`` is durable, free the lease, and close the window after its last slot.
+
+        Completing a slot that is already done changes nothing (a resumed or taken-over slot).
 
         Raises:
             KeyError: Unknown env.
         """
-        return await asyncio.to_thread(self._complete, env_id, version)
+        return await asyncio.to_thread(self._advance, env_id, slot, None)
 
-    def _complete(self, env_id: str, version: int) -> ActiveEnv:
+    async def skip_slot(self, env_id: str, slot: int, reason: str) -> ActiveEnv:
+        """Give up slot ``slot`` and record why (its plays keep failing); the window goes on."""
+        return await asyncio.to_thread(self._advance, env_id, slot, reason)
+
+    def _advance(self, env_id: str, slot: int, skipped: str | None) -> ActiveEnv:
+        c = rollout_windows.c
         env = self._get(env_id)
         if env is None:
             raise KeyError(f"env {env_id!r} is not in the rollout's active set; register it first")
-        if env.played_through is not None and env.played_through >= version:
-            return env  # a re-delivered or re-claimed play finished twice: keep the furthest progress
-        updated = env.played(version)
-        status = EnvStatus.CLOSED if window_closed(updated, self._latest()) else env.status
+        if env.slots_done > slot:
+            return env
+        updated = env.done(slot)
+        values: dict[str, Any] = {
+            "slots_done": updated.slots_done,
+            "status": (EnvStatus.CLOSED if updated.closed else env.status).value,
+            "lease_owner": None,
+            "lease_until": None,
+            "attempts": 0,
+            "last_error": None,
+        }
+        with self._engine.begin() as conn:
+            values["updated_at"] = self._now()
+            if skipped is not None:
+                values["skipped"] = self._with_skipped(conn, env_id, [SkippedSlot(slot, skipped)])
+            current = sa.and_(c.env_id == env_id, c.slots_done == env.slots_done)
+            conn.execute(rollout_windows.update().where(current).values(**values))
+        got = self._get(env_id)
+        assert got is not None
+        return got
+
+    def _with_skipped(self, conn: sa.Connection, env_id: str, more: list[SkippedSlot]) -> str:
+        raw = conn.execute(sa.select(rollout_windows.c.skipped).where(rollout_windows.c.env_id == env_id)).scalar()
+        entries = json.loads(raw or "[]") + [{"slot": s.slot, "reason": s.reason} for s in more]
+        return json.dumps(entries)
+
+    async def close_unplayed(self, env_id: str, reason: str) -> ActiveEnv:
+        """Close the window, recording every slot not yet played as skipped for ``reason`` (poison work)."""
+        return await asyncio.to_thread(self._close_unplayed, env_id, reason)
+
+    def _close_unplayed(self, env_id: str, reason: str) -> ActiveEnv:
+        env = self._get(env_id)
+        if env is None:
+            raise KeyError(f"env {env_id!r} is not in the rollout's active set; register it first")
+        if env.status is not EnvStatus.ACTIVE:
+            return env
+        rest = [SkippedSlot(s, reason) for s in range(env.slots_done, env.window)]
         with self._engine.begin() as conn:
             conn.execute(
-                rollout_envs.update()
-                .where(rollout_envs.c.env_id == env_id)
+                rollout_windows.update()
+                .where(rollout_windows.c.env_id == env_id, rollout_windows.c.status == EnvStatus.ACTIVE.value)
                 .values(
-                    played_through=version,
-                    status=status.value,
+                    status=EnvStatus.CLOSED.value,
+                    slots_done=env.window,
+                    skipped=self._with_skipped(conn, env_id, rest),
                     lease_owner=None,
                     lease_until=None,
-                    updated_at=self._clock(),
+                    updated_at=self._now(),
                 )
             )
         got = self._get(env_id)
         assert got is not None
         return got
-
-    async def close_passed_windows(self) -> list[ActiveEnv]:
-        """Mark active envs whose window the latest version has passed as closed; return every closed env."""
-        return await asyncio.to_thread(self._close_passed)
-
-    def _close_passed(self) -> list[ActiveEnv]:
-        latest = self._latest()
-        for env in self._envs(EnvStatus.ACTIVE):
-            if window_closed(env, latest):
-                with self._engine.begin() as conn:
-                    conn.execute(
-                        rollout_envs.update()
-                        .where(rollout_envs.c.env_id == env.env_id, rollout_envs.c.status == EnvStatus.ACTIVE.value)
-                        .values(status=EnvStatus.CLOSED.value, updated_at=self._clock())
-                    )
-        return self._envs(EnvStatus.CLOSED)
-
-    async def abandon(self, env_id: str) -> None:
-        """Close an env's window without plays (its first plays keep failing); it retires like any other."""
-        await asyncio.to_thread(self._abandon, env_id)
-
-    def _abandon(self, env_id: str) -> None:
-        with self._engine.begin() as conn:
-            conn.execute(
-                rollout_envs.update()
-                .where(rollout_envs.c.env_id == env_id, rollout_envs.c.status == EnvStatus.ACTIVE.value)
-                .values(status=EnvStatus.CLOSED.value, lease_owner=None, lease_until=None, updated_at=self._clock())
-            )
 
     async def mark_retired(self, env_id: str) -> None:
         """The memory knows the window closed: the env leaves the active set for good."""
@@ -298,7 +462,8 @@ class RolloutStateStore:
     def _mark_retired(self, env_id: str) -> None:
         with self._engine.begin() as conn:
             conn.execute(
-                rollout_envs.update()
-                .where(rollout_envs.c.env_id == env_id)
-                .values(status=EnvStatus.RETIRED.value, lease_owner=None, lease_until=None, updated_at=self._clock())
+                rollout_windows.update()
+                .where(rollout_windows.c.env_id == env_id)
+                .values(status=EnvStatus.RETIRED.value, lease_owner=None, lease_until=None, updated_at=self._now())
             )
+            conn.execute(rollout_plays.delete().where(rollout_plays.c.env_id == env_id))

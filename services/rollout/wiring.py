@@ -1,17 +1,21 @@
 """Builds the rollout's object graph from settings: the only place adapters meet the core.
 
 ``rollout_worker`` yields a ready ``RolloutWorker`` and closes everything it opened on exit. In
-embedded mode (``spade run``) the caller passes the objects the process shares — the in-process
-queue, the memory service, the sandbox pool, the inference client — and only the missing ones are
-built here.
+embedded mode (``spade run``) the caller passes the run spec and the objects the process shares —
+the in-process queue, the memory service, the sandbox pool, the inference client — and only the
+missing ones are built here. In distributed mode the run spec is read from the memory (waiting,
+with a log line, until one is stored; a ``run_spec_file`` is stored when none is).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
+from typing import TypeVar, cast
 
 from services.rollout.core.episode import EpisodeRunner
 from services.rollout.core.ports import SessionOpener
@@ -24,29 +28,88 @@ from services.rollout.worker import RolloutWorker, WorkerConfig
 from spade.endpoints import MemoryEndpoint, SandboxEndpoint
 from spade.inference.client import InferenceClient
 from spade.inference.discovery import following
+from spade.memory.runspec import RunSpecStore, fetch_run_spec, load_spec_file
 from spade.queues.base import WorkQueue
 from spade.queues.config import make_queue
+from spade.runspec import RunSpec
 from spade.sandbox.client import SandboxClient
 
 log = logging.getLogger("spade.rollout")
 
+T = TypeVar("T")
 
-def worker_config(settings: RolloutSettings) -> WorkerConfig:
-    """The worker's scheduling options from settings."""
+WAIT_LOG_EVERY_S = 30.0
+"""While the rollout waits at start (run spec, inference), a line says what for and how long so far."""
+
+
+class StoppedWhileWaiting(Exception):
+    """SIGTERM arrived while the rollout was still waiting for something it needs to start."""
+
+
+def worker_config(settings: RolloutSettings, spec: RunSpec) -> WorkerConfig:
+    """The worker's scheduling options from settings, under the run spec."""
     return WorkerConfig(
         consumer=settings.consumer_name,
+        spec=spec,
         group=settings.consumer_group,
-        group_size=settings.group_size,
-        window=settings.window_versions,
         max_concurrent_plays=settings.max_concurrent_plays,
+        max_concurrent_envs=settings.max_concurrent_envs,
         play_retry=settings.retry,
-        max_deliveries=settings.max_deliveries,
+        max_attempts=settings.max_attempts,
         lease_s=settings.lease_s,
         poll_s=settings.poll_s,
         block_ms=settings.block_ms,
+        shutdown_grace_s=settings.shutdown_grace_s,
         publish_hinted=settings.publish_hinted,
         drop_mixed_versions=settings.drop_mixed_version_plays,
+        sampling_run=settings.sampling_run,
     )
+
+
+async def waiting(what: str, work: Awaitable[T], stop: asyncio.Event | None) -> T:
+    """Await ``work``, logging every ``WAIT_LOG_EVERY_S`` what it waits for and for how long.
+
+    Raises:
+        StoppedWhileWaiting: ``stop`` was set first (``work`` is cancelled).
+    """
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait() if stop is not None else asyncio.Event().wait())
+    start = time.monotonic()
+    try:
+        while True:
+            done, _ = await asyncio.wait({task, stopper}, timeout=WAIT_LOG_EVERY_S, return_when="FIRST_COMPLETED")
+            if task in done:
+                return task.result()
+            if stopper in done:
+                raise StoppedWhileWaiting(f"stopped while waiting for {what}")
+            log.warning(
+                "rollout waiting for %s: %.0fs so far",
+                what,
+                time.monotonic() - start,
+                extra={"event": "waiting", "for": what, "waited_s": round(time.monotonic() - start)},
+            )
+    finally:
+        stopper.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+async def run_spec(settings: RolloutSettings, memory: RunSpecStore, stop: asyncio.Event | None = None) -> RunSpec:
+    """The run spec from the memory (storing ``run_spec_file`` when none is stored), checked against the settings.
+
+    Raises:
+        ConfigError: The spec file is unreadable or invalid; ``SpecContradiction``: the settings
+            contradict the spec (one line per field).
+        RunSpecConflict: The spec file differs from the stored spec.
+        StoppedWhileWaiting: Stopped before a spec was stored.
+    """
+    given = load_spec_file(settings.run_spec_file) if settings.run_spec_file is not None else None
+    fetch = fetch_run_spec(memory, given=given, service="rollout", log_every_s=3600.0)
+    spec = await waiting("a run spec in the memory (`spade runspec set FILE`)", fetch, stop)
+    settings.check_spec(spec)
+    return spec
 
 
 def _tokenizer_path(settings: RolloutSettings) -> Path:
@@ -61,18 +124,40 @@ def _tokenizer_path(settings: RolloutSettings) -> Path:
 async def rollout_worker(
     settings: RolloutSettings,
     *,
+    spec: RunSpec | None = None,
+    stop: asyncio.Event | None = None,
     queue: WorkQueue | None = None,
     memory: MemoryApi | None = None,
     sessions: SessionOpener | None = None,
     inference: InferenceClient | None = None,
 ) -> AsyncIterator[RolloutWorker]:
-    """Build a rollout worker from ``settings`` (injected objects are used as they are, never closed)."""
+    """Build a rollout worker from ``settings`` (injected objects are used as they are, never closed).
+
+    Args:
+        settings: The rollout's settings.
+        spec: The run spec (embedded: built once by the run); None: read from the memory.
+        stop: Set by SIGTERM: waiting at start (run spec, inference) gives up with
+            ``StoppedWhileWaiting``.
+        queue: The work queues (built from ``settings.queue`` when None).
+        memory: The memory (built from ``settings.memory`` when None).
+        sessions: The sandbox (built from ``settings.sandbox`` when None).
+        inference: The inference client (built from ``settings.inference_urls`` when None).
+
+    Raises:
+        SpecContradiction: The settings contradict the run spec (before anything else is started).
+    """
     async with contextlib.AsyncExitStack() as stack:
+        if memory is None:
+            memory = await _memory(settings, stack)
+        if spec is None:
+            if not hasattr(memory, "get_run_spec"):
+                raise TypeError("the memory given to the rollout cannot read the run spec: pass spec=")
+            spec = await run_spec(settings, cast(RunSpecStore, memory), stop)
+        else:
+            settings.check_spec(spec)
         if queue is None:
             queue = make_queue(settings.queue)
             stack.push_async_callback(queue.close)
-        if memory is None:
-            memory = await _memory(settings, stack)
         if sessions is None:
             sessions = await _sessions(settings, stack)
         if inference is None:
@@ -80,14 +165,13 @@ async def rollout_worker(
                 settings.inference_urls, tokenizer_path=_tokenizer_path(settings), retry=settings.retry
             )
             stack.push_async_callback(inference.aclose)
-            await inference.wait_ready()
+            await waiting("the inference workers (/health_generate)", inference.wait_ready(), stop)
             await stack.enter_async_context(following(settings.inference_discovery, inference.set_urls))
         template = FormatterTemplate(inference.formatter)
-        runner = EpisodeRunner(sessions, InferenceGenerator(inference), template, settings.play_limits())
+        runner = EpisodeRunner(sessions, InferenceGenerator(inference), template, settings.play_limits(spec))
         store = RolloutStateStore.from_url(settings.state_url)
         stack.callback(store.dispose)
-        adapter = MemoryServicePlays(memory)
-        yield RolloutWorker(queue, store, adapter, adapter, runner, worker_config(settings))
+        yield RolloutWorker(queue, store, MemoryServicePlays(memory), runner, worker_config(settings, spec))
 
 
 async def _memory(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -> MemoryApi:
@@ -95,7 +179,7 @@ async def _memory(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -
     if isinstance(cfg, MemoryEndpoint):
         from spade.memory.client import MemoryClient
 
-        client = MemoryClient(cfg.target, timeout_s=cfg.timeout_s)
+        client = MemoryClient.from_endpoint(cfg)
         stack.push_async_callback(client.close)
         return client
     from services.memory.service import MemoryService

@@ -1,18 +1,22 @@
-"""A rollout worker: consumes ``envs.ready`` and ``weights.published``, plays, publishes, records.
+"""A rollout worker: consumes ``envs.ready`` and ``weights.published``, plays window slots, publishes, records.
 
 Several workers share one consumer group and one state store (horizontal scaling):
 
-- ``envs.ready``: each env goes to one worker, which registers it in the active set and plays its
-  first version — G seeds without and with the hint, the same seeds in both arms. The message is
-  acknowledged only after every sample is published, the plays are recorded in the memory and the
-  progress is stored; a worker killed mid-play leaves it pending and the queue re-delivers it.
+- ``envs.ready``: an env announced under this run's spec is registered in the active set (durable
+  in the state store), then the message is acknowledged. Envs of another spec are refused with a
+  logged reason.
 - ``weights.published``: raises the latest weight version in the state store (all workers read it).
-- window plays: a worker leases an env whose next version in its window is due, plays G fresh seeds
-  without the hint, publishes, records and stores the progress; a dead worker's lease expires.
+- slots: a worker leases an env's next due slot (short lease, renewed by a heartbeat while the plays
+  run) and plays it. At the env's first play it fixes the env's window in the memory at its current
+  version (first writer wins; everyone uses the stored answer). Slot 0 plays G seeds in both arms on
+  the same seeds; slots ``1..k-1`` play fresh seeds without the hint, late if their version passed.
+  Each play is published, recorded in the memory and marked done on its own, so a slot resumed after
+  a crash, a takeover or SIGTERM plays only what is missing; then the slot is marked complete.
 - closed windows are reported to the memory (retried until it answers), then the env retires.
 
-Every step is idempotent by deterministic sample ids, so a re-run after a crash publishes and
-records nothing twice.
+Every step is idempotent by deterministic sample ids, so a re-run publishes and records nothing
+twice. Every generation is seeded (``spade.inference.derive_sampling_seed``), so a re-run of a play
+under the same weights samples the same tokens.
 """
 
 from __future__ import annotations
@@ -20,48 +24,77 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from services.rollout.core.episode import EpisodeRunner, Play
-from services.rollout.core.ports import EnvSource, EnvSpec, PlayLog
-from services.rollout.core.schedule import ActiveEnv
+from services.rollout.core.episode import EpisodeRunner, Play, TurnSeeds
+from services.rollout.core.ports import EnvNotFound, EnvSpec, RolloutMemory
+from services.rollout.core.schedule import ActiveEnv, EnvStatus, current_version, is_late
 from services.rollout.core.seeds import play_seeds
-from services.rollout.samples import to_agent_sample, to_play_record
-from services.rollout.state_store import RolloutStateStore
-from spade.queues.base import ENVS_READY, SAMPLES_AGENT, WEIGHTS_PUBLISHED, Delivery, WorkQueue
+from services.rollout.samples import SlotRef, arm, sample_id, to_agent_sample, to_play_record
+from services.rollout.state_store import Claim, RolloutStateStore
+from spade.inference import derive_sampling_seed
+from spade.queues.base import ENVS_READY, SAMPLES_AGENT, WEIGHTS_PUBLISHED, WorkQueue
 from spade.queues.messages import decode, publish_proto
 from spade.retry import RetryPolicy
+from spade.runspec import RunSpec
 from spade.sandbox.errors import SandboxFault
 from spade.v1 import queues_pb2
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("spade.rollout")
 
 PLAY_RETRY = RetryPolicy(attempts=3, initial_s=0.0, max_s=0.0, jitter_s=0.0)
 """Default tries of a play after a sandbox fault (a service configures its own: ``RolloutSettings.retry``)."""
 
 
-class EnvNotFound(LookupError):
-    """The memory has no env with the id ``envs.ready`` named (raised by ``EnvSource`` adapters)."""
+def event(name: str, level: int = logging.INFO, **fields: Any) -> None:
+    """One structured log line: ``name`` and its fields, readable as text and as JSON (``extra``)."""
+    text = " ".join(f"{k}={v}" for k, v in fields.items())
+    log.log(level, "%s %s", name, text, extra={"event": name, **fields})
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """How a worker schedules and publishes (see ``RolloutSettings`` for the documented fields)."""
+    """How a worker schedules and publishes (see ``RolloutSettings`` for the documented fields).
+
+    ``spec`` is the run spec: G, k per setting and the agent's budget come from it, and its id goes
+    on every sample and play.
+    """
 
     consumer: str
+    spec: RunSpec = field(default_factory=RunSpec)
     group: str = "rollout"
-    group_size: int = 8
-    window: int = 4
     max_concurrent_plays: int = 8
+    max_concurrent_envs: int = 4
     play_retry: RetryPolicy = PLAY_RETRY
-    max_deliveries: int = 5
-    lease_s: float = 600.0
+    max_attempts: int = 5
+    lease_s: float = 15.0
     poll_s: float = 1.0
     block_ms: int = 1000
+    shutdown_grace_s: float = 20.0
     publish_hinted: bool = True
     drop_mixed_versions: bool = False
     publish_timeout_s: float | None = None
+    sampling_run: str | None = None
+
+    @property
+    def run_id(self) -> str:
+        """The run identity sampling seeds are derived from (default: the spec id)."""
+        return self.sampling_run or self.spec.spec_id
+
+
+@dataclass
+class WorkerCounts:
+    """What this worker did (for tests and the service's log)."""
+
+    plays: int = 0
+    slots: int = 0
+    late_slots: int = 0
+    skipped_slots: int = 0
+    refused_envs: int = 0
+    lost_leases: int = 0
+    released_on_stop: int = 0
 
 
 class RolloutWorker:
@@ -69,192 +102,386 @@ class RolloutWorker:
 
     Args:
         queue: The work queues.
-        store: The shared active-set store.
-        envs: Reads env code and hints from the memory.
-        plays_log: Records plays and retirements in the memory.
-        runner: Plays one env seed.
-        config: Scheduling and publishing options.
+        store: The shared state store (active set, leases, finished plays).
+        memory: Env code and hints in; windows, plays and retirements out.
+        runner: Plays one env seed (its limits are the run spec's agent budget).
+        config: Scheduling and publishing options, and the run spec.
     """
 
     def __init__(
         self,
         queue: WorkQueue,
         store: RolloutStateStore,
-        envs: EnvSource,
-        plays_log: PlayLog,
+        memory: RolloutMemory,
         runner: EpisodeRunner,
         config: WorkerConfig,
     ) -> None:
         self.queue = queue
         self.store = store
-        self._envs = envs
-        self._log = plays_log
+        self._memory = memory
         self._runner = runner
         self.config = config
+        self.counts = WorkerCounts()
         self._plays = asyncio.Semaphore(config.max_concurrent_plays)
+        self._jobs: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def spec(self) -> RunSpec:
+        """The run spec this worker plays under."""
+        return self.config.spec
+
+    # ---- serving -----------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve until ``stop`` is set (each loop finishes its current item first)."""
-        await asyncio.gather(
-            self._loop(stop, self.step_envs),
-            self._loop(stop, self.step_weights),
-            self._loop(stop, self.step_window, idle_s=self.config.poll_s),
-        )
+        """Serve until ``stop`` is set, then stop within ``shutdown_grace_s`` (see :meth:`_shutdown`)."""
+        try:
+            await asyncio.gather(
+                self._loop(stop, self.step_envs),
+                self._loop(stop, self.step_weights),
+                self._schedule(stop),
+            )
+        finally:
+            await self._shutdown()
 
-    async def _loop(self, stop: asyncio.Event, step: Callable[[], Awaitable[int]], idle_s: float = 0.0) -> None:
+    async def _loop(self, stop: asyncio.Event, step: Callable[[], Awaitable[int]]) -> None:
         while not stop.is_set():
             try:
-                did = await step()
+                await step()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("rollout step %s failed; it will be retried", getattr(step, "__name__", step))
-                did = 0
                 await _sleep_or_stop(stop, self.config.poll_s)
-            if not did and idle_s:
-                await _sleep_or_stop(stop, idle_s)
 
-    # ---- envs.ready -------------------------------------------------------------------------------
+    async def _schedule(self, stop: asyncio.Event) -> None:
+        """Keep up to ``max_concurrent_envs`` slots in flight, each under its own lease."""
+        while not stop.is_set():
+            try:
+                await self._retire_closed()
+                while len(self._jobs) < self.config.max_concurrent_envs:
+                    claim = await self.store.claim(self.config.consumer, self.config.lease_s, self._jobs.keys())
+                    if claim is None:
+                        break
+                    self._start(claim)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("scheduling slots failed; retrying in %.1fs", self.config.poll_s)
+            waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait()), *self._jobs.values()]
+            await asyncio.wait(waits, timeout=self.config.poll_s, return_when=asyncio.FIRST_COMPLETED)
+            waits[0].cancel()
+
+    def _start(self, claim: Claim) -> None:
+        env_id = claim.env.env_id
+        task = asyncio.create_task(self._run_claim(claim), name=f"slot {env_id}#{claim.slot}")
+        self._jobs[env_id] = task
+        task.add_done_callback(lambda _: self._jobs.pop(env_id, None))
+
+    async def _shutdown(self) -> None:
+        """Let the slots in flight finish for ``shutdown_grace_s``, then cancel them (their leases are released).
+
+        Finished plays are already published and recorded, so a cancelled slot resumes where it
+        stopped, on whichever worker claims it next.
+        """
+        jobs = list(self._jobs.values())
+        if not jobs:
+            return
+        event("rollout_stopping", in_flight=len(jobs), grace_s=self.config.shutdown_grace_s)
+        _, pending = await asyncio.wait(jobs, timeout=self.config.shutdown_grace_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        self.counts.released_on_stop += len(pending)
+        if pending:
+            event("rollout_stopped", level=logging.WARNING, cancelled_slots=len(pending))
+
+    # ---- envs.ready --------------------------------------------------------------------------------
 
     async def step_envs(self) -> int:
-        """Take one env from ``envs.ready`` and play its first version; return how many were handled."""
+        """Register announced envs (up to 16) in the active set; return how many messages were handled."""
         c = self.config
-        deliveries = await self.queue.consume(ENVS_READY, c.group, c.consumer, count=1, block_ms=c.block_ms)
+        deliveries = await self.queue.consume(ENVS_READY, c.group, c.consumer, count=16, block_ms=c.block_ms)
         for delivery in deliveries:
-            await self.handle_env_ready(delivery)
+            msg = decode(delivery)
+            assert isinstance(msg, queues_pb2.EnvReady)
+            await self.register(msg)
+            await self.queue.ack(delivery.stream, c.group, delivery.message_id)
         return len(deliveries)
 
-    async def handle_env_ready(self, delivery: Delivery) -> None:
-        """Register the env and play its first version; ack once everything is durable."""
-        msg = decode(delivery)
-        assert isinstance(msg, queues_pb2.EnvReady)
+    async def register(self, msg: queues_pb2.EnvReady) -> ActiveEnv | None:
+        """Add an announced env to the active set (first registration wins); None when refused."""
+        if msg.spec_id and msg.spec_id != self.spec.spec_id:
+            self.counts.refused_envs += 1
+            event(
+                "env_refused",
+                level=logging.ERROR,
+                env_id=msg.env_id,
+                reason="announced under another run spec",
+                env_spec_id=msg.spec_id,
+                spec_id=self.spec.spec_id,
+            )
+            return None
         try:
-            spec = await self._envs.get_environment(msg.env_id)
+            stored = await self._memory.get_environment(msg.env_id)
         except EnvNotFound:
-            log.error("envs.ready named env %r, which the memory does not hold; dropping the message", msg.env_id)
-            await self.queue.ack(delivery.stream, self.config.group, delivery.message_id)
-            return
+            event("env_refused", level=logging.ERROR, env_id=msg.env_id, reason="the memory does not hold it")
+            return None
+        setting = msg.setting or stored.setting
         env = await self.store.register(
             ActiveEnv(
                 env_id=msg.env_id,
-                setting=msg.setting or spec.setting,
-                skill=msg.skill or spec.skill,
+                setting=setting,
+                skill=msg.skill or stored.skill,
                 designer_sample_id=msg.designer_sample_id,
-                first_version=msg.weight_version,
-                window=msg.window_versions or self.config.window,
+                window=msg.window_versions or self.spec.window_for(setting),
+                design_version=msg.weight_version,
+                spec_id=msg.spec_id or self.spec.spec_id,
             )
         )
-        if env.played_through is None and delivery.deliveries > self.config.max_deliveries:
-            # Poison work (an env that keeps crashing the sandbox, say) must not circle forever.
-            log.error(
-                "env %s failed its first plays on %d deliveries (max_deliveries=%d); closing its window unplayed",
-                env.env_id,
-                delivery.deliveries - 1,
-                self.config.max_deliveries,
-            )
-            await self.store.abandon(env.env_id)
-        elif env.played_through is None:
-            plays = await self.play_version(spec, env.first_version, with_hint=True)
-            await self._finish(spec, env.first_version, plays)
-        await self.queue.ack(delivery.stream, self.config.group, delivery.message_id)
+        event("env_registered", env_id=env.env_id, window=env.window, design_version=env.design_version)
+        return env
 
-    # ---- weights.published ------------------------------------------------------------------------
+    # ---- weights.published -------------------------------------------------------------------------
 
     async def step_weights(self) -> int:
         """Take weight announcements and raise the latest version in the store."""
         c = self.config
-        deliveries = await self.queue.consume(
-            WEIGHTS_PUBLISHED, f"{c.group}-weights", c.consumer, count=16, block_ms=c.block_ms
-        )
+        group = f"{c.group}-weights"
+        deliveries = await self.queue.consume(WEIGHTS_PUBLISHED, group, c.consumer, count=16, block_ms=c.block_ms)
         for delivery in deliveries:
             msg = decode(delivery)
             assert isinstance(msg, queues_pb2.WeightsPublished)
-            await self.store.observe_version(msg.weight_version)
-            await self.queue.ack(delivery.stream, f"{c.group}-weights", delivery.message_id)
+            if msg.spec_id and msg.spec_id != self.spec.spec_id:
+                event(
+                    "weights_refused",
+                    level=logging.ERROR,
+                    weight_version=msg.weight_version,
+                    reason="published under another run spec",
+                    publisher_spec_id=msg.spec_id,
+                    spec_id=self.spec.spec_id,
+                )
+            else:
+                await self.store.observe_version(msg.weight_version)
+            await self.queue.ack(delivery.stream, group, delivery.message_id)
         return len(deliveries)
 
-    # ---- window plays and retirement --------------------------------------------------------------
+    # ---- slots -------------------------------------------------------------------------------------
 
     async def step_window(self) -> int:
-        """Play one due window version (if any) and retire closed windows; return the work done."""
+        """Retire closed windows and play one due slot, if any (first plays included); return the work done."""
         done = await self._retire_closed()
-        claim = await self.store.claim_due(self.config.consumer, self.config.lease_s)
+        claim = await self.store.claim(self.config.consumer, self.config.lease_s, self._jobs.keys())
         if claim is None:
             return done
-        env, version = claim
-        renewal = asyncio.create_task(self._keep_lease(env.env_id))
-        try:
-            spec = await self._envs.get_environment(env.env_id)
-            plays = await self.play_version(spec, version, with_hint=False)
-            await self._finish(spec, version, plays)
-        except BaseException:
-            await self.store.release(env.env_id, self.config.consumer)
-            raise
-        finally:
-            renewal.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewal
+        await self._run_claim(claim)
         return done + 1 + await self._retire_closed()
 
-    async def _keep_lease(self, env_id: str) -> None:
-        """Renew the lease while the plays run, so only a dead worker loses it."""
+    async def _run_claim(self, claim: Claim) -> None:
+        """Play a claimed slot under its lease; on failure or cancellation hand the lease back."""
+        env_id, owner = claim.env.env_id, self.config.consumer
+        lost = asyncio.Event()
+        work = asyncio.create_task(self._work(claim))
+        beat = asyncio.create_task(self._keep_lease(env_id, work, lost))
+        try:
+            await work
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if lost.is_set() and (task is None or not task.cancelling()):
+                return  # another worker holds the slot now: its plays carry the same ids
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.store.release(env_id, owner))
+            event("slot_released", env_id=env_id, slot=claim.slot, reason="stopping")
+            raise
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            await self.store.release(env_id, owner, error=reason, hold_s=self.config.lease_s)
+            event(
+                "slot_failed",
+                level=logging.WARNING,
+                env_id=env_id,
+                slot=claim.slot,
+                attempt=claim.attempts,
+                max_attempts=self.config.max_attempts,
+                retry_in_s=self.config.lease_s,
+                error=reason[:300],
+            )
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+
+    async def _keep_lease(self, env_id: str, work: asyncio.Task[None], lost: asyncio.Event) -> None:
+        """Renew the lease every ``lease_s / 3`` while the plays run; stop them when it was taken over."""
         c = self.config
         while True:
             await asyncio.sleep(c.lease_s / 3)
-            if not await self.store.extend(env_id, c.consumer, c.lease_s):
-                log.warning("lost the lease on %s; another worker may play it too (samples stay idempotent)", env_id)
+            try:
+                renewed = await self.store.extend(env_id, c.consumer, c.lease_s)
+            except Exception as exc:  # a database hiccup: keep playing, try again next beat
+                log.warning("could not renew the lease on %s (%s); trying again", env_id, exc)
+                continue
+            if not renewed:
+                self.counts.lost_leases += 1
+                event("lease_lost", level=logging.WARNING, env_id=env_id, consumer=c.consumer)
+                lost.set()
+                work.cancel()
                 return
 
-    async def _retire_closed(self) -> int:
-        closed = await self.store.close_passed_windows()
-        for env in closed:
-            await self._log.retire_environment(env.env_id, env.played_through or env.first_version)
-            await self.store.mark_retired(env.env_id)
-        return len(closed)
+    async def _work(self, claim: Claim) -> None:
+        env, slot = claim.env, claim.slot
+        if claim.attempts > self.config.max_attempts:
+            await self._give_up(claim)
+            return
+        try:
+            spec = await self._memory.get_environment(env.env_id)
+        except EnvNotFound:
+            await self.store.close_unplayed(env.env_id, "the memory no longer holds the env")
+            event("slot_skipped", level=logging.ERROR, env_id=env.env_id, slot=slot, reason="env not in the memory")
+            return
+        if env.window_start is None:
+            env = await self._fix_window(env)
+        latest = await self.store.latest_version()
+        ref = SlotRef(window_start=env.slot_version(0), window_index=slot, spec_id=self.spec.spec_id)
+        late = is_late(env, slot, latest)
+        self.counts.late_slots += late
+        await self.play_slot(spec, ref, late=late)
+        await self.store.complete_slot(env.env_id, slot)
+        self.counts.slots += 1
+        event(
+            "slot_done",
+            env_id=env.env_id,
+            window_start=ref.window_start,
+            window_index=slot,
+            version=ref.version,
+            latest_version=latest,
+            late=late,
+            spec_id=ref.spec_id,
+        )
 
-    # ---- playing ----------------------------------------------------------------------------------
+    async def _fix_window(self, env: ActiveEnv) -> ActiveEnv:
+        """At the env's first play: fix its window in the memory at the current version (first writer wins)."""
+        asked = current_version(env.design_version, await self.store.latest_version())
+        window = await self._memory.set_window(env.env_id, asked, env.window)
+        fixed = await self.store.fix_window(env.env_id, window.start, window.versions)
+        event(
+            "window_fixed",
+            env_id=env.env_id,
+            window_start=window.start,
+            window_versions=window.versions,
+            asked_start=asked,
+            design_version=env.design_version,
+            spec_id=self.spec.spec_id,
+        )
+        return fixed
 
-    async def play_version(self, spec: EnvSpec, version: int, *, with_hint: bool) -> list[Play]:
-        """Play G seeds of ``spec`` for ``version``: unhinted, and if ``with_hint`` hinted on the same seeds."""
-        seeds = play_seeds(spec.env_id, version, self.config.group_size)
-        arms = [False, True] if with_hint else [False]
-        tasks = [asyncio.create_task(self._play(spec, seed, hinted)) for hinted in arms for seed in seeds]
+    async def _give_up(self, claim: Claim) -> None:
+        """A slot whose plays failed on every claim: skip it (or, at slot 0, close the window) with the reason."""
+        env, slot = claim.env, claim.slot
+        reason = (
+            f"its plays failed on {claim.attempts - 1} claims (max_attempts={self.config.max_attempts}); "
+            f"last error: {claim.last_error or 'the worker playing it stopped'}"
+        )
+        if slot == 0:
+            # Without first plays there is no regret and nothing to compare later slots to.
+            await self.store.close_unplayed(env.env_id, reason)
+        else:
+            await self.store.skip_slot(env.env_id, slot, reason)
+        self.counts.skipped_slots += 1
+        event("slot_skipped", level=logging.ERROR, env_id=env.env_id, slot=slot, reason=reason)
+
+    async def play_slot(self, spec: EnvSpec, ref: SlotRef, *, late: bool = False) -> list[Play]:
+        """Play the missing plays of one slot: G seeds, both arms at slot 0 (same seeds), else unhinted.
+
+        Plays already published and recorded (an earlier, interrupted run of this slot) are not
+        played again. Hinted and unhinted plays of a seed start together so their shared prompt
+        prefix is prefilled once (the inference server's radix cache).
+        """
+        seeds = play_seeds(spec.env_id, ref.window_index, self.spec.group_size)
+        arms = (False, True) if ref.window_index == 0 else (False,)
+        done = await self.store.done_plays(spec.env_id, ref.window_index)
+        todo = [
+            (seed, hinted)
+            for seed in seeds
+            for hinted in arms
+            if sample_id(spec.env_id, ref.window_index, seed, hinted=hinted) not in done
+        ]
+        tasks = [asyncio.create_task(self._play_one(spec, ref, seed, hinted, late)) for seed, hinted in todo]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:
-            # One failed play fails the version: stop its siblings instead of leaving them running.
+            # One failed play fails the slot: stop its siblings instead of leaving them running.
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
-    async def _play(self, spec: EnvSpec, seed: int, hinted: bool) -> Play:
-        """One play, replayed from the start after a sandbox fault (the env's state died with it)."""
+    def turn_seeds(self, env_id: str, ref: SlotRef, seed: int, hinted: bool) -> TurnSeeds:
+        """The ``sampling_seed`` of each turn of one play: (run, env, slot version, seed, arm, turn)."""
+        run, version, name = self.config.run_id, ref.version, arm(hinted)
+        return lambda turn: derive_sampling_seed(run, env_id, version, seed, name, turn)
+
+    async def _play_one(self, spec: EnvSpec, ref: SlotRef, seed: int, hinted: bool, late: bool) -> Play:
+        """One play, replayed from the start after a sandbox fault, then published, recorded and marked done."""
         what = f"playing {spec.env_id} seed {seed}"
+        seeds = self.turn_seeds(spec.env_id, ref, seed, hinted)
+        play: Play | None = None
         async for attempt in self.config.play_retry.async_retrying(SandboxFault, logger=log, what=what):
             with attempt:
                 async with self._plays:  # not held while backing off
-                    return await self._runner.play(spec, seed, hinted=hinted)
-        raise AssertionError("unreachable: the retryer re-raises the last failure")
+                    play = await self._runner.play(spec, seed, hinted=hinted, turn_seeds=seeds)
+        assert play is not None, "the retryer re-raises the last failure"
+        await self._keep(play, spec, ref)
+        self.counts.plays += 1
+        event(
+            "play",
+            env_id=spec.env_id,
+            version=ref.version,
+            weight_version=play.trajectory.oldest_version,
+            window_start=ref.window_start,
+            window_index=ref.window_index,
+            arm=arm(hinted),
+            seed=seed,
+            episode_return=play.episode_return,
+            turns=play.turns,
+            finish_reason=play.finish_reason.value,
+            turn_cap=play.turn_cap,
+            turn_budget=self._runner.limits.max_turns,
+            late=late,
+            spec_id=ref.spec_id,
+        )
+        return play
 
-    async def _finish(self, spec: EnvSpec, version: int, plays: Sequence[Play]) -> None:
-        """Publish, record and store progress, in that order (each step idempotent)."""
+    async def _keep(self, play: Play, spec: EnvSpec, ref: SlotRef) -> None:
+        """Publish, record and mark done, in that order (each step idempotent)."""
         c = self.config
-        for play in plays:
-            if not play.trajectory.model_tokens:
-                continue  # nothing to train on (the env failed at reset); still recorded below
-            if play.hinted and not c.publish_hinted:
-                continue
-            if play.trajectory.mixed_versions and c.drop_mixed_versions:
-                log.info("dropping %s seed %d: its turns span weight versions", spec.env_id, play.seed)
-                continue
-            sample = to_agent_sample(play, spec, version)
-            await publish_proto(self.queue, SAMPLES_AGENT, sample, key=sample.sample_id, timeout_s=c.publish_timeout_s)
-        await self._log.record_plays(spec.env_id, [to_play_record(p, version) for p in plays])
-        seen = [v for p in plays for v in p.trajectory.weight_versions]
-        if seen:
-            await self.store.observe_version(max(seen))
-        await self.store.complete(spec.env_id, version)
+        sid = sample_id(spec.env_id, ref.window_index, play.seed, hinted=play.hinted)
+        if self._trainable(play, spec):
+            sample = to_agent_sample(play, spec, ref)
+            await publish_proto(self.queue, SAMPLES_AGENT, sample, key=sid, timeout_s=c.publish_timeout_s)
+        await self._memory.record_plays(spec.env_id, [to_play_record(play, ref)])
+        if play.trajectory.weight_versions:
+            await self.store.observe_version(max(play.trajectory.weight_versions))
+        await self.store.mark_play_done(sid, spec.env_id, ref.window_index)
+
+    def _trainable(self, play: Play, spec: EnvSpec) -> bool:
+        if not play.trajectory.model_tokens:
+            return False  # nothing to train on (the env failed at reset); still recorded
+        if play.hinted and not self.config.publish_hinted:
+            return False
+        if play.trajectory.mixed_versions and self.config.drop_mixed_versions:
+            log.info("not publishing %s seed %d: its turns span weight versions", spec.env_id, play.seed)
+            return False
+        return True
+
+    async def _retire_closed(self) -> int:
+        closed = await self.store.envs(EnvStatus.CLOSED)
+        for env in closed:
+            last = env.slot_version(env.window - 1) if env.window_start is not None else env.design_version
+            await self._memory.retire_environment(env.env_id, last)
+            await self.store.mark_retired(env.env_id)
+            skipped = await self.store.skipped(env.env_id)
+            event("env_retired", env_id=env.env_id, last_version=last, skipped_slots=[s.slot for s in skipped])
+        return len(closed)
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

@@ -6,14 +6,17 @@ Tool envs: the env's tools (``info["tools"]``) go to the chat template; each rep
 (the env's base class runs every tool call in it), each call's result comes back as a ``tool``
 message, and a new instruction (``info["new_instruction"]``) arrives as a new user turn.
 
-Limits: turns per play, tokens per turn, total tokens per play. The return is the env's terminal
-reward (clamped to [0, 1]) when it terminates, else 0; the reason is a ``FinishReason``.
+Limits: the agent's budget (the run spec's turns per play, tokens per turn, total tokens per play).
+The sandbox session is opened with the turn budget, so an env declaring more turns is clamped to it.
+The return is the env's terminal reward (clamped to [0, 1]) when it terminates, else 0; the reason
+is a ``spade.envs.types.FinishReason`` (one definition, sandbox -> rollout -> samples -> memory).
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +24,6 @@ from services.rollout.core.ports import (
     ChatTemplate,
     EnvSession,
     EnvSpec,
-    FinishReason,
     Generator,
     SessionOpener,
     StepResult,
@@ -30,7 +32,13 @@ from services.rollout.core.ports import (
 from services.rollout.core.prompts import first_game_message, with_hint
 from services.rollout.core.trajectory import Trajectory, TrajectoryBuilder
 from spade.envs.actions import normalize_game_action
+from spade.envs.types import FinishReason, Outcome
 from spade.sandbox.errors import SandboxFault
+
+log = logging.getLogger(__name__)
+
+TurnSeeds = Callable[[int], int]
+"""``turn -> sampling_seed`` of one play (turns from 0)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,8 @@ class Play:
         episode_return: Terminal reward, 0 unless terminated.
         turns: Model turns taken.
         finish_reason: How it ended.
+        turn_cap: The session's turn limit: the env's own ``max_turns`` clamped to the agent's
+            budget (0 when the sandbox did not say).
     """
 
     env_id: str
@@ -79,25 +89,40 @@ class Play:
     episode_return: float
     turns: int
     finish_reason: FinishReason
+    turn_cap: int = 0
 
 
-def outcome_kind(result: StepResult) -> str:
-    """The sandbox's verdict on a call (``ok``, ``env_error``, ``timeout``, ``limit``, ``sandbox_fault``)."""
+def outcome_of(result: StepResult) -> Outcome:
+    """The sandbox's verdict on a call as an ``Outcome`` (an unknown value is the env's error)."""
     value = getattr(result.outcome, "value", result.outcome)
-    return str(value) if value else "ok"
+    if not value:
+        return Outcome.OK
+    try:
+        return Outcome(str(value))
+    except ValueError:
+        log.warning("the sandbox answered with an unknown outcome %r; counting it as the env's error", value)
+        return Outcome.ENV_ERROR
 
 
-# "limit" is the sandbox ending the episode at its max_turns cap: the env's own turn limit.
-_FAILURES = {"env_error": FinishReason.ENV_ERROR, "limit": FinishReason.TRUNCATED, "timeout": FinishReason.TIMEOUT}
+def finish_for(result: StepResult, turn_budget: int) -> FinishReason | None:
+    """How a call that did not answer normally ends the play (None: it answered; read its flags).
 
+    ``limit`` is the session's turn cap. It is the agent's budget (``turn_limit``) when the cap is
+    the budget — also when the env declared more turns and was clamped to it — and the env's own
+    turn limit (``truncated``) when the env declared fewer turns than the budget.
 
-def _failure(result: StepResult) -> FinishReason | None:
-    kind = outcome_kind(result)
-    if kind == "ok":
+    Raises:
+        SandboxFault: The sandbox itself failed: the play is retried, never recorded as the env's.
+    """
+    outcome = outcome_of(result)
+    if outcome is Outcome.OK:
         return None
-    if kind == "sandbox_fault":
+    if outcome is Outcome.SANDBOX_FAULT:
         raise SandboxFault(f"the sandbox failed during a play: {result.observation[:200]!r}")
-    return _FAILURES.get(kind, FinishReason.ENV_ERROR)
+    if outcome is Outcome.LIMIT:
+        cap = int(getattr(result, "max_turns", 0) or 0)
+        return FinishReason.TRUNCATED if 0 < cap < turn_budget else FinishReason.TURN_LIMIT
+    return FinishReason.for_outcome(outcome)
 
 
 def _terminal_return(result: StepResult) -> float:
@@ -129,29 +154,39 @@ class EpisodeRunner:
         self._template = template
         self.limits = limits
 
-    async def play(self, env: EnvSpec, seed: int, *, hinted: bool) -> Play:
+    async def play(self, env: EnvSpec, seed: int, *, hinted: bool, turn_seeds: TurnSeeds | None = None) -> Play:
         """Play ``env`` from ``reset(seed)`` until it ends or a limit is hit.
+
+        Args:
+            env: The env's code, hint and setting.
+            seed: Its reset seed.
+            hinted: Show the hint with the first observation.
+            turn_seeds: The ``sampling_seed`` of each model turn (None: unseeded sampling).
 
         Raises:
             SandboxFault: The sandbox (not the env) failed; the caller retries the play.
         """
-        session = await self._sessions.open_session(env.code, env.setting, seed)
+        session = await self._sessions.open_session(env.code, env.setting, seed, agent_max_turns=self.limits.max_turns)
         try:
-            return await self._play(session, env, seed, hinted)
+            return await self._play(session, env, seed, hinted, turn_seeds)
         finally:
             await session.close()
 
-    async def _play(self, session: EnvSession, env: EnvSpec, seed: int, hinted: bool) -> Play:
+    async def _play(
+        self, session: EnvSession, env: EnvSpec, seed: int, hinted: bool, turn_seeds: TurnSeeds | None
+    ) -> Play:
         hint = env.hint if hinted else None
         initial = session.initial
         tool_env = env.setting == "tool"
         tools = initial.info.get("tools") if tool_env and isinstance(initial.info, Mapping) else None
         builder = TrajectoryBuilder(self._template, tools)
+        cap = int(getattr(initial, "max_turns", 0) or 0)
+        budget = self.limits.max_turns
 
         def done(reason: FinishReason, ret: float = 0.0, turns: int = 0) -> Play:
-            return Play(env.env_id, seed, hinted, builder.trajectory, ret, turns, reason)
+            return Play(env.env_id, seed, hinted, builder.trajectory, ret, turns, reason, cap)
 
-        failure = _failure(initial)
+        failure = finish_for(initial, budget)
         if failure is not None:
             return done(failure)
         first = first_game_message(initial.observation, hint) if not tool_env else with_hint(initial.observation, hint)
@@ -159,14 +194,15 @@ class EpisodeRunner:
         limits = self.limits
         turns = 0
         while True:
-            budget = limits.max_total_tokens - len(builder.trajectory)
-            if budget <= 0:
+            room = limits.max_total_tokens - len(builder.trajectory)
+            if room <= 0:
                 return done(FinishReason.TOKEN_LIMIT, turns=turns)
             sampling = TurnSampling(
-                max_new_tokens=min(limits.max_tokens_per_turn, budget),
+                max_new_tokens=min(limits.max_tokens_per_turn, room),
                 temperature=limits.temperature,
                 top_p=limits.top_p,
                 top_k=limits.top_k,
+                seed=None if turn_seeds is None else turn_seeds(turns),
             )
             gen = await self._generator.generate(list(builder.trajectory.token_ids), sampling)
             cut = _finish_type(gen.finish_reason) == "length"
@@ -177,7 +213,7 @@ class EpisodeRunner:
             reason, ret, new_messages = step
             if reason is not None:
                 return done(reason, ret, turns)
-            if turns >= limits.max_turns:
+            if turns >= budget:
                 return done(FinishReason.TURN_LIMIT, turns=turns)
             delta = builder.delta_ids(new_messages)
             if len(builder.trajectory) + len(delta) >= limits.max_total_tokens:
@@ -188,14 +224,14 @@ class EpisodeRunner:
         self, session: EnvSession, reply: str
     ) -> tuple[FinishReason | None, float, list[dict[str, Any]]]:
         result = await session.step(normalize_game_action(reply))
-        return _ending(result) or (None, 0.0, [{"role": "user", "content": result.observation}])
+        return _ending(result, self.limits.max_turns) or (None, 0.0, [{"role": "user", "content": result.observation}])
 
     async def _tool_turn(
         self, session: EnvSession, reply: str
     ) -> tuple[FinishReason | None, float, list[dict[str, Any]]]:
         # The tool env parses and runs every call of the reply itself (it owns step()).
         result = await session.step(reply)
-        ending = _ending(result)
+        ending = _ending(result, self.limits.max_turns)
         if ending is not None:
             return ending
         return None, 0.0, tool_turn_messages(result)
@@ -224,8 +260,8 @@ def tool_turn_messages(result: StepResult) -> list[dict[str, Any]]:
     return messages
 
 
-def _ending(result: StepResult) -> tuple[FinishReason, float, list[dict[str, Any]]] | None:
-    failure = _failure(result)
+def _ending(result: StepResult, turn_budget: int) -> tuple[FinishReason, float, list[dict[str, Any]]] | None:
+    failure = finish_for(result, turn_budget)
     if failure is not None:
         return failure, 0.0, []
     if result.terminated:

@@ -6,7 +6,6 @@ client, the memory store or its gRPC client) and by nothing else in the core.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,7 +29,7 @@ class StepResult(Protocol):
 
 
 class EnvSession(Protocol):
-    """One live env instance in the sandbox."""
+    """One live env instance in the sandbox; ``initial`` is ``reset(seed)``'s answer."""
 
     @property
     def initial(self) -> StepResult: ...
@@ -41,9 +40,13 @@ class EnvSession(Protocol):
 
 
 class SessionOpener(Protocol):
-    """Opens env sessions in the sandbox (the local pool or the gRPC client)."""
+    """Opens env sessions in the sandbox (the local pool or the gRPC client).
 
-    async def open_session(self, code: str, setting: str, seed: int) -> EnvSession: ...
+    ``agent_max_turns`` is the agent's turn budget: the session truncates there (outcome ``limit``)
+    or earlier at the env's own ``max_turns``, which the sandbox clamps to the budget.
+    """
+
+    async def open_session(self, code: str, setting: str, seed: int, *, agent_max_turns: int = 0) -> EnvSession: ...
 
 
 class Generated(Protocol):
@@ -68,12 +71,15 @@ class TurnSampling:
         temperature: Sampling temperature.
         top_p: Nucleus mass.
         top_k: Top-k cut-off; -1 disables it.
+        seed: SGLang's ``sampling_seed`` of this turn (``spade.inference.derive_sampling_seed``), so
+            the same play gives the same tokens; None: unseeded.
     """
 
     max_new_tokens: int
     temperature: float
     top_p: float
     top_k: int = -1
+    seed: int | None = None
 
 
 class Generator(Protocol):
@@ -119,10 +125,30 @@ class EnvSpec:
     hint: str
 
 
+class EnvNotFound(LookupError):
+    """The memory has no env with the id ``envs.ready`` named (raised by ``EnvSource`` adapters)."""
+
+
 class EnvSource(Protocol):
-    """Reads envs from the memory."""
+    """Reads envs from the memory (raises ``EnvNotFound`` for an unknown id)."""
 
     async def get_environment(self, env_id: str) -> EnvSpec: ...
+
+
+@dataclass(frozen=True)
+class Window:
+    """An env's window as the memory stores it: slot 0 at ``start``, ``versions`` slots in all."""
+
+    start: int
+    versions: int
+
+
+class WindowKeeper(Protocol):
+    """Fixes an env's window in the memory (WAVE2 §3)."""
+
+    async def set_window(self, env_id: str, window_start: int, window_versions: int) -> Window:
+        """Store the window unless one is stored already (first writer wins); return the stored one."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -136,8 +162,12 @@ class PlayRecord:
         hinted: Whether the hint was appended to the first observation.
         episode_return: The terminal reward (0 unless terminated).
         turns: Model turns taken.
-        weight_version: Oldest weight version among the play's model tokens.
-        finish_reason: How the play ended (a ``FinishReason`` value).
+        weight_version: Oldest weight version among the play's model tokens (the slot's version when
+            it has none): what generated it, never what it is scored under.
+        finish_reason: How the play ended (a ``spade.envs.types.FinishReason`` value).
+        window_start: The env's window start (the memory's stored window).
+        window_index: The window slot the play belongs to (0..k-1): what it is scored under.
+        spec_id: The run spec it was played under.
     """
 
     sample_id: str
@@ -148,6 +178,9 @@ class PlayRecord:
     turns: int
     weight_version: int
     finish_reason: str
+    window_start: int
+    window_index: int
+    spec_id: str
 
 
 class PlayLog(Protocol):
@@ -162,18 +195,5 @@ class PlayLog(Protocol):
         ...
 
 
-class FinishReason(enum.StrEnum):
-    """How a play ended; the strings are ``AgentSample.finish_reason``."""
-
-    TERMINATED = "terminated"
-    """The env ended the episode (win or loss): the return is its terminal reward."""
-    TRUNCATED = "truncated"
-    """The env truncated the episode (its own turn limit): return 0."""
-    TURN_LIMIT = "turn_limit"
-    """The rollout's turn limit ended the play: return 0."""
-    TOKEN_LIMIT = "token_limit"
-    """The play's total token budget ran out: return 0."""
-    ENV_ERROR = "env_error"
-    """The env raised or broke a sandbox limit (the env's fault): return 0."""
-    TIMEOUT = "timeout"
-    """An env call ran past its time limit: return 0."""
+class RolloutMemory(EnvSource, WindowKeeper, PlayLog, Protocol):
+    """Everything the worker needs from the memory: env code, windows, plays and retirements."""

@@ -15,13 +15,14 @@ import pytest
 import pytest_asyncio
 
 from services.rollout.core.episode import EpisodeRunner, PlayLimits
-from services.rollout.core.ports import EnvSpec, FinishReason, SessionOpener
+from services.rollout.core.ports import EnvSpec, SessionOpener
 from services.rollout.policy import FormatterTemplate
 from services.rollout.sandbox import PoolSessions
 from services.sandbox.core.auth import hash_key
 from services.sandbox.isolation import SandboxPool
 from services.sandbox.isolation.settings import IsolationSettings
 from spade.envs import Setting, ToolCall
+from spade.envs.types import FinishReason
 from spade.envs.examples import EXAMPLES, Example
 from spade.envs.loader import load_env_class
 from spade.sandbox.client import SandboxClient

@@ -30,6 +30,21 @@ class CountdownEnv:
         return [f"\\boxed{{{self.target}}}"]
 
 
+class EndlessEnv(CountdownEnv):
+    """Declares more turns than any agent budget and never ends the episode itself."""
+
+    max_turns = 400
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return "Keep going.", 0.0, False, False, {}
+
+
+class ShortEnv(EndlessEnv):
+    """Declares 2 turns and leaves the truncation to the framework."""
+
+    max_turns = 2
+
+
 class BrokenEnv(CountdownEnv):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         raise ZeroDivisionError("bug in the env")

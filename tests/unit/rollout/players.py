@@ -16,7 +16,7 @@ from typing import Any
 
 from services.rollout.core.ports import TurnSampling
 from services.rollout.policy import FormatterTemplate, Generation
-from spade.envs import Outcome, StepOutcome
+from spade.envs import CheckConfig, Outcome, StepOutcome
 from spade.envs.contract import unpack_reset, unpack_step
 
 
@@ -45,10 +45,11 @@ class ScriptedPolicy:
 
 
 class LocalSession:
-    def __init__(self, env: Any, seed: int, max_turns: int) -> None:
+    def __init__(self, env: Any, seed: int, max_turns: int, faults: dict[int, Outcome] | None = None) -> None:
         self._env = env
         self._turn = 0
         self._max_turns = max_turns
+        self._faults = faults or {}
         try:
             obs, info = unpack_reset(env.reset(seed=seed))
             self.initial = StepOutcome(obs, 0.0, False, False, info, 0, max_turns)
@@ -58,6 +59,9 @@ class LocalSession:
 
     async def step(self, action: str) -> StepOutcome:
         self._turn += 1
+        if self._turn in self._faults:  # what the sandbox reports when the env's process hits a limit
+            outcome = self._faults[self._turn]
+            return StepOutcome(f"{outcome.value}", 0.0, False, True, {}, self._turn, self._max_turns, outcome)
         try:
             obs, reward, terminated, truncated, info = unpack_step(self._env.step(action))
         except Exception as exc:
@@ -74,17 +78,28 @@ class LocalSession:
 
 @dataclass
 class LocalSessions:
-    """Opens sessions on env classes registered by code string (no exec: the classes are test code)."""
+    """Opens sessions on env classes registered by code string (no exec: the classes are test code).
+
+    The session's turn cap is the contract's own: the env's ``max_turns`` clamped to the agent's
+    budget (``CheckConfig.effective_max_turns``), as the sandbox does for ``agent_max_turns``.
+    ``step_faults`` makes the sandbox report a resource fault at a given turn of every session.
+    """
 
     classes: dict[str, type]
     max_turns: int = 25
     opened: list[tuple[str, str, int]] = field(default_factory=list)
+    budgets: list[int] = field(default_factory=list)
     sessions: list[LocalSession] = field(default_factory=list)
     fault_on: set[int] = field(default_factory=set)
+    step_faults: dict[int, Outcome] = field(default_factory=dict)
 
-    async def open_session(self, code: str, setting: str, seed: int) -> LocalSession:
+    async def open_session(self, code: str, setting: str, seed: int, *, agent_max_turns: int = 0) -> LocalSession:
         self.opened.append((code, setting, seed))
-        session = LocalSession(self.classes[code](), seed, self.max_turns)
+        self.budgets.append(agent_max_turns)
+        checks = CheckConfig(max_turns_cap=agent_max_turns or self.max_turns, default_max_turns=self.max_turns)
+        env_class = self.classes[code]
+        cap = checks.effective_max_turns(getattr(env_class, "max_turns", None))
+        session = LocalSession(env_class(), seed, cap, self.step_faults)
         if seed in self.fault_on:
             self.fault_on.discard(seed)
             session.initial = StepOutcome("worker died", 0.0, False, True, {}, 0, 0, Outcome.SANDBOX_FAULT)

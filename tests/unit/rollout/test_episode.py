@@ -5,15 +5,16 @@ from __future__ import annotations
 import pytest
 
 from services.rollout.core.episode import EpisodeRunner, PlayLimits
-from services.rollout.core.ports import EnvSpec, FinishReason
+from services.rollout.core.ports import EnvSpec
 from services.rollout.policy import FormatterTemplate
+from spade.envs.types import FinishReason, Outcome
 from spade.sandbox.errors import SandboxFault
-from tests.unit.rollout.envs import BrokenEnv, CountdownEnv, NotesEnv
+from tests.unit.rollout.envs import BrokenEnv, CountdownEnv, EndlessEnv, NotesEnv, ShortEnv
 from tests.unit.rollout.players import LocalSessions, ScriptedPolicy
 
 GAME = EnvSpec("g1", "game", "Mathematical Reasoning", "countdown", hint="The number is in the text.")
 TOOL = EnvSpec("t1", "tool", "API Orchestration", "notes", hint="Add, then count, then add done.")
-SESSIONS = {"countdown": CountdownEnv, "broken": BrokenEnv, "notes": NotesEnv}
+SESSIONS = {"countdown": CountdownEnv, "broken": BrokenEnv, "notes": NotesEnv, "endless": EndlessEnv, "short": ShortEnv}
 
 
 def _runner(
@@ -59,9 +60,57 @@ async def test_the_env_truncating_returns_zero(template: FormatterTemplate) -> N
 
 
 async def test_turn_limit(template: FormatterTemplate) -> None:
-    runner, policy, _ = _runner(template, ["\\boxed{0}"], max_turns=2)
+    runner, policy, sessions = _runner(template, ["\\boxed{0}"], max_turns=2)
     play = await runner.play(GAME, 3, hinted=False)
     assert (play.finish_reason, play.turns, len(policy.calls)) == (FinishReason.TURN_LIMIT, 2, 2)
+    assert sessions.budgets == [2]  # the sandbox session is opened with the agent's turn budget
+
+
+async def test_an_env_declaring_more_turns_than_the_budget_is_clamped_and_the_play_says_so(
+    template: FormatterTemplate,
+) -> None:
+    runner, policy, _ = _runner(template, ["\\boxed{0}"], max_turns=4)
+    play = await runner.play(EnvSpec("e", "game", "s", "endless", ""), 1, hinted=False)
+    # The env declares 400 turns; its session is capped at the agent's 4 and the play ends there
+    # as the agent's budget (turn_limit), with the clamped cap on the play.
+    assert (play.finish_reason, play.turns, play.turn_cap, len(policy.calls)) == (FinishReason.TURN_LIMIT, 4, 4, 4)
+
+
+async def test_an_env_declaring_fewer_turns_than_the_budget_is_truncated_by_its_own_limit(
+    template: FormatterTemplate,
+) -> None:
+    runner, _, _ = _runner(template, ["\\boxed{0}"], max_turns=8)
+    play = await runner.play(EnvSpec("e", "game", "s", "short", ""), 1, hinted=False)
+    assert (play.finish_reason, play.turns, play.turn_cap, play.episode_return) == (FinishReason.TRUNCATED, 2, 2, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "reason"),
+    [
+        (Outcome.MEMORY_LIMIT, FinishReason.FAULT_MEMORY),
+        (Outcome.CPU_LIMIT, FinishReason.FAULT_CPU),
+        (Outcome.OUTPUT_LIMIT, FinishReason.FAULT_OUTPUT),
+        (Outcome.KILLED, FinishReason.FAULT_KILLED),
+        (Outcome.TIMEOUT, FinishReason.FAULT_WALL_CLOCK),
+        (Outcome.ENV_ERROR, FinishReason.ENV_ERROR),
+    ],
+)
+async def test_a_resource_fault_ends_the_play_as_that_fault_never_as_truncated(
+    template: FormatterTemplate, outcome: Outcome, reason: FinishReason
+) -> None:
+    runner, _, sessions = _runner(template, ["\\boxed{0}"])
+    sessions.step_faults[2] = outcome  # the env blows a limit on its second step
+    play = await runner.play(GAME, 3, hinted=False)
+    assert (play.finish_reason, play.episode_return, play.turns) == (reason, 0.0, 2)
+
+
+async def test_every_turn_carries_its_sampling_seed(template: FormatterTemplate) -> None:
+    runner, policy, _ = _runner(template, ["\\boxed{0}"], max_turns=3)
+    await runner.play(GAME, 3, hinted=False, turn_seeds=lambda turn: 1000 + turn)
+    assert [s.seed for _, s in policy.calls] == [1000, 1001, 1002]
+    unseeded, policy2, _ = _runner(template, ["\\boxed{0}"], max_turns=2)
+    await unseeded.play(GAME, 3, hinted=False)
+    assert [s.seed for _, s in policy2.calls] == [None, None]
 
 
 async def test_total_and_per_turn_token_limits(template: FormatterTemplate) -> None:

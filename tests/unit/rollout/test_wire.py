@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 from services.rollout.core.episode import Play, tool_turn_messages
-from services.rollout.core.ports import EnvSpec, FinishReason
+from services.rollout.core.ports import EnvSpec
 from services.rollout.core.trajectory import Trajectory
-from services.rollout.samples import to_agent_sample, to_play_record
+from services.rollout.samples import SlotRef, to_agent_sample, to_play_record
 from spade.envs import Outcome, StepOutcome
+from spade.envs.types import FinishReason
 from spade.sandbox.wire import state_outcome
 from spade.v1 import sandbox_pb2
 
@@ -50,13 +51,25 @@ def test_tool_step_messages() -> None:
     ]
 
 
-def test_samples_carry_the_actual_oldest_version_and_records_the_window_label() -> None:
+def test_samples_and_records_carry_the_window_slot_the_spec_and_the_generating_version() -> None:
     t = Trajectory([1, 2, 3, 4], [0.0, -0.5, 0.0, -0.25], [False, True, False, True], weight_versions=[6, 7])
     play = Play("env", 42, True, t, 1.0, 2, FinishReason.TERMINATED)
     spec = EnvSpec("env", "game", "Optimization", "code", "hint")
-    sample = to_agent_sample(play, spec, scheduled=5)
-    assert (sample.sample_id, sample.group_id, sample.weight_version) == ("env@v5/hint/42", "env@v5", 6)
+    slot = SlotRef(window_start=5, window_index=0, spec_id="abc123")
+    sample = to_agent_sample(play, spec, slot)
+    assert (sample.sample_id, sample.group_id) == ("env@s0/hint/42", "env@s0")
+    # Scored under the env's window slot, whatever version generated it (the learner published 6, 7).
+    assert (sample.window_start, sample.window_index, sample.weight_version, sample.spec_id) == (5, 0, 6, "abc123")
     assert list(sample.loss_mask) == t.loss_mask and list(sample.logprobs) == t.logprobs
     assert (sample.finish_reason, sample.hinted, sample.turns, sample.episode_return) == ("terminated", True, 2, 1.0)
-    record = to_play_record(play, scheduled=5)
-    assert (record.sample_id, record.weight_version) == (sample.sample_id, 5)
+    record = to_play_record(play, slot)
+    assert (record.sample_id, record.weight_version, record.window_start, record.window_index, record.spec_id) == (
+        sample.sample_id,
+        6,
+        5,
+        0,
+        "abc123",
+    )
+    unplayed = Play("env", 7, False, Trajectory(), 0.0, 0, FinishReason.ENV_ERROR)
+    late = SlotRef(window_start=5, window_index=2, spec_id="abc123")
+    assert to_play_record(unplayed, late).weight_version == 7  # no model turn: the slot's own version
