@@ -48,7 +48,7 @@ class LazyGroup(click.Group):
         "sandbox": ("services.sandbox.cli:sandbox", "Run or validate code in the sandbox."),
         "envs": ("services.memory.cli:envs", "Inspect the environment memory."),
         "runspec": ("services.memory.cli:runspec", "Store or show the run spec every service reads."),
-        "designer": ("services.designer.cli:designer", "Designer tools: build-corpus, show-prompt."),
+        "designer": ("services.designer.cli:designer", "Designer tools: build-corpus, show-prompt, example-pool."),
         "run": ("services.embedded.cli:run", "Run the whole self-play loop in one process."),
         "migrate": ("services.memory.migrate:migrate_command", "Create or upgrade the database schema, once."),
         "eval": ("services.eval.cli:eval_group", "Score a checkpoint or server on held-out suites; compare two runs."),
