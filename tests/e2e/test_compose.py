@@ -50,6 +50,7 @@ class Stack:
         self.project = f"spadeci{uuid.uuid4().hex[:8]}"
         self.designer_key, self.rollout_key = secrets.token_hex(16), secrets.token_hex(16)
         self.seed_key, self.token = secrets.token_hex(16), secrets.token_hex(16)
+        self.designer_memory_key, self.rollout_memory_key = secrets.token_hex(16), secrets.token_hex(16)
         self.memory_port, self.sandbox_port = _free_port(), _free_port()
         tenants = [
             {"tenant": "designer", "key_sha256": _sha256(self.designer_key)},
@@ -60,7 +61,15 @@ class Stack:
             **os.environ,
             "CONTAINERS_CONF": str(CONTAINERS_CONF),
             "SPADE_POSTGRES_PASSWORD": secrets.token_hex(12),
-            "SPADE_MEMORY_API_KEYS": json.dumps([{"tenant": "e2e", "key_sha256": _sha256(self.token)}]),
+            "SPADE_MEMORY_API_KEYS": json.dumps(
+                [
+                    {"tenant": "e2e", "key_sha256": _sha256(self.token)},
+                    {"tenant": "designer", "key_sha256": _sha256(self.designer_memory_key)},
+                    {"tenant": "rollout", "key_sha256": _sha256(self.rollout_memory_key)},
+                ]
+            ),
+            "SPADE_DESIGNER_MEMORY_KEY": self.designer_memory_key,
+            "SPADE_ROLLOUT_MEMORY_KEY": self.rollout_memory_key,
             "SPADE_DESIGNER_SANDBOX_KEY": self.designer_key,
             "SPADE_ROLLOUT_SANDBOX_KEY": self.rollout_key,
             "SPADE_SANDBOX_API_KEYS": json.dumps(tenants),
@@ -214,7 +223,7 @@ def test_the_compose_stack_runs_a_learner_step(stack: Stack) -> None:
 
     # The seed pool, loaded as an operator would (validated by the sandbox, stored, announced).
     seeded = stack.exec(
-        "memory", "spade", "envs", "seed", "--memory", "memory:50052",
+        "memory", "spade", "envs", "seed", "--memory", "memory:50052", "--memory-key", stack.token,
         "--queue", json.dumps({"kind": "redis", "url": "redis://redis:6379/0"}),
         "--sandbox", "sandbox:50051", "--sandbox-key", stack.seed_key, "--example", "number_hunt",
     )  # fmt: skip
