@@ -1,5 +1,6 @@
-"""``spade serve designer`` as its own process, SIGTERMed mid-round: it exits within its bound (the
-grace, not the 900 s round deadline), and every attempt it finished is published and recorded.
+"""``spade serve designer`` as its own process: SIGTERMed mid-round it exits within its bound (the
+grace, not the 900 s round deadline), and every attempt it finished is published and recorded; with a
+setting that contradicts the stored run spec it refuses to start, naming the variable.
 
 The pool designer needs no inference server, so the whole service runs here for real: the memory
 and the sandbox over gRPC on loopback, the queue on the real Redis, the run spec stored from the
@@ -124,3 +125,42 @@ async def test_sigterm_mid_round_exits_within_the_grace_and_keeps_finished_attem
             await client.delete(*keys)
         await client.aclose()
         await queue.close()
+
+
+async def test_a_setting_contradicting_the_stored_spec_refuses_to_start_naming_it(tmp_path: Path) -> None:
+    spec = RunSpec(envs_per_round=6, skills_per_round=3, designer_max_new_tokens=2048)
+    memory_settings = MemorySettings.model_validate(
+        {
+            "database_url": f"sqlite:///{tmp_path / 'memory.db'}",
+            "dev_mode": True,
+            "grpc": {"port": 0},
+            "http": {"port": 0},
+        }
+    )
+    sandbox_settings = SandboxSettings.model_validate({"grpc": {"port": 0}, "http": {"port": 0}, "dev_mode": True})
+    async with memory_serving(memory_settings) as memory, sandbox_serving(sandbox_settings) as sandbox:
+        await memory.app.service.set_run_spec(spec)  # `spade runspec set FILE` did this
+        env = {
+            **os.environ,
+            "SPADE_DESIGNER_DEV_MODE": "true",
+            "SPADE_DESIGNER_ENVS_PER_ROUND": "5",
+            "SPADE_DESIGNER_TEMPERATURE": "0.6",  # agrees with the spec: not named
+            "SPADE_DESIGNER_SANDBOX__TARGET": f"127.0.0.1:{sandbox.grpc_port}",
+            "SPADE_DESIGNER_MEMORY__TARGET": f"127.0.0.1:{memory.grpc.port}",
+            "SPADE_DESIGNER_QUEUE__URL": REDIS_URL,
+            "SPADE_DESIGNER_QUEUE__PREFIX": f"test-designer-refuse-{uuid.uuid4().hex[:8]}:",
+        }
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "spade.cli", "serve", "designer", "--pool", str(FIXTURES)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert done.returncode == 2, done.stdout + done.stderr
+    refusal = [line for line in done.stderr.splitlines() if line.startswith("  ")]
+    assert len(refusal) == 1, done.stderr
+    assert refusal[0].strip().startswith("SPADE_DESIGNER_ENVS_PER_ROUND: envs_per_round: this service is configured")
+    assert "run spec has 6" in refusal[0] and "Traceback" not in done.stderr
