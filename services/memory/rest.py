@@ -212,11 +212,12 @@ Cursor = Annotated[str | None, Query(max_length=200, description="next_cursor of
 
 
 class _MemoryCollector(Collector):
-    def __init__(self, service: MemoryService) -> None:
+    def __init__(self, service: MemoryService, max_age_s: float) -> None:
         self._service = service
+        self._max_age_s = max_age_s
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        st = self._service.store.stats()
+        st = self._service.store.stats(self._max_age_s)
         g = GaugeMetricFamily("spade_memory_environments", "Stored environments by status", labels=["status"])
         for status in EnvStatus:
             g.add_metric([status.value], st.by_status.get(status.value, 0))
@@ -246,7 +247,7 @@ def create_app(service: MemoryService, settings: MemorySettings) -> FastAPI:
         description="Read-only inspection of every environment the designer produced and how the agent did.",
     )
     registry = CollectorRegistry()
-    registry.register(_MemoryCollector(service))
+    registry.register(_MemoryCollector(service, settings.stats_refresh_s))
     app.state.registry = registry  # the gRPC server's call metrics go to the same /metrics
     keyring = settings.keyring()
     store = service.store
@@ -314,7 +315,7 @@ def create_app(service: MemoryService, settings: MemorySettings) -> FastAPI:
         """Counts, the signal's aggregates, every designer attempt by outcome and round, and the pool's
         process metrics (learnable fraction, Vendi score / n, distinct envs and documents, reward levels,
         turns, program length, hidden state, formula leakage). Cached until the memory changes."""
-        return await service.stats()
+        return await service.stats(settings.stats_refresh_s)
 
     @app.get("/v1/attempts", response_model=list[AttemptOut], dependencies=auth, tags=["stats"])
     async def attempts(
@@ -405,7 +406,7 @@ def create_app(service: MemoryService, settings: MemorySettings) -> FastAPI:
             error = "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors())
             f = EnvFilter()
         page = await service.list_environments(f, 50, cursor)
-        st = await service.stats()
+        st = await service.stats(settings.stats_refresh_s)
         return TEMPLATES.TemplateResponse(
             request,
             "index.html",

@@ -166,12 +166,15 @@ class MemoryService:
             )
         return len(pending)
 
-    async def stats(self) -> MemoryStats:
+    async def stats(self, max_age_s: float = 0.0) -> MemoryStats:
         """Aggregates and the pool's process metrics (cached until the database changes).
 
         ``(await memory.stats()).metrics()`` gives the flat figures of one ``metrics.jsonl`` line.
+
+        Args:
+            max_age_s: Accept cached figures this old without looking for changes (0: always current).
         """
-        return await asyncio.to_thread(self.store.stats)
+        return await asyncio.to_thread(self.store.stats, max_age_s)
 
     async def plays(self, env_id: str, limit: int = 200, cursor: str | None = None) -> tuple[list[Play], str | None]:
         """Plays of one environment, newest first, and the next page's cursor."""

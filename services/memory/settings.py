@@ -85,6 +85,12 @@ class MemorySettings(ServiceSettings):
     probe_every_s: float = Field(
         default=30.0, ge=1.0, le=3600.0, description="Seconds between two looks for unprobed pool envs."
     )
+    stats_refresh_s: float = Field(
+        default=5.0,
+        ge=0.0,
+        le=3600.0,
+        description="The REST API's /v1/stats and page recompute at most this often (0: on every change).",
+    )
     metrics_window: int = Field(
         default=DEFAULT_WINDOW,
         ge=2,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -122,6 +123,14 @@ async def serving(settings: MemorySettings) -> AsyncIterator[RunningServers]:
         app.close()
 
 
+def _log_failure(what: str) -> Callable[[asyncio.Task[Any]], None]:
+    def done(task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("%s failed", what, exc_info=task.exception())
+
+    return done
+
+
 async def probe_forever(service: MemoryService, executor: Executor, every_s: float, stop: asyncio.Event) -> None:
     """Probe new pool envs through the sandbox until ``stop`` is set (the env code runs only there).
 
@@ -149,6 +158,9 @@ async def serve_forever(settings: MemorySettings, stop: asyncio.Event) -> None:
             settings.http.host,
             running.http.port,
         )
+        if settings.vendi:  # load the embedding model now, not in the first /v1/stats request
+            warm = asyncio.create_task(asyncio.to_thread(running.app.service.store.stats))
+            warm.add_done_callback(_log_failure("computing the first statistics"))
         if settings.sandbox is not None:
             from spade.sandbox.client import SandboxClient
 

@@ -141,10 +141,11 @@ def _vendi(s: Session, envs: list[tuple[str, str]], embedder: Any, model_name: s
 def pool_stats(s: Session, window: int, embedder: Any, model_name: str) -> PoolMetrics:
     """The pool's process metrics (issue 11); ``s`` must be writable (new embeddings are kept)."""
     in_pool = EnvironmentRow.status.in_(POOL_STATUSES)
-    envs, hashes, documents, lines, chars = s.execute(
+    # Hash-distinct envs (spade.pool_metrics.hash_distinct) are counted by the unique normalised-code
+    # hash the store dedups on: every stored env is hash-distinct, so the count is the pool's size.
+    envs, documents, lines, chars = s.execute(
         select(
             func.count(),
-            func.count(func.distinct(EnvironmentRow.code_hash)),
             func.count(func.distinct(func.nullif(EnvironmentRow.corpus_ref, ""))),
             func.avg(EnvironmentRow.program_lines),
             func.avg(EnvironmentRow.program_chars),
@@ -198,7 +199,7 @@ def pool_stats(s: Session, window: int, embedder: Any, model_name: str) -> PoolM
         vendi_per_n=vendi,
         vendi_n=len(recent) if vendi is not None else 0,
         vendi_note=note,
-        hash_distinct=int(hashes or 0),
+        hash_distinct=int(envs or 0),
         distinct_documents=int(documents or 0),
         reward_levels_mean=float(levels) if levels is not None else None,
         interaction_turns_mean=float(turns) if turns is not None else None,

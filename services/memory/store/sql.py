@@ -15,6 +15,7 @@ import hashlib
 import math
 import secrets
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -213,7 +214,7 @@ class SqlStore:
         self.metrics_window = metrics_window
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._stats_lock = threading.Lock()
-        self._stats_cache: tuple[tuple[Any, ...], MemoryStats] | None = None
+        self._stats_cache: tuple[tuple[Any, ...], MemoryStats, float] | None = None
 
     # -- environments -------------------------------------------------------------------------
 
@@ -728,20 +729,27 @@ class SqlStore:
 
     # -- aggregates -------------------------------------------------------------------------------
 
-    def stats(self) -> MemoryStats:
+    def stats(self, max_age_s: float = 0.0) -> MemoryStats:
         """Counts, the signal's aggregates, the designer's attempts and the pool's process metrics.
 
         Cached until the database changes: a fingerprint of the latest writes (one cheap query per
         table) decides, so a write through any replica invalidates every replica's cache.
+
+        Args:
+            max_age_s: Serve the cached figures without looking at the database while they are younger
+                than this (the REST API's refresh interval); 0 recomputes whenever anything changed.
         """
         with self._stats_lock:
+            now = time.monotonic()
+            if self._stats_cache is not None and now - self._stats_cache[2] < max_age_s:
+                return self._stats_cache[1]
             with self._sessions() as s:
                 key = fingerprint(s)
             if self._stats_cache is not None and self._stats_cache[0] == key:
                 return self._stats_cache[1]
             with self._sessions.begin() as s:
                 result = memory_stats(s, self.metrics_window, self.embedder, self.embedding_model)
-            self._stats_cache = (key, result)
+            self._stats_cache = (key, result, time.monotonic())
             return result
 
     def ping(self) -> None:

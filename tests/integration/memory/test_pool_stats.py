@@ -145,6 +145,9 @@ async def test_without_the_vendi_metric_the_stats_say_why(empty_engine: Engine) 
     stats = await service.stats()
     assert stats.pool.vendi_per_n is None and "vendi: false" in stats.pool.vendi_note
     assert stats.pool.probed == 0 and stats.pool.leakage_share is None and stats.pool.hidden_state_size_mean is None
+    await service.put_environment(new_env("Second"))
+    assert await service.stats(max_age_s=3600) is stats  # the REST API's refresh interval: not looked at yet
+    assert (await service.stats()).pool.envs == 2  # current figures on request
 
 
 async def test_the_served_memory_probes_new_pool_envs_in_the_background(
