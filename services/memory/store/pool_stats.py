@@ -126,8 +126,9 @@ def _vendi(s: Session, envs: list[tuple[str, str]], embedder: Any, model_name: s
     if missing:
         try:
             encoded = np.asarray(embedder.encode([descriptions[i] for i in missing]), dtype=np.float32)
-        except RuntimeError as exc:  # the embedding model's package is missing
-            return None, f"unavailable: {exc}"
+        except Exception as exc:  # no model package, an unwritable cache, out of memory: the rest still counts
+            log.warning("the Vendi metric's embeddings failed; /v1/stats shows the rest", exc_info=True)
+            return None, f"unavailable: {type(exc).__name__}: {str(exc)[:300]}"
         for i, vector in zip(missing, encoded, strict=True):
             vectors[i] = vector
             row = cached.get(i) or EnvEmbeddingRow(env_id=i)

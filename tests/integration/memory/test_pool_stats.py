@@ -167,3 +167,19 @@ async def test_the_served_memory_probes_new_pool_envs_in_the_background(
     await asyncio.wait_for(prober, 30)
     pool = (await service.stats()).pool
     assert pool.probed == 1 and (pool.hidden_state_size_mean or 0) >= 1 and pool.leakage_share == 0.0
+
+
+class UnwritableCacheEmbedder:
+    """An embedder whose model cannot load (a read-only root filesystem, say): the failure path."""
+
+    def encode(self, texts: Sequence[str]) -> Any:
+        raise OSError(30, "Read-only file system", "/home/spade/.cache")
+
+
+async def test_a_failing_embedder_leaves_the_other_figures_served(empty_engine: Engine) -> None:
+    migrate(empty_engine)
+    service = MemoryService(SqlStore(empty_engine, embedder=UnwritableCacheEmbedder()))
+    await service.put_environment(new_env("Served"))
+    stats = await service.stats()
+    assert stats.pool.vendi_per_n is None and stats.pool.vendi_note.startswith("unavailable: OSError")
+    assert stats.pool.envs == 1 and stats.total == 1
