@@ -70,8 +70,18 @@ def main() -> None:
         "rollout": ("services.rollout.cli:serve", "The rollout workers (the reasoning agent)."),
     },
 )
-def serve() -> None:
-    """Start one service (distributed mode)."""
+@click.pass_context
+def serve(ctx: click.Context) -> None:
+    """Start one service (distributed mode).
+
+    Logs are JSON lines on stderr (``SPADE_LOG_FORMAT=text`` for a terminal; ``SPADE_LOG_LEVEL``).
+    """
+    from spade.serving.logs import configure_from_env
+
+    try:
+        configure_from_env(ctx.invoked_subcommand or "spade")
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 if __name__ == "__main__":

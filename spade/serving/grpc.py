@@ -10,12 +10,17 @@ theirs, one interceptor that:
 - **maps errors to statuses** in one place: a :class:`spade.errors.ServiceError` aborts with its
   kind's status and its message, anything else is logged with its traceback and answered INTERNAL
   without details;
-- **logs** each call (method, status, duration; failures louder than successes);
+- **tags each call with a request id**: the caller's ``x-request-id`` metadata when sane, else a new
+  one; it is sent back in the trailing metadata (success or failure) and is on every log line of the
+  call, with the service, the tenant and whatever the servicer adds (``spade.serving.logs.annotate``);
+- **logs** each failure once (a refusal at INFO with its status, an internal error at ERROR with
+  its traceback) and each call at DEBUG (method, status, duration);
 - **counts** calls in Prometheus (``spade_<service>_grpc_requests{method,code}`` and the latency
   histogram ``spade_<service>_grpc_seconds{method}``) in the service's registry.
 
 The standard health service (``grpc.health.v1.Health``) answers SERVING for the server and each
 service while it runs and NOT_SERVING once shutdown begins; server reflection lists every service.
+With ``bind.tls`` the server listens with TLS only (mutual TLS when a client CA is configured).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from spade.serving.errors import GRPC_STATUS, ErrorKinds, classify
+from spade.serving.logs import REQUEST_ID_HEADER, accept_request_id, annotate, enter_context, tenant_name
 from spade.serving.settings import ServerAddress
 
 _CALLER: contextvars.ContextVar[Any] = contextvars.ContextVar("spade_grpc_caller", default=None)
@@ -142,21 +148,31 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         if self._authenticate is None:
             return None
         value = dict(context.invocation_metadata() or ()).get("authorization")
-        return self._authenticate(value if isinstance(value, str) else None)
+        principal = self._authenticate(value if isinstance(value, str) else None)
+        annotate(tenant=tenant_name(principal))
+        return principal
 
-    async def _fail(self, method: str, exc: BaseException, context: grpc.aio.ServicerContext) -> None:
+    async def _fail(self, method: str, exc: BaseException, context: grpc.aio.ServicerContext, request_id: str) -> None:
         found = classify(exc, self._errors)
+        trailer: tuple[tuple[str, str], ...] = ((REQUEST_ID_HEADER, request_id),)
         if found is None:
-            self._log.error("%s failed", method, exc_info=exc)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in the {self._service} service; see its log")
+            self._log.error(
+                "%s failed", method, exc_info=exc, extra={"method": method, "status": "INTERNAL", "code": "internal"}
+            )
+            await context.abort(
+                grpc.StatusCode.INTERNAL,
+                f"internal error in the {self._service} service; see its log (request id {request_id})",
+                trailing_metadata=trailer,
+            )
         else:
-            kind, _ = found
-            self._log.info("%s refused (%s): %s", method, kind.value, exc)
+            kind, code = found
+            status = GRPC_STATUS[kind]
+            fields = {"method": method, "status": status.name, "code": code}
+            self._log.info("%s refused (%s): %s", method, kind.value, exc, extra=fields)
             retry_after = getattr(exc, "retry_after_s", None)  # a quota's refusal says when to retry
-            trailer: tuple[tuple[str, str], ...] = ()
             if isinstance(retry_after, int | float):
-                trailer = (("retry-after", str(max(1, math.ceil(retry_after)))),)
-            await context.abort(GRPC_STATUS[kind], str(exc), trailing_metadata=trailer)
+                trailer += (("retry-after", str(max(1, math.ceil(retry_after)))),)
+            await context.abort(status, str(exc), trailing_metadata=trailer)
 
     def _observe(self, method: str, start: float, context: grpc.aio.ServicerContext, failed: bool) -> None:
         code = "OK"
@@ -191,13 +207,19 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         """Errors to statuses, then the call's log line and metrics, around one call."""
         start = time.perf_counter()
         failed = True
+        metadata = dict(context.invocation_metadata() or ())
+        request_id = accept_request_id(metadata.get(REQUEST_ID_HEADER))
+        # Each call runs in a task of its own: the fields last as long as the call.
+        enter_context(request_id=request_id, rpc=method.rsplit("/", 1)[-1])
+        with contextlib.suppress(Exception):  # a closed call cannot take metadata; nothing to tell then
+            context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         try:
             yield
             failed = False
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await self._fail(method, exc, context)
+            await self._fail(method, exc, context, request_id)
             raise
         finally:
             self._observe(method, start, context, failed)
@@ -279,7 +301,10 @@ async def grpc_server(
     health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
     reflection.enable_server_reflection([*(s.name for s in services), health_name, reflection.SERVICE_NAME], server)
     try:
-        port = server.add_insecure_port(bind.address)
+        if bind.tls is not None:
+            port = server.add_secure_port(bind.address, bind.tls.grpc_credentials())
+        else:
+            port = server.add_insecure_port(bind.address)
     except RuntimeError:  # grpc raises RuntimeError for a busy or invalid address
         port = 0
     if port == 0:
@@ -288,7 +313,8 @@ async def grpc_server(
     await server.start()
     for name in ("", *(s.name for s in services)):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    logging.getLogger(f"spade.{service}.grpc").info("%s gRPC listening on %s:%d", service, bind.host, port)
+    mode = "" if bind.tls is None else (" (mutual TLS)" if bind.tls.mutual else " (TLS)")
+    logging.getLogger(f"spade.{service}.grpc").info("%s gRPC listening on %s:%d%s", service, bind.host, port, mode)
     try:
         yield RunningGrpc(port=port, server=server)
     finally:

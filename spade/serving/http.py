@@ -1,11 +1,17 @@
 """One HTTP (uvicorn + FastAPI) bootstrap for every service, and the pieces every REST API shares.
 
 - :func:`http_server`: serve an ASGI app on a :class:`ServerAddress` inside the caller's event loop
-  until the context exits, then shut down gracefully. Signals are not uvicorn's business here:
-  ``spade.serving.run`` turns SIGTERM/SIGINT into the stop event every ``spade serve`` waits on.
+  until the context exits, then shut down gracefully; HTTPS (and required client certificates) when
+  the address has ``tls``. Signals are not uvicorn's business here: ``spade.serving.run`` turns
+  SIGTERM/SIGINT into the stop event every ``spade serve`` waits on. uvicorn logs through the
+  process's logging set-up (``spade.serving.logs``); its access log is off.
 - :func:`install_error_handlers`: one error shape, ``{"error": {"code": ..., "message": ...}}``, for
   domain errors (their kind's status), malformed requests, unknown routes and internal failures
-  (logged, answered without details). Never echoes the caller's input.
+  (answered without details). Never echoes the caller's input. It also installs
+  :class:`RequestContext`: every request gets an id (the caller's ``x-request-id`` when sane, else a
+  new one) that is sent back in the ``x-request-id`` response header and is on every log line of the
+  request (with the service and, once authenticated, the tenant); each error is logged once (a
+  refusal at INFO with its status and code, an internal failure at ERROR with its traceback).
 - :func:`bearer_auth`: the FastAPI dependency checking ``Authorization: Bearer <key>`` against the
   service's :class:`spade.auth.KeyRing`.
 - :func:`ops_router`: ``GET /healthz`` and ``GET /metrics`` (Prometheus), the same for every service.
@@ -36,6 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from spade.auth import KeyRing
 from spade.errors import ErrorKind, ServiceError
 from spade.serving.errors import HTTP_STATUS, ErrorKinds, classify
+from spade.serving.logs import REQUEST_ID_HEADER, accept_request_id, annotate, log_context, tenant_name
 from spade.serving.settings import ServerAddress
 
 P = TypeVar("P")
@@ -61,20 +68,81 @@ _HTTP_CODES = {
 }
 
 
+class RequestContext:
+    """ASGI middleware: a request id and a log context per request, and the last word on failures.
+
+    - The id is the caller's ``x-request-id`` header when sane (``spade.serving.logs.accept_request_id``),
+      else a new one; the response carries it in ``x-request-id`` and ``request.state.request_id`` holds it.
+    - Every line logged while the request runs carries it (and the method, the path and, once
+      :func:`bearer_auth` has run, the tenant).
+    - An exception nothing else handled is logged once, with its traceback, and answered 500 in the
+      one error shape (naming the request id, never the exception); the server does not log it again.
+
+    Args:
+        app: The wrapped app.
+        service: The service's name in the message of an internal error.
+    """
+
+    def __init__(self, app: ASGIApp, *, service: str) -> None:
+        self.app = app
+        self.service = service
+        self.log = logging.getLogger(f"spade.{service}.http")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = dict(scope.get("headers") or ()).get(REQUEST_ID_HEADER.encode())
+        request_id = accept_request_id(incoming)
+        scope.setdefault("state", {})["request_id"] = request_id
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != REQUEST_ID_HEADER.encode()]
+                headers.append((REQUEST_ID_HEADER.encode(), request_id.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        with log_context(request_id=request_id, method=scope.get("method"), path=scope.get("path")):
+            try:
+                await self.app(scope, receive, sending)
+            except Exception as exc:
+                self.log.error("request failed", exc_info=exc, extra={"status": 500, "code": "internal"})
+                if started:  # a streamed response broke off: the client sees the connection end
+                    return
+                response = error_response(
+                    500,
+                    "internal",
+                    f"internal error in the {self.service} service (request id {request_id}); it has been logged",
+                )
+                await response(scope, receive, sending)
+
+
 def install_error_handlers(
     app: FastAPI, *, service: str, errors: ErrorKinds | None = None, invalid_status: int = 422
 ) -> None:
     """Answer every failure of ``app`` in the one error shape, mapping domain errors by kind.
 
+    Also installs :class:`RequestContext` (request ids, the log context, internal failures), so call
+    it once, before the app starts.
+
     Args:
         app: The FastAPI app.
-        service: The service's name in the message of internal errors.
+        service: The service's name in logs and in the message of internal errors.
         errors: Extra exception types that are domain errors (with their kind and code), for libraries
             whose errors are not ``ServiceError`` subclasses.
         invalid_status: Status of an invalid request: 422, or 400 where an API imitates one that
             answers 400 (the inference server follows SGLang).
     """
     log = logging.getLogger(f"spade.{service}.http")
+    app.add_middleware(RequestContext, service=service)
+
+    def refused(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+        log.info("refused %d %s: %s", status, code, message, extra={"status": status, "code": code})
+        return error_response(status, code, message, headers)
 
     async def domain(_: Request, exc: Exception) -> JSONResponse:
         found = classify(exc, errors)
@@ -86,7 +154,7 @@ def install_error_handlers(
         retry_after = getattr(exc, "retry_after_s", None)  # a quota's refusal says when to retry
         if isinstance(retry_after, int | float):
             headers = {"Retry-After": str(max(1, math.ceil(retry_after)))}
-        return error_response(status, code, str(exc), headers)
+        return refused(status, code, str(exc), headers)
 
     async def bad_request(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -94,19 +162,26 @@ def install_error_handlers(
         for err in exc.errors()[:10]:
             where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
             problems.append(f"{where}: {err.get('msg', 'invalid')}")
-        return error_response(invalid_status, "invalid_request", "; ".join(problems) or "invalid request body")
+        return refused(invalid_status, "invalid_request", "; ".join(problems) or "invalid request body")
 
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 400:
             # FastAPI's own body-parsing failure (e.g. non-UTF-8 bytes): the same shape as any bad input.
-            return error_response(invalid_status, "invalid_request", "request body is not valid UTF-8 JSON")
+            return refused(invalid_status, "invalid_request", "request body is not valid UTF-8 JSON")
         code = _HTTP_CODES.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail), dict(exc.headers or {}) or None)
+        if exc.status_code >= 500:
+            log.error("failed %d %s: %s", exc.status_code, code, exc.detail, extra={"status": exc.status_code})
+            return error_response(exc.status_code, code, str(exc.detail), dict(exc.headers or {}) or None)
+        return refused(exc.status_code, code, str(exc.detail), dict(exc.headers or {}) or None)
 
-    async def internal(_: Request, exc: Exception) -> JSONResponse:
-        log.error("request failed", exc_info=exc)
-        return error_response(500, "internal", f"internal error in the {service} service; it has been logged")
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        # Reached only when RequestContext is not in the stack (it answers unhandled errors itself).
+        log.error("request failed", exc_info=exc, extra={"status": 500, "code": "internal"})
+        request_id = getattr(request.state, "request_id", None) or "unknown"
+        return error_response(
+            500, "internal", f"internal error in the {service} service (request id {request_id}); it has been logged"
+        )
 
     app.add_exception_handler(ServiceError, domain)
     for cls in errors or {}:
@@ -134,7 +209,9 @@ def bearer_auth(keyring: KeyRing[P], *, cookie: str | None = None) -> Callable[.
         header = request.headers.get("authorization")
         if not header and cookie and request.cookies.get(cookie):
             header = f"Bearer {request.cookies[cookie]}"
-        return keyring.authenticate(header)
+        principal = keyring.authenticate(header)
+        annotate(tenant=tenant_name(principal))  # the request's log lines name the tenant from here on
+        return principal
 
     return authenticated
 
@@ -263,7 +340,17 @@ async def http_server(
             f"the {service} HTTP server could not bind {bind.address} ({exc.strerror}); is the port free?"
         ) from exc
     port = int(sock.getsockname()[1])
-    config = uvicorn.Config(app, host=bind.host, port=port, log_level=log_level, lifespan=lifespan)
+    tls = bind.tls.uvicorn_options() if bind.tls is not None else {}
+    config = uvicorn.Config(
+        app,
+        host=bind.host,
+        port=port,
+        log_level=log_level,
+        lifespan=lifespan,
+        log_config=None,  # uvicorn logs through the process's set-up (spade.serving.logs), not its own
+        access_log=False,  # errors are logged once by the app; successes are counted in /metrics
+        **tls,
+    )
     server = _Server(config)
     task = asyncio.create_task(server.serve_in_task(sock))
     try:
@@ -272,7 +359,9 @@ async def http_server(
                 await task  # raises the start-up failure
                 raise RuntimeError(f"the {service} HTTP server stopped while starting on {bind.address}")
             await asyncio.sleep(0.01)
-        logging.getLogger(f"spade.{service}.http").info("%s HTTP listening on http://%s:%d", service, bind.host, port)
+        scheme = "https" if bind.tls is not None else "http"
+        log = logging.getLogger(f"spade.{service}.http")
+        log.info("%s HTTP listening on %s://%s:%d", service, scheme, bind.host, port)
         yield RunningHttp(port=port, server=server)
     finally:
         server.should_exit = True
