@@ -70,17 +70,21 @@ def serve(
         spec_file=spec_file,
         dev_mode=dev_mode,
     )
-    from spade.dependencies import endpoint, inference, queue, wait_for
+    from spade.dependencies import DependencyUnavailable, endpoint, inference, queue, wait_for
 
     needs_inference = settings.pool_dir is None or (settings.setting == "tool" and settings.criteria_reachable.enabled)
-    wait_for(
-        [
-            queue(settings.queue),
-            endpoint(settings.sandbox),
-            endpoint(settings.memory),
-            *(inference(settings.inference_urls) if needs_inference else []),
-        ]
-    )
+    try:
+        wait_for(
+            [
+                queue(settings.queue),
+                endpoint(settings.sandbox),
+                endpoint(settings.memory),
+                *(inference(settings.inference_urls) if needs_inference else []),
+            ]
+        )
+    except DependencyUnavailable as error:
+        click.echo(f"designer: gave up waiting for a dependency: {error}", err=True)
+        raise SystemExit(1) from None
 
     async def main(stop: asyncio.Event) -> None:
         async with designer_service(settings, stop=stop) as runtime:

@@ -164,3 +164,50 @@ async def test_a_setting_contradicting_the_stored_spec_refuses_to_start_naming_i
     assert len(refusal) == 1, done.stderr
     assert refusal[0].strip().startswith("SPADE_DESIGNER_ENVS_PER_ROUND: envs_per_round: this service is configured")
     assert "run spec has 6" in refusal[0] and "Traceback" not in done.stderr
+
+
+async def test_waiting_for_the_run_spec_is_logged_and_sigterm_ends_the_wait(tmp_path: Path) -> None:
+    memory_settings = MemorySettings.model_validate(
+        {
+            "database_url": f"sqlite:///{tmp_path / 'memory.db'}",
+            "dev_mode": True,
+            "grpc": {"port": 0},
+            "http": {"port": 0},
+        }
+    )
+    sandbox_settings = SandboxSettings.model_validate({"grpc": {"port": 0}, "http": {"port": 0}, "dev_mode": True})
+    log_path = tmp_path / "designer.log"
+    async with memory_serving(memory_settings) as memory, sandbox_serving(sandbox_settings) as sandbox:
+        env = {
+            **os.environ,
+            "SPADE_DESIGNER_DEV_MODE": "true",
+            "SPADE_DESIGNER_WAIT_LOG_S": "1",
+            "SPADE_DESIGNER_SANDBOX__TARGET": f"127.0.0.1:{sandbox.grpc_port}",
+            "SPADE_DESIGNER_MEMORY__TARGET": f"127.0.0.1:{memory.grpc.port}",
+            "SPADE_DESIGNER_QUEUE__URL": REDIS_URL,
+            "SPADE_DESIGNER_QUEUE__PREFIX": f"test-designer-wait-{uuid.uuid4().hex[:8]}:",
+        }
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "spade.cli", "serve", "designer", "--pool", str(FIXTURES)],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            try:
+                deadline = time.monotonic() + 300
+                while log_path.read_text().count("waiting for a run spec in the memory") < 2:  # said, and repeated
+                    assert proc.poll() is None, log_path.read_text()
+                    assert time.monotonic() < deadline, log_path.read_text()
+                    await asyncio.sleep(0.2)
+                os.kill(proc.pid, signal.SIGTERM)
+                code = await asyncio.to_thread(proc.wait, 60)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
+    text = log_path.read_text()
+    assert code == 0, text
+    assert "s so far)" in text and "spade runspec set FILE" in text
+    assert "stopped while waiting for a run spec" in text and "Traceback" not in text
