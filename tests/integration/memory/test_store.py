@@ -211,3 +211,51 @@ def test_aggregate_stats(store: SqlStore) -> None:
     assert st.scored == 2 and st.learnable_fraction == 0.5
     assert st.mean_regret == pytest.approx((0.5 + 0.0) / 2)
     assert st.validity_rate is None and st.plays == 6  # no designer attempt recorded yet
+
+
+def test_upgrading_a_0001_memory_keeps_its_plays_in_their_slots_and_rescores(empty_engine: Engine) -> None:
+    """A memory written before windows: plays get the slot the old scoring gave them, stats the new signal."""
+    migrate(empty_engine, "0001")
+    now = "2026-01-01 00:00:00+00:00"
+    with empty_engine.begin() as c:
+        c.execute(
+            text(
+                "INSERT INTO environments (id, setting, skill, code, code_hash, hint, env_class, corpus_ref, "
+                "validation_report, status, weight_version, designer_sample_id, batch_id, parent_ids, created_at) "
+                "VALUES ('old', 'game', 'Logic', :code, 'h', '', '', '', '{}', 'valid', 3, '', '', '[]', :now)"
+            ),
+            {"now": now, "code": "x = 1\n\n# note\ny = 2\n"},
+        )
+        c.execute(
+            text(
+                "INSERT INTO env_stats (env_id, plays, window_plays, win_rate, regret, learnable, reward_components, "
+                "updated_at) VALUES ('old', 4, 2, 0.5, 0.5, true, '{\"blend\": 0.7}', :now)"
+            ),
+            {"now": now},
+        )
+        for i, (seed, hinted, ret, version) in enumerate(
+            [(1, True, 1.0, 3), (1, False, 0.5, 3), (2, False, 0.0, 5), (3, True, 1.0, 4)]
+        ):
+            c.execute(
+                text(
+                    "INSERT INTO plays (env_id, seed, hinted, episode_return, turns, weight_version, trajectory_id, "
+                    "finish_reason, played_at) VALUES ('old', :s, :h, :r, 2, :v, :t, 'terminated', :now)"
+                ),
+                {"s": seed, "h": hinted, "r": ret, "v": version, "t": f"t{i}", "now": now},
+            )
+    migrate(empty_engine)
+    store = SqlStore(empty_engine)
+    env = store.get_environment("old")
+    plays, _ = store.plays("old", 10)
+    assert sorted((p.trajectory_id, p.window_start, p.window_index) for p in plays) == [
+        ("t0", 3, 0),
+        ("t1", 3, 0),
+        ("t2", 3, 2),
+        ("t3", 3, 1),
+    ]
+    assert env.stats.regret == 0.5 and env.stats.regret_note == ""  # slot 0: seed 1 in both arms
+    assert env.stats.win_rate == 0.25  # mean return of every unhinted slot (no window known): (0.5 + 0) / 2
+    assert env.stats.reward_components == {"blend": 0.7} and env.stats.solved_fraction == 0.0
+    assert env.window_start is None and env.window_versions == 0
+    with empty_engine.connect() as c:
+        assert c.execute(text("SELECT program_lines FROM environments WHERE id = 'old'")).scalar() == 2
