@@ -5,15 +5,18 @@ between ``--min-len`` and ``--max-len`` tokens (default 8 plays of 256…1024 to
 ``--prompt`` untrained tokens followed by turns of ``--turn`` trained (model) tokens alternating
 with ``--obs`` untrained (observation) tokens. Both sides train the same token ids, masks and
 advantages with the same settings: fp32, the whole batch in one optimiser step, AdamW lr 1e-6, grad
-clip 1.0, clip 0.2/0.28, no KL, no gradient checkpointing.
+clip 1.0, clip 0.2/0.28, no KL, no gradient checkpointing, and the same memory budget per
+forward/backward pass: ``--micro-batches`` K passes of ``batch / K × max-len`` tokens (K = 2 by
+default: TRL's fp32 pass over all 8 × 1024 padded tokens needs more than the 23 GB of this machine).
 
-- ``ours``: ``services.learner.trainer.Trainer.train_step`` (packed micro-batches, budget = the
-  batch's tokens, so one forward);
-- ``ours-padded`` (``--sides``): the same trainer with packing off (one right-padded row per play),
-  to see what packing buys;
+- ``ours``: ``services.learner.trainer.Trainer.train_step``, ``micro_batch_tokens = batch / K ×
+  max-len``: the plays are packed (no padding) into as few passes as fit;
+- ``ours-padded`` (``--sides``): the same trainer with packing off (one right-padded row per play,
+  the budget counting padded tokens), to see what packing buys;
 - ``trl``: a real ``GRPOTrainer`` (its ``compute_loss`` + backward + its optimizer and clipping) on
   inputs built the way it builds them (``tool_mask`` = the untrained observation tokens), without
-  generation. TRL pads the completions to the longest.
+  generation, with its own gradient accumulation over K chunks of ``batch / K`` plays (each padded
+  to its longest completion).
 
 Each side runs in its own process so its peak memory is its own: the figure is the growth of the
 peak resident set (VmHWM, reset before the timed step) over the resident set after a warm-up step
@@ -23,11 +26,13 @@ every side (padding is work, not throughput).
 Usage::
 
     .venv/bin/python bench/learner_bench.py [--batch 8] [--min-len 256] [--max-len 1024] [--steps 1]
-        [--rounds 1] [--sides ours,trl] [--threads 1] [--json]
+        [--micro-batches 2] [--rounds 1] [--sides ours,trl] [--threads 1] [--json]
 
 ``--json`` prints one object: the settings, ``os.getloadavg()`` at start, our figures, the
 baseline's (TRL's) figures and the ratios. Sides alternate over rounds (the machine is shared);
-the fastest step of each side counts. Not a test: nothing is asserted.
+the fastest step of each side counts. Besides wall-clock tokens/s, tokens per CPU-second (the step's
+process CPU time) are reported: with one torch thread per side they are far less sensitive to other
+processes on a shared machine. Not a test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -114,7 +119,7 @@ def run_ours(args: argparse.Namespace, model_dir: Path, packed: bool) -> dict[st
 
     batch = samples(plays(args, model.config.vocab_size))
     warm = samples(plays(args, model.config.vocab_size, [args.prompt + 8, args.prompt + 16]))
-    budget = len(batch) * args.max_len  # one forward for the whole batch, packed or padded
+    budget = args.batch // args.micro_batches * args.max_len  # what one TRL micro-batch holds, padded
     trainer = Trainer(
         model,
         build_loss(GrpoLossConfig(tis=args.tis)),
@@ -138,7 +143,8 @@ def run_trl(args: argparse.Namespace, model_dir: Path) -> dict[str, float]:
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     config = GRPOConfig(
         output_dir=str(Path(args.tmp) / "trl"),
-        per_device_train_batch_size=args.batch,
+        per_device_train_batch_size=args.batch // args.micro_batches,
+        gradient_accumulation_steps=args.micro_batches,
         num_generations=args.batch,
         max_completion_length=args.max_len - args.prompt,
         learning_rate=1e-6,
@@ -161,7 +167,7 @@ def run_trl(args: argparse.Namespace, model_dir: Path) -> dict[str, float]:
         processing_class=tokenizer,
     )
     optimizer = trainer.create_optimizer()
-    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's train loop, which is bypassed here
+    trainer.current_gradient_accumulation_steps = args.micro_batches  # set by Trainer's loop, bypassed here
     p = args.prompt
 
     def inputs(batch: list[Play]) -> dict[str, Any]:
@@ -185,19 +191,21 @@ def run_trl(args: argparse.Namespace, model_dir: Path) -> dict[str, float]:
             "num_items_in_batch": (completion_mask * tool_mask).sum(),
         }
 
-    batch = inputs(plays(args, model.config.vocab_size))
-    warm = inputs(plays(args, model.config.vocab_size, [p + 8, p + 16]))
+    every = plays(args, model.config.vocab_size)
+    per = args.batch // args.micro_batches
+    chunks = [inputs(every[i : i + per]) for i in range(0, len(every), per)]
+    warm = [inputs(plays(args, model.config.vocab_size, [p + 8, p + 16]))]
     policy: Any = trainer.model
     policy.train()
 
-    def step(data: dict[str, Any]) -> None:
-        loss = trainer.compute_loss(policy, data)
-        loss.backward()
+    def step(data: list[dict[str, Any]]) -> None:
+        for chunk in data:  # TRL's gradient accumulation: one backward per micro-batch
+            trainer.compute_loss(policy, chunk).backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return _time(lambda: step(warm), lambda: step(batch), args)
+    return _time(lambda: step(warm), lambda: step(chunks), args)
 
 
 def _time(warm: Callable[[], object], step: Callable[[], object], args: argparse.Namespace) -> dict[str, float]:
@@ -207,13 +215,14 @@ def _time(warm: Callable[[], object], step: Callable[[], object], args: argparse
     gc.collect()
     base = _status_kib("VmRSS")
     _reset_peak()
-    times = []
+    times, cpu = [], []
     for _ in range(args.steps):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         step()
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     peak = _status_kib("VmHWM")
-    return {"step_s": min(times), "peak_mib": (peak - base) / 1024}
+    return {"step_s": min(times), "step_cpu_s": min(cpu), "peak_mib": (peak - base) / 1024}
 
 
 def main() -> None:
@@ -224,6 +233,12 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=128, help="untrained prompt tokens at the start of each play")
     parser.add_argument("--turn", type=int, default=48, help="trained tokens per model turn")
     parser.add_argument("--obs", type=int, default=32, help="untrained tokens per observation")
+    parser.add_argument(
+        "--micro-batches",
+        type=int,
+        default=2,
+        help="forward/backward passes per step (TRL: gradient accumulation; ours: batch/K x max-len tokens each)",
+    )
     parser.add_argument("--steps", type=int, default=1, help="timed steps per process (after a warm-up)")
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of the sides")
     parser.add_argument("--sides", default="ours,trl", help=f"comma-separated, among {', '.join(SIDES)}")
@@ -240,6 +255,8 @@ def main() -> None:
     args = parser.parse_args()
     if not 2 <= args.prompt + 1 < args.min_len <= args.max_len:
         parser.error("need 2 <= prompt + 1 < min-len <= max-len: every play needs trained tokens after its prompt")
+    if args.micro_batches < 1 or args.batch % args.micro_batches:
+        parser.error(f"--micro-batches must divide --batch ({args.batch}), got {args.micro_batches}")
 
     if args.side is not None:
         import torch
@@ -261,32 +278,46 @@ def main() -> None:
     if not sides or any(s not in SIDES for s in sides):
         parser.error(f"--sides takes a comma-separated list among {SIDES}, got {args.sides!r}")
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    failures: dict[str, str] = {}
     passthrough = [a for a in sys.argv[1:] if a != "--json"]
     for _ in range(args.rounds):  # alternate the sides so load from other processes hits them alike
         for side in sides:
             cmd = [sys.executable, __file__, "--side", side, *passthrough]
             env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=ROOT)
+            out = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, cwd=ROOT)
+            if out.returncode != 0:  # e.g. killed for memory: say so, keep the other sides' figures
+                failures[side] = f"exit status {out.returncode}: {out.stderr.strip()[-500:]}"
+                print(f"{side}: failed, {failures[side]}", file=sys.stderr, flush=True)
+                continue
             runs[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"{side}: {runs[side][-1]}", file=sys.stderr, flush=True)
+    runs = {side: rs for side, rs in runs.items() if rs}
     sizes = lengths(args)
     tokens = sum(sizes)
     trained = sum(sum(p.mask[1:]) for p in plays(args, 100, sizes))
     results = {}
     for side, rs in runs.items():
         step_s = min(r["step_s"] for r in rs)
+        cpu_s = min(r["step_cpu_s"] for r in rs)
         results[side] = {
             "tokens_per_s": tokens / step_s,
+            "tokens_per_cpu_s": tokens / cpu_s,
             "step_s": step_s,
+            "step_cpu_s": cpu_s,
             "peak_mib": statistics.median(r["peak_mib"] for r in rs),
         }
     ratios: dict[str, float] = {}
     for side in results:
         if side != "trl" and "trl" in results:
             ratios[f"{side}_vs_trl_tokens_per_s"] = results[side]["tokens_per_s"] / results["trl"]["tokens_per_s"]
+            ratios[f"{side}_vs_trl_tokens_per_cpu_s"] = (
+                results[side]["tokens_per_cpu_s"] / results["trl"]["tokens_per_cpu_s"]
+            )
             ratios[f"{side}_vs_trl_peak_mib"] = results[side]["peak_mib"] / max(results["trl"]["peak_mib"], 1e-9)
     if "ours" in results and "ours-padded" in results:
         padded = results["ours-padded"]
         ratios["packed_vs_padded_tokens_per_s"] = results["ours"]["tokens_per_s"] / padded["tokens_per_s"]
+        ratios["packed_vs_padded_tokens_per_cpu_s"] = results["ours"]["tokens_per_cpu_s"] / padded["tokens_per_cpu_s"]
         ratios["packed_vs_padded_peak_mib"] = results["ours"]["peak_mib"] / max(padded["peak_mib"], 1e-9)
     settings = {
         "model": "SmolLM2-135M-Instruct",
@@ -300,6 +331,8 @@ def main() -> None:
         "prompt": args.prompt,
         "turn": args.turn,
         "obs": args.obs,
+        "micro_batches": args.micro_batches,
+        "micro_batch_tokens": args.batch // args.micro_batches * args.max_len,
         "steps": args.steps,
         "rounds": args.rounds,
         "torch_threads": args.threads,
@@ -313,6 +346,7 @@ def main() -> None:
             "baseline": {"name": "trl GRPOTrainer", **results["trl"]} if "trl" in results else None,
             "ratios": ratios,
             "runs": runs,
+            "failures": failures,
         }
         print(json.dumps(report, indent=2))
         return
@@ -320,12 +354,20 @@ def main() -> None:
         f"SmolLM2-135M, CPU fp32, {args.batch} plays of {min(sizes)}..{max(sizes)} tokens = {tokens} tokens "
         f"({args.batch * max(sizes)} padded), {trained} trained; load average at start {load_at_start[0]:.2f}"
     )
-    print(f"fastest of {args.steps} step(s) x {args.rounds} round(s) per side")
-    print(f"{'':12}{'tokens/s':>12}{'step s':>10}{'peak MiB':>12}")
+    print(
+        f"{args.micro_batches} passes of <= {settings['micro_batch_tokens']} tokens per step; "
+        f"fastest of {args.steps} step(s) x {args.rounds} round(s) per side"
+    )
+    print(f"{'':12}{'tokens/s':>12}{'tokens/cpu-s':>14}{'step s':>10}{'cpu s':>10}{'peak MiB':>12}")
     for side, r in results.items():
-        print(f"{side:12}{r['tokens_per_s']:>12.1f}{r['step_s']:>10.2f}{r['peak_mib']:>12.1f}")
+        print(
+            f"{side:12}{r['tokens_per_s']:>12.1f}{r['tokens_per_cpu_s']:>14.1f}{r['step_s']:>10.2f}"
+            f"{r['step_cpu_s']:>10.2f}{r['peak_mib']:>12.1f}"
+        )
     for name, value in ratios.items():
         print(f"{name}: {value:.3f}")
+    for side, why in failures.items():
+        print(f"{side} failed: {why}")
     print("(tokens/s: higher is better, target ours/TRL >= 2; peak memory: lower is better, target ours/TRL <= 1)")
 
 
