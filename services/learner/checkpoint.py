@@ -189,6 +189,29 @@ def write_weights(
     return target
 
 
+def copy_weights(source: Path, target: Path) -> Path:
+    """Install a copy of the weight files of ``source`` (a checkpoint's ``model/``) as ``target``, atomically.
+
+    Files are hard-linked where the filesystem allows (they are never modified in place).
+    """
+    tmp = staging_dir(target)
+    try:
+        shutil.copytree(source, tmp, copy_function=_link_or_copy)
+        fsync_tree(tmp)
+        install(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def staging_dir(target: Path) -> Path:
     """A fresh temporary directory beside ``target`` (same filesystem, so the rename is atomic)."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -266,6 +289,21 @@ class CheckpointManager:
             raise
         self._retain()
         return target
+
+    def update_state(self, step: int, state: dict[str, Any]) -> Path:
+        """Replace checkpoint ``step``'s learner state, keeping its model and optimizer (rank 0).
+
+        For a checkpoint of a version that has not trained further (on SIGTERM): the state file is
+        replaced atomically, so the checkpoint is whole before and after.
+
+        Raises:
+            CheckpointError: There is no checkpoint ``step``.
+        """
+        path = self.path(step)
+        if not path.is_dir():
+            raise CheckpointError(f"no checkpoint at {path} to update; available steps: {self.steps()}")
+        write_json_atomic(path / "state.json", {"step": step, **state})
+        return path
 
     def _retain(self) -> None:
         for step in self.steps()[: -self.keep]:

@@ -15,19 +15,48 @@ from pathlib import Path
 import click
 
 from services.learner.settings import LearnerSettings
+from spade.config import ConfigError
 from spade.serving.run import config_option, run_until_signalled, settings_or_exit
 
 logger = logging.getLogger("services.learner")
 
 
 async def _serve(settings: LearnerSettings, max_steps: int | None, stop: asyncio.Event) -> None:
-    from services.learner.wiring import build_learner, close_learner, describe
+    from services.learner.learner import ResumeError
+    from services.learner.wiring import (
+        StoppedWhileWaiting,
+        build_learner,
+        close_learner,
+        describe,
+        run_spec_from_memory,
+    )
+    from spade.memory.client import MemoryClient
+    from spade.memory.errors import RunSpecConflict
 
-    learner = build_learner(settings)
+    memory = MemoryClient.from_endpoint(settings.memory)
+    try:
+        spec = await run_spec_from_memory(settings, memory, stop)
+    except StoppedWhileWaiting:
+        logger.info("learner stopped before a run spec was stored")
+        return
+    except (ConfigError, RunSpecConflict) as exc:
+        raise Refused(str(exc)) from None
+    finally:
+        await memory.close()
+    try:
+        learner = build_learner(settings, spec=spec)
+    except (ConfigError, ResumeError) as exc:
+        raise Refused(str(exc)) from None
     if not learner.world.is_main:
         await asyncio.to_thread(learner.follow)
         return
-    logger.info("learner starting at weight version %d: %s", learner.version, json.dumps(describe(settings)))
+    logger.info(
+        "learner starting at weight version %d under run spec %s: %s",
+        learner.version,
+        spec.spec_id,
+        json.dumps(describe(settings)),
+        extra={"event": "start", "spec_id": spec.spec_id, "version": learner.version},
+    )
     from spade.inference.discovery import following
 
     publisher = learner.publisher
@@ -36,6 +65,11 @@ async def _serve(settings: LearnerSettings, max_steps: int | None, stop: asyncio
             await learner.run(max_steps=max_steps, stop=stop)
     finally:
         await close_learner(learner)
+    logger.info("learner stopped at weight version %d", learner.version, extra={"event": "stop"})
+
+
+class Refused(Exception):
+    """The learner cannot start as configured (the message is for a person: one line per problem)."""
 
 
 @click.command("learner")
@@ -50,7 +84,10 @@ def serve(config_file: Path | None, max_steps: int | None, dev: bool | None, log
 
     Configured through SPADE_LEARNER_* environment variables (nested with __) or --config, e.g.
     SPADE_LEARNER_MODEL_PATH, SPADE_LEARNER_INFERENCE_URLS='["http://host:30000"]',
-    SPADE_LEARNER_QUEUE__URL=redis://redis:6379/0, SPADE_LEARNER_LOSS__KL_COEF=0.005.
+    SPADE_LEARNER_QUEUE__URL=redis://redis:6379/0, SPADE_LEARNER_LOSS__KL_COEF=0.005,
+    SPADE_LEARNER_MEMORY__TARGET=memory:50052 (the run spec is read there at start; G, k, the
+    temperature and the reward constants come from it). SIGTERM: the step being filled is abandoned,
+    the state checkpointed, and the learner exits.
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = settings_or_exit(LearnerSettings, config_file, dev_mode=dev)
@@ -59,10 +96,15 @@ def serve(config_file: Path | None, max_steps: int | None, dev: bool | None, log
             "a standalone learner with the in-process queue would never receive a sample; set "
             "SPADE_LEARNER_QUEUE__KIND=redis (the embedded `spade run` shares one in-process queue)"
         )
-    from spade.dependencies import queue, wait_for
+    from spade.dependencies import endpoint, queue, wait_for
 
-    wait_for([queue(settings.queue)])  # the inference workers are retried by the publisher itself
-    run_until_signalled(lambda stop: _serve(settings, max_steps, stop))
+    # The inference workers are retried by the publisher itself.
+    wait_for([queue(settings.queue), endpoint(settings.memory)])
+    try:
+        run_until_signalled(lambda stop: _serve(settings, max_steps, stop))
+    except Refused as exc:
+        click.echo(f"the learner refuses to start:\n{exc}", err=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ place-weights step points it at the base model.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 LATEST = "latest"
@@ -31,3 +32,45 @@ def point_latest(weights_dir: Path, version_dir: Path) -> Path:
     staging.symlink_to(target, target_is_directory=True)
     os.replace(staging, link)
     return link
+
+
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+
+
+def published_version(weights_dir: Path) -> int:
+    """The version ``weights_dir/latest`` points at: the newest one ever published (0 before the first).
+
+    ``latest`` moves before any worker is told to load a version, so every version a worker may serve
+    is at most this one. A pointer at anything but a ``v<N>`` directory (the base model placed by the
+    deployment) means nothing was published yet.
+    """
+    link = Path(weights_dir) / LATEST
+    if not link.is_symlink():
+        return 0
+    match = _VERSION_DIR.match(Path(os.readlink(link)).name)
+    return int(match.group(1)) if match else 0
+
+
+class AlreadyPublished(RuntimeError):
+    """A version at or below the newest published one was about to be published again."""
+
+
+def check_unpublished(weights_dir: Path, version: int, *, resuming: bool = False) -> None:
+    """Refuse to publish ``version`` when it (or a newer one) was already published.
+
+    Args:
+        weights_dir: The published versions' root.
+        version: The version about to be written and published.
+        resuming: Completing the interrupted publication of ``version`` itself (allowed when
+            ``latest`` already points at it).
+
+    Raises:
+        AlreadyPublished: ``version`` <= the published version (naming both and the fix).
+    """
+    published = published_version(weights_dir)
+    if version < published or (version == published and not resuming):
+        raise AlreadyPublished(
+            f"weight version {version} cannot be published: {weights_dir}/{LATEST} already points at "
+            f"v{published}, and published versions only go forward; resume the learner from the checkpoint "
+            "of that version (its checkpoint_dir) or use a fresh weights_dir for a new run"
+        )

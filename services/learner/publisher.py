@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.learner.latest import point_latest
+from services.learner.latest import check_unpublished, point_latest
 from spade.inference.client import InferenceClient, WeightUpdateResult
 from spade.queues.base import WEIGHTS_PUBLISHED, WorkQueue
 from spade.retry import RetryPolicy
@@ -75,6 +75,7 @@ class WeightPublisher:
             worker's request is also tried twice within a round, with the same pauses.
         timeout_s: Per-request timeout of one worker's weight load.
         require_all: Raise ``PublishError`` when a worker still fails after the retries.
+        spec_id: The run spec's id, carried by every ``WeightsPublished``.
     """
 
     def __init__(
@@ -87,8 +88,10 @@ class WeightPublisher:
         retry: RetryPolicy = DEFAULT_RETRY,
         timeout_s: float = 600.0,
         require_all: bool = False,
+        spec_id: str = "",
     ) -> None:
         self.queue = queue
+        self.spec_id = spec_id
         self.weights_dir = Path(weights_dir)
         self.keep = max(1, keep)
         self.retry = retry
@@ -119,13 +122,21 @@ class WeightPublisher:
         """Where version ``version`` is written."""
         return self.weights_dir / f"v{version:08d}"
 
-    async def publish(self, version: int, path: Path) -> PublishResult:
+    async def publish(self, version: int, path: Path, *, resuming: bool = False) -> PublishResult:
         """Make ``version`` (weights at ``path``) live on every worker, then announce it.
 
+        Args:
+            version: The new version; it must be above the published one (``latest``).
+            path: Its weights directory.
+            resuming: Completing an interrupted publication of ``version`` (``latest`` may already
+                point at it; workers and the announcement are idempotent).
+
         Raises:
+            AlreadyPublished: ``version`` was already published (published versions only go forward).
             PublishError: ``require_all`` and some worker never acknowledged (the announcement
                 has still been published, naming the failures).
         """
+        check_unpublished(self.weights_dir, version, resuming=resuming)
         point_latest(self.weights_dir, Path(path))  # what a restarted worker loads
         failed: dict[str, str] = {}
         ok: list[str] = []
@@ -175,6 +186,7 @@ class WeightPublisher:
             workers_ok=sorted(ok),
             workers_failed=sorted(failed),
             published_at_ms=int(time.time() * 1000),
+            spec_id=self.spec_id,
         )
         await self.queue.publish(WEIGHTS_PUBLISHED, message.SerializeToString(), key=f"weights-{version}")
         self._retain(version)

@@ -9,13 +9,13 @@ from dataclasses import asdict
 from typing import Any
 
 from services.learner.core.batching import AgentPlaySample, BatchError, Role, TrainSample
-from services.learner.core.rewards import validity_fraction
 from services.learner.core.window import DesignerAttempt, Play
+from spade.signal import validity_fraction
 from spade.v1 import queues_pb2
 
 
 def group_key(sample: queues_pb2.AgentSample) -> str:
-    """The advantage group of a play: its ``group_id`` (one env at one weight version), per arm."""
+    """The advantage group of a play: its ``group_id`` (one env, one window slot), per arm."""
     group = sample.group_id or f"{sample.env_id}@{sample.weight_version}"
     return f"{group}|{'hinted' if sample.hinted else 'plain'}"
 
@@ -29,6 +29,9 @@ def agent_play(sample: queues_pb2.AgentSample) -> Play:
         hinted=bool(sample.hinted),
         weight_version=int(sample.weight_version),
         episode_return=float(sample.episode_return),
+        window_start=int(sample.window_start),
+        window_index=int(sample.window_index),
+        finish_reason=sample.finish_reason,
     )
 
 
@@ -48,7 +51,7 @@ def agent_train_sample(sample: queues_pb2.AgentSample) -> AgentPlaySample:
         loss_mask=tuple(bool(x) for x in sample.loss_mask),
         weight_version=int(sample.weight_version),
     )
-    return AgentPlaySample(train, group_key(sample), float(sample.episode_return))
+    return AgentPlaySample(train, group_key(sample), float(sample.episode_return), sample.finish_reason)
 
 
 def designer_attempt(sample: queues_pb2.DesignerSample) -> DesignerAttempt:
@@ -76,6 +79,9 @@ def designer_attempt(sample: queues_pb2.DesignerSample) -> DesignerAttempt:
         prompt_ids=tuple(sample.prompt_ids),
         output_ids=tuple(sample.output_ids),
         output_logprobs=tuple(float(x) for x in sample.output_logprobs),
+        trainable=bool(sample.trainable),
+        constrained=bool(sample.constrained),
+        outcome=sample.outcome,
     )
 
 
@@ -83,7 +89,12 @@ def play_sample_to_json(p: AgentPlaySample) -> dict[str, Any]:
     """JSON form of a buffered play (for the learner state file)."""
     s = asdict(p.sample)
     s["role"] = p.sample.role.value
-    return {"sample": s, "group_key": p.group_key, "episode_return": p.episode_return}
+    return {
+        "sample": s,
+        "group_key": p.group_key,
+        "episode_return": p.episode_return,
+        "finish_reason": p.finish_reason,
+    }
 
 
 def play_sample_from_json(data: dict[str, Any]) -> AgentPlaySample:
@@ -97,5 +108,6 @@ def play_sample_from_json(data: dict[str, Any]) -> AgentPlaySample:
         loss_mask=tuple(s["loss_mask"]),
         weight_version=int(s["weight_version"]),
         advantage=float(s["advantage"]),
+        constrained=bool(s.get("constrained", False)),
     )
-    return AgentPlaySample(train, data["group_key"], float(data["episode_return"]))
+    return AgentPlaySample(train, data["group_key"], float(data["episode_return"]), data["finish_reason"])

@@ -1,55 +1,67 @@
 """Settings of the learner (env prefix ``SPADE_LEARNER_``, nested fields with ``__``), built once.
 
 Defaults are the paper's where it has one (clip 0.2/0.28, TIS cap 2, AdamW lr 1e-6, weight decay
-0.1, betas 0.9/0.98, regret scale 0.15, blend 0.4/0.6, plateau 0.15/0.4/0.6/0.85) and sized for
-the embedded CPU run otherwise.
+0.1, betas 0.9/0.98) and sized for the embedded CPU run otherwise.
+
+The fields the run spec decides (``SPEC_FIELDS``: sampling temperature, G, k per setting, the
+designer blend's constants) keep the spec's names and are unset by default: the learner then takes
+the spec's values (``spade.runspec.RunSpec``; distributed: read from the memory at start, embedded:
+given by the run). Set and different, they stop the learner at start with one line per field
+(:meth:`LearnerSettings.check_spec`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.learner.core.losses import GrpoLossConfig, LossConfig
-from services.learner.core.rewards import DesignerRewardConfig, PlateauBand
 from services.learner.publisher import DEFAULT_RETRY
-from spade.config import ServiceSettings
+from spade.config import ConfigError, ServiceSettings
+from spade.endpoints import MemoryEndpoint
 from spade.inference.discovery import InferenceDiscovery
 from spade.queues.config import QueueConfig, RedisQueueConfig
 from spade.retry import RetryPolicy
+from spade.runspec import RunSpec
+
+SPEC_FIELDS = ("temperature", "group_size", "window_versions_game", "window_versions_tool")
+"""The learner's settings that the run spec decides (same names as ``spade.runspec.RunSpec``'s fields);
+the reward constants (``rewards.*``) are the spec's ``rewards`` section."""
 
 
-class RewardSettings(BaseModel):
-    """The designer reward: blend weights, regret scale, plateau band, optional validity shaping."""
+class SpecContradiction(ConfigError):
+    """The learner's own configuration contradicts the run spec (one line per field)."""
+
+
+class RewardOverrides(BaseModel):
+    """The designer blend's constants as this learner is configured; unset fields take the run spec's.
+
+    Same names and bounds as ``spade.runspec.RewardConstants``; only a value that is set is compared.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    regret_weight: float = Field(default=0.4, ge=0.0, le=10.0, description="Weight of clip(regret/scale, 0, 1).")
-    plateau_weight: float = Field(default=0.6, ge=0.0, le=10.0, description="Weight of plateau(window win rate).")
-    regret_scale: float = Field(default=0.15, gt=0.0, le=1.0, description="Regret that saturates the regret term.")
-    plateau_zero_low: float = Field(default=0.15, ge=0.0, le=1.0, description="Plateau rises from 0 here.")
-    plateau_low: float = Field(default=0.4, ge=0.0, le=1.0, description="Start of the plateau's top.")
-    plateau_high: float = Field(default=0.6, ge=0.0, le=1.0, description="End of the plateau's top.")
-    plateau_zero_high: float = Field(default=0.85, ge=0.0, le=1.0, description="Win rate where it is back at 0.")
-    validity_shaping_weight: float = Field(
-        default=0.0,
+    regret_weight: float | None = Field(
+        default=None, ge=0.0, le=10.0, description="Weight of regret_norm in the blend; unset: the run spec's."
+    )
+    plateau_weight: float | None = Field(
+        default=None, ge=0.0, le=10.0, description="Weight of plateau(w) in the blend; unset: the run spec's."
+    )
+    regret_scale: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="Regret that saturates regret_norm; unset: the run spec's."
+    )
+    plateau_band: tuple[float, float, float, float] | None = Field(
+        default=None, description="plateau zero_low, low, high, zero_high; unset: the run spec's."
+    )
+    validity_shaping_weight: float | None = Field(
+        default=None,
         ge=0.0,
         le=1.0,
-        description="Reward per fraction of validation checks passed, for invalid attempts (0 = off).",
+        description="Reward per fraction of checks passed for invalid attempts (0: off); unset: the run spec's.",
     )
-
-    def to_config(self) -> DesignerRewardConfig:
-        """The core's reward configuration."""
-        return DesignerRewardConfig(
-            regret_weight=self.regret_weight,
-            plateau_weight=self.plateau_weight,
-            regret_scale=self.regret_scale,
-            band=PlateauBand(self.plateau_zero_low, self.plateau_low, self.plateau_high, self.plateau_zero_high),
-            validity_shaping_weight=self.validity_shaping_weight,
-        )
 
 
 class LearnerSettings(ServiceSettings):
@@ -62,7 +74,11 @@ class LearnerSettings(ServiceSettings):
     model_path: Path | None = Field(
         default=None, description="Base HF checkpoint to train. Default: the embedded SmolLM2-135M (dev mode only)."
     )
-    checkpoint_dir: Path = Field(default=Path("spade-data/learner/checkpoints"), description="Checkpoint root.")
+    checkpoint_dir: Path = Field(
+        default=Path("spade-data/learner/checkpoints"),
+        description="Checkpoint root; also holds the sample journal (received samples, fsynced before they are "
+        "acknowledged).",
+    )
     weights_dir: Path = Field(default=Path("spade-data/learner/weights"), description="Published weight versions.")
     keep_checkpoints: int = Field(default=3, ge=1, le=1000, description="Newest checkpoints retained.")
     keep_weights: int = Field(default=3, ge=1, le=1000, description="Newest published weight versions retained.")
@@ -70,10 +86,49 @@ class LearnerSettings(ServiceSettings):
         default=10,
         ge=1,
         le=100_000,
-        description="Steps between checkpoints. Queue messages are acknowledged at checkpoints, so this "
-        "also bounds the replay after a crash.",
+        description="Steps between checkpoints of versions that are not published (every published version is "
+        "checkpointed before it is published, and SIGTERM checkpoints too). Samples are durable in the journal "
+        "between checkpoints; this bounds how much of it a restart replays.",
     )
-    resume: bool = Field(default=True, description="Resume from the newest checkpoint when there is one.")
+    resume: bool = Field(
+        default=True, description="Resume from the newest checkpoint (and the journal) when there is one."
+    )
+
+    # --- the run spec (distributed: read from the memory at start; embedded: given by the run) ------
+    run_spec_file: Path | None = Field(
+        default=None,
+        description="A run spec file (YAML/JSON of RunSpec fields) stored in the memory when none is stored yet; "
+        "unset: wait until one is (`spade runspec set FILE`).",
+    )
+    memory: MemoryEndpoint = Field(
+        default_factory=MemoryEndpoint, description="The memory, where the run spec is read at start (distributed)."
+    )
+    spec_wait_log_s: float = Field(
+        default=30.0, gt=0.0, le=3600, description="Seconds between two log lines while waiting for a run spec."
+    )
+    temperature: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=2.0,
+        description="Sampling temperature of both roles (logprobs are computed at it to match the rollout's); "
+        "unset: the run spec's.",
+    )
+    group_size: int | None = Field(
+        default=None,
+        ge=2,
+        le=1024,
+        description="G: plays per group (one env, one window slot, one arm); a group is complete at this size; "
+        "unset: the run spec's.",
+    )
+    window_versions_game: int | None = Field(
+        default=None, ge=1, le=1000, description="k of game envs (window slots); unset: the run spec's."
+    )
+    window_versions_tool: int | None = Field(
+        default=None, ge=1, le=1000, description="k of tool envs (window slots); unset: the run spec's."
+    )
+    rewards: RewardOverrides = Field(
+        default_factory=RewardOverrides, description="The designer blend's constants; unset fields: the run spec's."
+    )
 
     # --- optimisation ------------------------------------------------------------------------------
     loss: LossConfig = Field(default_factory=GrpoLossConfig, description="Policy loss variant (by its `type`).")
@@ -85,23 +140,11 @@ class LearnerSettings(ServiceSettings):
     micro_batch_tokens: int = Field(
         default=8192, ge=16, le=10_000_000, description="Tokens per micro-batch (packed: one forward/backward pass)."
     )
-    temperature: float = Field(
-        default=0.6,
-        gt=0.0,
-        le=10.0,
-        description="Sampling temperature of the rollout/designer: logprobs are computed at it to match.",
-    )
     bf16: bool = Field(default=True, description="bf16 autocast on GPU (ignored on CPU).")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Training device.")
     seed: int = Field(default=0, ge=0, description="torch seed.")
 
     # --- batches -----------------------------------------------------------------------------------
-    agent_group_size: int = Field(
-        default=8,
-        ge=1,
-        le=4096,
-        description="Plays per group (one env at one version); a group is complete at this size.",
-    )
     agent_groups_per_step: int = Field(default=4, ge=1, le=100_000, description="Complete agent groups per step.")
     min_agent_groups: int = Field(
         default=1, ge=0, le=100_000, description="Fewest complete groups that make a step when the fill times out."
@@ -114,21 +157,35 @@ class LearnerSettings(ServiceSettings):
     )
     train_on_hinted: bool = Field(default=False, description="Also train on hinted plays (their own groups).")
     role_normalization: bool = Field(default=True, description="Scale each role's advantages to unit std per step.")
+    resource_fault_policy: Literal["drop", "zero"] = Field(
+        default="drop",
+        description="Agent plays that ended in a resource fault (the env hit a cpu/memory/output/wall-clock limit "
+        "or was killed): `drop` never trains on them (the group's advantages come from its other plays), `zero` "
+        "trains on them as return 0. Counted per reason either way; the designer's window counts them as 0.",
+    )
 
     # --- designer rewards --------------------------------------------------------------------------
-    window_versions: int = Field(
-        default=4,
-        ge=1,
-        le=10_000,
-        description="k: a designer sample is scored k versions after its env's first.",
-    )
     window_grace_versions: int = Field(
         default=2,
         ge=0,
         le=10_000,
-        description="Extra versions a designer sample waits for late plays of its window before being scored.",
+        description="Versions past its window's end (window_start + k) a designer sample waits for late plays "
+        "before it is scored with what arrived.",
     )
-    rewards: RewardSettings = Field(default_factory=RewardSettings, description="Designer reward constants.")
+    first_play_grace_versions: int = Field(
+        default=8,
+        ge=0,
+        le=10_000,
+        description="Versions past design + k + window_grace_versions a designer sample waits for its env's first "
+        "play (the rollout fixes the window then) before it is recorded unscored (reason `no_plays`).",
+    )
+    skill_baseline_length: int = Field(
+        default=32,
+        ge=1,
+        le=100_000,
+        description="Recent blends of a skill whose mean centres a round's skill group of fewer than 2 scored envs "
+        "(persisted with the checkpoint).",
+    )
 
     # --- publishing --------------------------------------------------------------------------------
     publish_every: int = Field(default=1, ge=1, le=100_000, description="Steps between weight publications.")
@@ -154,6 +211,9 @@ class LearnerSettings(ServiceSettings):
     queue: QueueConfig = Field(default_factory=RedisQueueConfig, description="Work queue backend.")
     consumer_group: str = Field(default="learner", min_length=1, max_length=200, description="Queue consumer group.")
     consumer_name: str = Field(default="learner-0", min_length=1, max_length=200, description="This consumer's name.")
+    wait_log_s: float = Field(
+        default=30.0, gt=0.0, le=3600, description="Seconds between two log lines while a step waits for samples."
+    )
 
     def unsafe_settings(self) -> list[str]:
         if self.model_path is None:
@@ -170,5 +230,24 @@ class LearnerSettings(ServiceSettings):
                 f"min_agent_groups ({self.min_agent_groups}) cannot exceed agent_groups_per_step "
                 f"({self.agent_groups_per_step})"
             )
-        self.rewards.to_config()  # the band's ordering is checked there
         return self
+
+    def spec_values(self) -> dict[str, Any]:
+        """The run spec's fields as this learner is configured (``None``: not set, take the spec's)."""
+        values: dict[str, Any] = {name: getattr(self, name) for name in SPEC_FIELDS}
+        values.update({f"rewards.{name}": getattr(self.rewards, name) for name in RewardOverrides.model_fields})
+        return values
+
+    def check_spec(self, spec: RunSpec) -> None:
+        """Refuse a run spec this configuration contradicts.
+
+        Raises:
+            SpecContradiction: One line per contradicting field, naming its variable and the fix.
+        """
+        problems = spec.contradictions(self.spec_values())
+        if problems:
+            lines = []
+            for p in problems:
+                variable = self.env_name(*p.split(":", 1)[0].split("."))
+                lines.append(f"{p}; set by {variable}: unset it (the run spec decides) or change the spec")
+            raise SpecContradiction("\n".join(lines))

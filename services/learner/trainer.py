@@ -26,7 +26,7 @@ from services.learner.core.losses import LossInputs, PolicyLoss
 from services.learner.distributed import World
 from services.learner.logprobs import token_logprobs
 
-__all__ = ["OptimConfig", "StepMetrics", "Trainer", "shard_model", "token_logprobs"]
+__all__ = ["OptimConfig", "StepMetrics", "Trainer", "behaviour_logprobs", "shard_model", "token_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,20 @@ class StepMetrics:
     def as_dict(self) -> dict[str, float]:
         """Flat metric names to values."""
         return {k: float(v) for k, v in asdict(self).items()}
+
+
+def behaviour_logprobs(batch: Collated, own: torch.Tensor) -> torch.Tensor:
+    """The logprobs the importance ratio compares against: the rollout's, or the learner's own for constrained tokens.
+
+    A sample generated under a grammar (``TrainSample.constrained``) carries logprobs of the masked
+    distribution, not of the policy; a truncated importance ratio against them would weight its tokens
+    by how much the grammar moved the probabilities. Such tokens are treated as on-policy at the
+    step: their behaviour logprobs are the learner's own at step start (``own``, detached), so
+    their ratio is 1.
+    """
+    if batch.constrained is None:
+        return batch.rollout_logprobs
+    return torch.where(batch.constrained, own.detach().to(batch.rollout_logprobs.dtype), batch.rollout_logprobs)
 
 
 def shard_model(model: nn.Module) -> None:
@@ -191,11 +205,12 @@ class Trainer:
                     ref = token_logprobs(self.ref_model, batch, self.optim_config.temperature)
             with self._autocast():
                 logp = token_logprobs(self.model, batch, self.optim_config.temperature)
+            rollout = behaviour_logprobs(batch, logp)
             out = self.loss(
                 LossInputs(
                     logprobs=logp,
                     old_logprobs=logp.detach(),
-                    rollout_logprobs=batch.rollout_logprobs,
+                    rollout_logprobs=rollout,
                     advantages=batch.advantages,
                     mask=batch.loss_mask,
                     ref_logprobs=ref,
@@ -203,7 +218,7 @@ class Trainer:
                 normalizer,
             )
             out.loss.backward()
-            diff = (logp.detach() - batch.rollout_logprobs).abs() * batch.loss_mask
+            diff = (logp.detach() - rollout).abs() * batch.loss_mask
             sums["loss"] += float(out.loss.detach()) / self.world.size
             sums["clipped"] += out.clipped_sum
             sums["kl"] += out.kl_sum
@@ -273,7 +288,7 @@ class Trainer:
                 LossInputs(
                     logp,
                     old.unsqueeze(0).to(self.device),
-                    batch.rollout_logprobs,
+                    behaviour_logprobs(batch, old.unsqueeze(0).to(self.device)),
                     batch.advantages,
                     batch.loss_mask,
                     ref,

@@ -1,8 +1,10 @@
-"""Builds the learner's object graph from its settings (the only place adapters meet the core)."""
+"""Builds the learner's object graph from its settings and the run spec (the only place adapters meet the core)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -18,8 +20,62 @@ from services.learner.learner import Learner, RewardCallback
 from services.learner.publisher import WeightPublisher
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import OptimConfig, Trainer, shard_model
+from spade.memory.runspec import RunSpecStore, fetch_run_spec, load_spec_file
 from spade.queues.base import WorkQueue
 from spade.queues.config import make_queue
+from spade.runspec import RunSpec
+
+logger = logging.getLogger("services.learner")
+
+
+class StoppedWhileWaiting(Exception):
+    """A stop request (SIGTERM) arrived while the learner waited for its run spec."""
+
+
+async def run_spec_from_memory(
+    settings: LearnerSettings, memory: RunSpecStore, stop: asyncio.Event | None = None
+) -> RunSpec:
+    """The run spec from the memory (storing ``run_spec_file`` when none is stored), checked against the settings.
+
+    Waits until one is stored, logging what it waits for and for how long every ``spec_wait_log_s``.
+
+    Raises:
+        ConfigError: The spec file is unreadable or invalid.
+        SpecContradiction: The settings contradict the spec (one line per field).
+        RunSpecConflict: The spec file differs from the stored spec.
+        StoppedWhileWaiting: ``stop`` was set before a spec was stored.
+    """
+    given = load_spec_file(settings.run_spec_file) if settings.run_spec_file is not None else None
+    fetch = asyncio.ensure_future(
+        fetch_run_spec(memory, given=given, service="learner", poll_s=1.0, log_every_s=float("inf"))
+    )
+    stopper = asyncio.ensure_future(stop.wait()) if stop is not None else None
+    started = asyncio.get_running_loop().time()
+    try:
+        while True:
+            waiting = {fetch} | ({stopper} if stopper is not None else set())
+            done, _ = await asyncio.wait(waiting, timeout=settings.spec_wait_log_s, return_when="FIRST_COMPLETED")
+            if fetch in done:
+                spec = fetch.result()
+                break
+            if stopper is not None and stopper in done:
+                raise StoppedWhileWaiting("stopped while waiting for a run spec in the memory")
+            waited = asyncio.get_running_loop().time() - started
+            logger.warning(
+                "learner waiting for a run spec in the memory at %s (store one with `spade runspec set FILE`): "
+                "%.0f s so far",
+                settings.memory.target,
+                waited,
+                extra={"event": "waiting", "for": "run_spec", "waited_s": round(waited)},
+            )
+    finally:
+        if stopper is not None:
+            stopper.cancel()
+        if not fetch.done():
+            fetch.cancel()
+            await asyncio.gather(fetch, return_exceptions=True)
+    settings.check_spec(spec)
+    return spec
 
 
 def resolve_base_model(settings: LearnerSettings) -> Path:
@@ -62,6 +118,7 @@ def pad_token_id(path: Path) -> int:
 
 def build_trainer(
     settings: LearnerSettings,
+    spec: RunSpec,
     base: Path,
     world: World,
     model_factory: Callable[[Path, torch.device], nn.Module] = load_policy,
@@ -83,7 +140,7 @@ def build_trainer(
         betas=(settings.beta1, settings.beta2),
         grad_clip=settings.grad_clip,
         micro_batch_tokens=settings.micro_batch_tokens,
-        temperature=settings.temperature,
+        temperature=spec.temperature,  # the rollout's and designer's: logprobs must match theirs
         bf16=settings.bf16,
     )
     return Trainer(model, build_loss(settings.loss), optim, ref_model=ref, world=world, pad_id=pad_token_id(base))
@@ -92,6 +149,7 @@ def build_trainer(
 def build_learner(
     settings: LearnerSettings,
     *,
+    spec: RunSpec,
     queue: WorkQueue | None = None,
     world: World | None = None,
     on_designer_reward: RewardCallback | None = None,
@@ -102,16 +160,23 @@ def build_learner(
 
     Args:
         settings: The learner settings.
+        spec: The run spec (embedded: the run's; distributed: ``run_spec_from_memory``). Settings that
+            contradict it raise ``SpecContradiction`` before anything is loaded.
         queue: An existing queue (embedded mode shares one); default: built from ``settings.queue``
             on rank 0.
         world: The process group; default: joined from the ``torchrun`` environment.
         on_designer_reward: Callback for each scored designer attempt.
         model_factory: Loads the policy from a checkpoint directory onto a device.
         base_model_dir: Overrides the base checkpoint (default: ``settings.model_path`` / dev model).
+
+    Raises:
+        SpecContradiction: The settings contradict the run spec.
+        ResumeError: What is on disk would make the learner go back in time (``Learner.resume``).
     """
+    settings.check_spec(spec)
     world = world or init_world()
     base = base_model_dir or resolve_base_model(settings)
-    trainer = build_trainer(settings, base, world, model_factory)
+    trainer = build_trainer(settings, spec, base, world, model_factory)
     checkpoints = CheckpointManager(
         settings.checkpoint_dir, settings.keep_checkpoints, base_model_dir=base, world=world
     )
@@ -126,9 +191,11 @@ def build_learner(
             retry=settings.retry,
             timeout_s=settings.publish_timeout_s,
             require_all=settings.require_all_workers,
+            spec_id=spec.spec_id,
         )
     learner = Learner(
         settings,
+        spec,
         queue if world.is_main else None,
         trainer,
         checkpoints,
@@ -138,6 +205,8 @@ def build_learner(
     )
     if settings.resume:
         learner.resume()
+    else:
+        learner.start_fresh()
     return learner
 
 

@@ -13,12 +13,14 @@ import itertools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import torch
 
-from services.learner.core.rewards import center_by_key, group_zscores
-from services.learner.core.window import ScoredAttempt, ScoreOutcome
+from services.learner.core.window import ScoredAttempt, ScoreOutcome, is_resource_fault
+from spade.signal import SkillBaselines, group_zscores
+from spade.signal import designer_advantages as centre_round
 
 
 class Role(enum.Enum):
@@ -34,7 +36,12 @@ class BatchError(ValueError):
 
 @dataclass(frozen=True)
 class TrainSample:
-    """One trainable sequence with its advantage."""
+    """One trainable sequence with its advantage.
+
+    ``constrained`` marks a sequence generated under a grammar (structured output): its rollout
+    logprobs come from the masked distribution, not the policy's, so the trainer treats it as
+    on-policy at the step (no importance ratio against the rollout logprobs).
+    """
 
     sample_id: str
     role: Role
@@ -43,6 +50,7 @@ class TrainSample:
     loss_mask: tuple[bool, ...]
     weight_version: int
     advantage: float = 0.0
+    constrained: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -65,6 +73,10 @@ class TrainSample:
         return sum(self.loss_mask)
 
 
+ResourceFaultPolicy = Literal["drop", "zero"]
+"""What agent plays that ended in a resource fault get: ``drop`` (never trained) or ``zero`` (return 0)."""
+
+
 @dataclass(frozen=True)
 class AgentPlaySample:
     """An agent play with its return, before advantages (a domain copy of the wire sample)."""
@@ -72,10 +84,44 @@ class AgentPlaySample:
     sample: TrainSample
     group_key: str
     episode_return: float
+    finish_reason: str = "terminated"
+
+    @property
+    def resource_fault(self) -> bool:
+        """Whether the play ended because the env hit a resource limit."""
+        return is_resource_fault(self.finish_reason)
 
 
-def agent_advantages(plays: Sequence[AgentPlaySample], eps: float = 1e-6) -> tuple[list[TrainSample], int, int]:
-    """Z-score returns within each group (one env at one weight version); drop zero-variance groups.
+def trainable_members(
+    members: Sequence[AgentPlaySample], policy: ResourceFaultPolicy = "drop"
+) -> list[tuple[AgentPlaySample, float]]:
+    """The plays of a group that train, with the return each trains on.
+
+    A resource fault is dropped (``drop``) or trained as return 0 (``zero``); it is never an ordinary
+    truncation.
+
+    >>> s = TrainSample("a", Role.AGENT, (1, 2), (0.0, -1.0), (False, True), 0)
+    >>> plays = [AgentPlaySample(s, "g", 1.0), AgentPlaySample(s, "g", 0.0, "fault_memory")]
+    >>> [r for _, r in trainable_members(plays)], [r for _, r in trainable_members(plays, "zero")]
+    ([1.0], [1.0, 0.0])
+    """
+    out = []
+    for m in members:
+        if m.resource_fault:
+            if policy == "drop":
+                continue
+            out.append((m, 0.0))
+        else:
+            out.append((m, m.episode_return))
+    return out
+
+
+def agent_advantages(
+    plays: Sequence[AgentPlaySample], eps: float = 1e-6, policy: ResourceFaultPolicy = "drop"
+) -> tuple[list[TrainSample], int, int]:
+    """Z-score returns within each group (one env, one window slot, one arm); drop zero-variance groups.
+
+    Resource-fault plays are handled by ``policy`` (``trainable_members``).
 
     Returns:
         ``(samples with advantages, groups kept, groups dropped for zero variance)``.
@@ -86,15 +132,16 @@ def agent_advantages(plays: Sequence[AgentPlaySample], eps: float = 1e-6) -> tup
     out: list[TrainSample] = []
     dropped = 0
     for members in groups.values():
-        z = group_zscores([m.episode_return for m in members], eps)
+        kept = trainable_members(members, policy)
+        z = group_zscores([r for _, r in kept], eps) if kept else None
         if z is None:
             dropped += 1
             continue
-        out.extend(replace(m.sample, advantage=a) for m, a in zip(members, z, strict=True))
+        out.extend(replace(m.sample, advantage=a) for (m, _), a in zip(kept, z, strict=True))
     return out, len(groups) - dropped, dropped
 
 
-def designer_sample(attempt: ScoredAttempt) -> TrainSample:
+def designer_sample(attempt: ScoredAttempt, advantage: float = 0.0) -> TrainSample:
     """The designer's trained sequence: prompt (untrained) then its output (trained)."""
     a = attempt.attempt
     if not a.output_ids:
@@ -112,33 +159,61 @@ def designer_sample(attempt: ScoredAttempt) -> TrainSample:
         rollout_logprobs=(0.0,) * len(prompt) + tuple(a.output_logprobs),
         loss_mask=(False,) * len(prompt) + (True,) * len(a.output_ids),
         weight_version=a.weight_version,
+        advantage=advantage,
+        constrained=a.constrained,
     )
 
 
-def designer_advantages(scored: Sequence[ScoredAttempt], eps: float = 1e-9) -> tuple[list[TrainSample], int, int]:
-    """Blend minus the mean blend of the same skill within the same regeneration batch.
+@dataclass
+class DesignerAdvantages:
+    """The designer's side of a step.
 
-    Unscorable attempts are skipped (the caller counts them). A (batch, skill) group whose
-    centred rewards are all zero (a single attempt, or equal blends) carries no signal and is dropped.
-
-    Returns:
-        ``(samples with advantages, groups kept, groups dropped for zero variance)``.
+    Attributes:
+        samples: The trained designer sequences, with their advantages.
+        advantages: Every scored attempt (valid or invalid, trainable or not) with its advantage.
+        unscorable: Attempts without a reward (never trained; ``reason_code`` says why).
     """
-    usable = [s for s in scored if s.outcome is not ScoreOutcome.UNSCORABLE and s.components is not None]
-    keys = [f"{s.attempt.batch_id}\x00{s.attempt.skill}" for s in usable]
-    blends = [s.components.blend for s in usable if s.components is not None]
-    centred = center_by_key(blends, keys)
-    by_key: dict[str, list[tuple[ScoredAttempt, float]]] = defaultdict(list)
-    for s, k, c in zip(usable, keys, centred, strict=True):
-        by_key[k].append((s, c))
-    out: list[TrainSample] = []
-    dropped = 0
-    for members in by_key.values():
-        if all(abs(c) < eps for _, c in members):
-            dropped += 1
-            continue
-        out.extend(replace(designer_sample(s), advantage=c) for s, c in members)
-    return out, len(by_key) - dropped, dropped
+
+    samples: list[TrainSample] = field(default_factory=list)
+    advantages: list[tuple[ScoredAttempt, float]] = field(default_factory=list)
+    unscorable: list[ScoredAttempt] = field(default_factory=list)
+
+    def metrics(self, eps: float = 1e-9) -> dict[str, float]:
+        """``designer/advantage_nonzero_frac`` and ``designer/advantage_abs_mean`` (when anything was scored)."""
+        if not self.advantages:
+            return {}
+        values = [a for _, a in self.advantages]
+        return {
+            "designer/advantage_nonzero_frac": sum(abs(a) > eps for a in values) / len(values),
+            "designer/advantage_abs_mean": sum(abs(a) for a in values) / len(values),
+        }
+
+
+def designer_advantages(
+    scored: Sequence[ScoredAttempt], baselines: SkillBaselines, eps: float = 1e-9
+) -> DesignerAdvantages:
+    """Each attempt's blend minus the mean blend of its skill in its round (``spade.signal.designer_advantages``).
+
+    A skill with fewer than 2 scored envs in the round is centred on the running mean of that
+    skill's recent blends (``baselines``, updated here), never dropped. Unscorable attempts get no
+    advantage; attempts marked untrainable are centred with their round but never trained; an
+    attempt whose advantage is 0 carries no signal and is not trained either.
+    """
+    out = DesignerAdvantages()
+    rounds: dict[str, list[ScoredAttempt]] = {}
+    for s in scored:
+        if s.outcome is ScoreOutcome.UNSCORABLE or s.components is None:
+            out.unscorable.append(s)
+        else:
+            rounds.setdefault(s.attempt.round_key, []).append(s)
+    for members in rounds.values():
+        blends = [s.components.blend for s in members if s.components is not None]
+        advantages = centre_round(blends, [s.attempt.skill for s in members], baselines)
+        for s, adv in zip(members, advantages, strict=True):
+            out.advantages.append((s, adv))
+            if s.attempt.trainable and abs(adv) > eps:
+                out.samples.append(designer_sample(s, adv))
+    return out
 
 
 def normalize_per_role(samples: Sequence[TrainSample], eps: float = 1e-6) -> list[TrainSample]:
@@ -238,6 +313,9 @@ class Collated:
     position_ids: torch.Tensor | None = None
     cu_seqlens: torch.Tensor | None = None
     max_length: int = 0
+    constrained: torch.Tensor | None = None
+    """``(B, T−1)`` bool, true on the tokens of constrained samples (``None`` when there are none):
+    their rollout logprobs are replaced by the learner's own at the step (no importance ratio)."""
 
     def split(self, values: torch.Tensor) -> list[torch.Tensor]:
         """Per-sequence rows of a ``(B, T−1)`` tensor: sequence ``i``'s ``len_i − 1`` predictions."""
@@ -265,6 +343,10 @@ def pack(samples: Sequence[TrainSample], device: torch.device | str = "cpu") -> 
     lengths = [len(s.token_ids) for s in samples]
     cu = torch.zeros(len(samples) + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
+    constrained = None
+    if any(s.constrained for s in samples):
+        flags = torch.tensor([s.constrained for s in samples for _ in s.token_ids], dtype=torch.bool)
+        constrained = flags[None, 1:].to(device)
     return Collated(
         input_ids=ids[None].to(device),
         attention_mask=None,
@@ -275,6 +357,7 @@ def pack(samples: Sequence[TrainSample], device: torch.device | str = "cpu") -> 
         position_ids=positions[None].to(device),
         cu_seqlens=cu.to(device),
         max_length=max(lengths),
+        constrained=constrained,
     )
 
 
@@ -293,6 +376,10 @@ def collate(samples: Sequence[TrainSample], pad_id: int = 0, device: torch.devic
         mask[row, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
         lps[row, :n] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    constrained = None
+    if any(s.constrained for s in samples):
+        flags = torch.tensor([s.constrained for s in samples], dtype=torch.bool)[:, None].expand(b, width - 1)
+        constrained = flags.to(device)
     return Collated(
         input_ids=ids.to(device),
         attention_mask=attn.to(device),
@@ -300,6 +387,7 @@ def collate(samples: Sequence[TrainSample], pad_id: int = 0, device: torch.devic
         loss_mask=mask[:, 1:].to(device),
         rollout_logprobs=lps[:, 1:].to(device),
         advantages=adv.to(device),
+        constrained=constrained,
     )
 
 

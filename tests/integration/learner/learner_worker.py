@@ -19,7 +19,7 @@ from services.learner.distributed import init_world
 from services.learner.learner import Learner
 from services.learner.wiring import build_learner
 from spade.queues.inprocess import InProcessQueue
-from tests.integration.learner.conftest import make_settings
+from tests.integration.learner.conftest import SPEC, make_settings
 from tests.integration.learner.test_learner_loop import phase_one, phase_two
 
 
@@ -37,10 +37,10 @@ def main(out: Path, base: Path) -> None:
     settings = make_settings(out, base, keep_checkpoints=3)
     if world.is_main:
         queue = InProcessQueue()
-        learner = build_learner(settings, queue=queue, world=world)
+        learner = build_learner(settings, spec=SPEC, queue=queue, world=world)
         metrics = asyncio.run(lead(learner, queue))
     else:
-        learner = build_learner(settings, world=world)
+        learner = build_learner(settings, spec=SPEC, world=world)
         learner.follow()
     state = full_model_state(learner.trainer.model)
     if world.is_main:

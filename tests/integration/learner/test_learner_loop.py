@@ -11,11 +11,12 @@ from safetensors.torch import load_file
 
 from services.learner.core.window import ScoredAttempt, ScoreOutcome
 from services.learner.learner import Learner
-from services.learner.wiring import build_learner, close_learner
+from services.learner.wiring import close_learner
 from spade.queues.base import SAMPLES_AGENT, SAMPLES_DESIGNER, WEIGHTS_PUBLISHED, WorkQueue
+from spade.signal import group_zscores
 from spade.v1 import queues_pb2
 
-from .conftest import agent_sample, designer_sample, make_settings
+from .conftest import SPEC, agent_sample, designer_sample, learner_for, make_settings
 
 
 async def put(queue: WorkQueue, stream: str, msg) -> None:
@@ -52,7 +53,7 @@ def params(learner: Learner) -> dict[str, torch.Tensor]:
 async def test_three_steps_train_score_the_designer_publish_and_checkpoint(tmp_path, base_model, inprocess_queue):
     scored: list[ScoredAttempt] = []
     settings = make_settings(tmp_path, base_model, keep_checkpoints=2)
-    learner = build_learner(settings, queue=inprocess_queue, on_designer_reward=scored.append)
+    learner = learner_for(settings, inprocess_queue, on_designer_reward=scored.append)
     start = params(learner)
     await phase_one(inprocess_queue)
     r1 = await learner.run_step()
@@ -63,8 +64,8 @@ async def test_three_steps_train_score_the_designer_publish_and_checkpoint(tmp_p
     assert [r.version for r in (r1, r2, r3)] == [1, 2, 3] and all(r.trained for r in (r1, r2, r3))
     assert all(not torch.equal(p, start[n]) for n, p in params(learner).items())
 
-    # The designer samples were scored at version 2 = first version 0 + k, with the right numbers.
-    assert r3.designer_rewards == scored and len(scored) == 3
+    # The designer round is scored as soon as both windows are complete (slot 1 arrived before step 2).
+    assert r1.designer_rewards == [] and r2.designer_rewards == scored and len(scored) == 3
     by_id = {s.attempt.sample_id: s for s in scored}
     assert by_id["d3"].outcome is ScoreOutcome.INVALID
     e1, e2 = by_id["d1"].components, by_id["d2"].components
@@ -72,20 +73,29 @@ async def test_three_steps_train_score_the_designer_publish_and_checkpoint(tmp_p
     assert (e1.regret, e2.regret) == pytest.approx((0.5, 0.25))
     assert (e1.window_win_rate, e2.window_win_rate) == pytest.approx((3 / 8, 7 / 8))
     assert (e1.blend, e2.blend) == pytest.approx((0.4 + 0.6 * 0.9, 0.4))
-    assert r3.counters["designer_groups"] == 1 and learner.totals["agent_groups_zero_variance"] == 1
-    assert r3.metrics is not None and r3.metrics.samples == 4 + 3  # e1@1 plus three designer samples
-    assert r3.flat_metrics()["designer/blend_mean"] == pytest.approx((0.94 + 0.4 + 0.0) / 3)
+    # One round, one skill of three scored envs: centred on their mean, every advantage nonzero.
+    mean = (0.94 + 0.4 + 0.0) / 3
+    flat = r2.flat_metrics()
+    assert flat["designer/advantage_nonzero_frac"] == 1.0
+    assert flat["designer/advantage_abs_mean"] == pytest.approx((abs(0.94 - mean) + abs(0.4 - mean) + mean) / 3)
+    z = group_zscores([1.0, 1.0, 1.0, 0.0]) or []
+    assert flat["agent/advantage_abs_mean"] == pytest.approx(sum(abs(v) for v in z) / 4)  # before role scaling
+    assert r2.counters["designer_rounds"] == 1 and r2.counters["designer_trained"] == 3
+    assert r2.counters["designer_scored"] == 2 and r2.counters["designer_invalid"] == 1
+    assert learner.totals["agent_groups_zero_variance"] == 1  # e2's slot 1
+    assert r2.metrics is not None and r2.metrics.samples == 4 + 3  # e2's slot 0 plus three designer samples
+    assert flat["designer/blend_mean"] == pytest.approx((0.94 + 0.4 + 0.0) / 3)
+    assert learner.baselines.mean("Mathematical Reasoning") == pytest.approx(mean)
 
     # Staleness: versions between the weights that produced a trained sample and the learner's.
     assert r1.flat_metrics()["staleness/agent_max"] == 0.0  # version 0's plays trained at version 0
-    assert r2.flat_metrics()["staleness/agent_mean"] == 1.0  # e2's version-0 group waited a step
-    assert "staleness/designer_mean" not in r2.flat_metrics()
-    assert r3.staleness == {  # e1@1 at version 2; the designer samples of version 0 after their window
+    assert r2.staleness == {  # e2's slot 0 waited a step; the designer samples of version 0
         "staleness/agent_mean": 1.0,
         "staleness/agent_max": 1.0,
-        "staleness/designer_mean": 2.0,
-        "staleness/designer_max": 2.0,
+        "staleness/designer_mean": 1.0,
+        "staleness/designer_max": 1.0,
     }
+    assert r3.staleness == {"staleness/agent_mean": 1.0, "staleness/agent_max": 1.0}  # e1's slot 1 at version 2
 
     # Weights: version 3 on disk as a HF checkpoint with the tokenizer files; announced on the queue.
     v3 = settings.weights_dir / "v00000003"
@@ -94,19 +104,23 @@ async def test_three_steps_train_score_the_designer_publish_and_checkpoint(tmp_p
     live = learner.trainer.model.state_dict()
     assert all(torch.equal(saved[k], live[k]) for k in saved)
     announced = await inprocess_queue.consume(WEIGHTS_PUBLISHED, "watcher", "w", count=10, block_ms=10)
-    versions = [queues_pb2.WeightsPublished.FromString(d.payload).weight_version for d in announced]
-    assert versions == [1, 2, 3]
+    published = [queues_pb2.WeightsPublished.FromString(d.payload) for d in announced]
+    assert [m.weight_version for m in published] == [1, 2, 3]
+    assert {m.spec_id for m in published} == {SPEC.spec_id}
 
-    # Checkpoints: retention kept the newest two; everything consumed is acknowledged.
+    # Checkpoints: every published version is checkpointed; retention kept the newest two. Every
+    # message consumed was acknowledged at once (it is durable in the journal), none re-delivered.
     assert learner.checkpoints.steps() == [2, 3]
     assert await inprocess_queue.pending(SAMPLES_AGENT, "learner") == 0
+    assert learner.totals["duplicates"] == 0 and learner.totals["redelivered"] == 0
     state = json.loads((settings.checkpoint_dir / "learner_state.json").read_text())
-    assert state["version"] == 3 and state["window"]["pending"] == []
+    assert state["version"] == 3 and state["window"]["pending"] == [] and state["spec_id"] == SPEC.spec_id
+    assert json.loads((settings.checkpoint_dir / "published.json").read_text()) == {"version": 3}
     await close_learner(learner, close_queue=False)
 
 
 async def test_stale_groups_are_dropped_and_counted(tmp_path, base_model, inprocess_queue):
-    learner = build_learner(make_settings(tmp_path, base_model, max_staleness=0), queue=inprocess_queue)
+    learner = learner_for(make_settings(tmp_path, base_model, max_staleness=0), inprocess_queue)
     await put_group(inprocess_queue, "e1", 0, [1, 0, 0, 1])
     await learner.run_step()  # trains version 0's group: version 1
     await put_group(inprocess_queue, "e9", 0, [1, 0, 1, 0])  # arrives late: version 0 < 1 - 0
@@ -118,7 +132,7 @@ async def test_stale_groups_are_dropped_and_counted(tmp_path, base_model, inproc
 
 
 async def test_duplicates_and_malformed_messages_are_counted_not_trained(tmp_path, base_model, inprocess_queue):
-    learner = build_learner(make_settings(tmp_path, base_model), queue=inprocess_queue)
+    learner = learner_for(make_settings(tmp_path, base_model), inprocess_queue)
     await put_group(inprocess_queue, "e1", 0, [1, 0, 0, 1])
     dup = agent_sample("e1-v0-u0", "e1", 0, 1.0)
     await inprocess_queue.publish(SAMPLES_AGENT, dup.SerializeToString(), key="another-key")
@@ -134,7 +148,7 @@ async def test_duplicates_and_malformed_messages_are_counted_not_trained(tmp_pat
 
 
 async def test_nothing_ready_means_no_step_and_no_new_version(tmp_path, base_model, inprocess_queue):
-    learner = build_learner(make_settings(tmp_path, base_model), queue=inprocess_queue)
+    learner = learner_for(make_settings(tmp_path, base_model), inprocess_queue)
     await put_group(inprocess_queue, "e1", 0, [0.5, 0.5, 0.5, 0.5])  # complete but zero variance
     report = await learner.run_step()
     assert not report.trained and report.version == 0 and report.metrics is None
@@ -146,24 +160,23 @@ async def test_nothing_ready_means_no_step_and_no_new_version(tmp_path, base_mod
 async def _run(tmp_path: Path, base: Path, queue: WorkQueue, crash_after_two: bool):
     """Three steps with checkpoints every 2; optionally crash after step 3 and redo it after a resume."""
     settings = make_settings(tmp_path, base, checkpoint_every=2, publish_every=100)
-    learner = build_learner(settings, queue=queue)
+    learner = learner_for(settings, queue)
     await phase_one(queue)
     await learner.run_step()
-    await learner.run_step()  # checkpoint at version 2: every message so far is acknowledged
+    await learner.run_step()  # checkpoint at version 2
     await phase_two(queue)
-    r3 = await learner.run_step()  # consumes phase two; its messages stay unacknowledged
+    r3 = await learner.run_step()  # consumes phase two: in the journal, acknowledged, not checkpointed
     if crash_after_two:
-        assert await queue.pending(SAMPLES_AGENT, "learner") == 8
-        await close_learner(learner, close_queue=False)  # the process dies here
-        learner = build_learner(settings, queue=queue)
+        assert await queue.pending(SAMPLES_AGENT, "learner") == 0
+        assert learner.journal is not None
+        learner.journal.close()
+        await close_learner(learner, close_queue=False)  # the process dies here: no checkpoint of version 3
+        learner = learner_for(settings, queue)
+        # The checkpoint of version 2 plus the journal since: phase two is back without the queue.
         assert learner.version == 2 and set(learner.window.pending) == {"d1", "d2", "d3"}
-        # Phase two comes back once its claim times out; until then the designer window is
-        # incomplete, so the learner waits (steps without training) instead of scoring early.
-        for _ in range(50):
-            r3 = await learner.run_step()
-            if r3.trained:
-                break
-            assert r3.designer_rewards == []
+        assert learner.totals["agent_received"] == 16 + 8  # phase one's 16 plays and phase two's 8
+        r3 = await learner.run_step()
+        assert r3.trained and r3.counters.get("redelivered", 0) == 0 and r3.counters.get("duplicates", 0) == 0
     out = params(learner), r3
     await close_learner(learner, close_queue=False)
     return out

@@ -33,7 +33,7 @@ from spade.queues.inprocess import InProcessQueue
 from spade.retry import RetryPolicy
 from spade.v1 import queues_pb2
 
-from .conftest import make_settings
+from .conftest import SPEC, make_settings
 from .test_learner_loop import put_group
 
 QUICK = RetryPolicy(attempts=3, initial_s=0.01, max_s=0.04, jitter_s=0.0)
@@ -217,7 +217,7 @@ async def test_hanging_and_flaky_workers(tmp_path, base_model, fakes):
 async def test_learner_publishes_each_step_to_the_embedded_server(tmp_path, base_model, server):
     queue = InProcessQueue()
     settings = make_settings(tmp_path, base_model, inference_urls=[server.url], keep_weights=1)
-    learner = build_learner(settings, queue=queue)
+    learner = build_learner(settings, spec=SPEC, queue=queue)
     for step in range(2):
         await put_group(queue, f"e{step}", step, [1, 0, 1, 0])
         report = await learner.run_step()

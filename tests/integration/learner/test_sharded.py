@@ -78,7 +78,7 @@ async def test_the_whole_learner_sharded_over_two_ranks_matches_one_process(tmp_
     from services.learner.wiring import build_learner, close_learner
     from spade.queues.inprocess import InProcessQueue
 
-    from .conftest import make_settings
+    from .conftest import SPEC, make_settings
     from .test_learner_loop import phase_one, phase_two
 
     sharded_dir = tmp_path / "sharded"
@@ -107,7 +107,7 @@ async def test_the_whole_learner_sharded_over_two_ranks_matches_one_process(tmp_
 
     single_dir = tmp_path / "single"
     queue = InProcessQueue()
-    learner = build_learner(make_settings(single_dir, base_model, keep_checkpoints=3), queue=queue)
+    learner = build_learner(make_settings(single_dir, base_model, keep_checkpoints=3), spec=SPEC, queue=queue)
     await phase_one(queue)
     reports = [await learner.run_step()]
     await phase_two(queue)

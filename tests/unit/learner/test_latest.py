@@ -38,3 +38,24 @@ def test_publishing_a_version_points_latest_at_it(tmp_path: Path) -> None:
 
     asyncio.run(run())
     assert (tmp_path / "latest").resolve() == (tmp_path / "v00000003").resolve()
+
+
+def test_the_published_version_is_what_latest_points_at_and_never_goes_back(tmp_path: Path) -> None:
+    import pytest
+
+    from services.learner.latest import AlreadyPublished, check_unpublished, published_version
+
+    weights = tmp_path / "published"
+    assert published_version(weights) == 0
+    (tmp_path / "base").mkdir()
+    weights.mkdir()
+    (weights / "latest").symlink_to("../base")
+    assert published_version(weights) == 0  # the base model placed by the deployment
+    (weights / "v00000003").mkdir()
+    point_latest(weights, weights / "v00000003")
+    assert published_version(weights) == 3
+    check_unpublished(weights, 4)
+    check_unpublished(weights, 3, resuming=True)  # finishing its own interrupted publication
+    for version in (3, 2):
+        with pytest.raises(AlreadyPublished, match=f"weight version {version} cannot be published.*v3"):
+            check_unpublished(weights, version)

@@ -105,3 +105,37 @@ def test_chunked_logprob_head_equals_full_logits_values_and_gradients(temperatur
     assert len(g_full) == len(g_chunked)
     for a, b in zip(g_full, g_chunked, strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_constrained_samples_are_on_policy_at_the_step(packed):
+    """A sample generated under a grammar carries logprobs of the masked distribution: its importance
+    ratio must not be taken against them. Its update equals that of the same sample whose rollout
+    logprobs are the learner's own at step start (TIS weight 1), whatever logprobs it carries."""
+    batch = random_batch(n=4, seed=5)
+    far = [replace(s, rollout_logprobs=tuple(-20.0 if m else 0.0 for m in s.loss_mask)) for s in batch]
+
+    def step(samples):
+        model = tiny_llama(seed=2)
+        trainer = Trainer(model, build_loss(GrpoLossConfig()), OptimConfig(lr=1e-3, packed=packed))
+        own = trainer.batch_logprobs(samples)
+        m = trainer.train_step(samples)
+        return m, [trainer.optimizer.state[p]["exp_avg"].clone() for p in model.parameters()], own
+
+    _, _, own = step(batch)
+    exact = []
+    for s, lp in zip(batch, own, strict=True):
+        mine = (float(v) if trained else 0.0 for v, trained in zip(lp, s.loss_mask[1:], strict=True))
+        exact.append(replace(s, rollout_logprobs=(0.0, *mine)))
+    m_exact, g_exact, _ = step(exact)
+    m_constrained, g_constrained, _ = step([replace(s, constrained=True) for s in far])
+    m_far, _, _ = step(far)
+    assert m_exact.tis_mean == pytest.approx(1.0, abs=1e-4) and m_constrained.tis_mean == 1.0
+    assert m_constrained.logp_diff_max == 0.0  # measured against the learner's own logprobs
+    assert m_constrained.loss == pytest.approx(m_exact.loss, abs=1e-6)
+    for a, b in zip(g_constrained, g_exact, strict=True):
+        assert torch.allclose(a, b, atol=1e-7, rtol=1e-3)
+    assert m_constrained.grad_norm == pytest.approx(m_exact.grad_norm, rel=1e-4)
+    # Unconstrained, the same far-off logprobs cap every token's TIS weight at 2: twice the gradient.
+    assert m_far.tis_capped_fraction == 1.0
+    assert m_far.grad_norm == pytest.approx(2 * m_exact.grad_norm, rel=1e-3)
