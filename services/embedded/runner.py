@@ -162,6 +162,7 @@ def step_metrics(
         "inference/weight_version": inference_version,
     }
     record.update({f"learner/{k}": v for k, v in flat.items() if not k.startswith(("designer/", "version"))})
+    record.update({k: v for k, v in flat.items() if k.startswith(("designer/advantage", "agent/advantage"))})
     return record
 
 
@@ -285,14 +286,10 @@ def role_settings(settings: RunSettings, *, inference_url: str, model: Path) -> 
                 "keep_weights": 2,
                 "checkpoint_every": 1,
                 "lr": settings.lr,
-                "temperature": settings.temperature,
                 "device": "cpu",
-                "agent_group_size": settings.group_size,
-                "window_versions": settings.window_versions,
                 "fill_timeout_s": 1.0,
                 "inference_urls": [inference_url],
                 "queue": {"kind": "inprocess"},
-                "rewards": {"validity_shaping_weight": settings.validity_shaping},
             },
             settings.learner,
         )
@@ -349,7 +346,7 @@ async def run(settings: RunSettings, progress: Progress = _no_progress) -> RunRe
             queue=parts.queue,
         )
         tapped = TappedMemory(parts.memory)
-        learner = build_learner(roles.learner, queue=parts.queue)
+        learner = build_learner(roles.learner, spec=run_spec(settings), queue=parts.queue)
         try:
             async with rollout_worker(
                 roles.rollout,
