@@ -7,5 +7,7 @@ rollout, learner, the embedded run):
 - ``spade.memory.errors``: its domain errors (``EnvironmentNotFound``, ``InvalidArgument``);
 - ``spade.memory.wire``: records to ``spade.v1.memory_pb2`` messages and back (server and client);
 - ``spade.memory.client.MemoryClient``: the memory's API over gRPC, with the same async methods and
-  errors as the in-process ``services.memory.service.MemoryService``.
+  errors as the in-process ``services.memory.service.MemoryService`` (it sends the caller's key);
+- ``spade.memory.runspec``: ``fetch_run_spec`` (how a service reads the run spec at start) and
+  ``load_spec_file`` (a YAML/JSON spec file).
 """
