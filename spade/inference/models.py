@@ -230,6 +230,7 @@ def _load_like(path: Path, dtype: Any, like: PreTrainedModel) -> PreTrainedModel
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers.initialization import no_init_weights
 
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     files = sorted(path.glob("*.safetensors"))
@@ -238,10 +239,12 @@ def _load_like(path: Path, dtype: Any, like: PreTrainedModel) -> PreTrainedModel
     state: dict[str, Any] = {}
     for file in files:
         state.update(load_file(str(file)))
-    with _LOAD_LOCK, torch.device("meta"):
+    # No initialisation either (it would run on meta tensors for nothing): every weight is assigned below.
+    with _LOAD_LOCK, no_init_weights(), torch.device("meta"):
         model = AutoModelForCausalLM.from_config(
             config, dtype=dtype, attn_implementation=like.config._attn_implementation
         )
+    model.tie_weights()  # skipped with the initialisation
     # Tied parameters are stored once: every name of a shared parameter takes the stored tensor.
     names_of: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
