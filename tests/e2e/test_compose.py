@@ -75,6 +75,7 @@ class Stack:
             "SPADE_ROLLOUT_SANDBOX_KEY": self.rollout_key,
             "SPADE_SANDBOX_API_KEYS": json.dumps(tenants),
             "SPADE_MEMORY_REST_PORT": str(self.memory_port),
+            "SPADE_RUN_SPEC": "tests/e2e/runspec.ci.yaml",
             "SPADE_SANDBOX_HTTP_PORT": str(self.sandbox_port),
         }
 
