@@ -55,15 +55,6 @@ def serve(config_file: Path | None, dev_mode: bool | None, log_level: str) -> No
     """The rollout workers (the reasoning agent): play envs from envs.ready, publish samples."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_or_exit(RolloutSettings, config_file, dev_mode=dev_mode)
-    from spade.dependencies import endpoint, inference, postgres, queue, wait_for
-
-    wait_for(
-        [
-            queue(settings.queue),
-            postgres(settings.state_url),
-            endpoint(settings.sandbox),
-            endpoint(settings.memory),
-            *inference(settings.inference_urls),
-        ]
-    )
+    # Dependencies are waited for while building the worker (SIGTERM ends the wait): the queue, the
+    # state database and the memory first, then the run spec is checked, then the sandbox and inference.
     run_until_signalled(lambda stop: _serve(settings, stop))

@@ -25,6 +25,8 @@ from services.rollout.sandbox import PoolSessions
 from services.rollout.settings import RolloutSettings
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
+from spade import dependencies
+from spade.dependencies import DEFAULT_WAIT, Dependency, DependencyUnavailable
 from spade.endpoints import MemoryEndpoint, SandboxEndpoint
 from spade.inference.client import InferenceClient
 from spade.inference.discovery import following
@@ -96,6 +98,27 @@ async def waiting(what: str, work: Awaitable[T], stop: asyncio.Event | None) -> 
                 await task
 
 
+async def wait_ready(deps: list[Dependency | None], stop: asyncio.Event | None) -> None:
+    """Wait until each dependency answers (``spade.dependencies``' checks and policy), giving way to SIGTERM.
+
+    Raises:
+        DependencyUnavailable: One did not answer within the policy's tries.
+        StoppedWhileWaiting: ``stop`` was set first.
+    """
+    for dep in deps:
+        if dep is None:
+            continue
+        what = dep.describe()
+
+        async def check(dep: Dependency = dep, what: str = what) -> None:
+            retrying = DEFAULT_WAIT.async_retrying(DependencyUnavailable, logger=log, what=f"waiting for {what}")
+            async for attempt in retrying:
+                with attempt:
+                    await asyncio.to_thread(dep.check)  # one check is short (its own timeout)
+
+        await waiting(what, check(), stop)
+
+
 async def run_spec(settings: RolloutSettings, memory: RunSpecStore, stop: asyncio.Event | None = None) -> RunSpec:
     """The run spec from the memory (storing ``run_spec_file`` when none is stored), checked against the settings.
 
@@ -147,6 +170,14 @@ async def rollout_worker(
         SpecContradiction: The settings contradict the run spec (before anything else is started).
     """
     async with contextlib.AsyncExitStack() as stack:
+        await wait_ready(
+            [
+                dependencies.postgres(settings.state_url),
+                None if queue is not None else dependencies.queue(settings.queue),
+                None if memory is not None else dependencies.endpoint(settings.memory),
+            ],
+            stop,
+        )
         if memory is None:
             memory = await _memory(settings, stack)
         if spec is None:
@@ -155,6 +186,13 @@ async def rollout_worker(
             spec = await run_spec(settings, cast(RunSpecStore, memory), stop)
         else:
             settings.check_spec(spec)
+        await wait_ready(
+            [
+                None if sessions is not None else dependencies.endpoint(settings.sandbox),
+                *([] if inference is not None else dependencies.inference(settings.inference_urls)),
+            ],
+            stop,
+        )
         if queue is None:
             queue = make_queue(settings.queue)
             stack.push_async_callback(queue.close)

@@ -14,21 +14,35 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from services.memory.service import MemoryService
+from services.memory.store.sql import SqlStore, make_engine, migrate
 from services.rollout.core.episode import EpisodeRunner, PlayLimits
 from services.rollout.core.ports import EnvSpec, SessionOpener
+from services.rollout.memory import MemoryServicePlays
 from services.rollout.policy import FormatterTemplate
 from services.rollout.sandbox import PoolSessions
+from services.rollout.state_store import RolloutStateStore
+from services.rollout.worker import RolloutWorker, WorkerConfig
 from services.sandbox.core.auth import hash_key
 from services.sandbox.isolation import SandboxPool
 from services.sandbox.isolation.settings import IsolationSettings
-from spade.envs import Setting, ToolCall
-from spade.envs.types import FinishReason
+from spade.envs import CheckConfig, Setting, ToolCall
 from spade.envs.examples import EXAMPLES, Example
 from spade.envs.loader import load_env_class
+from spade.envs.types import FinishReason
+from spade.memory.records import NewEnvironment
+from spade.queues.base import ENVS_READY, SAMPLES_AGENT
+from spade.queues.config import InProcessQueueConfig
+from spade.queues.inprocess import InProcessQueue
+from spade.queues.messages import decode, publish_proto
+from spade.runspec import RunSpec
 from spade.sandbox.client import SandboxClient
+from spade.v1 import queues_pb2
 from tests.unit.rollout.players import ScriptedPolicy
 
 ROLLOUT_KEY = "rollout-test-key"
+PATIENT = CheckConfig(call_time_limit_s=30.0)
+"""A per-call timer that a memory bomb on a loaded machine cannot outrun: it meets its memory limit first."""
 
 # Win by saying the seed-chosen colour; the observation names it (the test is the plumbing).
 COLOUR_ENV = r"""
@@ -53,6 +67,17 @@ class ColourEnv:
     def solution(self):
         return ["\\boxed{" + self.colour + "}"]
 """
+
+
+# The colour env, but it declares more turns than any agent budget, and eats memory on \boxed{bomb}.
+GREEDY_ENV = COLOUR_ENV.replace("max_turns = 4", "max_turns = 400").replace(
+    '        if action == "\\\\boxed{crash}":',
+    '        if action == "\\\\boxed{bomb}":\n'
+    "            hog = []\n"
+    "            while True:\n"
+    "                hog.append(bytearray(64 << 20))\n"
+    '        if action == "\\\\boxed{crash}":',
+)
 
 
 def _colour(seed: int) -> str:
@@ -88,6 +113,7 @@ def sandbox_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 "grpc": {"host": "127.0.0.1", "port": grpc_port},
                 "http": {"host": "127.0.0.1", "port": http_port},
                 "api_keys": [{"tenant": "rollout", "key_sha256": hash_key(ROLLOUT_KEY), "max_sessions": 16}],
+                "checks": {"call_time_limit_s": PATIENT.call_time_limit_s},
             }
         )
     )
@@ -127,9 +153,22 @@ async def _plays(sessions: SessionOpener, template: FormatterTemplate) -> None:
     lost = await stubborn.play(SPEC, seed, hinted=False)
     assert (lost.finish_reason, lost.episode_return, lost.turns) == (FinishReason.TRUNCATED, 0.0, 4)
 
+    # An env declaring 400 turns is clamped by the sandbox to the agent's budget of 3.
+    greedy = EnvSpec("greedy", "game", "Pattern Recognition", GREEDY_ENV, hint="")
+    budget = PlayLimits(max_turns=3)
+    capped = await EpisodeRunner(sessions, ScriptedPolicy(template, ["\\boxed{purple}"]), template, budget).play(
+        greedy, seed, hinted=False
+    )
+    assert (capped.finish_reason, capped.turns, capped.turn_cap) == (FinishReason.TURN_LIMIT, 3, 3)
+
+    # A memory bomb ends the play as a memory fault: never "truncated", never a sandbox fault to retry.
+    bomber = EpisodeRunner(sessions, ScriptedPolicy(template, ["\\boxed{bomb}"]), template, PlayLimits())
+    bombed = await bomber.play(greedy, seed, hinted=False)
+    assert (bombed.finish_reason, bombed.episode_return, bombed.turns) == (FinishReason.FAULT_MEMORY, 0.0, 1)
+
 
 async def test_plays_in_the_isolated_pool(pool: SandboxPool, template: FormatterTemplate) -> None:
-    await _plays(PoolSessions(pool), template)
+    await _plays(PoolSessions(pool, PATIENT), template)
 
 
 async def test_plays_over_the_sandbox_grpc_play_stream(sandbox_target: str, template: FormatterTemplate) -> None:
@@ -172,3 +211,38 @@ async def test_every_example_env_is_won_by_replaying_its_solution_through_the_po
     runner = EpisodeRunner(PoolSessions(pool), ScriptedPolicy(template, replies), template, limits)
     play = await runner.play(spec, seed, hinted=True)
     assert (play.finish_reason, play.episode_return, play.turns) == (FinishReason.TERMINATED, 1.0, len(replies))
+
+
+async def test_a_memory_bomb_is_recorded_as_fault_memory_end_to_end(
+    pool: SandboxPool, template: FormatterTemplate, tmp_path: Path
+) -> None:
+    """Sandbox -> rollout -> sample -> memory: the finish reason stays ``fault_memory`` all the way."""
+    spec = RunSpec(group_size=2, window_versions_game=1, agent_max_turns=3, agent_max_tokens_per_turn=32)
+    engine = make_engine(f"sqlite:///{tmp_path / 'memory.db'}")
+    migrate(engine)
+    memory = MemoryService(SqlStore(engine))
+    queue = InProcessQueue(InProcessQueueConfig())
+    store = RolloutStateStore.from_url(f"sqlite:///{tmp_path / 'rollout.db'}")
+    try:
+        put = await memory.put_environment(NewEnvironment(setting="game", skill="s", code=GREEDY_ENV, hint="h"))
+        ready = queues_pb2.EnvReady(env_id=put.env_id, setting="game", spec_id=spec.spec_id)
+        await publish_proto(queue, ENVS_READY, ready, key=put.env_id)
+        limits = PlayLimits(max_turns=spec.agent_max_turns, max_tokens_per_turn=spec.agent_max_tokens_per_turn)
+        bomber = ScriptedPolicy(template, ["\\boxed{bomb}"])
+        runner = EpisodeRunner(PoolSessions(pool, PATIENT), bomber, template, limits)
+        # One bomb at a time: several together can exhaust the pool's total memory and stall on the wall clock.
+        config = WorkerConfig("w", spec=spec, max_concurrent_plays=1)
+        worker = RolloutWorker(queue, store, MemoryServicePlays(memory), runner, config)
+        await worker.step_envs()
+        assert await worker.step_window() >= 1
+        got = await queue.consume(SAMPLES_AGENT, "learner", "l", count=100, block_ms=50)
+        samples = [m for m in (decode(d) for d in got) if isinstance(m, queues_pb2.AgentSample)]
+        assert len(samples) == 2 * 2
+        assert {(s.finish_reason, s.episode_return, s.turns) for s in samples} == {("fault_memory", 0.0, 1)}
+        plays, _ = await memory.plays(put.env_id)
+        assert {p.finish_reason for p in plays} == {"fault_memory"} and len(plays) == 2 * 2
+        assert (await memory.get_environment(put.env_id)).stats.win_rate == 0.0  # the env failed the agent
+    finally:
+        store.dispose()
+        await queue.close()
+        engine.dispose()
