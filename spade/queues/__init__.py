@@ -6,6 +6,9 @@ Typical use::
     await publish_proto(queue, ENVS_READY, queues_pb2.EnvReady(env_id=...), key=env_id)
     for d in await queue.consume(ENVS_READY, "rollout", worker_id, count=8):
         handle(decode(d)); await queue.ack(d.stream, "rollout", d.message_id)
+
+Many messages at once: ``await publish_protos(queue, SAMPLES_AGENT, [(key, sample), ...])`` and
+``await queue.ack_many(stream, group, [d.message_id for d in handled])`` (one round trip each).
 """
 
 from spade.queues.base import (
@@ -26,7 +29,7 @@ from spade.queues.config import (
     RedisQueueConfig,
     make_queue,
 )
-from spade.queues.messages import decode, message_type, publish_proto
+from spade.queues.messages import decode, message_type, publish_proto, publish_protos
 
 __all__ = [
     "ENVS_READY",
@@ -46,4 +49,5 @@ __all__ = [
     "make_queue",
     "message_type",
     "publish_proto",
+    "publish_protos",
 ]

@@ -4,6 +4,9 @@ Two implementations honour the same contract: Redis Streams with consumer groups
 and an in-process queue (embedded mode). Semantics:
 
 - ``publish`` is idempotent by ``key``: publishing the same key twice to a stream stores one message.
+- ``publish_many`` publishes a batch in one round trip (Redis: one script call per chunk) with the same
+  guarantees per message; on ``QueueFull`` a leading part of the batch may be stored, and retrying
+  the whole batch is safe (idempotent). ``ack_many`` acknowledges a batch in one round trip.
 - When a stream holds ``max_len`` unacknowledged-or-unread messages, ``publish`` waits up to its
   ``timeout_s`` for room and then raises ``QueueFull``; it never drops a message silently.
 - ``consume`` delivers each message to one consumer of a group; a message stays pending until
@@ -15,6 +18,7 @@ and an in-process queue (embedded mode). Semantics:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -75,8 +79,18 @@ class WorkQueue(Protocol):
         """Deliver up to ``count`` messages to ``consumer`` (re-delivering stale pending ones first)."""
         ...
 
+    async def publish_many(
+        self, stream: str, messages: Sequence[tuple[str, bytes]], *, timeout_s: float | None = None
+    ) -> list[str]:
+        """Append ``(key, payload)`` messages in order (each idempotent by key); their ids, in order."""
+        ...
+
     async def ack(self, stream: str, group: str, message_id: str) -> None:
         """Mark a delivered message done for ``group``."""
+        ...
+
+    async def ack_many(self, stream: str, group: str, message_ids: Sequence[str]) -> None:
+        """Mark delivered messages done for ``group`` (one round trip)."""
         ...
 
     async def pending(self, stream: str, group: str) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from spade.queues.base import Delivery, QueueError, QueueFull
@@ -82,27 +83,46 @@ class InProcessQueue:
             QueueFull: The stream stayed at ``max_len`` for ``timeout_s`` (default from config).
             ValueError: Empty key or stream name.
         """
+        (message_id,) = await self.publish_many(stream, [(key, payload)], timeout_s=timeout_s)
+        return message_id
+
+    async def publish_many(
+        self, stream: str, messages: Sequence[tuple[str, bytes]], *, timeout_s: float | None = None
+    ) -> list[str]:
+        """Append ``(key, payload)`` messages in order, each unless its key was already published.
+
+        When the stream fills up midway the rest waits for room, in order, up to ``timeout_s`` in all.
+
+        Raises:
+            QueueFull: The stream stayed at ``max_len`` for ``timeout_s``; a leading part of the batch
+                may be stored, and publishing the whole batch again is safe.
+            ValueError: An empty key or stream name.
+        """
         self._check_open()
-        if not key:
-            raise ValueError("publish needs a non-empty idempotency key")
+        if any(not key for key, _ in messages):
+            raise ValueError("publish needs a non-empty idempotency key for every message")
         timeout = self._config.publish_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
+        ids: list[str] = []
         async with self._changed:
-            while True:
+            while len(ids) < len(messages):
                 s = self._stream(stream)
                 now = time.monotonic()
                 if len(s.keys) > 4 * self._config.max_len:
                     s.keys = {k: v for k, v in s.keys.items() if v[1] > now}
+                key, payload = messages[len(ids)]
                 known = s.keys.get(key)
                 if known is not None and known[1] > now:
-                    return _message_id(known[0])
+                    ids.append(_message_id(known[0]))
+                    continue
                 if len(s.entries) < self._config.max_len:
                     seq = s.next_seq
                     s.next_seq += 1
                     s.entries[seq] = (key, bytes(payload))
                     s.keys[key] = (seq, now + self._config.idempotency_ttl_s)
+                    ids.append(_message_id(seq))
                     self._changed.notify_all()
-                    return _message_id(seq)
+                    continue
                 remaining = deadline - now
                 if remaining <= 0:
                     raise QueueFull(
@@ -112,6 +132,7 @@ class InProcessQueue:
                     )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), timeout=remaining)
+        return ids
 
     async def consume(
         self, stream: str, group: str, consumer: str, *, count: int = 1, block_ms: int = 1000
@@ -170,15 +191,24 @@ class InProcessQueue:
 
     async def ack(self, stream: str, group: str, message_id: str) -> None:
         """Acknowledge a delivered message; it is freed once every group has acknowledged it."""
+        await self.ack_many(stream, group, [message_id])
+
+    async def ack_many(self, stream: str, group: str, message_ids: Sequence[str]) -> None:
+        """Acknowledge delivered messages; each is freed once every group has acknowledged it."""
         self._check_open()
-        seq = _parse_id(message_id)
+        seqs = [_parse_id(message_id) for message_id in message_ids]
         async with self._changed:
             s = self._stream(stream)
             g = s.groups.get(group)
-            if g is None or g.pending.pop(seq, None) is None:
+            if g is None:
                 return
-            if all(other.last_delivered >= seq and seq not in other.pending for other in s.groups.values()):
-                s.entries.pop(seq, None)
+            freed = False
+            for seq in seqs:
+                if g.pending.pop(seq, None) is None:
+                    continue
+                if all(other.last_delivered >= seq and seq not in other.pending for other in s.groups.values()):
+                    freed = s.entries.pop(seq, None) is not None or freed
+            if freed:
                 self._changed.notify_all()
 
     async def pending(self, stream: str, group: str) -> int:

@@ -8,9 +8,11 @@ cluster slot so the scripts below stay atomic):
 
 Guarantees and how they are kept:
 
-- *Idempotent publish*: one Lua script checks the key, checks the bound, ``XADD``s and stores the
-  key — atomically, so a retried publish (say after a dropped connection) never duplicates work.
-- *Back-pressure*: an entry is deleted once every consumer group has acknowledged it (the ack script),
+- *Idempotent publish*: one Lua script checks each key, checks the bound, ``XADD``s and stores the
+  key — atomically, so a retried publish (say after a dropped connection) never duplicates work. A
+  batch (``publish_many``) is one script call per ``BATCH`` messages: one round trip, not one each.
+- *Back-pressure*: an entry is deleted once every consumer group has acknowledged it (the ack script,
+  which takes a batch of ids: ``ack_many``),
   so ``XLEN`` counts exactly the unread-or-unacknowledged messages. A publish that finds
   ``XLEN >= max_len`` waits with back-off up to its timeout, then raises ``QueueFull``. Nothing is
   trimmed, so nothing is dropped.
@@ -26,8 +28,9 @@ Guarantees and how they are kept:
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -42,38 +45,72 @@ from spade.queues.config import RedisQueueConfig
 
 T = TypeVar("T")
 
-# Returns {0, id} when stored, {1, id} for a known key, {2, xlen} when the stream is full.
+# One batch: KEYS = [stream, key record of message 1, ..., of message n]; ARGV = [max_len, ttl, k1, d1, ...].
+# Answers a flat list, status then value per message handled, in order: {0, id} stored, {1, id} a known
+# key, {2, xlen} the stream is full (then it stops: the rest of the batch waits for room, in order).
 _PUBLISH_LUA = """
-local known = redis.call('GET', KEYS[2])
-if known then return {1, known} end
+local out = {}
 local n = redis.call('XLEN', KEYS[1])
-if n >= tonumber(ARGV[3]) then return {2, tostring(n)} end
-local id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[1], 'd', ARGV[2])
-redis.call('SET', KEYS[2], id, 'EX', tonumber(ARGV[4]))
-return {0, id}
+local max_len = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[2])
+for i = 2, #KEYS do
+  local known = redis.call('GET', KEYS[i])
+  if known then
+    out[#out + 1] = 1
+    out[#out + 1] = known
+  else
+    if n >= max_len then
+      out[#out + 1] = 2
+      out[#out + 1] = tostring(n)
+      return out
+    end
+    local j = 3 + (i - 2) * 2
+    local id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[j], 'd', ARGV[j + 1])
+    redis.call('SET', KEYS[i], id, 'EX', ttl)
+    n = n + 1
+    out[#out + 1] = 0
+    out[#out + 1] = id
+  end
+end
+return out
 """
 
-# XACK, then XDEL the entry when no group still needs it. Returns the XACK count.
+# XACK each id of ARGV[2..] for group ARGV[1], then XDEL the entries no group still needs (every
+# group has read past them and none holds them pending). Returns how many were acknowledged.
 _ACK_LUA = """
-local acked = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-if acked == 0 then return 0 end
 local function parse(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
   return tonumber(ms), tonumber(seq)
 end
-local ims, iseq = parse(ARGV[2])
+local groups = {}
 for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
   local name, last
   for i = 1, #g, 2 do
     if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then last = g[i + 1] end
   end
   local lms, lseq = parse(last)
-  if lms < ims or (lms == ims and lseq < iseq) then return acked end
-  if #redis.call('XPENDING', KEYS[1], name, ARGV[2], ARGV[2], 1) > 0 then return acked end
+  groups[#groups + 1] = {name, lms, lseq}
 end
-redis.call('XDEL', KEYS[1], ARGV[2])
-return acked
+local total = 0
+for a = 2, #ARGV do
+  local id = ARGV[a]
+  local acked = redis.call('XACK', KEYS[1], ARGV[1], id)
+  if acked > 0 then
+    total = total + acked
+    local ims, iseq = parse(id)
+    local free = true
+    for _, g in ipairs(groups) do
+      if g[2] < ims or (g[2] == ims and g[3] < iseq) then free = false break end
+      if #redis.call('XPENDING', KEYS[1], g[1], id, id, 1) > 0 then free = false break end
+    end
+    if free then redis.call('XDEL', KEYS[1], id) end
+  end
+end
+return total
 """
+
+BATCH = 256
+"""Most messages one script call publishes or acknowledges (a script blocks Redis while it runs)."""
 
 
 def _redacted(url: str) -> str:
@@ -133,30 +170,73 @@ class RedisStreamQueue:
             QueueError: Redis stayed unreachable through every reconnect attempt.
             ValueError: Empty key or stream name.
         """
-        if not key:
-            raise ValueError("publish needs a non-empty idempotency key")
+        (message_id,) = await self.publish_many(stream, [(key, payload)], timeout_s=timeout_s)
+        return message_id
+
+    async def publish_many(
+        self, stream: str, messages: Sequence[tuple[str, bytes]], *, timeout_s: float | None = None
+    ) -> list[str]:
+        """Append ``(key, payload)`` messages in order, each unless its key was already published.
+
+        One script call per :data:`BATCH` messages (one round trip, atomic per call). When the stream
+        fills up midway, the rest waits for room in order, up to ``timeout_s`` in all.
+
+        Returns:
+            The message ids, in the order of ``messages`` (a known key's id for a repeated key).
+
+        Raises:
+            QueueFull: The stream stayed at ``max_len`` for ``timeout_s``; a leading part of the batch
+                may be stored, and publishing the whole batch again is safe.
+            QueueError: Redis stayed unreachable through every reconnect attempt.
+            ValueError: An empty key or stream name.
+        """
+        if any(not key for key, _ in messages):
+            raise ValueError("publish needs a non-empty idempotency key for every message")
         skey = self._stream_key(stream)
-        keys = [skey, f"{skey}:key:{key}"]
-        args: list[bytes | str | int] = [key, payload, self._config.max_len, self._config.idempotency_ttl_s]
         timeout = self._config.publish_timeout_s if timeout_s is None else timeout_s
-        # A full stream is polled with back-off until room appears or the timeout has passed.
+        deadline = time.monotonic() + timeout
+        ids: list[str] = []
+        for start in range(0, len(messages), BATCH):
+            ids += await self._publish_chunk(stream, skey, messages[start : start + BATCH], deadline, timeout)
+        return ids
+
+    async def _publish_chunk(
+        self, stream: str, skey: str, chunk: Sequence[tuple[str, bytes]], deadline: float, timeout: float
+    ) -> list[str]:
+        ids: list[str] = []
+        full_at = [0]
+
+        async def send() -> bool:
+            """Publish what is left of the chunk; whether all of it is stored now."""
+            rest = chunk[len(ids) :]
+            keys = [skey, *(f"{skey}:key:{key}" for key, _ in rest)]
+            args: list[bytes | str | int] = [self._config.max_len, self._config.idempotency_ttl_s]
+            for key, payload in rest:
+                args += [key, payload]
+            reply: Any = await self._call(f"publish to {stream!r}", lambda: self._publish_script(keys=keys, args=args))
+            for status, value in zip(reply[::2], reply[1::2], strict=True):
+                if int(status) == 2:
+                    full_at[0] = int(value)
+                    return False
+                ids.append(bytes(value).decode())
+            return True
+
+        if await send():  # the common case: room for all of it, no retryer to build
+            return ids
+        # A full stream is polled with back-off until room appears or the deadline has passed.
         room = tenacity.AsyncRetrying(
-            stop=tenacity.stop_before_delay(timeout),
+            stop=tenacity.stop_before_delay(max(0.0, deadline - time.monotonic())),
             wait=tenacity.wait_exponential(multiplier=0.005, max=0.25),
-            retry=tenacity.retry_if_result(lambda reply: int(reply[0]) == 2),
-            retry_error_callback=lambda state: state.outcome.result() if state.outcome is not None else None,
+            retry=tenacity.retry_if_result(lambda stored: not stored),
+            retry_error_callback=lambda state: False,
         )
-        reply: Any = await room(
-            self._call, f"publish to {stream!r}", lambda: self._publish_script(keys=keys, args=args)
-        )
-        status, value = reply
-        if int(status) == 2:
+        if not await room(send):
             raise QueueFull(
-                f"stream {stream!r} holds {int(value)} unacknowledged messages (max_len "
+                f"stream {stream!r} holds {full_at[0]} unacknowledged messages (max_len "
                 f"{self._config.max_len}) and stayed full for {timeout:.3g}s; consumers are not "
                 "keeping up — add consumers, raise max_len or retry later"
             )
-        return bytes(value).decode()
+        return ids
 
     async def _ensure_group(self, skey: str, group: str) -> None:
         if (skey, group) in self._groups:
@@ -236,8 +316,16 @@ class RedisStreamQueue:
 
     async def ack(self, stream: str, group: str, message_id: str) -> None:
         """Acknowledge a delivered message; it is deleted once every group has acknowledged it."""
+        await self.ack_many(stream, group, [message_id])
+
+    async def ack_many(self, stream: str, group: str, message_ids: Sequence[str]) -> None:
+        """Acknowledge delivered messages (one script call per :data:`BATCH`); each is freed once no group needs it."""
         skey = self._stream_key(stream)
-        await self._call(f"ack on {stream!r}", lambda: self._ack_script(keys=[skey], args=[group, message_id]))
+        for start in range(0, len(message_ids), BATCH):
+            await self._ack_chunk(stream, skey, [group, *message_ids[start : start + BATCH]])
+
+    async def _ack_chunk(self, stream: str, skey: str, args: list[str]) -> None:
+        await self._call(f"ack on {stream!r}", lambda: self._ack_script(keys=[skey], args=args))
 
     async def pending(self, stream: str, group: str) -> int:
         """Number of delivered but unacknowledged messages of ``group``."""

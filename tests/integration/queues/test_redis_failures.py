@@ -83,6 +83,50 @@ async def test_dropped_connections_lose_nothing(admin: aioredis.Redis, prefix: s
     await checker.close()
 
 
+async def test_dropped_connections_lose_nothing_in_batches(admin: aioredis.Redis, prefix: str) -> None:
+    """publish_many and ack_many retried on fresh connections: every message stored once, none lost."""
+    cfg = RedisQueueConfig(url=REDIS_URL, prefix=prefix, claim_idle_ms=300, max_len=60)
+    producer, consumer = RedisStreamQueue(cfg), RedisStreamQueue(cfg)
+    n, per = 600, 25
+    processed: list[str] = []
+    done = asyncio.Event()
+
+    async def produce() -> None:
+        for start in range(0, n, per):
+            batch = [(f"m{i}", str(i).encode()) for i in range(start, start + per)]
+            await producer.publish_many(S, batch, timeout_s=60)
+
+    async def consume() -> None:
+        while len(set(processed)) < n:
+            handled = await consumer.consume(S, "learner", "c1", count=32, block_ms=100)
+            for d in handled:
+                assert d.payload == d.key[1:].encode()
+                processed.append(d.key)
+            await consumer.ack_many(S, "learner", [d.message_id for d in handled])
+        done.set()
+
+    async def sabotage() -> int:
+        kills = 0
+        while not done.is_set() and kills < 40:
+            await asyncio.sleep(0.02)
+            kills += await kill_clients(admin, producer.client_name)
+            kills += await kill_clients(admin, consumer.client_name)
+        return kills
+
+    try:
+        results = await asyncio.wait_for(asyncio.gather(produce(), consume(), sabotage()), timeout=120)
+    finally:
+        await producer.close()
+        await consumer.close()
+    assert results[2] > 0, "the sabotage never hit a connection; the test proved nothing"
+    assert sorted(set(processed)) == sorted(f"m{i}" for i in range(n))
+    assert len(processed) == n, "a message was stored or processed twice"
+    checker = RedisStreamQueue(cfg)
+    assert await checker.pending(S, "learner") == 0
+    assert await checker.length(S) == 0
+    await checker.close()
+
+
 async def test_blocked_reader_survives_a_kill(admin: aioredis.Redis, prefix: str) -> None:
     cfg = RedisQueueConfig(url=REDIS_URL, prefix=prefix, claim_idle_ms=200)
     reader, writer = RedisStreamQueue(cfg), RedisStreamQueue(cfg)
