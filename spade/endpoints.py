@@ -1,7 +1,7 @@
 """How a service reaches another one: the settings sections every caller of the sandbox or memory uses.
 
 One shape per concept, in every service: ``sandbox: {target, api_key, timeout_s, open_timeout_s,
-retry}`` and ``memory: {target, timeout_s, api_key}``, so the sandbox's address is
+retry, tls}`` and ``memory: {target, timeout_s, api_key, tls}``, so the sandbox's address is
 ``SPADE_DESIGNER_SANDBOX__TARGET`` in the designer and ``SPADE_ROLLOUT_SANDBOX__TARGET`` in the
 rollout. The inference servers are ``inference_urls`` and queues ``queue`` (``spade.queues.config``).
 
@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from spade.retry import RetryPolicy
+from spade.serving.tls import ClientTls
 
 SANDBOX_RETRY = RetryPolicy(attempts=3, initial_s=0.05, multiplier=2.0, max_s=1.0, jitter_s=0.05)
 """Tries of one sandbox call on a transient failure (quick: a healthy replica answers at once)."""
@@ -40,6 +41,11 @@ class SandboxEndpoint(BaseModel):
     retry: RetryPolicy = Field(
         default=SANDBOX_RETRY, description="Tries of one sandbox call (or session open) on a transient failure."
     )
+    tls: ClientTls | None = Field(
+        default=None,
+        description="Reach the sandbox over TLS: the CA that signed its certificate and, for mutual TLS, this "
+        "service's certificate and key. Unset: plaintext (the sandbox must then serve without TLS).",
+    )
 
     def key(self) -> str | None:
         """The API key in clear, for the client's ``authorization`` header."""
@@ -58,6 +64,11 @@ class MemoryEndpoint(BaseModel):
     timeout_s: float = Field(default=30.0, gt=0, le=600, description="Deadline of each call, in seconds.")
     api_key: SecretStr | None = Field(
         default=None, description="This service's memory tenant key (unset only in dev mode); never logged."
+    )
+    tls: ClientTls | None = Field(
+        default=None,
+        description="Reach the memory over TLS: the CA that signed its certificate and, for mutual TLS, this "
+        "service's certificate and key. Unset: plaintext (the memory must then serve without TLS).",
     )
 
     def key(self) -> str | None:

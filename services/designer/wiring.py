@@ -287,13 +287,7 @@ async def designer_service(
         queue = make_queue(settings.queue)
         stack.push_async_callback(queue.close)
         endpoint = settings.sandbox
-        sandbox = SandboxClient(
-            endpoint.target,
-            endpoint.key(),
-            timeout_s=endpoint.timeout_s,
-            open_timeout_s=endpoint.open_timeout_s,
-            retry=endpoint.retry,
-        )
+        sandbox = SandboxClient.from_endpoint(endpoint)
         stack.push_async_callback(sandbox.close)
         validator = SandboxServiceValidator(sandbox)
         memory = MemoryServiceEnvironments(memory_client)  # type: ignore[arg-type]

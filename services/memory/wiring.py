@@ -165,7 +165,7 @@ async def serve_forever(settings: MemorySettings, stop: asyncio.Event) -> None:
             from spade.sandbox.client import SandboxClient
 
             cfg = settings.sandbox
-            sandbox = SandboxClient(cfg.target, cfg.key(), timeout_s=cfg.timeout_s, retry=cfg.retry)
+            sandbox = SandboxClient.from_endpoint(cfg)
             stack.push_async_callback(sandbox.close)
             prober = asyncio.create_task(probe_forever(running.app.service, sandbox, settings.probe_every_s, stop))
             stack.push_async_callback(lambda: asyncio.wait_for(prober, timeout=60))

@@ -232,9 +232,7 @@ async def _memory(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -
 async def _sessions(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -> SessionOpener:
     cfg = settings.sandbox
     if isinstance(cfg, SandboxEndpoint):
-        client = SandboxClient(
-            cfg.target, cfg.key(), timeout_s=cfg.timeout_s, open_timeout_s=cfg.open_timeout_s, retry=cfg.retry
-        )
+        client = SandboxClient.from_endpoint(cfg)
         stack.push_async_callback(client.close)
         return client
     from services.sandbox.isolation import SandboxPool

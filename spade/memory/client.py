@@ -41,6 +41,7 @@ from spade.memory.records import (
 )
 from spade.memory.wire import GRPC_OPTIONS
 from spade.runspec import RunSpec
+from spade.serving.tls import ClientTls, secure_channel
 from spade.v1 import memory_pb2 as pb
 from spade.v1 import memory_pb2_grpc as pb_grpc
 
@@ -58,18 +59,21 @@ class MemoryClient:
         timeout_s: Deadline of each call.
         api_key: This caller's tenant key (sent as ``authorization: Bearer …``); ``None`` only
             against a memory in dev mode without keys.
+        tls: Reach the memory over TLS (its CA; a client certificate for mutual TLS); ``None``: plaintext.
     """
 
-    def __init__(self, target: str, timeout_s: float = 30.0, api_key: str | None = None) -> None:
-        self._channel = grpc.aio.insecure_channel(target, options=client_options(*GRPC_OPTIONS))
+    def __init__(
+        self, target: str, timeout_s: float = 30.0, api_key: str | None = None, *, tls: ClientTls | None = None
+    ) -> None:
+        self._channel = secure_channel(target, tls, client_options(*GRPC_OPTIONS))
         self._stub = pb_grpc.MemoryStub(self._channel)
         metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self._kw: dict[str, Any] = {"timeout": timeout_s, "metadata": metadata}
 
     @classmethod
     def from_endpoint(cls, endpoint: MemoryEndpoint) -> MemoryClient:
-        """A client for a service's ``memory`` settings section (target, deadline, key)."""
-        return cls(endpoint.target, timeout_s=endpoint.timeout_s, api_key=endpoint.key())
+        """A client for a service's ``memory`` settings section (target, deadline, key, TLS)."""
+        return cls(endpoint.target, timeout_s=endpoint.timeout_s, api_key=endpoint.key(), tls=endpoint.tls)
 
     async def _call(
         self, env_id: str, fn: Callable[[], Awaitable[T]], not_found: Callable[[str], Exception] | None = None

@@ -22,12 +22,14 @@ from typing import Any, Self
 
 import grpc
 
+from spade.endpoints import SandboxEndpoint
 from spade.envs import StepOutcome, ValidationReport
 from spade.grpc_channels import client_options
 from spade.retry import RetryPolicy
 from spade.sandbox.errors import SandboxFault, SandboxRefused
 from spade.sandbox.execution import ExecutionResult
 from spade.sandbox.wire import execution_from_message, report_from_message, state_outcome
+from spade.serving.tls import ClientTls, secure_channel
 from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,7 @@ class SandboxClient:
         timeout_s: Deadline of one ``Validate`` or ``Execute`` call.
         open_timeout_s: Longest wait for a session to open.
         retry: Tries of one call (or one session open) on transient statuses.
+        tls: Reach the sandbox over TLS (its CA; a client certificate for mutual TLS); ``None``: plaintext.
     """
 
     def __init__(
@@ -139,16 +142,29 @@ class SandboxClient:
         timeout_s: float = 120.0,
         open_timeout_s: float = 60.0,
         retry: RetryPolicy = DEFAULT_RETRY,
+        tls: ClientTls | None = None,
     ) -> None:
         if timeout_s <= 0 or open_timeout_s <= 0:
             raise ValueError(f"timeouts must be positive, got timeout_s={timeout_s}, open_timeout_s={open_timeout_s}")
         self.target = target
-        self._channel = grpc.aio.insecure_channel(target, options=client_options())
+        self._channel = secure_channel(target, tls, client_options())
         self._stub = sandbox_pb2_grpc.SandboxStub(self._channel)
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self._timeout_s = timeout_s
         self._open_timeout_s = open_timeout_s
         self._retry = retry
+
+    @classmethod
+    def from_endpoint(cls, endpoint: SandboxEndpoint) -> Self:
+        """A client for a service's ``sandbox`` settings section (target, key, deadlines, retry, TLS)."""
+        return cls(
+            endpoint.target,
+            endpoint.key(),
+            timeout_s=endpoint.timeout_s,
+            open_timeout_s=endpoint.open_timeout_s,
+            retry=endpoint.retry,
+            tls=endpoint.tls,
+        )
 
     async def __aenter__(self) -> Self:
         return self

@@ -28,6 +28,7 @@ from spade.sandbox.client import DEFAULT_RETRY, domain_error
 from spade.sandbox.errors import SandboxFault
 from spade.sandbox.execution import ExecutionResult
 from spade.sandbox.wire import execution_from_message, report_from_message, state_outcome
+from spade.serving.tls import ClientTls, secure_sync_channel
 from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -92,15 +93,22 @@ class SyncSandboxClient:
             a dev-mode sandbox.
         timeout_s: Deadline of one ``Validate`` or ``Execute`` call.
         retry: Tries of one call (or one session open) on transient statuses.
+        tls: Reach the sandbox over TLS (its CA; a client certificate for mutual TLS); ``None``: plaintext.
     """
 
     def __init__(
-        self, target: str, api_key: str | None = None, *, timeout_s: float = 120.0, retry: RetryPolicy = DEFAULT_RETRY
+        self,
+        target: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 120.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        tls: ClientTls | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.target = target
-        self._channel = grpc.insecure_channel(target)
+        self._channel = secure_sync_channel(target, tls)
         self._stub = sandbox_pb2_grpc.SandboxStub(self._channel)
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self._timeout_s = timeout_s
