@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -22,18 +23,27 @@ logger = logging.getLogger("services.learner")
 
 
 async def _serve(settings: LearnerSettings, max_steps: int | None, stop: asyncio.Event) -> None:
+    from spade.memory.client import MemoryClient
+
+    memory = MemoryClient.from_endpoint(settings.memory)
+    try:
+        await _serve_with(settings, memory, max_steps, stop)
+    finally:
+        await memory.close()
+
+
+async def _serve_with(settings: LearnerSettings, memory: Any, max_steps: int | None, stop: asyncio.Event) -> None:
     from services.learner.learner import ResumeError
     from services.learner.wiring import (
         StoppedWhileWaiting,
         build_learner,
         close_learner,
         describe,
+        memory_reward_sink,
         run_spec_from_memory,
     )
-    from spade.memory.client import MemoryClient
     from spade.memory.errors import RunSpecConflict
 
-    memory = MemoryClient.from_endpoint(settings.memory)
     try:
         spec = await run_spec_from_memory(settings, memory, stop)
     except StoppedWhileWaiting:
@@ -41,10 +51,8 @@ async def _serve(settings: LearnerSettings, max_steps: int | None, stop: asyncio
         return
     except (ConfigError, RunSpecConflict) as exc:
         raise Refused(str(exc)) from None
-    finally:
-        await memory.close()
     try:
-        learner = build_learner(settings, spec=spec)
+        learner = build_learner(settings, spec=spec, on_designer_reward=memory_reward_sink(memory))
     except (ConfigError, ResumeError) as exc:
         raise Refused(str(exc)) from None
     if not learner.world.is_main:

@@ -29,11 +29,12 @@ writes files, and broadcasts each step's plan to the other ranks, which join the
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,8 +72,9 @@ from spade.v1 import queues_pb2
 
 logger = logging.getLogger(__name__)
 
-RewardCallback = Callable[[ScoredAttempt], None]
-"""Receives every designer attempt whose window closed (e.g. to store its components in the memory)."""
+RewardCallback = Callable[[ScoredAttempt], Awaitable[None] | None]
+"""Receives every designer attempt whose window closed (e.g. to store its components in the memory);
+a coroutine function is awaited."""
 
 ANNOUNCED = "published.json"
 """``<checkpoint_dir>/published.json``: the newest version whose publication completed (workers + announcement)."""
@@ -564,7 +566,9 @@ class Learner:
         self._seen = self._held_ids()
         for s in scored:
             if self.on_designer_reward is not None:
-                self.on_designer_reward(s)
+                result = self.on_designer_reward(s)
+                if inspect.isawaitable(result):
+                    await result
         trained = bool(batch)
         behind = staleness(batch, self.version)
         next_version = self.version + 1 if trained else self.version

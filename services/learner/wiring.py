@@ -6,26 +6,68 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from services.learner.checkpoint import CheckpointManager
 from services.learner.core.losses import build_loss
+from services.learner.core.window import ScoredAttempt
 from services.learner.distributed import World, init_world
 from services.learner.learner import Learner, RewardCallback
 from services.learner.publisher import WeightPublisher
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import OptimConfig, Trainer, shard_model
+from spade.memory.records import StatsUpdate
 from spade.memory.runspec import RunSpecStore, fetch_run_spec, load_spec_file
 from spade.queues.base import WorkQueue
 from spade.queues.config import make_queue
 from spade.runspec import RunSpec
 
 logger = logging.getLogger("services.learner")
+
+
+class StatsWriter(Protocol):
+    """The memory call the learner reports designer rewards through (``MemoryClient`` or ``MemoryService``)."""
+
+    async def update_stats(self, env_id: str, update: StatsUpdate) -> Any: ...
+
+
+def memory_reward_sink(memory: StatsWriter) -> Callable[[ScoredAttempt], Awaitable[None]]:
+    """A ``on_designer_reward`` callback storing each scored env's reward components in the memory.
+
+    The components (``regret``, ``regret_norm``, ``window_win_rate``, ``plateau``, ``blend``) are
+    ``spade.signal``'s, as the learner rewarded the designer; invalid attempts (no env) and unscored
+    ones are skipped. A memory that cannot be reached costs a log line, never the learner's step: the
+    same figures are in the step's log line.
+    """
+
+    async def sink(scored: ScoredAttempt) -> None:
+        c = scored.components
+        if c is None or not scored.attempt.env_id:
+            return
+        values = {
+            "regret": c.regret,
+            "regret_norm": c.regret_norm,
+            "window_win_rate": c.window_win_rate,
+            "plateau": c.plateau,
+            "blend": c.blend,
+        }
+        update = StatsUpdate(reward_components={k: float(v) for k, v in values.items() if v is not None})
+        try:
+            await memory.update_stats(scored.attempt.env_id, update)
+        except Exception as exc:  # a boundary: the memory's outage must not stop training
+            logger.warning(
+                "could not store designer sample %s's reward in the memory: %s: %s",
+                scored.attempt.sample_id,
+                type(exc).__name__,
+                exc,
+            )
+
+    return sink
 
 
 class StoppedWhileWaiting(Exception):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -29,11 +30,12 @@ async def put_group(queue: WorkQueue, env: str, version: int, returns: list[floa
         await put(queue, SAMPLES_AGENT, agent_sample(f"{env}-v{version}-{arm}{seed}", env, seed, r, version, hinted))
 
 
-async def phase_one(queue: WorkQueue) -> None:
+async def phase_one(queue: WorkQueue, designers: bool = True) -> None:
     """Two envs of one batch and skill, designed at version 0, played with and without the hint."""
-    await put(queue, SAMPLES_DESIGNER, designer_sample("d1", "e1"))
-    await put(queue, SAMPLES_DESIGNER, designer_sample("d2", "e2"))
-    await put(queue, SAMPLES_DESIGNER, designer_sample("d3", "", valid=False))
+    if designers:
+        await put(queue, SAMPLES_DESIGNER, designer_sample("d1", "e1"))
+        await put(queue, SAMPLES_DESIGNER, designer_sample("d2", "e2"))
+        await put(queue, SAMPLES_DESIGNER, designer_sample("d3", "", valid=False))
     await put_group(queue, "e1", 0, [1, 0, 0, 0])
     await put_group(queue, "e1", 0, [1, 1, 1, 0], hinted=True)
     await put_group(queue, "e2", 0, [1, 1, 1, 0])
@@ -202,3 +204,79 @@ async def test_resume_after_a_crash_gives_the_same_next_step(tmp_path, base_mode
     assert r_resumed.metrics.loss == r_straight.metrics.loss
     for name, p in p_straight.items():
         assert torch.equal(p, p_resumed[name]), name
+
+
+async def test_samples_of_another_run_spec_are_refused_acknowledged_and_counted(tmp_path, base_model, inprocess_queue):
+    learner = learner_for(make_settings(tmp_path, base_model), inprocess_queue)
+    for seed, r in enumerate([1, 0, 0, 1]):
+        foreign = agent_sample(f"x{seed}", "e1", seed, r, spec_id="another-spec")
+        await inprocess_queue.publish(SAMPLES_AGENT, foreign.SerializeToString(), key=foreign.sample_id)
+    legacy = designer_sample("dx", "e1", spec_id="")  # a producer that names no spec is refused too
+    await inprocess_queue.publish(SAMPLES_DESIGNER, legacy.SerializeToString(), key="dx")
+    report = await learner.run_step()
+    assert not report.trained and report.counters["refused_spec"] == 5
+    assert "agent_received" not in report.counters and learner.groups == {} and learner.window.pending == {}
+    assert await inprocess_queue.pending(SAMPLES_AGENT, "learner") == 0  # acknowledged: never re-delivered
+    await close_learner(learner, close_queue=False)
+
+
+async def test_resource_faults_are_counted_per_reason_and_not_trained_by_default(tmp_path, base_model, inprocess_queue):
+    for policy, trained_plays in (("drop", 3), ("zero", 4)):
+        learner = learner_for(
+            make_settings(tmp_path / policy, base_model, resource_fault_policy=policy), inprocess_queue
+        )
+        env = f"bomb-{policy}"
+        for seed, (r, finish) in enumerate(
+            [(1, "terminated"), (0, "truncated"), (1, "terminated"), (0, "fault_memory")]
+        ):
+            msg = agent_sample(f"{env}-{seed}", env, seed, r, finish=finish)
+            await inprocess_queue.publish(SAMPLES_AGENT, msg.SerializeToString(), key=msg.sample_id)
+        report = await learner.run_step()
+        assert report.trained and report.metrics is not None and report.metrics.samples == trained_plays
+        assert report.counters["resource_fault/fault_memory"] == 1
+        assert report.counters[f"resource_fault_{'dropped' if policy == 'drop' else 'zeroed'}"] == 1
+        assert report.flat_metrics()["count/resource_fault/fault_memory"] == 1.0
+        await close_learner(learner, close_queue=False)
+
+
+async def test_untrainable_designer_samples_are_scored_but_never_trained(tmp_path, base_model, inprocess_queue):
+    scored: list[ScoredAttempt] = []
+    learner = learner_for(make_settings(tmp_path, base_model), inprocess_queue, on_designer_reward=scored.append)
+    for sid, env in (("p1", "e1"), ("p2", "e2")):
+        msg = designer_sample(sid, env, trainable=False)
+        await inprocess_queue.publish(SAMPLES_DESIGNER, msg.SerializeToString(), key=sid)
+    await phase_one(inprocess_queue, designers=False)
+    await learner.run_step()
+    await phase_two(inprocess_queue)
+    report = await learner.run_step()
+    assert {s.attempt.sample_id for s in scored} == {"p1", "p2"} and report.counters["designer_untrainable"] == 2
+    assert report.counters["designer_trained"] == 0 and report.flat_metrics()["designer/advantage_nonzero_frac"] == 1
+    assert report.metrics is not None and report.metrics.samples == 4  # one agent group, no designer sample
+    await close_learner(learner, close_queue=False)
+
+
+async def test_redelivery_happens_only_after_a_crash(tmp_path, base_model, redis_queue):
+    """Steps far slower than the queue's claim interval (200 ms) re-deliver nothing: every message is
+    acknowledged once it is in the journal. Messages a crashed learner had taken but not journaled come
+    back, counted as re-delivered — and trained once, not as duplicates."""
+    settings = make_settings(tmp_path, base_model, fill_timeout_s=1.0)
+    learner = learner_for(settings, redis_queue)
+    for step in range(3):
+        await put_group(redis_queue, f"e{step}", 0, [1, 0, 0, 1])
+        await put_group(redis_queue, f"e{step}", 0, [1, 1, 0, 1], hinted=True)
+        report = await learner.run_step()
+        await asyncio.sleep(0.5)  # longer than the claim interval
+        assert report.trained
+    assert learner.totals["redelivered"] == 0 and learner.totals["duplicates"] == 0
+    await close_learner(learner, close_queue=False)
+
+    # A learner that took four messages and died before they reached its journal.
+    await put_group(redis_queue, "lost", 0, [0, 1, 1, 0])
+    taken = await redis_queue.consume(SAMPLES_AGENT, "learner", settings.consumer_name, count=10, block_ms=100)
+    assert len(taken) == 4
+    learner = learner_for(settings, redis_queue)
+    await asyncio.sleep(0.3)  # past the claim interval: Redis gives them back
+    report = await learner.run_step()
+    assert report.trained and report.counters["redelivered"] == 4 and report.counters.get("duplicates", 0) == 0
+    assert report.metrics is not None and report.metrics.samples == 4
+    await close_learner(learner, close_queue=False)
