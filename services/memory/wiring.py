@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from fastapi import FastAPI
 
@@ -123,12 +123,11 @@ async def serving(settings: MemorySettings) -> AsyncIterator[RunningServers]:
         app.close()
 
 
-def _log_failure(what: str) -> Callable[[asyncio.Task[Any]], None]:
-    def done(task: asyncio.Task[Any]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("%s failed", what, exc_info=task.exception())
-
-    return done
+def _warm_stats(service: MemoryService) -> None:
+    try:
+        service.store.stats()
+    except Exception:
+        log.warning("computing the first statistics failed; /v1/stats will try again", exc_info=True)
 
 
 async def probe_forever(service: MemoryService, executor: Executor, every_s: float, stop: asyncio.Event) -> None:
@@ -158,9 +157,12 @@ async def serve_forever(settings: MemorySettings, stop: asyncio.Event) -> None:
             settings.http.host,
             running.http.port,
         )
-        if settings.vendi:  # load the embedding model now, not in the first /v1/stats request
-            warm = asyncio.create_task(asyncio.to_thread(running.app.service.store.stats))
-            warm.add_done_callback(_log_failure("computing the first statistics"))
+        if settings.vendi:
+            # Load the embedding model now, not in the first /v1/stats request. A daemon thread: a
+            # SIGTERM during the (slow) load must not wait for it.
+            threading.Thread(
+                target=_warm_stats, args=(running.app.service,), name="memory-stats-warmup", daemon=True
+            ).start()
         if settings.sandbox is not None:
             from spade.sandbox.client import SandboxClient
 
