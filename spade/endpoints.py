@@ -3,7 +3,8 @@
 One shape per concept, in every service: ``sandbox: {target, api_key, timeout_s, open_timeout_s,
 retry, tls}`` and ``memory: {target, timeout_s, api_key, tls}``, so the sandbox's address is
 ``SPADE_DESIGNER_SANDBOX__TARGET`` in the designer and ``SPADE_ROLLOUT_SANDBOX__TARGET`` in the
-rollout. The inference servers are ``inference_urls`` and queues ``queue`` (``spade.queues.config``).
+rollout. The inference servers are ``inference_urls`` with ``inference: {api_key, tls}`` for their
+key and TLS, and queues ``queue`` (``spade.queues.config``).
 
 >>> SandboxEndpoint(target="sandbox:50051").target
 'sandbox:50051'
@@ -73,4 +74,25 @@ class MemoryEndpoint(BaseModel):
 
     def key(self) -> str | None:
         """The API key in clear, for the client's ``authorization`` header."""
+        return self.api_key.get_secret_value() if self.api_key is not None else None
+
+
+class InferenceEndpoint(BaseModel):
+    """How a service authenticates to the inference servers (their URLs stay in ``inference_urls``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="Key sent as 'Authorization: Bearer' to every inference server (SGLang's --api-key; the "
+        "embedded server's api_keys, or admin_keys for the learner, whose weight updates need one); never logged.",
+    )
+    tls: ClientTls | None = Field(
+        default=None,
+        description="For https:// inference URLs: the CA that signed the servers' certificates and, for mutual "
+        "TLS, this service's certificate and key. Unset: the system's CAs.",
+    )
+
+    def key(self) -> str | None:
+        """The API key in clear, for the client's ``Authorization`` header."""
         return self.api_key.get_secret_value() if self.api_key is not None else None

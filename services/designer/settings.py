@@ -26,7 +26,7 @@ from services.designer.core.ports import Sampling
 from services.designer.core.prompts import AgentBudget
 from services.designer.core.reachability import VERDICT_REGEX, ReachabilityConfig
 from spade.config import ServiceSettings
-from spade.endpoints import MemoryEndpoint, SandboxEndpoint
+from spade.endpoints import InferenceEndpoint, MemoryEndpoint, SandboxEndpoint
 from spade.inference.answer_format import DESIGNER_ANSWER_REGEX
 from spade.inference.client import DEFAULT_RETRY
 from spade.inference.discovery import InferenceDiscovery
@@ -167,6 +167,11 @@ class DesignerSettings(ServiceSettings):
         default=None,
         description="In a cluster: follow this Service's EndpointSlices for the inference workers "
         "(inference_urls is then only the start); unset: inference_urls as given.",
+    )
+    inference: InferenceEndpoint = Field(
+        default_factory=InferenceEndpoint,
+        description="Key (one of the servers' api_keys, when they have any) and TLS for the inference servers "
+        "(SPADE_DESIGNER_INFERENCE__API_KEY).",
     )
     tokenizer_path: Path | None = Field(
         default=None, description="Checkpoint dir holding the policy's tokenizer (default: the embedded model's)."

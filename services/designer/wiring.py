@@ -296,7 +296,13 @@ async def designer_service(
         initial_version = 0
         if settings.pool_dir is None or pool_needs_llm:
             tokenizer = resolve_model_path(settings.tokenizer_path)
-            client = InferenceClient(settings.inference_urls, tokenizer_path=tokenizer, retry=settings.retry)
+            client = InferenceClient(
+                settings.inference_urls,
+                tokenizer_path=tokenizer,
+                retry=settings.retry,
+                api_key=settings.inference.key(),
+                tls=settings.inference.tls,
+            )
             stack.push_async_callback(client.aclose)
             urls = ", ".join(settings.inference_urls)
             await logged_wait(

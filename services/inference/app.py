@@ -3,7 +3,9 @@
 Routes and field names follow SGLang 0.5.x (``sglang/srt/entrypoints/http_server.py``):
 ``/generate``, ``/v1/chat/completions`` (with ``tools``), ``/update_weights_from_disk``, ``/health``,
 ``/health_generate``, ``/model_info`` (and the deprecated ``/get_model_info``), ``/flush_cache``,
-``/v1/models``, plus SPADE's own ``/healthz`` and ``/metrics`` (Prometheus). Routes translate wire
+``/v1/models``, plus SPADE's own ``/healthz`` and ``/metrics`` (Prometheus). Keys as in SGLang's
+``--api-key`` (``Authorization: Bearer``): generation and model info need one of ``api_keys`` when
+set; the admin routes (weight updates, cache flush) one of ``admin_keys``; health routes are open. Routes translate wire
 objects to engine calls and back; engine errors are domain errors of :data:`ENGINE_ERRORS`, answered
 by the shared handlers of ``spade.serving.http`` in the one REST error shape
 ``{"error": {"code", "message"}}`` (with SGLang's 400 for an invalid request).
@@ -21,7 +23,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
@@ -41,6 +43,7 @@ from services.inference.engine import (
     InvalidRequest,
     Overloaded,
 )
+from spade.auth import KeyRing
 from spade.errors import ErrorKind
 from spade.inference.chat import ChatFormatError, ChatFormatter
 from spade.inference.protocol import (
@@ -53,7 +56,7 @@ from spade.inference.protocol import (
     UpdateWeightsFromDiskResponse,
 )
 from spade.serving.errors import ErrorKinds
-from spade.serving.http import HttpMetrics, install_error_handlers, ops_router
+from spade.serving.http import HttpMetrics, bearer_auth, install_error_handlers, ops_router
 
 ENGINE_ERRORS: ErrorKinds = {
     InvalidRequest: (ErrorKind.INVALID, "invalid_request"),
@@ -97,10 +100,30 @@ def generate_response(outcome: GenerationOutcome, return_logprob: bool) -> Gener
     return GenerateResponse(text=outcome.text, output_ids=outcome.output_ids, meta_info=meta)
 
 
-def create_app(engine: BatchEngine, *, served_model_name: str | None = None, health_timeout_s: float = 20.0) -> FastAPI:
-    """The HTTP app over a started ``engine`` (the caller owns the engine's lifecycle)."""
+def create_app(
+    engine: BatchEngine,
+    *,
+    served_model_name: str | None = None,
+    health_timeout_s: float = 20.0,
+    api_keys: KeyRing[str] | None = None,
+    admin_keys: KeyRing[str] | None = None,
+) -> FastAPI:
+    """The HTTP app over a started ``engine`` (the caller owns the engine's lifecycle).
+
+    Args:
+        engine: The batching engine.
+        served_model_name: Model name in ``/model_info`` and ``/v1`` responses.
+        health_timeout_s: How long ``/health_generate`` waits for a one-token generation.
+        api_keys: Who may generate and read model info (``Authorization: Bearer``); ``None``: anyone.
+        admin_keys: Who may update weights and flush the cache; ``None``: anyone (loopback only:
+            ``InferenceSettings`` refuses it on any other host outside dev mode).
+
+    The health routes (``/health``, ``/health_generate``, ``/healthz``, ``/metrics``) are always open.
+    """
     app = FastAPI(title="SPADE embedded inference (SGLang-compatible)", version="1")
     install_error_handlers(app, service="inference", errors=ENGINE_ERRORS, invalid_status=400)
+    user = [Depends(bearer_auth(api_keys))] if api_keys is not None else []
+    admin = [Depends(bearer_auth(admin_keys))] if admin_keys is not None else []
     registry = CollectorRegistry()
     registry.register(_EngineCollector(engine))
 
@@ -113,7 +136,7 @@ def create_app(engine: BatchEngine, *, served_model_name: str | None = None, hea
     formatter = ChatFormatter(engine.tokenizer)
     model_name = served_model_name or engine.model_path.name
 
-    @app.api_route("/generate", methods=["POST", "PUT"])
+    @app.api_route("/generate", methods=["POST", "PUT"], dependencies=user)
     async def generate(body: GenerateRequest) -> Any:
         if body.stream:
             raise InvalidRequest("streaming is not supported by the embedded server; send stream=false")
@@ -164,16 +187,16 @@ def create_app(engine: BatchEngine, *, served_model_name: str | None = None, hea
             architectures=getattr(config, "architectures", None),
         ).model_dump(mode="json")
 
-    app.get("/model_info")(model_info)
-    app.get("/get_model_info")(model_info)
+    app.get("/model_info", dependencies=user)(model_info)
+    app.get("/get_model_info", dependencies=user)(model_info)
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @app.api_route("/flush_cache", methods=["GET", "POST"], dependencies=admin)
     async def flush_cache() -> PlainTextResponse:
         if not engine.flush_cache():
             return PlainTextResponse("Flush cache failed: there are running or waiting requests.\n", status_code=400)
         return PlainTextResponse("Cache flushed.\n")
 
-    @app.post("/update_weights_from_disk")
+    @app.post("/update_weights_from_disk", dependencies=admin)
     async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest) -> JSONResponse:
         if body.load_format not in (None, "auto", "safetensors"):
             raise InvalidRequest(f"load_format={body.load_format!r} is not supported; use 'auto' or omit it")
@@ -185,14 +208,14 @@ def create_app(engine: BatchEngine, *, served_model_name: str | None = None, hea
         )
         return JSONResponse(content.model_dump(mode="json"), status_code=200 if outcome.success else 400)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=user)
     async def models() -> dict[str, Any]:
         return {
             "object": "list",
             "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "spade", "root": model_name}],
         }
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=user)
     async def chat_completions(body: ChatCompletionRequest) -> Any:
         tools = body.tools if body.tool_choice != "none" else None
         prompt = formatter.apply(body.messages, tools)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from spade.auth import ApiKey, KeyRing, check_unique_keys
 from spade.config import ServiceSettings
 from spade.serving.settings import ServerAddress
 
@@ -53,16 +54,54 @@ class InferenceSettings(ServiceSettings):
     health_timeout_s: float = Field(
         default=20.0, gt=0, le=600, description="How long /health_generate waits for a one-token generation."
     )
+    api_keys: list[ApiKey] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="Tenants that may generate (/generate, /v1/chat/completions, /model_info, /v1/models), by "
+        "key SHA-256 (the rollout's, the designer's). Empty: those routes are open (loopback, or trusted_network).",
+    )
+    admin_keys: list[ApiKey] = Field(
+        default_factory=list,
+        max_length=100,
+        description="Tenants that may change the server (/update_weights_from_disk, /flush_cache): the learner. "
+        "Required unless the server is on loopback; an admin key may also generate.",
+    )
     trusted_network: bool = Field(
         default=False,
-        description="The port is reachable only from a private network (compose/Kubernetes): allow any host.",
+        description="Only a private network (compose/Kubernetes) reaches the port: generation may run without "
+        "api_keys on any host. The admin routes still require admin_keys.",
     )
 
+    @model_validator(mode="after")
+    def _distinct_keys(self) -> InferenceSettings:
+        check_unique_keys([*self.api_keys, *self.admin_keys])
+        return self
+
     def unsafe_settings(self) -> list[str]:
-        if not self.trusted_network and not self.http.loopback:
-            return [
-                f"http.host={self.http.host!r} exposes an unauthenticated server (anyone reaching it can swap the "
-                f"weights); keep {self.env_name('http', 'host')}=127.0.0.1, put it behind an authenticating proxy, "
-                f"or set {self.env_name('trusted_network')}=1 when only a private network can reach it"
-            ]
-        return []
+        if self.http.loopback:
+            return []
+        problems = []
+        if not self.admin_keys:
+            problems.append(
+                f"http.host={self.http.host!r} exposes /update_weights_from_disk without a key (anyone reaching it "
+                f"can swap the weights): set {self.env_name('admin_keys')} to the learner's key "
+                f'[{{"tenant": "learner", "key_sha256": ...}}] (`spade sandbox keygen` makes one), or keep '
+                f"{self.env_name('http', 'host')}=127.0.0.1"
+            )
+        if not self.api_keys and not self.trusted_network:
+            problems.append(
+                f"http.host={self.http.host!r} exposes generation without a key: set {self.env_name('api_keys')} "
+                f"(the rollout's and designer's keys), or {self.env_name('trusted_network')}=1 when only a private "
+                "network can reach it"
+            )
+        return problems
+
+    def admin_ring(self) -> KeyRing[str] | None:
+        """Who may call the admin routes; ``None``: anyone (loopback or dev mode without admin keys)."""
+        return KeyRing({k.key_sha256: k.tenant for k in self.admin_keys}) if self.admin_keys else None
+
+    def api_ring(self) -> KeyRing[str] | None:
+        """Who may generate (api and admin keys); ``None``: anyone (no api keys configured)."""
+        if not self.api_keys:
+            return None
+        return KeyRing({k.key_sha256: k.tenant for k in [*self.api_keys, *self.admin_keys]})

@@ -36,7 +36,13 @@ def build_engine(settings: InferenceSettings) -> BatchEngine:
 def build_app(settings: InferenceSettings, engine: BatchEngine | None = None) -> FastAPI:
     """The HTTP app; its lifespan starts the engine and closes it on shutdown."""
     engine = engine or build_engine(settings)
-    app = create_app(engine, served_model_name=settings.served_model_name, health_timeout_s=settings.health_timeout_s)
+    app = create_app(
+        engine,
+        served_model_name=settings.served_model_name,
+        health_timeout_s=settings.health_timeout_s,
+        api_keys=settings.api_ring(),
+        admin_keys=settings.admin_ring(),
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -73,7 +79,8 @@ async def serve_forever(settings: InferenceSettings, stop: asyncio.Event) -> Non
     """Entry point of ``spade serve inference``: serve until ``stop`` is set (SIGTERM/SIGINT)."""
     app = build_app(settings)
     async with http_server(app, settings.http, service="inference", log_level="info", lifespan="on") as running:
-        logger.warning("inference serving on http://%s:%d", settings.http.host, running.port)
+        scheme = "https" if settings.http.tls is not None else "http"
+        logger.warning("inference serving on %s://%s:%d", scheme, settings.http.host, running.port)
         await stop.wait()
 
 

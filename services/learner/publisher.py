@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.learner.latest import check_unpublished, point_latest
+from spade.endpoints import InferenceEndpoint
 from spade.inference.client import InferenceClient, WeightUpdateResult
 from spade.queues.base import WEIGHTS_PUBLISHED, WorkQueue
 from spade.retry import RetryPolicy
@@ -76,6 +77,7 @@ class WeightPublisher:
         timeout_s: Per-request timeout of one worker's weight load.
         require_all: Raise ``PublishError`` when a worker still fails after the retries.
         spec_id: The run spec's id, carried by every ``WeightsPublished``.
+        inference: The key the workers' admin routes require (and TLS for ``https://`` workers).
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class WeightPublisher:
         timeout_s: float = 600.0,
         require_all: bool = False,
         spec_id: str = "",
+        inference: InferenceEndpoint | None = None,
     ) -> None:
         self.queue = queue
         self.spec_id = spec_id
@@ -100,9 +103,8 @@ class WeightPublisher:
         # a weight update to another worker).
         self._per_request = retry.model_copy(update={"attempts": min(2, retry.attempts)})
         self._timeout_s = timeout_s
-        self._clients = {
-            url.rstrip("/"): InferenceClient([url], timeout_s=timeout_s, retry=self._per_request) for url in workers
-        }
+        self._inference = inference or InferenceEndpoint()
+        self._clients = {url.rstrip("/"): self._client(url) for url in workers}
         self._retired: list[InferenceClient] = []
         self.unhealthy: dict[str, str] = {}
 
@@ -116,7 +118,16 @@ class WeightPublisher:
             self.unhealthy.pop(url, None)
         for url in wanted:
             if url not in self._clients:
-                self._clients[url] = InferenceClient([url], timeout_s=self._timeout_s, retry=self._per_request)
+                self._clients[url] = self._client(url)
+
+    def _client(self, url: str) -> InferenceClient:
+        return InferenceClient(
+            [url],
+            timeout_s=self._timeout_s,
+            retry=self._per_request,
+            api_key=self._inference.key(),
+            tls=self._inference.tls,
+        )
 
     def version_dir(self, version: int) -> Path:
         """Where version ``version`` is written."""

@@ -21,7 +21,7 @@ from pydantic_settings import SettingsConfigDict
 from services.learner.core.losses import GrpoLossConfig, LossConfig
 from services.learner.publisher import DEFAULT_RETRY
 from spade.config import ConfigError, ServiceSettings
-from spade.endpoints import MemoryEndpoint
+from spade.endpoints import InferenceEndpoint, MemoryEndpoint
 from spade.inference.discovery import InferenceDiscovery
 from spade.queues.config import QueueConfig, RedisQueueConfig
 from spade.retry import RetryPolicy
@@ -196,6 +196,11 @@ class LearnerSettings(ServiceSettings):
         default=None,
         description="In a cluster: follow this Service's EndpointSlices for the inference workers "
         "(inference_urls is then only the start); unset: inference_urls as given.",
+    )
+    inference: InferenceEndpoint = Field(
+        default_factory=InferenceEndpoint,
+        description="Key (an admin key: weight updates need one off loopback) and TLS for the inference servers "
+        "(SPADE_LEARNER_INFERENCE__API_KEY).",
     )
     retry: RetryPolicy = Field(
         default=DEFAULT_RETRY,

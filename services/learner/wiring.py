@@ -234,6 +234,7 @@ def build_learner(
             timeout_s=settings.publish_timeout_s,
             require_all=settings.require_all_workers,
             spec_id=spec.spec_id,
+            inference=settings.inference,
         )
     learner = Learner(
         settings,

@@ -18,7 +18,7 @@ from pydantic_settings import SettingsConfigDict
 
 from services.rollout.core.episode import PlayLimits
 from spade.config import ConfigError, ServiceSettings
-from spade.endpoints import MemoryEndpoint, SandboxEndpoint
+from spade.endpoints import InferenceEndpoint, MemoryEndpoint, SandboxEndpoint
 from spade.envs import CheckConfig
 from spade.inference.client import DEFAULT_RETRY
 from spade.inference.discovery import InferenceDiscovery
@@ -211,6 +211,11 @@ class RolloutSettings(ServiceSettings):
         default=None,
         description="In a cluster: follow this Service's EndpointSlices for the inference workers "
         "(inference_urls is then only the start); unset: inference_urls as given.",
+    )
+    inference: InferenceEndpoint = Field(
+        default_factory=InferenceEndpoint,
+        description="Key (one of the servers' api_keys, when they have any) and TLS for the inference servers "
+        "(SPADE_ROLLOUT_INFERENCE__API_KEY).",
     )
     tokenizer_path: Path | None = Field(
         default=None, description="The policy's checkpoint directory (its tokenizer); unset: the default SmolLM2 model."

@@ -200,7 +200,11 @@ async def rollout_worker(
             sessions = await _sessions(settings, stack)
         if inference is None:
             inference = InferenceClient(
-                settings.inference_urls, tokenizer_path=_tokenizer_path(settings), retry=settings.retry
+                settings.inference_urls,
+                tokenizer_path=_tokenizer_path(settings),
+                retry=settings.retry,
+                api_key=settings.inference.key(),
+                tls=settings.inference.tls,
             )
             stack.push_async_callback(inference.aclose)
             await waiting("the inference workers (/health_generate)", inference.wait_ready(), stop)

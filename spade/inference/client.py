@@ -25,6 +25,7 @@ import asyncio
 import enum
 import itertools
 import logging
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ from spade.inference.protocol import (
     UpdateWeightsFromDiskResponse,
 )
 from spade.retry import RetryPolicy
+from spade.serving.tls import ClientTls
 
 if TYPE_CHECKING:
     from spade.envs.actions import ToolCallParse
@@ -169,6 +171,10 @@ class InferenceClient:
         retry: tries of one request on 5xx/429/connection errors/timeouts, and the back-off between.
         transports: optional ``{url: transport}`` (e.g. ``httpx.ASGITransport`` for an in-process
             server); URLs not listed use the network.
+        api_key: sent as ``Authorization: Bearer <key>`` on every request (SGLang's ``--api-key``, the
+            embedded server's ``api_keys``/``admin_keys``); ``None``: no header.
+        tls: for ``https://`` workers: the CA that signed their certificates and, for mutual TLS, this
+            client's certificate; ``None``: the system's CAs.
     """
 
     def __init__(
@@ -181,6 +187,8 @@ class InferenceClient:
         connect_timeout_s: float = 10.0,
         retry: RetryPolicy = DEFAULT_RETRY,
         transports: Mapping[str, httpx.AsyncBaseTransport] | None = None,
+        api_key: str | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         url_list = [urls] if isinstance(urls, str) else list(urls)
         if not url_list:
@@ -190,15 +198,11 @@ class InferenceClient:
         transports = dict(transports or {})
         timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._timeout = timeout
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._verify: ssl.SSLContext | bool = tls.ssl_context() if tls is not None else True
         self._retired: list[_Worker] = []
         self._workers = [
-            _Worker(
-                url=u.rstrip("/"),
-                http=httpx.AsyncClient(
-                    base_url=u.rstrip("/"), timeout=timeout, transport=transports.get(u.rstrip("/"))
-                ),
-            )
-            for u in url_list
+            _Worker(url=u.rstrip("/"), http=self._http(u, transports.get(u.rstrip("/")))) for u in url_list
         ]
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._retry = retry
@@ -224,9 +228,17 @@ class InferenceClient:
             return
         known = {w.url: w for w in self._workers}
         self._retired += [w for u, w in known.items() if u not in wanted]
-        self._workers = [
-            known.get(u) or _Worker(url=u, http=httpx.AsyncClient(base_url=u, timeout=self._timeout)) for u in wanted
-        ]
+        self._workers = [known.get(u) or _Worker(url=u, http=self._http(u)) for u in wanted]
+
+    def _http(self, url: str, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+        """The HTTP client of one worker: its base URL, the timeouts, the key and the TLS settings."""
+        return httpx.AsyncClient(
+            base_url=url.rstrip("/"),
+            timeout=self._timeout,
+            transport=transport,
+            headers=self._headers,
+            verify=self._verify,
+        )
 
     async def __aenter__(self) -> InferenceClient:
         return self

@@ -47,13 +47,21 @@ def test_a_configured_path_must_be_a_checkpoint(tmp_path: Path) -> None:
 
 def test_settings_refuse_an_exposed_unauthenticated_server(monkeypatch: pytest.MonkeyPatch) -> None:
     assert InferenceSettings().http.host == "127.0.0.1"
-    with pytest.raises(ValueError, match="unauthenticated"):
+    with pytest.raises(ValueError, match="update_weights_from_disk without a key"):
         InferenceSettings(http={"host": "0.0.0.0"})
     monkeypatch.setenv("SPADE_INFERENCE_HTTP__HOST", "0.0.0.0")
     with pytest.raises(ValueError, match="SPADE_INFERENCE_TRUSTED_NETWORK"):
         InferenceSettings()
-    exposed = InferenceSettings(trusted_network=True)
+    with pytest.raises(ValueError, match="SPADE_INFERENCE_ADMIN_KEYS"):  # a private network still needs the admin key
+        InferenceSettings(trusted_network=True)
+    admin = [{"tenant": "learner", "key_sha256": "ab" * 32}]
+    exposed = InferenceSettings(trusted_network=True, admin_keys=admin)
     assert exposed.http.address == "0.0.0.0:30000"  # one variable changed the host, the port kept its default
+    assert exposed.api_ring() is None and exposed.admin_ring() is not None
+    keyed = InferenceSettings(admin_keys=admin, api_keys=[{"tenant": "rollout", "key_sha256": "cd" * 32}])
+    assert keyed.api_ring() is not None and len(keyed.api_ring() or ()) == 2  # the admin key may generate too
+    with pytest.raises(ValueError, match="share one API key"):
+        InferenceSettings(admin_keys=admin, api_keys=[{"tenant": "rollout", "key_sha256": "ab" * 32}])
     assert InferenceSettings(dev_mode=True).http.host == "0.0.0.0"
 
 
