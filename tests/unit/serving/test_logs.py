@@ -193,6 +193,10 @@ class Demo(sandbox_pb2_grpc.SandboxServicer):
         return sandbox_pb2.ValidationReport(env_class=logs.current_request_id() or "")
 
 
+def trailer(metadata: Any) -> dict[str, Any]:
+    return {str(k): v for k, v in (metadata or ())}
+
+
 async def test_grpc_sends_the_request_id_in_trailing_metadata_and_logs_errors_once(lines: Lines) -> None:
     ring = KeyRing({hash_key("k"): "alice"})
     service = GrpcService(
@@ -207,9 +211,9 @@ async def test_grpc_sends_the_request_id_in_trailing_metadata_and_logs_errors_on
         stub = sandbox_pb2_grpc.SandboxStub(channel)
         call = stub.Validate(sandbox_pb2.ValidateRequest(code="ok"), metadata=(*auth, ("x-request-id", "g-1")))
         assert (await call).env_class == "g-1"  # the servicer's log context has it
-        assert dict(await call.trailing_metadata())["x-request-id"] == "g-1"
+        assert trailer(await call.trailing_metadata())["x-request-id"] == "g-1"
         fresh = stub.Validate(sandbox_pb2.ValidateRequest(code="ok"), metadata=auth)
-        assert len(dict(await fresh.trailing_metadata())["x-request-id"]) == 32
+        assert len(trailer(await fresh.trailing_metadata())["x-request-id"]) == 32
         failures: dict[str, grpc.aio.AioRpcError] = {}
         for code, metadata in (("missing", auth), ("crash", auth), ("ok", ())):
             with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -218,7 +222,7 @@ async def test_grpc_sends_the_request_id_in_trailing_metadata_and_logs_errors_on
                 )
             failures[code] = info.value
     for code, error in failures.items():
-        assert dict(error.trailing_metadata() or ())["x-request-id"] == f"g-{code}"
+        assert trailer(error.trailing_metadata())["x-request-id"] == f"g-{code}"
     assert failures["crash"].code() == grpc.StatusCode.INTERNAL
     assert "g-crash" in (failures["crash"].details() or "") and "secret" not in (failures["crash"].details() or "")
     logged = [line for line in lines() if line.get("request_id", "").startswith("g-") and line["level"] != "debug"]
