@@ -9,45 +9,39 @@ fixed by one conditional ``UPDATE`` (first writer wins).
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import math
-import secrets
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, Select, create_engine, delete, event, or_, select, update
+from sqlalchemy import Engine, Select, create_engine, event, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.memory.core.normalise import code_hash
 from services.memory.core.scoring import LEARNABLE_OVERRIDE, score, shape
 from services.memory.store.models import (
-    DesignerAttemptRow,
     EnvironmentRow,
-    EnvProbeRow,
     EnvStatsRow,
     PlayRow,
     RunSpecRow,
-    WebSessionRow,
 )
-from services.memory.store.pool_stats import POOL_STATUSES, fingerprint, memory_stats
+from services.memory.store.pages import as_utc, check_limit, decode_cursor, encode_cursor, utc_now
+from services.memory.store.pool_stats import fingerprint, memory_stats
+from services.memory.store.run_records import RunRecords
+from services.memory.store.web_sessions import WebSessions
 from spade import pool_metrics
-from spade.memory.errors import EnvironmentNotFound, InvalidArgument, RunSpecConflict, RunSpecNotSet
+from spade.memory.errors import EnvironmentNotFound, InvalidArgument
 from spade.memory.records import (
     Candidate,
-    DesignerAttempt,
     EnvFilter,
     Environment,
-    EnvProbe,
     EnvStats,
     EnvStatus,
     MemoryStats,
@@ -56,15 +50,12 @@ from spade.memory.records import (
     Play,
     PutResult,
     RecordResult,
-    RunSpecRecord,
     StatsUpdate,
 )
-from spade.memory.runspec import conflict_message
 from spade.pool_metrics import program_length
 from spade.runspec import RunSpec
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
-MAX_PAGE = 1000
 MAX_WINDOW_VERSIONS = 1_000_000
 """Longest window an env may be given (the seed pool's spans a whole run)."""
 
@@ -95,38 +86,6 @@ def migrate(engine: Engine, revision: str = "head") -> None:
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
-
-
-def encode_cursor(seq: int) -> str:
-    """Opaque cursor for the keyset position ``seq``."""
-    return base64.urlsafe_b64encode(f"v1:{seq}".encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> int:
-    """Inverse of ``encode_cursor``.
-
-    Raises:
-        InvalidArgument: The cursor was not issued by this service.
-    """
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        tag, _, seq = raw.partition(":")
-        if tag != "v1":
-            raise ValueError(tag)
-        return int(seq)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise InvalidArgument(
-            f"cursor {cursor[:40]!r} is not valid; pass back the next_cursor of a previous page unchanged"
-        ) from None
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _aware(t: datetime) -> datetime:
-    # SQLite returns naive datetimes for timezone-aware columns; everything stored is UTC.
-    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
 def _stats(row: EnvStatsRow | None) -> EnvStats:
@@ -161,7 +120,7 @@ def _env(row: EnvironmentRow, stats: EnvStatsRow | None) -> Environment:
         corpus_ref=row.corpus_ref,
         batch_id=row.batch_id,
         parent_ids=tuple(row.parent_ids or ()),
-        created_at=_aware(row.created_at),
+        created_at=as_utc(row.created_at),
         stats=_stats(stats),
         window_start=row.window_start,
         window_versions=row.window_versions or 0,
@@ -178,14 +137,14 @@ def _play(row: PlayRow) -> Play:
         weight_version=row.weight_version,
         trajectory_id=row.trajectory_id,
         finish_reason=row.finish_reason,
-        played_at=_aware(row.played_at),
+        played_at=as_utc(row.played_at),
         window_start=row.window_start,
         window_index=row.window_index,
         spec_id=row.spec_id,
     )
 
 
-class SqlStore:
+class SqlStore(RunRecords, WebSessions):
     """Environments, plays and statistics in one SQL database.
 
     Args:
@@ -231,7 +190,7 @@ class SqlStore:
         digest = code_hash(env.code)
         length = program_length(env.code)
         env_id = uuid.uuid4().hex
-        now = _now()
+        now = utc_now()
         try:
             with self._sessions.begin() as s:
                 existing = s.scalar(select(EnvironmentRow.id).where(EnvironmentRow.code_hash == digest))
@@ -327,8 +286,7 @@ class SqlStore:
         Raises:
             InvalidArgument: ``limit`` outside [1, 1000] or a cursor not issued here.
         """
-        if not 1 <= limit <= MAX_PAGE:
-            raise InvalidArgument(f"limit {limit} must be between 1 and {MAX_PAGE}")
+        check_limit(limit)
         stmt = self._filtered(f)
         if cursor:
             stmt = stmt.where(EnvironmentRow.seq < decode_cursor(cursor))
@@ -413,7 +371,7 @@ class SqlStore:
         return self._record_once(plays)
 
     def _record_once(self, plays: Sequence[Play]) -> RecordResult:
-        now = _now()
+        now = utc_now()
         with self._sessions.begin() as s:
             env_ids = {p.env_id for p in plays}
             known = set(s.scalars(select(EnvironmentRow.id).where(EnvironmentRow.id.in_(env_ids))))
@@ -496,7 +454,7 @@ class SqlStore:
             )
             fixed = getattr(result, "rowcount", 0)  # a CursorResult for an UPDATE
             if fixed:
-                self._rescore(s, env_id, _now())
+                self._rescore(s, env_id, utc_now())
             elif s.scalar(select(EnvironmentRow.id).where(EnvironmentRow.id == env_id)) is None:
                 raise EnvironmentNotFound(env_id)
         return self.get_environment(env_id)
@@ -521,7 +479,7 @@ class SqlStore:
                 components[LEARNABLE_OVERRIDE] = float(update.learnable)
                 row.learnable = update.learnable
             row.reward_components = components
-            row.updated_at = _now()
+            row.updated_at = utc_now()
             if update.status is not None:
                 env.status = EnvStatus(update.status).value
         return self.get_environment(env_id)
@@ -533,8 +491,7 @@ class SqlStore:
             EnvironmentNotFound: Unknown id.
             InvalidArgument: ``limit`` outside [1, 1000] or a bad cursor.
         """
-        if not 1 <= limit <= MAX_PAGE:
-            raise InvalidArgument(f"limit {limit} must be between 1 and {MAX_PAGE}")
+        check_limit(limit)
         self.get_environment(env_id)
         stmt = select(PlayRow).where(PlayRow.env_id == env_id)
         if cursor:
@@ -543,189 +500,6 @@ class SqlStore:
             rows = list(s.scalars(stmt.order_by(PlayRow.seq.desc()).limit(limit + 1)))
         nxt = encode_cursor(rows[limit - 1].seq) if len(rows) > limit else None
         return [_play(r) for r in rows[:limit]], nxt
-
-    # -- designer attempts ----------------------------------------------------------------------
-
-    def record_attempts(self, attempts: Sequence[DesignerAttempt]) -> RecordResult:
-        """Store designer attempts, valid or not (idempotent by sample id).
-
-        Raises:
-            InvalidArgument: An attempt without a sample id or an outcome, or of an unknown setting.
-        """
-        for a in attempts:
-            if not a.sample_id or not a.outcome:
-                raise InvalidArgument(
-                    f"designer attempt {a.sample_id!r} needs a sample_id and an outcome (valid, malformed, "
-                    f"duplicate or the failing check), got outcome {a.outcome!r}"
-                )
-            if a.setting not in ("game", "tool"):
-                raise InvalidArgument(
-                    f"designer attempt {a.sample_id!r}: setting {a.setting!r} is not 'game' or 'tool'"
-                )
-        for _attempt in range(3):
-            try:
-                return self._attempts_once(attempts)
-            except IntegrityError:
-                continue  # a concurrent writer recorded some of these; re-check and retry
-        return self._attempts_once(attempts)
-
-    def _attempts_once(self, attempts: Sequence[DesignerAttempt]) -> RecordResult:
-        now = _now()
-        with self._sessions.begin() as s:
-            ids = {a.sample_id for a in attempts}
-            seen = set(s.scalars(select(DesignerAttemptRow.sample_id).where(DesignerAttemptRow.sample_id.in_(ids))))
-            fresh: dict[str, DesignerAttempt] = {}
-            for a in attempts:
-                if a.sample_id not in seen:
-                    fresh.setdefault(a.sample_id, a)
-            s.add_all(
-                DesignerAttemptRow(
-                    sample_id=a.sample_id,
-                    setting=a.setting,
-                    skill=a.skill,
-                    batch_id=a.batch_id,
-                    weight_version=a.weight_version,
-                    outcome=a.outcome,
-                    env_id=a.env_id,
-                    spec_id=a.spec_id,
-                    created_at=a.created_at or now,
-                )
-                for a in fresh.values()
-            )
-        return RecordResult(recorded=len(fresh), duplicates=len(attempts) - len(fresh))
-
-    def attempts(self, batch_id: str | None = None, limit: int = 200) -> list[DesignerAttempt]:
-        """Recorded attempts, newest first (of one round when ``batch_id`` is given)."""
-        if not 1 <= limit <= MAX_PAGE:
-            raise InvalidArgument(f"limit {limit} must be between 1 and {MAX_PAGE}")
-        stmt = select(DesignerAttemptRow)
-        if batch_id is not None:
-            stmt = stmt.where(DesignerAttemptRow.batch_id == batch_id)
-        with self._sessions() as s:
-            rows = s.scalars(stmt.order_by(DesignerAttemptRow.seq.desc()).limit(limit)).all()
-        return [
-            DesignerAttempt(
-                sample_id=r.sample_id,
-                setting=r.setting,
-                skill=r.skill,
-                outcome=r.outcome,
-                batch_id=r.batch_id,
-                weight_version=r.weight_version,
-                env_id=r.env_id,
-                spec_id=r.spec_id,
-                created_at=_aware(r.created_at),
-            )
-            for r in rows
-        ]
-
-    # -- the run spec ---------------------------------------------------------------------------
-
-    def get_run_spec(self) -> RunSpecRecord:
-        """The stored run spec.
-
-        Raises:
-            RunSpecNotSet: None is stored yet.
-        """
-        with self._sessions() as s:
-            row = s.get(RunSpecRow, 1)
-            if row is None:
-                raise RunSpecNotSet()
-            return RunSpecRecord(spec_id=row.spec_id, spec_json=row.spec_json, set_at=_aware(row.set_at))
-
-    def set_run_spec(self, spec: RunSpec, replace: bool = False) -> RunSpecRecord:
-        """Store ``spec`` as the run spec; the same spec again changes nothing.
-
-        Raises:
-            RunSpecConflict: A different spec is stored and ``replace`` is false (names each field).
-        """
-        for _attempt in range(2):
-            try:
-                with self._sessions.begin() as s:
-                    row = s.get(RunSpecRow, 1, with_for_update=True)
-                    if row is None:
-                        s.add(RunSpecRow(slot=1, spec_id=spec.spec_id, spec_json=spec.to_json(), set_at=_now()))
-                    elif row.spec_id != spec.spec_id:
-                        if not replace:
-                            raise RunSpecConflict(conflict_message(RunSpec.from_json(row.spec_json), spec))
-                        row.spec_id, row.spec_json, row.set_at = spec.spec_id, spec.to_json(), _now()
-                break
-            except IntegrityError:
-                continue  # another writer stored a spec first: compare against it
-        return self.get_run_spec()
-
-    # -- sandbox probes (hidden state, first observation, leakage) --------------------------------
-
-    def record_probe(self, probe: EnvProbe) -> None:
-        """Keep what a sandboxed reset of the env showed (the latest probe of an env wins).
-
-        Raises:
-            EnvironmentNotFound: Unknown id.
-        """
-        with self._sessions.begin() as s:
-            env = s.scalar(select(EnvironmentRow).where(EnvironmentRow.id == probe.env_id))
-            if env is None:
-                raise EnvironmentNotFound(probe.env_id)
-            leaked: bool | None = None
-            rule = ""
-            if not probe.error and env.setting == "game":
-                verdict = pool_metrics.leaks_answer(probe.first_observation, probe.solution)
-                leaked, rule = verdict.leaked, verdict.rule or ""
-            row = s.get(EnvProbeRow, probe.env_id) or EnvProbeRow(env_id=probe.env_id)
-            row.first_observation = probe.first_observation
-            row.hidden_attributes = dict(probe.hidden_attributes)
-            row.solution = list(probe.solution)
-            row.error = probe.error[:2000]
-            row.hidden_state_size = len(probe.hidden_attributes)
-            row.hidden_state_bytes = sum(probe.hidden_attributes.values())
-            row.leaked, row.leak_rule, row.probed_at = leaked, rule, _now()
-            s.add(row)
-
-    def unprobed(self, limit: int = 32) -> list[tuple[str, str, str]]:
-        """Pool envs never probed, oldest first: ``(env_id, setting, code)``."""
-        stmt = (
-            select(EnvironmentRow.id, EnvironmentRow.setting, EnvironmentRow.code)
-            .outerjoin(EnvProbeRow, EnvProbeRow.env_id == EnvironmentRow.id)
-            .where(EnvProbeRow.env_id.is_(None), EnvironmentRow.status.in_(POOL_STATUSES))
-            .order_by(EnvironmentRow.seq)
-            .limit(limit)
-        )
-        with self._sessions() as s:
-            return [(str(i), str(st), str(c)) for i, st, c in s.execute(stmt).all()]
-
-    # -- web sessions -----------------------------------------------------------------------------
-
-    def create_session(self, tenant: str, ttl_s: float) -> str:
-        """A new web session of ``tenant``: returns its id (the cookie's value); only its hash is kept."""
-        session_id = secrets.token_urlsafe(32)
-        now = _now()
-        with self._sessions.begin() as s:
-            s.execute(delete(WebSessionRow).where(WebSessionRow.expires_at < now))
-            s.add(
-                WebSessionRow(
-                    id_sha256=hashlib.sha256(session_id.encode()).hexdigest(),
-                    tenant=tenant,
-                    created_at=now,
-                    expires_at=now + timedelta(seconds=ttl_s),
-                )
-            )
-        return session_id
-
-    def session_tenant(self, session_id: str) -> str | None:
-        """The tenant of a live session, ``None`` for an unknown, ended or expired one."""
-        if not session_id:
-            return None
-        with self._sessions() as s:
-            row = s.get(WebSessionRow, hashlib.sha256(session_id.encode()).hexdigest())
-            if row is None or _aware(row.expires_at) <= _now():
-                return None
-            return row.tenant
-
-    def end_session(self, session_id: str) -> None:
-        """Log a web session out (nothing happens for an unknown one)."""
-        with self._sessions.begin() as s:
-            s.execute(
-                delete(WebSessionRow).where(WebSessionRow.id_sha256 == hashlib.sha256(session_id.encode()).hexdigest())
-            )
 
     # -- aggregates -------------------------------------------------------------------------------
 
