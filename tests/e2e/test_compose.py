@@ -52,6 +52,8 @@ class Stack:
         self.designer_key, self.rollout_key = secrets.token_hex(16), secrets.token_hex(16)
         self.seed_key, self.token = secrets.token_hex(16), secrets.token_hex(16)
         self.designer_memory_key, self.rollout_memory_key = secrets.token_hex(16), secrets.token_hex(16)
+        self.learner_memory_key = secrets.token_hex(16)
+        self.inference_keys = {role: secrets.token_hex(16) for role in ("designer", "rollout", "learner")}
         self.memory_port, self.sandbox_port = _free_port(), _free_port()
         tenants = [
             {"tenant": "designer", "key_sha256": _sha256(self.designer_key)},
@@ -67,10 +69,21 @@ class Stack:
                     {"tenant": "e2e", "key_sha256": _sha256(self.token)},
                     {"tenant": "designer", "key_sha256": _sha256(self.designer_memory_key)},
                     {"tenant": "rollout", "key_sha256": _sha256(self.rollout_memory_key)},
+                    {"tenant": "learner", "key_sha256": _sha256(self.learner_memory_key)},
                 ]
             ),
             "SPADE_DESIGNER_MEMORY_KEY": self.designer_memory_key,
             "SPADE_ROLLOUT_MEMORY_KEY": self.rollout_memory_key,
+            "SPADE_LEARNER_MEMORY_KEY": self.learner_memory_key,
+            "SPADE_DESIGNER_INFERENCE_KEY": self.inference_keys["designer"],
+            "SPADE_ROLLOUT_INFERENCE_KEY": self.inference_keys["rollout"],
+            "SPADE_LEARNER_INFERENCE_KEY": self.inference_keys["learner"],
+            "SPADE_INFERENCE_API_KEYS": json.dumps(
+                [{"tenant": role, "key_sha256": _sha256(self.inference_keys[role])} for role in ("designer", "rollout")]
+            ),
+            "SPADE_INFERENCE_ADMIN_KEYS": json.dumps(
+                [{"tenant": "learner", "key_sha256": _sha256(self.inference_keys["learner"])}]
+            ),
             "SPADE_DESIGNER_SANDBOX_KEY": self.designer_key,
             "SPADE_ROLLOUT_SANDBOX_KEY": self.rollout_key,
             "SPADE_SANDBOX_API_KEYS": json.dumps(tenants),
@@ -243,8 +256,10 @@ def test_the_compose_stack_runs_a_learner_step(stack: Stack) -> None:
 
     _wait("designer samples read by the learner", designer_samples_read, stack, 1200, 10)
     _wait("a published weight version", published, stack, 1200, 10)
-    model_info = (
-        "import urllib.request; print(urllib.request.urlopen('http://inference:30000/model_info').read().decode())"
+    model_info = (  # with the designer's own inference key: generation routes need one
+        "import os, urllib.request; print(urllib.request.urlopen(urllib.request.Request("
+        "'http://inference:30000/model_info', headers={'Authorization': "
+        "'Bearer ' + os.environ['SPADE_DESIGNER_INFERENCE__API_KEY']})).read().decode())"
     )
     info = json.loads(stack.exec("designer", "python", "-c", model_info))
     assert str(info["weight_version"]) != "0", f"the inference server still serves the base weights: {info}"

@@ -11,6 +11,8 @@ under one of the container's mounts.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -110,6 +112,52 @@ def build_settings(service: str, env: dict[str, str], monkeypatch: pytest.Monkey
     return settings
 
 
+#: The gRPC servers a service's settings may name, by field: the server's tenants variable.
+SERVER_TENANTS = {"sandbox": "SPADE_SANDBOX_API_KEYS", "memory": "SPADE_MEMORY_API_KEYS"}
+LOOPBACK = ("127.", "localhost", "[::1]", "::1")
+
+
+def _hashes(servers: dict[str, str], variable: str) -> set[str]:
+    return {t["key_sha256"] for t in json.loads(servers[variable])}
+
+
+def _check_clients(settings: Any, servers: dict[str, str], what: str, embedded_inference: bool) -> None:
+    """Every sandbox/memory endpoint names a deployed server (not this container's loopback) and
+    carries a key that server's tenants list (by SHA-256), so the first call is not refused; with the
+    embedded inference server, every inference client's key is among its api or admin keys (the
+    learner's among the admin keys: it updates the weights).
+
+    ``servers``: the environment the servers get (their ``SPADE_*_API_KEYS``).
+    """
+    from spade.endpoints import InferenceEndpoint, MemoryEndpoint, SandboxEndpoint
+
+    for field, variable in SERVER_TENANTS.items():
+        endpoint = getattr(settings, field, None)
+        if not isinstance(endpoint, MemoryEndpoint | SandboxEndpoint):
+            continue
+        target = endpoint.target.removeprefix("dns:///")
+        assert not target.startswith(LOOPBACK), (
+            f"{what}: {field}.target={endpoint.target} is the container's own loopback, not the {field} service"
+        )
+        key = endpoint.key()
+        assert key, f"{what}: no {field} key ({field}.api_key): the {field} refuses calls without one"
+        assert hashlib.sha256(key.encode()).hexdigest() in _hashes(servers, variable), (
+            f"{what}: its {field} key is not among the {field}'s tenants ({variable})"
+        )
+    inference = getattr(settings, "inference", None)
+    if embedded_inference and isinstance(inference, InferenceEndpoint):
+        admin = type(settings).__name__ == "LearnerSettings"
+        variables = (
+            ["SPADE_INFERENCE_ADMIN_KEYS"] if admin else ["SPADE_INFERENCE_API_KEYS", "SPADE_INFERENCE_ADMIN_KEYS"]
+        )
+        key = inference.key()
+        assert key, f"{what}: no inference key (inference.api_key): the inference server refuses it"
+        allowed = set().union(*(_hashes(servers, v) for v in variables))
+        assert hashlib.sha256(key.encode()).hexdigest() in allowed, (
+            f"{what}: its inference key is not among the inference server's {' or '.join(variables)}"
+        )
+
+
 def _check_paths(settings: Any, mounts: list[str], what: str) -> None:
     for field, path in _paths(settings):
         provided = any(path.is_relative_to(p) for p in (*IMAGE_PATHS, *mounts))
@@ -184,6 +232,8 @@ def test_every_k8s_service_container_builds_safe_settings_with_its_paths_mounted
                 raise AssertionError(f"{where}: spade serve {service} would refuse to start:\n{exc}") from None
         mounts = [m["mountPath"] for m in container.get("volumeMounts") or []]
         _check_paths(settings, mounts, where)
+        secrets = {**SECRETS["spade-secrets"], **SECRETS["spade-sandbox-secrets"]}
+        _check_clients(settings, secrets, where, embedded_inference=overlay == "dev")
         sc = container.get("securityContext") or {}
         if sc.get("readOnlyRootFilesystem"):
             assert "/tmp" in mounts, f"{where}: a read-only root needs a writable /tmp (HOME)"
@@ -227,6 +277,7 @@ def test_every_compose_service_builds_safe_settings_with_its_paths_mounted(
                 raise AssertionError(f"compose {name}: spade serve {target} would refuse to start:\n{exc}") from None
         mounts = [v.split(":")[1] for v in service.get("volumes") or []] + list(service.get("tmpfs") or [])
         _check_paths(settings, mounts, f"compose {name}")
+        _check_clients(settings, _compose_env(), f"compose {name}", embedded_inference=profile == "cpu")
         started.add(target)
     expected = {"sandbox", "memory", "designer", "rollout", "learner"} | ({"inference"} if profile == "cpu" else set())
     assert expected <= started, f"profile {profile} starts {started}"
