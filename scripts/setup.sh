@@ -10,6 +10,8 @@ need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v setpriv >/dev/null || need+=(util-linux)
 [ -x /usr/bin/python3.11 ] || need+=(python3.11)
+# chromium: the run report's test renders report.html headless (tests/e2e/test_report_browser.py).
+command -v chromium >/dev/null || need+=(chromium)
 /usr/bin/python3.11 -c 'import sys; sys.path.append("/usr/lib/python3/dist-packages"); import seccomp' \
   2>/dev/null || need+=(python3-seccomp)
 if ((${#need[@]})); then

@@ -6,28 +6,127 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 
 
-@click.command("run")
+class _RunCommand(click.Command):
+    """``spade run``, whose help ends with the default run's departures from the paper (computed on demand)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from services.embedded.presets import departures
+        from services.embedded.settings import RunSettings
+
+        lines = departures(RunSettings(run_dir=Path("runs/help")))
+        formatter.write_paragraph()
+        formatter.write_text(
+            "The default run is small enough for a laptop and departs from the paper (--preset paper-game / "
+            "paper-tool sets the paper's values; configs/README.md gives each value's source):"
+        )
+        with formatter.indentation():
+            for line in lines:
+                formatter.write_text(f"- {line}")
+
+
+@click.command("run", cls=_RunCommand)
 @click.option("--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="YAML/JSON run settings.")
+@click.option(
+    "--preset",
+    type=click.Choice(["paper-game", "paper-tool"]),
+    default=None,
+    help="Start from the paper's values (the config file, environment and other flags go on top).",
+)
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Learner steps (weight versions).")
 @click.option("--setting", type=click.Choice(["game", "tool"]), default=None, help="Which kind of environments.")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Output directory.")
+@click.option(
+    "--designer",
+    "designer_mode",
+    type=click.Choice(["policy", "frozen", "off"]),
+    default=None,
+    help="policy: trained designer; frozen: designs, never trained; off: agent only (static-pool baseline).",
+)
+@click.option(
+    "--pool",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="Static pool played all run: envs.jsonl, a run dir, or a dir of env files (validated first).",
+)
+@click.option(
+    "--designer-pool",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Design from a directory of designer answers (scored, never trained).",
+)
+@click.option("--no-corpus", is_flag=True, default=False, help="Corpus-free designer (the paper's ablation).")
+@click.option("--no-memory", is_flag=True, default=False, help="Memory-free designer (the paper's ablation).")
+@click.option("--eval-every", type=click.IntRange(min=0), default=None, help="Evaluate every N steps (0: never).")
+@click.option(
+    "--eval-suite",
+    type=click.Choice(["pool", "reasoning-gym", "bfcl-multi-turn"]),
+    default=None,
+    help="Suite of the in-run eval (default: pool, held-out seeds of the starting pool).",
+)
+@click.option("--eval-limit", type=click.IntRange(min=1), default=None, help="Items of the in-run eval's slice.")
+@click.option(
+    "--model-path",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="HF checkpoint directory of the policy (default: SmolLM2-135M-Instruct).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log every service's progress.")
-def run(config: Path | None, steps: int | None, setting: str | None, run_dir: Path | None, verbose: bool) -> None:
-    """Run the whole SPADE loop in embedded mode (SQLite, in-process queues, CPU model and learner)."""
+def run(
+    config: Path | None,
+    preset: str | None,
+    steps: int | None,
+    setting: str | None,
+    run_dir: Path | None,
+    designer_mode: str | None,
+    pool: Path | None,
+    designer_pool: Path | None,
+    no_corpus: bool,
+    no_memory: bool,
+    eval_every: int | None,
+    eval_suite: str | None,
+    eval_limit: int | None,
+    model_path: Path | None,
+    verbose: bool,
+) -> None:
+    """Run the whole SPADE loop in embedded mode (SQLite, in-process queues, CPU model and learner).
+
+    Baselines: --designer off --pool FILE_OR_DIR trains the agent alone on a static pool; --designer
+    frozen designs without training the designer; --designer-pool DIR sends designer answers from
+    files through the real pipeline; --no-corpus and --no-memory are the designer's ablations.
+    """
     from pydantic import ValidationError
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+    from services.embedded.metrics import console_line
+    from services.embedded.runner import RunSetupError
     from services.embedded.runner import run as run_loop
     from services.embedded.settings import RunSettings
     from spade.config import ConfigError, describe_error
 
+    flags: dict[str, Any] = {
+        "preset": preset,
+        "steps": steps,
+        "setting": setting,
+        "run_dir": run_dir,
+        "designer_mode": designer_mode,
+        "pool": pool,
+        "designer_pool": designer_pool,
+        "corpus": False if no_corpus else None,
+        "memory_examples": False if no_memory else None,
+        "eval_every": eval_every,
+        "eval_suite": eval_suite,
+        "eval_limit": eval_limit,
+        "model_path": model_path,
+    }
     try:
-        settings = RunSettings.load(config, steps=steps, setting=setting, run_dir=run_dir)
+        settings = RunSettings.load(config, **flags)
     except (ValidationError, ConfigError) as exc:
         raise click.UsageError(f"invalid run settings:\n{describe_error(exc, RunSettings)}") from None
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
@@ -40,7 +139,7 @@ def run(config: Path | None, steps: int | None, setting: str | None, run_dir: Pa
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
     console = Console()
-    console.print(f"[bold]SPADE[/bold] embedded run → {settings.run_dir}")
+    console.print(f"[bold]SPADE[/bold] embedded run → {escape(str(settings.run_dir))}")
     columns = (TextColumn("{task.description:<10}"), BarColumn(), TextColumn("{task.completed:g}/{task.total:g}"))
     with Progress(*columns, TimeElapsedColumn(), console=console) as bars:
         tasks: dict[str, TaskID] = {}
@@ -50,11 +149,17 @@ def run(config: Path | None, steps: int | None, setting: str | None, run_dir: Pa
                 tasks[phase] = bars.add_task(phase, total=total)
             bars.update(tasks[phase], completed=done, total=total)
 
-        result = asyncio.run(run_loop(settings, progress))
-    for record in result.steps:
-        console.print(
-            f"step {record['step']}: designer valid {record['designer/valid']}/{record['designer/attempts']}, "
-            f"agent win rate {record['agent/win_rate']}, trained={record['learner/trained']}, "
-            f"weights v{record['inference/weight_version']}"
-        )
-    console.print(f"report: {result.report}\ncheckpoint: {result.checkpoint}")
+        def on_step(record: dict[str, Any]) -> None:
+            if record.get("step"):
+                bars.console.print(escape(console_line(record, settings.steps)))
+            else:
+                figures = {k: v for k, v in record.items() if k.endswith("/overall")}
+                bars.console.print(escape(f"eval before training: {figures}"))
+
+        try:
+            result = asyncio.run(run_loop(settings, progress, on_step))
+        except RunSetupError as exc:
+            raise click.ClickException(str(exc)) from None
+    if result.departures:
+        console.print(f"departs from the paper in {len(result.departures)} values (listed in the report)")
+    console.print(f"run spec: {result.spec_id}\nreport: {result.report}\ncheckpoint: {result.checkpoint}")

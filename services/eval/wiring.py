@@ -239,9 +239,21 @@ def preflight(request: EvalRequest, settings: EvalSettings, pool_source: str | N
 
 @contextlib.asynccontextmanager
 async def build_suite(
-    request: EvalRequest, settings: EvalSettings, model: ServedModel, checked: Preflight | None = None
+    request: EvalRequest,
+    settings: EvalSettings,
+    model: ServedModel,
+    checked: Preflight | None = None,
+    sessions: Any = None,
 ) -> AsyncIterator[tuple[Suite, Sampling]]:
     """The suite named in ``request``, wired to ``model``; what it started is stopped on exit.
+
+    Args:
+        request: What to evaluate.
+        settings: How.
+        model: The model to ask.
+        checked: The preflight's result (default: run here).
+        sessions: Env sessions the ``pool`` suite plays through (``spade run``'s own sandbox pool);
+            default: the sandbox of ``settings.pool.sandbox``, started here.
 
     Raises:
         EvalSetupError: Unknown suite or unusable suite settings.
@@ -273,13 +285,18 @@ async def build_suite(
             raise EvalSetupError(str(exc)) from None
         yield suite, sampling
         return
-    async with _pool_suite(request, settings, model, sampling, checked) as pool_suite:
+    async with _pool_suite(request, settings, model, sampling, checked, sessions) as pool_suite:
         yield pool_suite, sampling
 
 
 @contextlib.asynccontextmanager
 async def _pool_suite(
-    request: EvalRequest, settings: EvalSettings, model: ServedModel, sampling: Sampling, checked: Preflight
+    request: EvalRequest,
+    settings: EvalSettings,
+    model: ServedModel,
+    sampling: Sampling,
+    checked: Preflight,
+    given: Any = None,
 ) -> AsyncIterator[Suite]:
     from services.eval.suites.pool import PoolSuite
     from services.rollout.core.episode import EpisodeRunner, PlayLimits
@@ -293,7 +310,8 @@ async def _pool_suite(
         temperature=sampling.temperature,
         top_p=sampling.top_p,
     )
-    async with _sessions(settings) as sessions:
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = given if given is not None else await stack.enter_async_context(_sessions(settings))
         template = FormatterTemplate(model.client.formatter)
         runner = EpisodeRunner(sessions, InferenceGenerator(model.client), template, limits)
         yield PoolSuite(runner, template, checked.envs, request.seed, p.seeds_per_env, checked.source, p.retry)
@@ -349,6 +367,8 @@ async def run_eval(
     pool_source: str | None = None,
     on_start: Callable[[int, int], None] | None = None,
     on_item: Callable[[ItemResult], None] | None = None,
+    model: ServedModel | None = None,
+    sessions: Any = None,
 ) -> EvalOutcome:
     """Run (or resume) an eval; returns its summary.
 
@@ -356,6 +376,9 @@ async def run_eval(
         request: What to evaluate.
         settings: How.
         pool_source: The pool for the ``pool`` suite (overrides ``settings.pool.source``).
+        model: A model already being served (``spade run``'s in-run eval asks its own server); default:
+            ``request.model`` started or reached here.
+        sessions: Env sessions for the ``pool`` suite (default: a sandbox started here).
         on_start: Called with ``(items to run, items already done)`` before the first item.
         on_item: Called with each finished item.
 
@@ -364,10 +387,10 @@ async def run_eval(
         StoreError: The out directory holds another run.
     """
     checked = preflight(request, settings, pool_source)
-    async with (
-        served_model(request, settings) as model,
-        build_suite(request, settings, model, checked) as (suite, sampling),
-    ):
+    async with contextlib.AsyncExitStack() as stack:
+        if model is None:
+            model = await stack.enter_async_context(served_model(request, settings))
+        suite, sampling = await stack.enter_async_context(build_suite(request, settings, model, checked, sessions))
         header = RunHeader(
             suite=suite.name,
             seed=request.seed,

@@ -16,6 +16,7 @@ from services.sandbox.isolation.settings import IsolationSettings
 from spade.config import describe_error
 from spade.envs import CheckConfig
 from spade.queues.config import InProcessQueueConfig
+from spade.runspec import RunSpec
 
 SECTIONS = ("designer", "rollout", "learner", "inference")
 
@@ -93,13 +94,43 @@ def test_each_role_gets_the_run_s_values_then_its_overrides(tmp_path: Path) -> N
     urls = ["http://127.0.0.1:1"]
     assert roles.designer.inference_urls == roles.rollout.inference_urls == roles.learner.inference_urls == urls
     spec = run_spec(settings)  # what every role agrees on comes from the run's own knobs
-    assert (spec.temperature, spec.group_size, spec.designer_max_new_tokens) == (0.9, 6, 512)
+    assert (spec.temperature, spec.group_size, spec.designer_max_new_tokens) == (0.9, 6, 1024)
 
 
 def test_a_rule_across_a_service_s_fields_is_checked_when_its_settings_are_built(tmp_path: Path) -> None:
-    settings = RunSettings(run_dir=tmp_path, rollout={"max_tokens_per_turn": 5000})  # over the run's total of 2048
-    with pytest.raises(ValidationError, match="max_tokens_per_turn"):
+    settings = RunSettings(run_dir=tmp_path, designer={"doc_min_words": 700})  # above the default 600 words
+    with pytest.raises(ValidationError, match="doc_min_words"):
         role_settings(settings, inference_url="http://127.0.0.1:1", model=tmp_path / "model")
+
+
+def test_the_run_s_own_rules_name_the_fields_and_the_fix(tmp_path: Path) -> None:
+    assert "skills_per_round=3 exceeds envs_per_step=2" in _fails(skills_per_round=3)
+    message = _fails(designer_mode="off", designer_pool=tmp_path)
+    assert "designer_pool" in message and "designer_mode=off" in message
+    assert "nothing to play" in _fails(designer_mode="off", seed_pool=False)
+    assert "SPADE_RUN_PRESET" in _fails(preset="paper-chess")
+
+
+def test_designer_modes_and_ablations_reach_the_designer_s_settings(tmp_path: Path) -> None:
+    def designer(**values: object) -> object:
+        settings = RunSettings(run_dir=tmp_path, **values)  # type: ignore[arg-type]
+        return role_settings(settings, inference_url="http://127.0.0.1:1", model=tmp_path).designer
+
+    plain = designer()
+    assert not plain.frozen and plain.doc_max_words > 0 and plain.n_positive > 0  # type: ignore[attr-defined]
+    assert designer(designer_mode="frozen").frozen  # type: ignore[attr-defined]
+    assert designer(corpus=False).doc_max_words == 0  # type: ignore[attr-defined]
+    no_memory = designer(memory_examples=False)
+    assert (no_memory.n_positive, no_memory.n_negative) == (0, 0)  # type: ignore[attr-defined]
+    assert designer(regenerate_every=3).regenerate_every == 3  # type: ignore[attr-defined]
+
+
+def test_the_spec_takes_the_run_s_rounds_and_only_its_own_setting_s_window(tmp_path: Path) -> None:
+    spec = run_spec(
+        RunSettings(run_dir=tmp_path, setting="tool", window_versions=2, envs_per_step=6, skills_per_round=3)
+    )
+    assert (spec.window_versions_tool, spec.envs_per_round, spec.skills_per_round) == (2, 6, 3)
+    assert spec.window_versions_game == RunSpec().window_versions_game
 
 
 def test_spade_run_refuses_bad_settings_in_one_line_per_problem_before_starting(tmp_path: Path) -> None:

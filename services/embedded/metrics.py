@@ -1,0 +1,305 @@
+"""One line of ``metrics.jsonl`` per step, the console's line in words, and the run's summary.
+
+Every quantity comes from its one definition: win rate, solved fraction, regret, plateau and
+learnable from ``spade.signal``; the pool's process metrics and the designer's totals from the
+memory's ``stats()`` (which uses ``spade.pool_metrics``); advantages, staleness and counts from the
+learner's step report. This module only names and groups them:
+
+- ``step``, ``elapsed_s``, ``spec_id``, ``time/<phase>_s`` (where the step's wall time went);
+- ``designer/...``: this step's round (``designer/attempts``, ``designer/valid``,
+  ``designer/validity_rate``, ``designer/outcome/<outcome>`` for valid, malformed, duplicate and
+  each failing check), the learner's scored rewards (``designer/regret_mean``, ``designer/blend_mean``
+  ...) and advantages (``designer/advantage_nonzero_frac``, ``designer/advantage_abs_mean``);
+  ``designer/total/...`` are the memory's figures over every attempt so far;
+- ``agent/...``: this step's plays — ``agent/win_rate`` (mean return, unhinted) beside
+  ``agent/solved_fraction``, the same for the hinted arm, ``agent/finish/<reason>`` and
+  ``agent/resource_faults``, ``agent/advantage_abs_mean``;
+- ``play/...``: per env played this step in both arms of its slot 0, ``play/regret_mean`` (spade.signal
+  regret), ``play/plateau_mean`` and ``play/learnable_fraction`` of the unhinted win rates;
+- ``pool/...`` and ``memory/...``: the memory's stats; ``learner/...``: the trainer's figures, counts
+  and staleness; ``eval/...``: the in-run evaluation, when it ran this step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from spade import signal
+from spade.envs.types import FinishReason
+
+if TYPE_CHECKING:
+    from services.designer.core.rounds import BatchResult
+    from services.learner.learner import StepReport
+    from spade.memory.records import MemoryStats, Play
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def play_metrics(plays: Sequence[Play]) -> dict[str, Any]:
+    """The agent's figures of one step's plays (see the module docstring)."""
+    unhinted = [p.episode_return for p in plays if not p.hinted]
+    hinted = [p.episode_return for p in plays if p.hinted]
+    record: dict[str, Any] = {
+        "agent/plays": len(unhinted),
+        "agent/hinted_plays": len(hinted),
+        "agent/win_rate": signal.win_rate(unhinted) if unhinted else None,
+        "agent/solved_fraction": signal.solved_fraction(unhinted) if unhinted else None,
+        "agent/hinted_win_rate": signal.win_rate(hinted) if hinted else None,
+        "agent/hinted_solved_fraction": signal.solved_fraction(hinted) if hinted else None,
+    }
+    reasons = Counter(p.finish_reason or "unknown" for p in plays)
+    record.update({f"agent/finish/{reason}": n for reason, n in sorted(reasons.items())})
+    record["agent/resource_faults"] = sum(n for reason, n in reasons.items() if _is_fault(reason))
+    record.update(env_signal(plays))
+    return record
+
+
+def _is_fault(reason: str) -> bool:
+    try:
+        return FinishReason(reason).is_resource_fault
+    except ValueError:
+        return False
+
+
+def env_signal(plays: Sequence[Play]) -> dict[str, Any]:
+    """Regret, plateau and learnable over the envs this step played in both arms of slot 0.
+
+    Regret is ``spade.signal.regret`` of each env's slot-0 arms (an env whose arms do not match is
+    counted in ``play/regret_mismatched`` and left out, never given a lenient number); plateau and
+    learnable use each env's unhinted win rate over its plays of this step.
+    """
+    arms: dict[str, dict[bool, list[tuple[int, float]]]] = defaultdict(lambda: {True: [], False: []})
+    unhinted: dict[str, list[float]] = defaultdict(list)
+    for p in plays:
+        if p.window_index == 0:
+            arms[p.env_id][p.hinted].append((p.seed, p.episode_return))
+        if not p.hinted:
+            unhinted[p.env_id].append(p.episode_return)
+    regrets: list[float] = []
+    mismatched = 0
+    for both in arms.values():
+        if not both[True] or not both[False]:
+            continue
+        try:
+            regrets.append(signal.regret(both[True], both[False]))
+        except signal.MismatchedArmsError:
+            mismatched += 1
+    rates = [signal.win_rate(r) for r in unhinted.values() if r]
+    return {
+        "play/envs": len(unhinted),
+        "play/regret_envs": len(regrets),
+        "play/regret_mismatched": mismatched,
+        "play/regret_mean": _mean(regrets),
+        "play/plateau_mean": _mean([signal.plateau(w) for w in rates]),
+        "play/learnable_fraction": signal.learnable_fraction(rates),
+    }
+
+
+def designer_metrics(batch: BatchResult | None) -> dict[str, Any]:
+    """This step's designer round: attempts, valid envs, and each outcome's count."""
+    if batch is None:
+        return {"designer/ran": False}
+    record: dict[str, Any] = {
+        "designer/ran": True,
+        "designer/round": batch.batch_id,
+        "designer/attempts": len(batch.records),
+        "designer/valid": len(batch.env_ids),
+        "designer/validity_rate": batch.validity_rate if batch.records else None,
+    }
+    record.update({f"designer/outcome/{label}": n for label, n in sorted(batch.outcomes.items())})
+    return record
+
+
+def learner_metrics(report: StepReport | None) -> dict[str, Any]:
+    """The learner's step: designer rewards and advantages under their own names, the rest under ``learner/``."""
+    if report is None:
+        return {"learner/trained": False}
+    record: dict[str, Any] = {"learner/trained": report.trained, "learner/version": report.version}
+    scored = [s for s in report.designer_rewards if s.components is not None]
+    record["designer/scored"] = len(scored)
+    record["designer/unscored"] = len(report.designer_rewards) - len(scored)
+    for key, value in report.flat_metrics().items():
+        if key == "version":
+            continue
+        record[key if key.startswith(("designer/", "agent/")) else f"learner/{key}"] = value
+    return record
+
+
+def memory_metrics(stats: MemoryStats | None) -> dict[str, Any]:
+    """The memory's figures: the pool's process metrics (``pool/...``) and the designer's totals."""
+    if stats is None:
+        return {}
+    record: dict[str, Any] = {}
+    for key, value in stats.metrics().items():
+        name = "designer/total/" + key.removeprefix("designer/") if key.startswith("designer/") else key
+        record[name] = value
+    record["pool/learnable_fraction_all"] = stats.learnable_fraction
+    record["pool/vendi_note"] = stats.pool.vendi_note
+    return record
+
+
+def step_metrics(
+    step: int,
+    *,
+    spec_id: str,
+    batch: BatchResult | None,
+    plays: Sequence[Play],
+    report: StepReport | None,
+    stats: MemoryStats | None,
+    weight_version: str,
+    elapsed_s: float,
+    phases: Mapping[str, float] | None = None,
+    evaluation: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One line of ``metrics.jsonl`` (see the module docstring for the names)."""
+    record: dict[str, Any] = {"step": step, "elapsed_s": round(elapsed_s, 1), "spec_id": spec_id}
+    record.update({f"time/{phase}_s": round(seconds, 3) for phase, seconds in (phases or {}).items()})
+    record.update(designer_metrics(batch))
+    record.update(play_metrics(plays))
+    record.update(learner_metrics(report))
+    record.update(memory_metrics(stats))
+    record.update(evaluation or {})
+    record["inference/weight_version"] = weight_version
+    return {k: _json_number(v) for k, v in record.items()}
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+# --- words -------------------------------------------------------------------------------------------
+
+
+def _pct(value: Any) -> str:
+    return "–" if value is None else f"{100 * value:.0f}%"
+
+
+def _num(value: Any, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def outcome_words(record: Mapping[str, Any]) -> str:
+    """``"1 valid, 3 malformed"`` from a record's ``designer/outcome/...`` counts."""
+    parts = [
+        (key.removeprefix("designer/outcome/"), n)
+        for key, n in record.items()
+        if key.startswith("designer/outcome/") and n
+    ]
+    parts.sort(key=lambda kv: (kv[0] != "valid", -kv[1], kv[0]))
+    return ", ".join(f"{n} {label}" for label, n in parts) or "no attempt finished"
+
+
+def console_line(record: Mapping[str, Any], steps: int) -> str:
+    """The step in words (the console prints it after each step)."""
+    if record.get("designer/ran"):
+        designer = (
+            f"designer wrote {record.get('designer/valid', 0)} valid env(s) in {record.get('designer/attempts', 0)} "
+            f"attempts ({outcome_words(record)})"
+        )
+    else:
+        designer = "no designer round"
+    plays = record.get("agent/plays", 0)
+    agent = (
+        f"agent played {plays} times: mean return {_num(record.get('agent/win_rate'))}, "
+        f"solved {_pct(record.get('agent/solved_fraction'))}"
+        if plays
+        else "agent played nothing"
+    )
+    if record.get("agent/hinted_plays"):
+        agent += f" (with hint: {_num(record.get('agent/hinted_win_rate'))})"
+    faults = record.get("agent/resource_faults") or 0
+    if faults:
+        agent += f", {faults} ended in a resource fault"
+    if record.get("learner/trained"):
+        learner = f"learner trained on {int(record.get('learner/samples') or 0)} samples"
+        scored = record.get("designer/scored") or 0
+        if scored:
+            learner += (
+                f", scored {scored} designer sample(s) (mean blend {_num(record.get('designer/blend_mean'))}, "
+                f"{_pct(record.get('designer/advantage_nonzero_frac'))} with a nonzero advantage)"
+            )
+    else:
+        learner = "learner did not train (nothing complete was ready)"
+    return (
+        f"step {record['step']}/{steps}: {designer}; {agent}; {learner}; "
+        f"weights v{record.get('inference/weight_version')}; {record.get('elapsed_s')} s"
+    )
+
+
+def summary_sentences(
+    records: Sequence[Mapping[str, Any]], *, designer_mode: str, pool_designer: bool, seeded: int, static: int
+) -> list[str]:
+    """What happened in the run, in plain words, for the top of the report.
+
+    Args:
+        records: The run's ``metrics.jsonl`` lines.
+        designer_mode: ``policy``, ``frozen`` or ``off``.
+        pool_designer: Whether the designer was the pool designer (answers from files).
+        seeded: Envs of the seed pool.
+        static: Envs of the static pool (``--pool``).
+    """
+    out: list[str] = []
+    if not records:
+        return ["The run wrote no step: it stopped before the first learner step finished."]
+    attempts = sum(int(r.get("designer/attempts") or 0) for r in records)
+    valid = sum(int(r.get("designer/valid") or 0) for r in records)
+    totals: Counter[str] = Counter()
+    for r in records:
+        for key, n in r.items():
+            if key.startswith("designer/outcome/") and n:
+                totals[key.removeprefix("designer/outcome/")] += int(n)
+    breakdown = outcome_words({f"designer/outcome/{k}": v for k, v in totals.items()})
+    who = "the pool designer (answers from files)" if pool_designer else "the designer"
+    if designer_mode == "off":
+        out.append("The designer was off: the agent trained alone on a static pool (the static-pool baseline).")
+    elif attempts == 0:
+        out.append(f"{who.capitalize()} finished no attempt.")
+    elif valid == 0:
+        out.append(f"{who.capitalize()} wrote no valid environment in {attempts} attempts ({breakdown}).")
+    else:
+        out.append(f"{who.capitalize()} wrote {valid} valid environment(s) in {attempts} attempts ({breakdown}).")
+    sources = []
+    if seeded:
+        sources.append(f"the seed pool ({seeded} example envs)")
+    if static:
+        sources.append(f"the static pool ({static} envs)")
+    if valid:
+        sources.append(f"{valid} designed env(s)")
+    if sources:
+        only = " only" if not valid and designer_mode != "off" else ""
+        out.append(f"The agent trained on {' and '.join(sources)}{only}.")
+    first = next((r for r in records if r.get("agent/win_rate") is not None), None)
+    last = next((r for r in reversed(records) if r.get("agent/win_rate") is not None), None)
+    if first is not None and last is not None:
+        out.append(
+            f"The agent's mean return (unhinted) went from {_num(first['agent/win_rate'])} at step {first['step']} "
+            f"to {_num(last['agent/win_rate'])} at step {last['step']} (solved "
+            f"{_pct(first.get('agent/solved_fraction'))} → {_pct(last.get('agent/solved_fraction'))}); "
+            "over so few steps and plays this is mostly sampling noise."
+        )
+    scored = sum(int(r.get("designer/scored") or 0) for r in records)
+    if designer_mode != "off":
+        if scored:
+            nonzero = [
+                r["designer/advantage_nonzero_frac"]
+                for r in records
+                if r.get("designer/advantage_nonzero_frac") is not None
+            ]
+            trained = "never trained on" if designer_mode == "frozen" or pool_designer else "trained on"
+            out.append(
+                f"{scored} designer sample(s) were scored when their window closed ({trained}); "
+                f"{_pct(_mean(nonzero))} of them had a nonzero advantage on average."
+            )
+        else:
+            out.append("No designer sample was scored: no window closed within the run.")
+    faults = sum(int(r.get("agent/resource_faults") or 0) for r in records)
+    if faults:
+        out.append(f"{faults} play(s) ended in a resource fault of the env (counted as return 0).")
+    return out
