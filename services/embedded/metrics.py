@@ -5,7 +5,9 @@ learnable from ``spade.signal``; the pool's process metrics and the designer's t
 memory's ``stats()`` (which uses ``spade.pool_metrics``); advantages, staleness and counts from the
 learner's step report. This module only names and groups them:
 
-- ``step``, ``elapsed_s``, ``spec_id``, ``time/<phase>_s`` (where the step's wall time went);
+- ``step``, ``elapsed_s``, ``spec_id``, ``time/<phase>_s`` (where the step's wall time went, in
+  seconds: the loop's phases and each component's busy time) and ``work/<component>_calls`` and
+  ``work/<component>_tokens`` (how many calls each component served, tokens it generated);
 - ``designer/...``: this step's round (``designer/attempts``, ``designer/valid``,
   ``designer/validity_rate``, ``designer/outcome/<outcome>`` for valid, malformed, duplicate and
   each failing check), the learner's scored rewards (``designer/regret_mean``, ``designer/blend_mean``
@@ -154,11 +156,13 @@ def step_metrics(
     weight_version: str,
     elapsed_s: float,
     phases: Mapping[str, float] | None = None,
+    counts: Mapping[str, int] | None = None,
     evaluation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One line of ``metrics.jsonl`` (see the module docstring for the names)."""
     record: dict[str, Any] = {"step": step, "elapsed_s": round(elapsed_s, 1), "spec_id": spec_id}
     record.update({f"time/{phase}_s": round(seconds, 3) for phase, seconds in (phases or {}).items()})
+    record.update({f"work/{name}": count for name, count in (counts or {}).items()})
     record.update(designer_metrics(batch))
     record.update(play_metrics(plays))
     record.update(learner_metrics(report))

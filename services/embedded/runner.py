@@ -77,18 +77,16 @@ class PhaseClock:
         self.calls[component] += 1
         self.tokens[component] += tokens
 
-    def take(self) -> dict[str, float]:
-        """This step's figures (``<component>_busy`` seconds, ``<component>_calls``, tokens), then reset."""
-        out: dict[str, float] = {}
-        for name, seconds in self.busy.items():
-            out[f"{name}_busy"] = seconds
-            out[f"{name}_calls"] = self.calls[name]
-            if self.tokens[name]:
-                out[f"{name}_tokens"] = self.tokens[name]
+    def take(self) -> tuple[dict[str, float], dict[str, int]]:
+        """This step's figures, then reset: seconds busy per component (``<component>_busy``) and
+        counts (``<component>_calls``, ``<component>_tokens`` generated)."""
+        seconds = {f"{name}_busy": busy for name, busy in self.busy.items()}
+        counts = {f"{name}_calls": self.calls[name] for name in self.busy}
+        counts.update({f"{name}_tokens": tokens for name, tokens in self.tokens.items() if tokens})
         self.busy.clear()
         self.calls.clear()
         self.tokens.clear()
-        return out
+        return seconds, counts
 
 
 def _generated_tokens(result: Any) -> int:
@@ -609,7 +607,8 @@ async def run(
                         phases["eval"] = time.perf_counter() - mark
                     infos = await parts.client.model_info()
                     version = ",".join(str(i.weight_version) for i in infos)
-                    phases.update(clock.take())
+                    busy, counts = clock.take()
+                    phases.update(busy)
                     if report is not None and report.metrics is not None:
                         phases["learner_train"] = report.metrics.step_time_s
                     record = step_metrics(
@@ -622,6 +621,7 @@ async def run(
                         weight_version=version,
                         elapsed_s=time.monotonic() - start,
                         phases=phases,
+                        counts=counts,
                         evaluation=figures,
                     )
                     record["pool/probed_this_step"] = probed

@@ -123,7 +123,9 @@ def test_agent_figures_pool_metrics_and_the_learner_s_step(policy_run: tuple[Pat
     assert records[1]["agent/plays"] > 0, "the seed pool must stay active for the whole run"
     assert first["learner/logp_diff_mean"] < 0.05, "rollout and learner logprobs disagree"
     assert first["pool/envs"] >= 5 and first["pool/hash_distinct"] >= 5 and first["pool/probed"] >= 5
-    assert first["time/rollout_s"] > 0 and first["time/rollout_generation_tokens"] > 0
+    assert first["time/rollout_s"] > 0 and first["work/rollout_generation_tokens"] > 0
+    assert first["time/rollout_generation_busy_s"] > 0
+    assert not [k for k in first if k.startswith("time/") and not k.endswith("_s")], "time/ holds seconds only"
     assert int(records[-1]["inference/weight_version"]) == result.weight_version == 2
     base = _weights(ensure_default_model())
     trained = _weights(run_dir / "last_checkpoint" / "model")

@@ -19,10 +19,13 @@ from services.sandbox.isolation import ExecStatus, IsolationSettings, SandboxPoo
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 HOG = "import time\nhog = bytearray({mb} << 20)\nhog[::4096] = b'x' * len(hog[::4096])\ntime.sleep(2)\nprint('kept')\n"
+# Fork until refused, then hold every process for {hold} s, so that a second jail started meanwhile
+# competes with them for the pool's processes.
 FORKS = (
     "import os, time\nmade = 0\nfor _ in range(40):\n    try:\n        if os.fork() == 0:\n"
-    "            time.sleep(3)\n            os._exit(0)\n        made += 1\n    except OSError:\n        break\n"
-    "print(made)\n"
+    "            time.sleep({hold} + 1)\n            os._exit(0)\n        made += 1\n"
+    "    except OSError:\n        break\n"
+    "time.sleep({hold})\nprint(made)\n"
 )
 
 
@@ -56,9 +59,20 @@ async def test_the_zygotes_and_every_jail_are_in_the_pools_cgroup(pool: SandboxP
 
 
 async def test_processes_are_limited_across_jails(pool: SandboxPool) -> None:
-    results = await asyncio.gather(*(pool.execute(FORKS, timeout_s=20) for _ in range(2)))
-    made = [int(r.stdout) for r in results if r.status is ExecStatus.OK]
-    assert len(made) == 2 and all(m <= 31 for m in made)  # each jail: under its own 32
+    # The first jail forks what it can and holds it; the second starts only once the pool's cgroup
+    # counts the first one's processes, so the two overlap however slow the machine is.
+    first = asyncio.create_task(pool.execute(FORKS.format(hold=8), timeout_s=40))
+    for _ in range(400):
+        if int(controller_file(pool, "pids.current")) >= 20:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError(f"the first jail's processes never showed in the pool's cgroup: {await first}")
+    second = await pool.execute(FORKS.format(hold=0), timeout_s=40)
+    results = [await first, second]
+    assert [r.status for r in results] == [ExecStatus.OK, ExecStatus.OK], results
+    made = [int(r.stdout) for r in results]
+    assert all(m <= 31 for m in made), made  # each jail: under its own 32
     assert sum(made) < 48 - 2, made  # together: under the pool's 48 (zygote and spares count too)
 
 

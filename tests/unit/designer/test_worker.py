@@ -17,7 +17,7 @@ from services.designer.corpus.loader import CorpusSampler, load_jsonl
 from services.designer.outbox import QueueOutbox
 from services.designer.settings import DesignerSettings, SpecMismatch
 from services.designer.worker import serve_forever
-from spade.queues.base import WEIGHTS_PUBLISHED
+from spade.queues.base import SAMPLES_DESIGNER, WEIGHTS_PUBLISHED
 from spade.queues.inprocess import InProcessQueue
 from spade.runspec import RunSpec
 from spade.v1 import queues_pb2
@@ -127,6 +127,11 @@ async def test_serve_designs_a_batch_at_start_and_every_k_versions(
         while len(policy.prompts) < count:
             await asyncio.sleep(0.01)
 
+    async def rounds_finish(count: int) -> None:
+        # A round ends with its designer sample published; stopping before that would cut it short.
+        while await queue.length(SAMPLES_DESIGNER) < count:
+            await asyncio.sleep(0.01)
+
     for version in (1, 2, 3):  # older than what the servers serve at start: no round for them
         await publish(version)
     task = asyncio.create_task(serve_forever(designer, queue, regenerate_every=2, stop=stop, initial_version=4))
@@ -137,6 +142,7 @@ async def test_serve_designs_a_batch_at_start_and_every_k_versions(
     await publish(7)  # one version later: too early
     await publish(8)  # two versions later: a round
     await batches_reach(3)
+    await rounds_finish(3)
     stop.set()
     rounds = await task
     assert [version for version, _ in rounds] == [4, 6, 8]
