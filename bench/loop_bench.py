@@ -52,6 +52,7 @@ COMPONENTS = {
 def breakdown(record: dict[str, Any]) -> dict[str, Any]:
     """One step's phases, components, shares and rates from its ``metrics.jsonl`` line."""
     t = {k.removeprefix("time/").removesuffix("_s"): v for k, v in record.items() if k.startswith("time/")}
+    work = {k.removeprefix("work/"): v for k, v in record.items() if k.startswith("work/")}
     wall = sum(t.get(p, 0.0) for p in PHASES)
     phases = {p: {"wall_s": t[p], "share": t[p] / wall if wall else None} for p in PHASES if p in t}
     for phase, parts in COMPONENTS.items():
@@ -63,8 +64,8 @@ def breakdown(record: dict[str, Any]) -> dict[str, Any]:
             if busy is None:
                 continue
             inside[part] = {"busy_s": busy, "of_phase": busy / t[phase] if t[phase] else None}
-            if f"{part}_calls" in t:
-                inside[part]["calls"] = t[f"{part}_calls"]
+            if f"{part}_calls" in work:
+                inside[part]["calls"] = work[f"{part}_calls"]
         if phase == "designer":  # sequential within an attempt: what they leave is parsing, repair, dedup, queue
             covered = sum(v["busy_s"] for v in inside.values())
             inside["other"] = {"busy_s": max(0.0, t[phase] - covered)}
@@ -72,7 +73,7 @@ def breakdown(record: dict[str, Any]) -> dict[str, Any]:
     plays = (record.get("agent/plays") or 0) + (record.get("agent/hinted_plays") or 0)
     rates: dict[str, Any] = {"plays": plays}
     for role, phase in (("designer", "designer"), ("rollout", "rollout")):
-        tokens = t.get(f"{role}_generation_tokens", 0)
+        tokens = work.get(f"{role}_generation_tokens", 0)
         busy = t.get(f"{role}_generation_busy", 0.0)
         rates[f"{role}_tokens"] = tokens
         rates[f"{role}_tokens_per_busy_s"] = tokens / busy if busy else None
