@@ -22,6 +22,7 @@ from spade.memory.errors import (
     EnvironmentNotFound,
     InvalidArgument,
     MemoryServiceError,
+    MemoryUnavailable,
     RunSpecConflict,
     RunSpecNotSet,
 )
@@ -93,6 +94,8 @@ class MemoryClient:
                     f"the memory refused this service's key ({details}): set the memory section's api_key "
                     "to a key whose SHA-256 is in the memory's SPADE_MEMORY_API_KEYS"
                 ) from None
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise MemoryUnavailable(f"memory RPC failed: {code.name}: {details}") from exc
             raise MemoryServiceError(f"memory RPC failed: {code.name}: {details}") from exc
 
     async def put_environment(self, env: NewEnvironment) -> PutResult:

@@ -27,6 +27,11 @@ class InvalidArgument(MemoryServiceError):
     code = "invalid_request"
 
 
+class MemoryUnavailable(MemoryServiceError):
+    """The memory could not be reached (not started yet, restarting, its name not resolvable yet, a
+    call past its deadline): a caller that waits for the memory anyway may try again."""
+
+
 class RunSpecNotSet(MemoryServiceError):
     """No run spec is stored yet (``spade runspec set FILE``, or a service started with one, stores it)."""
 

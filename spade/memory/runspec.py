@@ -24,7 +24,7 @@ from typing import Protocol
 from pydantic import ValidationError
 
 from spade.config import ConfigError, read_config_file
-from spade.memory.errors import RunSpecConflict, RunSpecNotSet
+from spade.memory.errors import MemoryUnavailable, RunSpecConflict, RunSpecNotSet
 from spade.memory.records import RunSpecRecord
 from spade.runspec import RunSpec
 
@@ -108,6 +108,15 @@ async def fetch_run_spec(
     while True:
         try:
             record = await memory.get_run_spec()
+        except MemoryUnavailable as exc:  # starting, restarting, its name not resolvable yet: keep waiting
+            now = time.monotonic()
+            if timeout_s is not None and now - start >= timeout_s:
+                raise TimeoutError(f"{service}: the memory was not reachable within {timeout_s:.0f} s: {exc}") from None
+            if now - last_log >= log_every_s:
+                log.warning("%s: waiting for the memory to read the run spec: %s", service, exc)
+                last_log = now
+            await asyncio.sleep(poll_s)
+            continue
         except RunSpecNotSet:
             if given is not None:
                 record = await memory.set_run_spec(given)  # a concurrent writer's different spec raises
