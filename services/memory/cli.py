@@ -40,6 +40,10 @@ def serve(config_file: Path | None, dev_mode: bool | None) -> None:
     from spade.dependencies import postgres, wait_for
 
     wait_for([postgres(settings.database_url)])  # started with the database, not after it
+    if not settings.migrate_on_start:  # started with the one-shot migration, not after it
+        from services.memory.migrate import wait_for_schema
+
+        wait_for_schema(settings.database_url)
     try:
         run_until_signalled(lambda stop: serve_forever(settings, stop))
     except (MemoryServiceError, ConfigError) as exc:  # a run spec the memory cannot take: one line

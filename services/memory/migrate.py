@@ -18,7 +18,8 @@ from collections.abc import Iterator
 import click
 import sqlalchemy as sa
 
-from spade.dependencies import postgres, wait_for
+from spade.dependencies import DEFAULT_WAIT, DependencyUnavailable, postgres, wait_for
+from spade.retry import RetryPolicy
 
 logger = logging.getLogger("services.memory.migrate")
 
@@ -60,6 +61,43 @@ def migrate_database(memory_url: str, rollout_state_url: str | None = None) -> N
             else:
                 RolloutStateStore.from_url(rollout_state_url).dispose()
             logger.info("rollout state tables present")
+    finally:
+        engine.dispose()
+
+
+def schema_at_head(engine: sa.Engine) -> bool:
+    """Whether the memory's schema is at the newest Alembic revision (what ``spade migrate`` leaves)."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    from services.memory.store.sql import MIGRATIONS_DIR
+
+    heads = set(ScriptDirectory(str(MIGRATIONS_DIR)).get_heads())
+    with engine.connect() as conn:
+        return set(MigrationContext.configure(conn).get_current_heads()) == heads
+
+
+def wait_for_schema(memory_url: str, policy: RetryPolicy = DEFAULT_WAIT) -> None:
+    """Block until the schema is at head: a replica started beside the one-shot migration (compose
+    starts both at once) must not touch the tables before they exist.
+
+    Raises:
+        DependencyUnavailable: Still not at head when the tries were spent (was ``spade migrate`` run?).
+    """
+    from services.memory.store.sql import make_engine
+
+    engine = make_engine(memory_url)
+    try:
+        what = "waiting for the memory schema (`spade migrate`)"
+        for attempt in policy.retrying(DependencyUnavailable, logger=logger, what=what):
+            with attempt:
+                try:
+                    ready = schema_at_head(engine)
+                except sa.exc.SQLAlchemyError as exc:
+                    raise DependencyUnavailable(f"memory schema: {type(exc).__name__}: {exc}") from None
+                if not ready:
+                    raise DependencyUnavailable("the memory schema is not at head yet: run `spade migrate`")
+        logger.info("memory schema at head")
     finally:
         engine.dispose()
 

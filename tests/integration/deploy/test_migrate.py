@@ -12,7 +12,9 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from services.memory.migrate import MIGRATION_LOCK_KEY, migrate_command, migrate_database
+from services.memory.migrate import MIGRATION_LOCK_KEY, migrate_command, migrate_database, wait_for_schema
+from spade.dependencies import DependencyUnavailable
+from spade.retry import RetryPolicy
 
 ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -81,3 +83,18 @@ def test_a_second_migrator_waits_for_the_lock(database: str) -> None:
         worker.join(120)
     assert not errors, errors
     assert "environments" in _tables(database)
+
+
+def test_a_replica_waits_for_the_schema_that_the_migration_creates(database: str) -> None:
+    """The memory started beside the one-shot migration (compose starts both at once) waits for the
+    schema instead of failing on a missing table (a compose run crashed there: run_spec does not exist)."""
+    policy = RetryPolicy(attempts=3, initial_s=0.05, multiplier=1.0, max_s=0.05, jitter_s=0.0)
+    with pytest.raises(DependencyUnavailable, match="not at head yet"):
+        wait_for_schema(database, policy)
+    migrator = threading.Timer(0.5, migrate_database, args=(database,))
+    migrator.start()
+    try:
+        wait_for_schema(database, RetryPolicy(attempts=200, initial_s=0.1, multiplier=1.0, max_s=0.1, jitter_s=0.0))
+    finally:
+        migrator.join()
+    assert "run_spec" in _tables(database)
