@@ -64,16 +64,29 @@ RUN cd /tmp/convert && /app/.venv/bin/python -c 'import models; print(models.ens
  && chmod -R a+rX /opt/spade \
  && rm -rf /tmp/convert
 
-# The project itself.
+# The designer's default offline corpus: docstrings of the installed sympy, scipy, numpy, networkx
+# and of the standard library. It depends only on those packages and on the builder (a module with
+# no project imports), so it is built here, before the project's code: a code change reuses it.
+COPY services/designer/corpus/builder.py /tmp/corpus/builder.py
+RUN PYTHONWARNINGS=ignore /app/.venv/bin/python /tmp/corpus/builder.py >/dev/null \
+ && chmod -R a+rX /opt/spade/corpus \
+ && rm -rf /tmp/corpus
+
+# What building the project needs (pyproject.toml's build-system), in the venv: the project's own
+# layer then builds without an isolated build environment of its own.
+RUN if [ -d /wheels ]; then index="--no-index --find-links /wheels"; else index=""; fi \
+ && python3.11 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))' > /tmp/build-requires.txt \
+ && /app/.venv/bin/pip install --no-cache-dir $index -r /tmp/build-requires.txt \
+ && rm /tmp/build-requires.txt
+
+# The project itself: the only layer a code change rebuilds.
 COPY README.md ./
 COPY proto ./proto
 COPY spade ./spade
 COPY services ./services
 RUN if [ -d /wheels ]; then index="--no-index --find-links /wheels"; else index=""; fi \
- && /app/.venv/bin/pip install --no-cache-dir --no-deps $index . \
- && rm -rf /app/build /app/*.egg-info \
- && /app/.venv/bin/python -m services.designer.corpus.builder >/dev/null \
- && chmod -R a+rX /opt/spade/corpus
+ && /app/.venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation $index . \
+ && rm -rf /app/build /app/*.egg-info
 
 # Services run as an unprivileged user with a read-only root filesystem; HOME is the only
 # writable place they need (mount a tmpfs/emptyDir there). The sandbox runs as root *inside its

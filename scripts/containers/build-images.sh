@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the compose stack's images with podman, offline apart from the Debian mirror:
-#   localhost/spade:latest           every service (CPU), from the Dockerfile
+#   localhost/spade:latest           every service (CPU), from the Dockerfile ($SPADE_IMAGE, as compose reads it)
 #   localhost/spade-postgres:latest  localhost/spade-redis:latest
 # on the local debootstrap base image, with Python dependencies from the host-built wheelhouse.
 # Layers are cached by podman; base image and wheelhouse by their own keys (see those scripts).
@@ -20,4 +20,4 @@ build() {  # build TAG DOCKERFILE [extra podman build args...]
 }
 build localhost/spade-redis:latest deploy/images/redis.Dockerfile
 build localhost/spade-postgres:latest deploy/images/postgres.Dockerfile
-build localhost/spade:latest Dockerfile --volume "$wheels:/wheels:ro"
+build "${SPADE_IMAGE:-localhost/spade:latest}" Dockerfile --volume "$wheels:/wheels:ro"

@@ -16,7 +16,8 @@ import sys, tomllib
 project = tomllib.load(open(sys.argv[1], "rb"))
 for req in project["project"]["dependencies"]:
     print(req)
-# What pip needs to build the project itself from source inside the image (build isolation).
+# What pip needs to build the project itself inside the image (installed in its venv first: the
+# project's own layer builds with --no-build-isolation).
 for req in project["build-system"]["requires"]:
     print(req)
 PY
