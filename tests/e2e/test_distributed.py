@@ -1,6 +1,8 @@
 """Distributed mode end to end: every service a separate ``spade serve`` process, talking gRPC on
-loopback, through the real Redis and Postgres of this machine. One learner step lands, and a rollout
-worker SIGKILLed mid-play has its env re-delivered to the other worker: nothing lost, nothing twice."""
+loopback, through the real Redis and Postgres of this machine, under a run spec stored in the memory
+as an operator stores it (``spade runspec set``). One learner step lands, and a rollout worker SIGKILLed
+mid-play has its window slot taken over by the other worker once its lease lapses: nothing lost,
+nothing twice."""
 
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ import pytest
 import redis
 
 from services.sandbox.core.auth import hash_key
-from spade.queues.base import ENVS_READY, SAMPLES_DESIGNER, WEIGHTS_PUBLISHED
+from spade.queues.base import SAMPLES_DESIGNER, WEIGHTS_PUBLISHED
 from spade.queues.config import RedisQueueConfig
 from spade.queues.redis_streams import RedisStreamQueue
+from spade.runspec import RunSpec
 from spade.v1 import queues_pb2
 from tests.conftest import REDIS_URL
 
@@ -124,17 +127,44 @@ def _next_message(stream: str, queue: dict[str, Any], cluster: Cluster, timeout_
         assert time.monotonic() < deadline, f"nothing arrived on {stream} within {timeout_s} s\n{cluster.logs()}"
 
 
+STEP_SPEC = {
+    "temperature": 1.0,
+    "group_size": G,
+    "window_versions_game": 1,
+    "agent_max_turns": 3,
+    # Long enough for a guess in most replies: NumberHunt's graded reward then differs across seeds
+    # (each has its own target), so the group has the variance the learner needs.
+    "agent_max_tokens_per_turn": 16,
+    "agent_max_total_tokens": 2048,
+    "designer_max_new_tokens": 32,
+    "envs_per_round": 1,
+    "skills_per_round": 1,
+}
+"""The run spec of the one-step test: the settings every service takes from the memory."""
+
+
+def _store_run_spec(fields: dict[str, Any], memory: str, tmp: Path) -> RunSpec:
+    """Store the run spec in the memory the way an operator does (``spade runspec set FILE``)."""
+    spec = RunSpec.model_validate(fields)
+    spec_file = tmp / "runspec.json"
+    spec_file.write_text(spec.to_json())
+    stored = subprocess.run(
+        [*SPADE, "runspec", "set", str(spec_file), "--memory", memory],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert stored.returncode == 0 and spec.spec_id in stored.stdout, stored.stdout + stored.stderr
+    return spec
+
+
 def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, database: str) -> None:
     prefix = f"e2e-{uuid.uuid4().hex[:8]}:"
     ports = {name: _free_port() for name in ("sb_grpc", "sb_http", "mem_grpc", "mem_rest", "inference")}
+    memory = f"127.0.0.1:{ports['mem_grpc']}"
     inference_url = f"http://127.0.0.1:{ports['inference']}"
     queue = {"kind": "redis", "url": REDIS_URL, "prefix": prefix}
     rollout_queue = {**queue, "claim_idle_ms": 15_000}
     cluster = Cluster(tmp_path)
     r = redis.Redis.from_url(REDIS_URL)
-
-    def stream(name: str) -> str:
-        return f"{prefix}{{{name}}}"  # the queue's key layout (spade.queues.redis_streams)
 
     try:
         cluster.start(
@@ -151,18 +181,18 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
                 "SPADE_MEMORY_GRPC__HOST": "127.0.0.1",
                 "SPADE_MEMORY_GRPC__PORT": str(ports["mem_grpc"]),
                 "SPADE_MEMORY_HTTP__PORT": str(ports["mem_rest"]),
-                "SPADE_MEMORY_WINDOW_VERSIONS_GAME": "1",
             },
         )
         cluster.start("inference", ["serve", "inference", "--port", str(ports["inference"])], {})
         for port in ports.values():
             _wait_port(port, cluster)
+        _store_run_spec(STEP_SPEC, memory, tmp_path)
 
         # The seed pool, as an operator loads it: validated by the sandbox, stored, announced.
         seeded = subprocess.run(
             [
                 *SPADE, "envs", "seed",
-                "--memory", f"127.0.0.1:{ports['mem_grpc']}",
+                "--memory", memory,
                 "--queue", json.dumps(queue),
                 "--sandbox", f"127.0.0.1:{ports['sb_grpc']}",
                 "--sandbox-key", SANDBOX_KEY,
@@ -188,16 +218,9 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
             "SPADE_ROLLOUT_SANDBOX": json.dumps(
                 {"kind": "grpc", "target": f"127.0.0.1:{ports['sb_grpc']}", "api_key": SANDBOX_KEY}
             ),
-            "SPADE_ROLLOUT_MEMORY": json.dumps({"kind": "grpc", "target": f"127.0.0.1:{ports['mem_grpc']}"}),
+            "SPADE_ROLLOUT_MEMORY": json.dumps({"kind": "grpc", "target": memory}),
             "SPADE_ROLLOUT_INFERENCE_URLS": json.dumps([inference_url]),
             "SPADE_ROLLOUT_STATE_URL": database,
-            "SPADE_ROLLOUT_GROUP_SIZE": str(G),
-            "SPADE_ROLLOUT_WINDOW_VERSIONS": "1",
-            "SPADE_ROLLOUT_MAX_TURNS": "3",
-            # Long enough for a guess in most replies: NumberHunt's graded reward then differs across
-            # seeds (each has its own target), so the group has the variance the learner needs.
-            "SPADE_ROLLOUT_MAX_TOKENS_PER_TURN": "16",
-            "SPADE_ROLLOUT_TEMPERATURE": "1.0",
             "SPADE_ROLLOUT_BLOCK_MS": "200",
         }
         workers = {}
@@ -206,16 +229,22 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
                 name, ["serve", "rollout"], {**rollout_env, "SPADE_ROLLOUT_CONSUMER_NAME": name}
             )
 
-        # Kill whichever worker took the env, while its plays are in flight.
-        deadline = time.monotonic() + 300
+        # Kill whichever worker holds the env's first window slot (its lease in the rollout's shared
+        # state), once one of its plays is recorded and the others are in flight.
+        deadline = time.monotonic() + 600
         owner = None
-        while owner is None:
-            cluster.check_alive()
-            assert time.monotonic() < deadline, f"no rollout worker took the env\n{cluster.logs()}"
-            with contextlib.suppress(redis.ResponseError):
-                pending = r.xpending_range(stream(ENVS_READY), "rollout", "-", "+", 10)
-                owner = str(pending[0]["consumer"], "utf-8") if pending else None  # type: ignore[arg-type]
-            time.sleep(0.05)
+        with psycopg.connect(database.replace("+psycopg", ""), autocommit=True) as conn:
+            while owner is None:
+                cluster.check_alive()
+                assert time.monotonic() < deadline, f"no rollout worker played the env\n{cluster.logs()}"
+                with contextlib.suppress(psycopg.errors.UndefinedTable):
+                    row = conn.execute(
+                        "SELECT w.lease_owner FROM rollout_windows w WHERE w.env_id = %s AND w.lease_owner IS NOT "
+                        "NULL AND EXISTS (SELECT 1 FROM rollout_plays p WHERE p.env_id = w.env_id)",
+                        (env_id,),
+                    ).fetchone()
+                    owner = row[0] if row else None
+                time.sleep(0.05)
         workers[owner].kill()
         workers[owner].wait(30)
         cluster.procs[f"{owner}-killed"] = cluster.procs.pop(owner)
@@ -226,13 +255,11 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
             {
                 "SPADE_LEARNER_DEV_MODE": "true",
                 "SPADE_LEARNER_QUEUE": json.dumps(queue),
+                "SPADE_LEARNER_MEMORY__TARGET": memory,
                 "SPADE_LEARNER_INFERENCE_URLS": json.dumps([inference_url]),
                 "SPADE_LEARNER_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
                 "SPADE_LEARNER_WEIGHTS_DIR": str(tmp_path / "weights"),
-                "SPADE_LEARNER_AGENT_GROUP_SIZE": str(G),
                 "SPADE_LEARNER_AGENT_GROUPS_PER_STEP": "1",
-                "SPADE_LEARNER_WINDOW_VERSIONS": "1",
-                "SPADE_LEARNER_TEMPERATURE": "1.0",
                 "SPADE_LEARNER_LR": "1e-4",
                 "SPADE_LEARNER_DEVICE": "cpu",
             },
@@ -245,11 +272,9 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
                 "SPADE_DESIGNER_QUEUE": json.dumps(queue),
                 "SPADE_DESIGNER_SANDBOX__TARGET": f"127.0.0.1:{ports['sb_grpc']}",
                 "SPADE_DESIGNER_SANDBOX__API_KEY": SANDBOX_KEY,
-                "SPADE_DESIGNER_MEMORY__TARGET": f"127.0.0.1:{ports['mem_grpc']}",
+                "SPADE_DESIGNER_MEMORY__TARGET": memory,
                 "SPADE_DESIGNER_INFERENCE_URLS": json.dumps([inference_url]),
-                "SPADE_DESIGNER_ENVS_PER_BATCH": "1",
                 "SPADE_DESIGNER_MAX_ATTEMPTS_PER_ENV": "1",
-                "SPADE_DESIGNER_MAX_NEW_TOKENS": "32",
                 "SPADE_DESIGNER_MAX_PROMPT_TOKENS": "1536",
             },
         )
