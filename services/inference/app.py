@@ -136,7 +136,8 @@ def create_app(
     formatter = ChatFormatter(engine.tokenizer)
     model_name = served_model_name or engine.model_path.name
 
-    @app.api_route("/generate", methods=["POST", "PUT"], dependencies=user)
+    @app.put("/generate", dependencies=user, operation_id="generate_put")  # one operation id per method
+    @app.post("/generate", dependencies=user)
     async def generate(body: GenerateRequest) -> Any:
         if body.stream:
             raise InvalidRequest("streaming is not supported by the embedded server; send stream=false")
@@ -190,7 +191,8 @@ def create_app(
     app.get("/model_info", dependencies=user)(model_info)
     app.get("/get_model_info", dependencies=user)(model_info)
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"], dependencies=admin)
+    @app.get("/flush_cache", dependencies=admin, operation_id="flush_cache_get")
+    @app.post("/flush_cache", dependencies=admin)
     async def flush_cache() -> PlainTextResponse:
         if not engine.flush_cache():
             return PlainTextResponse("Flush cache failed: there are running or waiting requests.\n", status_code=400)

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.inference.engine import BatchEngine, FinishEvent, GenerationJob, GenerationOutcome, InvalidRequest
 from services.inference.streaming import IncrementalText
@@ -86,7 +86,14 @@ class ChatCompletionRequest(BaseModel):
             "ebnf": self.ebnf,
             "json_schema": self.json_schema(),
         }
-        return SamplingParams(**{k: v for k, v in values.items() if v is not None})
+        try:
+            return SamplingParams(**{k: v for k, v in values.items() if v is not None})
+        except ValidationError as exc:  # a value the request's own fields let through (min_p=5, say)
+            named = {"max_new_tokens": "max_tokens", "sampling_seed": "seed"}
+            problems = [
+                f"{'.'.join(named.get(str(p), str(p)) for p in err['loc'])}: {err['msg']}" for err in exc.errors()[:10]
+            ]
+            raise InvalidRequest("; ".join(problems)) from None
 
     @property
     def include_usage(self) -> bool:

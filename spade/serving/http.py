@@ -183,6 +183,7 @@ def install_error_handlers(
             500, "internal", f"internal error in the {service} service (request id {request_id}); it has been logged"
         )
 
+    declare_error_shape(app, invalid_status=invalid_status)
     app.add_exception_handler(ServiceError, domain)
     for cls in errors or {}:
         if issubclass(cls, Exception):
@@ -190,6 +191,54 @@ def install_error_handlers(
     app.add_exception_handler(RequestValidationError, bad_request)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, internal)
+
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "title": "Error",
+    "type": "object",
+    "description": "The one error body of every SPADE REST API.",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {
+                "code": {"type": "string", "description": "Stable machine-readable identifier."},
+                "message": {"type": "string", "description": "What went wrong and how to fix it, for a person."},
+            },
+        }
+    },
+}
+"""OpenAPI schema of :func:`error_response`'s body."""
+
+
+def declare_error_shape(app: FastAPI, *, invalid_status: int = 422) -> None:
+    """Make ``app``'s OpenAPI schema say what an invalid request really gets: the one error shape.
+
+    FastAPI declares every validation failure as 422 with its own ``HTTPValidationError`` body; the
+    handlers of :func:`install_error_handlers` answer ``invalid_status`` with :data:`ERROR_SCHEMA`.
+    """
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        if components.pop("HTTPValidationError", None) is not None:
+            components.pop("ValidationError", None)
+            components["Error"] = ERROR_SCHEMA
+            for operation in (op for item in schema.get("paths", {}).values() for op in item.values()):
+                responses = operation.get("responses", {})
+                if "422" in responses:
+                    declared = responses.pop("422")
+                    declared["description"] = "Invalid request"
+                    declared["content"] = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+                    responses[str(invalid_status)] = declared
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 # -- authentication -----------------------------------------------------------------------------------
