@@ -135,6 +135,7 @@ class RolloutWorker:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then stop within ``shutdown_grace_s`` (see :meth:`_shutdown`)."""
         try:
+            await self._catch_up_weights(stop)
             await asyncio.gather(
                 self._loop(stop, self.step_envs),
                 self._loop(stop, self.step_weights),
@@ -142,6 +143,17 @@ class RolloutWorker:
             )
         finally:
             await self._shutdown()
+
+    async def _catch_up_weights(self, stop: asyncio.Event) -> None:
+        """Take the weight announcements already published before any env is taken (as the embedded
+        step does): a worker started after a publication must fix a new env's window at the current
+        version, not at the env's design version. A failure here is left to the serving loop.
+        """
+        try:
+            while not stop.is_set() and await self.step_weights():
+                pass
+        except Exception:
+            log.exception("catching up on published weight versions failed; the serving loop retries")
 
     async def _loop(self, stop: asyncio.Event, step: Callable[[], Awaitable[int]]) -> None:
         while not stop.is_set():

@@ -2,7 +2,8 @@
 loopback, through the real Redis and Postgres of this machine, under a run spec stored in the memory
 as an operator stores it (``spade runspec set``). One learner step lands, and a rollout worker SIGKILLed
 mid-play has its window slot taken over by the other worker once its lease lapses: nothing lost,
-nothing twice."""
+nothing twice. A designer sample is scored from its env's own window slots even when the learner
+published between the design and the env's first play."""
 
 from __future__ import annotations
 
@@ -295,6 +296,204 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path, d
 
         sample = queues_pb2.DesignerSample.FromString(_next_message(SAMPLES_DESIGNER, queue, cluster, 300))
         assert sample.prompt_ids and sample.output_ids and len(sample.output_logprobs) == len(sample.output_ids)
+        cluster.check_alive()
+    finally:
+        cluster.stop()
+        for key in r.scan_iter(f"{prefix}*"):
+            r.delete(key)
+
+
+# --- the learner: a designer sample scored across a version drift (issue 10) -------------------------
+
+DRIFT_SPEC = {
+    "temperature": 1.0,
+    "group_size": 4,
+    "window_versions_game": 1,
+    "window_versions_tool": 1,
+    "agent_max_turns": 3,
+    "agent_max_tokens_per_turn": 16,
+    "agent_max_total_tokens": 2048,
+    "designer_max_new_tokens": 64,
+    "envs_per_round": 1,
+    "skills_per_round": 1,
+}
+
+
+def _warmup_group(spec_id: str) -> list[queues_pb2.AgentSample]:
+    """Four plays of a made-up env with varying returns: a learner step's worth, so it publishes v1."""
+    out = []
+    for seed, ret in enumerate([1.0, 0.0, 0.5, 0.0]):
+        tokens = [1, 5, 9, 13, 17, 21, 25, 29]
+        out.append(
+            queues_pb2.AgentSample(
+                sample_id=f"warmup@s0/plain/{seed}",
+                env_id="warmup",
+                setting="game",
+                skill="Optimization",
+                seed=seed,
+                group_id="warmup@s0",
+                token_ids=tokens,
+                logprobs=[0.0, 0.0, 0.0, -2.0, -2.5, -3.0, -1.5, -2.0],
+                loss_mask=[False, False, False, True, True, True, True, True],
+                episode_return=ret,
+                turns=1,
+                weight_version=0,
+                finish_reason="terminated",
+                spec_id=spec_id,
+                window_start=0,
+                window_index=0,
+            )
+        )
+    return out
+
+
+def test_a_designer_sample_is_scored_when_the_learner_published_between_design_and_first_play(
+    tmp_path: Path, database: str
+) -> None:
+    """Design at version 0; the learner publishes v1; only then does the rollout first play the env (its
+    window starts at 1). The designer sample is still scored, with regret and plateau from those plays:
+    the learner stores exactly what spade.signal gives on the plays the memory recorded."""
+    from spade import signal as spade_signal
+    from spade.queues.base import SAMPLES_AGENT
+
+    prefix = f"e2e-drift-{uuid.uuid4().hex[:8]}:"
+    ports = {name: _free_port() for name in ("sb_grpc", "sb_http", "mem_grpc", "mem_rest", "inference")}
+    memory = f"127.0.0.1:{ports['mem_grpc']}"
+    inference_url = f"http://127.0.0.1:{ports['inference']}"
+    queue = {"kind": "redis", "url": REDIS_URL, "prefix": prefix}
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    # A short game (three turns, graded returns) the pool designer stores as a valid env.
+    answer = ROOT / "tests" / "fixtures" / "designer_pool" / "game" / "valid-number_hunt.md"
+    (pool / answer.name).write_text(answer.read_text())
+    cluster = Cluster(tmp_path)
+    r = redis.Redis.from_url(REDIS_URL)
+    try:
+        cluster.start(
+            "sandbox",
+            ["serve", "sandbox", "--grpc-port", str(ports["sb_grpc"]), "--http-port", str(ports["sb_http"])],
+            {"SPADE_SANDBOX_API_KEYS": json.dumps([{"tenant": "e2e", "key_sha256": hash_key(SANDBOX_KEY)}])},
+        )
+        cluster.start(
+            "memory",
+            ["serve", "memory"],
+            {
+                "SPADE_MEMORY_DEV_MODE": "true",
+                "SPADE_MEMORY_DATABASE_URL": database,
+                "SPADE_MEMORY_GRPC__HOST": "127.0.0.1",
+                "SPADE_MEMORY_GRPC__PORT": str(ports["mem_grpc"]),
+                "SPADE_MEMORY_HTTP__PORT": str(ports["mem_rest"]),
+            },
+        )
+        cluster.start("inference", ["serve", "inference", "--port", str(ports["inference"])], {})
+        for port in ports.values():
+            _wait_port(port, cluster)
+        spec = _store_run_spec(DRIFT_SPEC, memory, tmp_path)
+
+        async def observe() -> None:
+            observer = RedisStreamQueue(RedisQueueConfig.model_validate(queue))
+            for watched in (WEIGHTS_PUBLISHED, SAMPLES_DESIGNER):
+                await observer.consume(watched, "e2e-observer", "test", block_ms=1)
+            await observer.close()
+
+        asyncio.run(observe())
+        cluster.start(
+            "learner",
+            ["serve", "learner"],
+            {
+                "SPADE_LEARNER_DEV_MODE": "true",
+                "SPADE_LEARNER_QUEUE": json.dumps(queue),
+                "SPADE_LEARNER_MEMORY__TARGET": memory,
+                "SPADE_LEARNER_INFERENCE_URLS": json.dumps([inference_url]),
+                "SPADE_LEARNER_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+                "SPADE_LEARNER_WEIGHTS_DIR": str(tmp_path / "weights"),
+                "SPADE_LEARNER_AGENT_GROUPS_PER_STEP": "1",
+                "SPADE_LEARNER_FILL_TIMEOUT_S": "2",
+                "SPADE_LEARNER_LR": "1e-4",
+                "SPADE_LEARNER_DEVICE": "cpu",
+            },
+        )
+        cluster.start(
+            "designer",
+            ["serve", "designer", "--pool", str(pool)],
+            {
+                "SPADE_DESIGNER_DEV_MODE": "true",
+                "SPADE_DESIGNER_QUEUE": json.dumps(queue),
+                "SPADE_DESIGNER_SANDBOX__TARGET": f"127.0.0.1:{ports['sb_grpc']}",
+                "SPADE_DESIGNER_SANDBOX__API_KEY": SANDBOX_KEY,
+                "SPADE_DESIGNER_MEMORY__TARGET": memory,
+                "SPADE_DESIGNER_INFERENCE_URLS": json.dumps([inference_url]),
+            },
+        )
+
+        # 1. The design, at version 0.
+        design = queues_pb2.DesignerSample.FromString(_next_message(SAMPLES_DESIGNER, queue, cluster, 600))
+        assert design.valid and design.env_id and design.weight_version == 0 and design.spec_id == spec.spec_id
+
+        # 2. The learner publishes v1 before anyone plays the env.
+        async def warm_up() -> None:
+            producer = RedisStreamQueue(RedisQueueConfig.model_validate(queue))
+            for sample in _warmup_group(spec.spec_id):
+                await producer.publish(SAMPLES_AGENT, sample.SerializeToString(), key=sample.sample_id)
+            await producer.close()
+
+        asyncio.run(warm_up())
+        published = queues_pb2.WeightsPublished.FromString(_next_message(WEIGHTS_PUBLISHED, queue, cluster, 600))
+        assert published.weight_version == 1 and published.spec_id == spec.spec_id and published.workers_ok
+
+        # 3. Only now a rollout worker plays it: its window starts at version 1, not at the design's 0.
+        cluster.start(
+            "rollout",
+            ["serve", "rollout"],
+            {
+                "SPADE_ROLLOUT_QUEUE": json.dumps(queue),
+                "SPADE_ROLLOUT_SANDBOX": json.dumps(
+                    {"kind": "grpc", "target": f"127.0.0.1:{ports['sb_grpc']}", "api_key": SANDBOX_KEY}
+                ),
+                "SPADE_ROLLOUT_MEMORY": json.dumps({"kind": "grpc", "target": memory}),
+                "SPADE_ROLLOUT_INFERENCE_URLS": json.dumps([inference_url]),
+                "SPADE_ROLLOUT_STATE_URL": database,
+                "SPADE_ROLLOUT_CONSUMER_NAME": "rollout-drift",
+                "SPADE_ROLLOUT_BLOCK_MS": "200",
+            },
+        )
+
+        # 4. The learner scores the designer sample from those plays and stores its reward in the memory.
+        deadline = time.monotonic() + 900
+        with psycopg.connect(database.replace("+psycopg", "")) as conn:
+            while True:
+                cluster.check_alive()
+                row = conn.execute(
+                    "SELECT e.window_start, e.weight_version, s.reward_components, s.regret, s.win_rate "
+                    "FROM environments e JOIN env_stats s ON s.env_id = e.id WHERE e.id = %s",
+                    (design.env_id,),
+                ).fetchone()
+                conn.commit()
+                if row is not None and row[2] and "blend" in row[2]:
+                    break
+                assert time.monotonic() < deadline, f"the designer sample was never scored\n{cluster.logs()}"
+                time.sleep(1.0)
+            window_start, designed_at, components, stored_regret, stored_rate = row
+            plays = conn.execute(
+                "SELECT seed, hinted, episode_return, window_index, finish_reason FROM plays WHERE env_id = %s",
+                (design.env_id,),
+            ).fetchall()
+        assert designed_at == 0 and window_start == 1, "the env's window must start after the publish"
+        slot0 = [p for p in plays if p[3] == 0]
+
+        def counted(p: tuple[Any, ...]) -> float:
+            return 0.0 if str(p[4]).startswith("fault_") else float(p[2])
+
+        hinted = [(p[0], counted(p)) for p in slot0 if p[1]]
+        regret = spade_signal.regret(hinted, [(p[0], counted(p)) for p in slot0 if not p[1]])
+        rate = spade_signal.win_rate([counted(p) for p in slot0 if not p[1]])
+        assert (stored_regret, stored_rate) == pytest.approx((regret, rate))  # the memory's own statistics
+        expected = spade_signal.designer_blend(regret, rate, config=spec.rewards.to_config())
+        assert len(slot0) == 2 * spec.group_size
+        assert components["regret"] == pytest.approx(regret) and components["window_win_rate"] == pytest.approx(rate)
+        assert components["plateau"] == pytest.approx(expected.plateau)
+        assert components["blend"] == pytest.approx(expected.blend)
+        assert "designer_unscored" not in (tmp_path / "learner.log").read_text()
         cluster.check_alive()
     finally:
         cluster.stop()
