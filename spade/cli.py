@@ -52,6 +52,7 @@ class LazyGroup(click.Group):
         "run": ("services.embedded.cli:run", "Run the whole self-play loop in one process."),
         "migrate": ("services.memory.migrate:migrate_command", "Create or upgrade the database schema, once."),
         "eval": ("services.eval.cli:eval_group", "Score a checkpoint or server on held-out suites; compare two runs."),
+        "cluster": ("services.cluster.cli:cluster", "Run every service as a process of this machine (up/down/status)."),
     },
 )
 @click.version_option(package_name="spade")

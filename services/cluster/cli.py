@@ -1,0 +1,95 @@
+"""``spade cluster up|down|status|kill``: the distributed mode as processes of this machine (docs/distributed.md)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:
+    from services.cluster.runner import Cluster
+
+env_file_option = click.option(
+    "--env-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=Path("deploy/local.env"),
+    show_default=True,
+    help="The env file every process reads (variables already in the environment win).",
+)
+
+
+def _cluster(env_file: Path) -> Cluster:
+    from pydantic import ValidationError
+
+    from services.cluster.envfile import EnvFileError
+    from services.cluster.runner import Cluster
+    from services.cluster.settings import ClusterSettings
+    from spade.config import describe_error
+
+    try:
+        return Cluster(env_file)
+    except EnvFileError as exc:
+        raise click.ClickException(str(exc)) from None
+    except ValidationError as exc:
+        problems = describe_error(exc, ClusterSettings)
+        raise click.ClickException(f"invalid SPADE_CLUSTER_* settings:\n{problems}") from None
+
+
+@click.group()
+def cluster() -> None:
+    """Run every service as a process of this machine, from one env file."""
+
+
+@cluster.command()
+@env_file_option
+def up(env_file: Path) -> None:
+    """Start what is not running, in order, each waited for until healthy; seed the pool."""
+    from services.cluster.runner import ClusterError
+
+    runner = _cluster(env_file)
+    try:
+        runner.up()
+    except ClusterError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"cluster up: logs in {runner.log_dir}, keys in {runner.run_dir / 'keys.env'}")
+
+
+@cluster.command()
+@env_file_option
+def down(env_file: Path) -> None:
+    """Stop every process (SIGTERM, then SIGKILL after SPADE_CLUSTER_STOP_GRACE_S)."""
+    _cluster(env_file).down()
+    click.echo("cluster down")
+
+
+@cluster.command()
+@env_file_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the table.")
+def status(env_file: Path, as_json: bool) -> None:
+    """Each process's pid and health, and the queue's streams."""
+    report = _cluster(env_file).status()
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    for name, member in report["members"].items():
+        click.echo(f"{name:<12} {member['pid'] or '-':>8}  {member['health']}")
+    for key, stream in report["streams"].items():
+        click.echo(f"{key:<28} {stream}")
+
+
+@cluster.command()
+@env_file_option
+@click.argument("name")
+@click.option("--signal", "sig", type=click.Choice(["KILL", "TERM"]), default="KILL", show_default=True)
+def kill(env_file: Path, name: str, sig: str) -> None:
+    """Signal one process (kill -9 by default); `spade cluster up` starts it again."""
+    from services.cluster.runner import ClusterError
+
+    try:
+        pid = _cluster(env_file).kill(name, getattr(signal, f"SIG{sig}"))
+    except ClusterError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"sent SIG{sig} to {name} (pid {pid})")

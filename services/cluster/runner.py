@@ -1,0 +1,411 @@
+"""The process runner: every service of the distributed mode as a process of this machine, in order.
+
+``up`` (idempotent: a member already running is left alone, a dead one is started again):
+
+1. the database: Postgres reachable, the database created when missing, ``spade migrate``;
+2. ``sandbox``, ``memory``, ``inference``, each waited for until healthy (gRPC health, ``/healthz``,
+   ``/health_generate``);
+3. the run spec stored in the memory (``SPADE_CLUSTER_RUN_SPEC``; a different stored spec stops here);
+4. the seed pool loaded (``spade envs seed``, idempotent); 3 and 4 come after the servers when
+   ``SPADE_CLUSTER_SERVICES`` names no worker;
+5. ``learner``, ``rollout-1..N``, ``designer``, each waited for until it has run for a few seconds.
+
+``down`` stops them in the reverse order (SIGTERM, then SIGKILL of the process group after
+``stop_grace_s``); ``status`` shows each process, its health and the queue's streams. Each process
+logs to ``<run_dir>/logs/<name>.log``; keys are generated once into ``<run_dir>/keys.env`` (0600) and
+given to every process, unless the env file sets them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.cluster.envfile import parse_env_lines, read_env_file
+from services.cluster.settings import ClusterSettings
+from spade.auth import hash_key
+from spade.dependencies import Dependency, DependencyUnavailable
+
+SPADE = [sys.executable, "-m", "spade.cli"]
+
+WORKER_SETTLE_S = 3.0
+"""A worker (no server of its own) counts as up once it has run this long without exiting."""
+
+STREAMS = ("envs.ready", "samples.agent", "samples.designer", "weights.published")
+
+
+class ClusterError(RuntimeError):
+    """``up`` could not bring a member up (the message names it and quotes its log's tail)."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One process of the cluster.
+
+    Attributes:
+        name: Its name (``rollout-2``), also its log file's and, for workers, its consumer name.
+        role: The service it runs.
+        argv: The ``spade`` arguments.
+        env: Variables set for it alone.
+        health: Checks it once; raises ``DependencyUnavailable`` while it is not healthy yet.
+    """
+
+    name: str
+    role: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    health: Callable[[], None] | None = None
+
+
+def _host(value: str | None) -> str:
+    """Where to reach a server bound to ``value`` from this machine."""
+    return "127.0.0.1" if value in (None, "", "0.0.0.0", "::") else str(value)
+
+
+class Cluster:
+    """The runner over one env file (see the module docstring).
+
+    Args:
+        env_file: The env file (``deploy/local.env``).
+        environ: The process environment (it wins over the file; default ``os.environ``).
+        out: Where progress lines go (default: stderr).
+    """
+
+    def __init__(
+        self, env_file: Path, environ: Mapping[str, str] | None = None, out: Callable[[str], None] | None = None
+    ) -> None:
+        self.environ = dict(os.environ if environ is None else environ)
+        self.values = read_env_file(env_file, self.environ)
+        cluster = {k.removeprefix("SPADE_CLUSTER_").lower(): v for k, v in self.values.items()}
+        cluster = {k: v for k, v in cluster.items() if k in ClusterSettings.model_fields}
+        self.settings = ClusterSettings.model_validate(cluster)
+        self.run_dir = self.settings.run_dir.resolve()
+        self.log_dir = self.run_dir / "logs"
+        self.state_file = self.run_dir / "state.json"
+        self._out = out or (lambda line: print(line, file=sys.stderr, flush=True))
+
+    # -- configuration ------------------------------------------------------------------------------
+
+    def value(self, name: str, default: str) -> str:
+        """A variable as every process sees it (the file, the environment, the generated keys)."""
+        return self.env().get(name, default)
+
+    def keys(self) -> dict[str, str]:
+        """The generated keys and their hashes (made on first use, kept in ``keys.env``)."""
+        path = self.run_dir / "keys.env"
+        if path.exists():
+            return parse_env_lines(path.read_text().splitlines(), {}, source=str(path))
+        key = {name: secrets.token_urlsafe(32) for name in ("operator", "designer", "rollout", "learner", "memory")}
+
+        def tenants(*names: str, **extra: dict[str, Any]) -> str:
+            return json.dumps([{"tenant": n, "key_sha256": hash_key(key[n]), **extra.get(n, {})} for n in names])
+
+        generated = {
+            "SPADE_CLUSTER_OPERATOR_KEY": key["operator"],
+            "SPADE_SANDBOX_API_KEYS": tenants(
+                "operator", "designer", "rollout", "memory",
+                rollout={"max_sessions": 256, "executions_per_minute": 100_000},
+            ),
+            "SPADE_MEMORY_API_KEYS": tenants("operator", "designer", "rollout", "learner"),
+            "SPADE_INFERENCE_API_KEYS": tenants("operator", "designer", "rollout"),
+            "SPADE_INFERENCE_ADMIN_KEYS": tenants("learner"),
+            "SPADE_DESIGNER_SANDBOX__API_KEY": key["designer"],
+            "SPADE_DESIGNER_MEMORY__API_KEY": key["designer"],
+            "SPADE_DESIGNER_INFERENCE__API_KEY": key["designer"],
+            "SPADE_ROLLOUT_SANDBOX__API_KEY": key["rollout"],
+            "SPADE_ROLLOUT_MEMORY__API_KEY": key["rollout"],
+            "SPADE_ROLLOUT_INFERENCE__API_KEY": key["rollout"],
+            "SPADE_LEARNER_MEMORY__API_KEY": key["learner"],
+            "SPADE_LEARNER_INFERENCE__API_KEY": key["learner"],
+            "SPADE_MEMORY_SANDBOX__API_KEY": key["memory"],
+            # The CLIs (spade envs seed, spade runspec) read these.
+            "SPADE_MEMORY_API_KEY": key["operator"],
+            "SPADE_SANDBOX_API_KEY": key["operator"],
+        }  # fmt: skip
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("# Generated by `spade cluster up`: this cluster's keys. Keep it private.\n")
+            f.writelines(f"{k}='{v}'\n" for k, v in generated.items())
+        return generated
+
+    def env(self) -> dict[str, str]:
+        """Every process's environment: the generated keys, under the process environment and the file."""
+        env = {**self.keys(), **self.environ, **self.values}
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        if "SPADE_LEARNER_MODEL_PATH" not in env and "learner" in self.settings.services:
+            from spade.inference.models import resolve_model_path
+
+            env["SPADE_LEARNER_MODEL_PATH"] = str(resolve_model_path(None))
+        return env
+
+    def members(self) -> list[Member]:
+        """The processes to run, in start order."""
+        env = self.env()
+        grpc_sandbox = f"{_host(env.get('SPADE_SANDBOX_GRPC__HOST'))}:{env.get('SPADE_SANDBOX_GRPC__PORT', '50051')}"
+        memory_http = f"http://{_host(env.get('SPADE_MEMORY_HTTP__HOST'))}:{env.get('SPADE_MEMORY_HTTP__PORT', '8082')}"
+        inference = (
+            f"http://{_host(env.get('SPADE_INFERENCE_HTTP__HOST'))}:{env.get('SPADE_INFERENCE_HTTP__PORT', '30000')}"
+        )
+        timeout = 5.0
+        checks: dict[str, Callable[[], None]] = {
+            "sandbox": Dependency("grpc", grpc_sandbox, timeout).check,
+            "memory": Dependency("http", f"{memory_http}/healthz", timeout).check,
+            "inference": Dependency("http", f"{inference}/health_generate", 30.0).check,
+        }
+        out: list[Member] = []
+        for role in self.settings.services:
+            if role == "rollout":
+                for i in range(1, self.settings.rollout_workers + 1):
+                    name = f"rollout-{i}"
+                    out.append(Member(name, role, ("serve", role), {"SPADE_ROLLOUT_CONSUMER_NAME": name}))
+            else:
+                out.append(Member(role, role, ("serve", role), {}, checks.get(role)))
+        order = {role: i for i, role in enumerate(("sandbox", "memory", "inference", "learner", "rollout", "designer"))}
+        return sorted(out, key=lambda m: order[m.role])
+
+    # -- process state -----------------------------------------------------------------------------
+
+    def _state(self) -> dict[str, dict[str, Any]]:
+        if not self.state_file.exists():
+            return {}
+        state: dict[str, dict[str, Any]] = json.loads(self.state_file.read_text())
+        return state
+
+    def _save(self, state: dict[str, dict[str, Any]]) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.state_file)
+
+    @staticmethod
+    def alive(pid: int | None) -> bool:
+        """Whether ``pid`` is a live (not zombie) ``spade`` process."""
+        if not pid:
+            return False
+        try:
+            status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, IndexError):
+            return False
+        return status != "Z" and b"spade" in cmdline
+
+    def pid(self, name: str) -> int | None:
+        """The recorded pid of ``name`` if that process still runs."""
+        pid = self._state().get(name, {}).get("pid")
+        return int(pid) if pid is not None and self.alive(int(pid)) else None
+
+    def log_tail(self, name: str, chars: int = 3000) -> str:
+        """The end of ``name``'s log."""
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
+
+    # -- up ------------------------------------------------------------------------------------------
+
+    def _run(self, what: str, argv: list[str], env: Mapping[str, str], timeout_s: float = 600) -> str:
+        self._out(f"cluster: {what}")
+        done = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout_s, check=False)
+        if done.returncode != 0:
+            raise ClusterError(f"{what} failed (exit {done.returncode}):\n{(done.stderr or done.stdout)[-3000:]}")
+        return done.stdout
+
+    def database(self, env: Mapping[str, str]) -> None:
+        """Postgres reachable, the database created when missing, the schema migrated."""
+        url = env.get("SPADE_MEMORY_DATABASE_URL", "")
+        if url.startswith("postgresql"):
+            import psycopg
+
+            dsn = "postgresql://" + url.split("://", 1)[1]
+            name = dsn.rsplit("/", 1)[1].split("?", 1)[0]
+            admin = dsn.rsplit("/", 1)[0] + "/postgres"
+            with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
+                if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+                    conn.execute(f'CREATE DATABASE "{name}"')
+                    self._out(f"cluster: created database {name}")
+        self._run("spade migrate", [*SPADE, "migrate"], env)
+
+    def start(self, member: Member, env: Mapping[str, str]) -> int:
+        """Start ``member`` (its output appended to its log); returns its pid."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = (self.log_dir / f"{member.name}.log").open("ab")
+        log.write(f"\n===== spade cluster: starting {member.name} at {time.strftime('%F %T')}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            [*SPADE, *member.argv],
+            env={**env, **member.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # the cluster outlives `spade cluster up`; down signals the group
+        )
+        log.close()
+        state = self._state()
+        state[member.name] = {"pid": proc.pid, "role": member.role, "argv": list(member.argv), "started": time.time()}
+        self._save(state)
+        return proc.pid
+
+    def wait_healthy(self, member: Member, pid: int) -> None:
+        """Until ``member`` answers its health check (or, a worker, has run a few seconds).
+
+        Raises:
+            ClusterError: It exited, or was not healthy within ``health_timeout_s``.
+        """
+        started = time.monotonic()
+        deadline = started + self.settings.health_timeout_s
+        last = "not checked yet"
+        next_note = started + 30
+        while time.monotonic() < deadline:
+            if not self.alive(pid):
+                raise ClusterError(f"{member.name} exited while starting; its log ends:\n{self.log_tail(member.name)}")
+            if member.health is None:
+                if time.monotonic() - started >= WORKER_SETTLE_S:
+                    return
+            else:
+                try:
+                    member.health()
+                    return
+                except (DependencyUnavailable, OSError) as exc:
+                    last = str(exc)
+            if time.monotonic() >= next_note:
+                self._out(f"cluster: still waiting for {member.name} ({time.monotonic() - started:.0f} s: {last})")
+                next_note += 30
+            time.sleep(0.5)
+        raise ClusterError(
+            f"{member.name} was not healthy within {self.settings.health_timeout_s:.0f} s ({last}); "
+            f"its log ends:\n{self.log_tail(member.name)}"
+        )
+
+    def up(self) -> None:
+        """Bring every member up (see the module docstring); members already running are left alone."""
+        env = self.env()
+        members = self.members()
+        if not any(self.pid(m.name) for m in members):
+            self.database(env)
+        prepared = False
+        for member in members:
+            if member.role in ("learner", "rollout", "designer") and not prepared:
+                self.prepare(env)
+                prepared = True
+            pid = self.pid(member.name)
+            if pid is None:
+                pid = self.start(member, env)
+                self._out(f"cluster: started {member.name} (pid {pid}), waiting until it is healthy")
+            self.wait_healthy(member, pid)
+            self._out(f"cluster: {member.name} is up (pid {pid})")
+        if not prepared:  # no worker among the services: the servers are up, the run can be prepared now
+            self.prepare(env)
+
+    def prepare(self, env: Mapping[str, str]) -> None:
+        """The run spec stored (or shown) and the seed pool loaded, before the workers start (idempotent)."""
+        roles = set(self.settings.services)
+        if "memory" not in roles:
+            return
+        memory = env.get("SPADE_MEMORY_TARGET", "127.0.0.1:50052")
+        if self.settings.run_spec is not None:
+            spec = str(self.settings.run_spec)
+            self._run(f"spade runspec set {spec}", [*SPADE, "runspec", "set", spec, "--memory", memory], env)
+        shown = self._run("spade runspec show", [*SPADE, "runspec", "show", "--memory", memory], env)
+        self._out("cluster: run spec " + " ".join(shown.split())[:300])
+        if self.settings.seed_examples and "sandbox" in roles:
+            argv = [*SPADE, "envs", "seed", "--setting", self.settings.seed_setting, "--memory", memory]
+            argv += ["--queue", json.dumps(self.queue_config(env))]
+            argv += ["--sandbox", env.get("SPADE_ROLLOUT_SANDBOX__TARGET", "127.0.0.1:50051")]
+            argv += ["--window", str(self.settings.seed_window)]
+            for name in self.settings.seed_examples:
+                argv += ["--example", name]
+            self._out("cluster: " + self._run("spade envs seed", argv, env).strip().splitlines()[0])
+
+    @staticmethod
+    def queue_config(env: Mapping[str, str]) -> dict[str, Any]:
+        """The rollout's queue (URL and prefix), as every service shares it."""
+        if "SPADE_ROLLOUT_QUEUE" in env:
+            loaded: dict[str, Any] = json.loads(env["SPADE_ROLLOUT_QUEUE"])
+            return loaded
+        return {
+            "kind": "redis",
+            "url": env.get("SPADE_ROLLOUT_QUEUE__URL", "redis://127.0.0.1:6379/0"),
+            "prefix": env.get("SPADE_ROLLOUT_QUEUE__PREFIX", "spade:"),
+        }
+
+    # -- down, kill, status --------------------------------------------------------------------------
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` to ``name``'s process group (the chaos test's kill -9); returns the pid."""
+        pid = self.pid(name)
+        if pid is None:
+            raise ClusterError(f"{name} is not running")
+        os.killpg(pid, sig)
+        return pid
+
+    def down(self) -> None:
+        """Stop every recorded process, the last started first: SIGTERM, then SIGKILL after the grace."""
+        state = self._state()
+        order = ["designer", "rollout", "learner", "inference", "memory", "sandbox"]
+        tiers: list[list[str]] = [[n for n, s in state.items() if s.get("role") == role] for role in order]
+        tiers.append([n for n, s in state.items() if s.get("role") not in order])
+        for tier in tiers:
+            running = {name: pid for name in tier if (pid := self.pid(name))}
+            for name, pid in running.items():
+                self._out(f"cluster: stopping {name} (pid {pid})")
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + self.settings.stop_grace_s
+            while running and time.monotonic() < deadline:
+                running = {n: p for n, p in running.items() if self.alive(p)}
+                time.sleep(0.2)
+            for name, pid in running.items():
+                self._out(f"cluster: {name} ignored SIGTERM for {self.settings.stop_grace_s:.0f} s; killing it")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+        for name in state:  # anything a killed parent left behind in its group
+            pid = int(state[name].get("pid") or 0)
+            try:
+                if pid:
+                    os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._save({})
+
+    def status(self) -> dict[str, Any]:
+        """Each member's pid and health, and the queue's streams (length, each group's pending)."""
+        env = self.env()
+        out: dict[str, Any] = {"members": {}, "streams": {}}
+        for member in self.members():
+            pid = self.pid(member.name)
+            health = "down"
+            if pid is not None:
+                health = "up"
+                if member.health is not None:
+                    try:
+                        member.health()
+                    except (DependencyUnavailable, OSError) as exc:
+                        health = f"unhealthy: {exc}"
+            out["members"][member.name] = {"pid": pid, "health": health}
+        try:
+            import redis
+
+            queue = self.queue_config(env)
+            client = redis.Redis.from_url(queue["url"], socket_timeout=5)
+            try:
+                for stream in STREAMS:
+                    key = f"{queue.get('prefix', 'spade:')}{{{stream}}}"
+                    groups = client.xinfo_groups(key) if client.exists(key) else []
+                    out["streams"][key] = {
+                        "length": int(client.xlen(key)) if client.exists(key) else 0,
+                        "pending": {g["name"].decode(): int(g["pending"]) for g in groups},
+                    }
+            finally:
+                client.close()
+        except Exception as exc:  # status must answer even with Redis down
+            out["streams"] = {"error": f"{type(exc).__name__}: {exc}"}
+        return out

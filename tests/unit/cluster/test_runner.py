@@ -1,0 +1,62 @@
+"""The process runner's configuration: the env file's rules, the generated keys, the members in order."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from services.cluster import envfile
+from services.cluster.envfile import EnvFileError, parse_env_lines
+from services.cluster.runner import Cluster
+from spade.auth import hash_key
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_doctests() -> None:
+    failures, tried = doctest.testmod(envfile)
+    assert tried and not failures
+
+
+def test_a_reference_to_an_unset_variable_names_the_line() -> None:
+    with pytest.raises(EnvFileError, match=r"env file:2: \$\{NOPE\} is not set"):
+        parse_env_lines(["A=1", "B=${NOPE}"], {})
+
+
+def _cluster(tmp_path: Path, **environ: str) -> Cluster:
+    return Cluster(ROOT / "deploy" / "local.env", environ={"SPADE_LOCAL_DATA_DIR": str(tmp_path), **environ})
+
+
+def test_keys_are_generated_once_private_and_accepted_by_each_server(tmp_path: Path) -> None:
+    cluster = _cluster(tmp_path)
+    keys = cluster.keys()
+    path = tmp_path / "keys.env"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert _cluster(tmp_path).keys() == keys
+    env = cluster.env()
+    sandbox = {t["tenant"]: t["key_sha256"] for t in json.loads(env["SPADE_SANDBOX_API_KEYS"])}
+    memory = {t["tenant"]: t["key_sha256"] for t in json.loads(env["SPADE_MEMORY_API_KEYS"])}
+    admin = {t["tenant"]: t["key_sha256"] for t in json.loads(env["SPADE_INFERENCE_ADMIN_KEYS"])}
+    assert hash_key(env["SPADE_ROLLOUT_SANDBOX__API_KEY"]) == sandbox["rollout"]
+    assert hash_key(env["SPADE_DESIGNER_MEMORY__API_KEY"]) == memory["designer"]
+    assert hash_key(env["SPADE_LEARNER_MEMORY__API_KEY"]) == memory["learner"]
+    assert hash_key(env["SPADE_LEARNER_INFERENCE__API_KEY"]) == admin["learner"]
+
+
+def test_members_start_in_order_with_one_consumer_name_per_rollout_worker(tmp_path: Path) -> None:
+    cluster = _cluster(tmp_path, SPADE_CLUSTER_ROLLOUT_WORKERS="3", SPADE_LEARNER_MODEL_PATH=str(tmp_path))
+    names = [m.name for m in cluster.members()]
+    assert names == ["sandbox", "memory", "inference", "learner", "rollout-1", "rollout-2", "rollout-3", "designer"]
+    workers = [m for m in cluster.members() if m.role == "rollout"]
+    assert [m.env["SPADE_ROLLOUT_CONSUMER_NAME"] for m in workers] == ["rollout-1", "rollout-2", "rollout-3"]
+
+
+def test_a_port_set_in_the_environment_moves_every_address_built_from_it(tmp_path: Path) -> None:
+    env = _cluster(tmp_path, SPADE_LOCAL_MEMORY_GRPC_PORT="60052", SPADE_CLUSTER_SERVICES="sandbox,memory").env()
+    assert env["SPADE_MEMORY_GRPC__PORT"] == "60052"
+    assert env["SPADE_ROLLOUT_MEMORY__TARGET"] == env["SPADE_LEARNER_MEMORY__TARGET"] == "127.0.0.1:60052"
+    assert _cluster(tmp_path, SPADE_CLUSTER_SERVICES="sandbox,memory").settings.services == ["sandbox", "memory"]
