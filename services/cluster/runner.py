@@ -86,8 +86,13 @@ class Cluster:
     ) -> None:
         self.environ = dict(os.environ if environ is None else environ)
         self.values = read_env_file(env_file, self.environ)
-        cluster = {k.removeprefix("SPADE_CLUSTER_").lower(): v for k, v in self.values.items()}
-        cluster = {k: v for k, v in cluster.items() if k in ClusterSettings.model_fields}
+        # The runner's own settings: SPADE_CLUSTER_* of the environment, also those the file leaves out.
+        prefix = "SPADE_CLUSTER_"
+        cluster = {
+            k.removeprefix(prefix).lower(): v
+            for k, v in {**self.environ, **self.values}.items()
+            if k.startswith(prefix) and k.removeprefix(prefix).lower() in ClusterSettings.model_fields
+        }
         self.settings = ClusterSettings.model_validate(cluster)
         self.run_dir = self.settings.run_dir.resolve()
         self.log_dir = self.run_dir / "logs"

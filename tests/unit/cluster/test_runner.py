@@ -60,3 +60,8 @@ def test_a_port_set_in_the_environment_moves_every_address_built_from_it(tmp_pat
     assert env["SPADE_MEMORY_GRPC__PORT"] == "60052"
     assert env["SPADE_ROLLOUT_MEMORY__TARGET"] == env["SPADE_LEARNER_MEMORY__TARGET"] == "127.0.0.1:60052"
     assert _cluster(tmp_path, SPADE_CLUSTER_SERVICES="sandbox,memory").settings.services == ["sandbox", "memory"]
+
+
+def test_a_runner_setting_the_file_leaves_out_is_read_from_the_environment(tmp_path: Path) -> None:
+    assert _cluster(tmp_path).settings.stop_grace_s == 40.0
+    assert _cluster(tmp_path, SPADE_CLUSTER_STOP_GRACE_S="5").settings.stop_grace_s == 5.0
