@@ -41,7 +41,11 @@ POOL_ANSWERS = ("valid-number_hunt.md", "valid-code_breaker.md", "invalid-smoke.
 SMALL = {
     "group_size": 4,
     "agent_max_turns": 3,
-    "agent_max_tokens_per_turn": 12,
+    # Long enough for NumberHunt's guess in most replies: its graded returns then differ across seeds,
+    # so the policy run's first step has a group with variance to train on. At 12 tokens nearly every
+    # return was 0, and whether one play got a guess in depended on the server's batching (the seeds
+    # fix the sampling, not the float sums of a batch's shape): the step trained or not by luck.
+    "agent_max_tokens_per_turn": 16,
     "designer_max_prompt_tokens": 1536,
     "temperature": 1.0,
 }
