@@ -18,8 +18,9 @@ steps and breaks each step down from its ``metrics.jsonl`` line, which the runne
   second of the rollout phase, and the inference server's share of the step (how long it was busy).
 
 The first step pays one-off costs (model load is before it; the Vendi embedding model loads at the
-first stats), so the figures of the last step are the steady state. A distributed step needs the
-platform's process runner, which is not in the repository yet: the output says so.
+first stats), so the figures of the last step are the steady state. A distributed step (the
+services as processes, ``spade cluster up``) is not broken down here yet: its services log their
+own phases (``learner_step``, ``play``, designer attempts), and the output says so.
 
 Usage::
 
@@ -146,8 +147,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "run_dir": str(run_dir),
         "total_s": time.perf_counter() - start,
         "steps": steps,
-        "distributed": "not measured: the platform's process runner (one command bringing every service up) "
-        "is not in the repository yet",
+        "distributed": "not measured: this bench does not drive `spade cluster` yet (docs/distributed.md "
+        "shows how to follow a distributed run's steps in its logs)",
     }
 
 
