@@ -8,7 +8,8 @@
 3. the run spec stored in the memory (``SPADE_CLUSTER_RUN_SPEC``; a different stored spec stops here);
 4. the seed pool loaded (``spade envs seed``, idempotent); 3 and 4 come after the servers when
    ``SPADE_CLUSTER_SERVICES`` names no worker;
-5. ``learner``, ``rollout-1..N``, ``designer``, each waited for until it has run for a few seconds.
+5. ``learner``, ``rollout-1..N``, ``designer``, each waited for until it has run for a few seconds
+   (one found running has).
 
 ``down`` stops them in the reverse order (SIGTERM, then SIGKILL of the process group after
 ``stop_grace_s``); ``status`` shows each process, its health and the queue's streams. Each process
@@ -98,6 +99,7 @@ class Cluster:
         self.log_dir = self.run_dir / "logs"
         self.state_file = self.run_dir / "state.json"
         self._out = out or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     # -- configuration ------------------------------------------------------------------------------
 
@@ -206,6 +208,14 @@ class Cluster:
             return False
         return status != "Z" and b"spade" in cmdline
 
+    def running(self, pid: int) -> bool:
+        """Whether ``pid`` still runs: exact for a process this runner started (its child, even while it
+        is still exec'ing and its command line reads empty), else :meth:`alive`."""
+        child = self._children.get(pid)
+        if child is not None:
+            return child.poll() is None
+        return self.alive(pid)
+
     def pid(self, name: str) -> int | None:
         """The recorded pid of ``name`` if that process still runs."""
         pid = self._state().get(name, {}).get("pid")
@@ -255,23 +265,30 @@ class Cluster:
             start_new_session=True,  # the cluster outlives `spade cluster up`; down signals the group
         )
         log.close()
+        self._children[proc.pid] = proc
         state = self._state()
         state[member.name] = {"pid": proc.pid, "role": member.role, "argv": list(member.argv), "started": time.time()}
         self._save(state)
         return proc.pid
 
-    def wait_healthy(self, member: Member, pid: int) -> None:
+    def wait_healthy(self, member: Member, pid: int, ran_s: float = 0.0) -> None:
         """Until ``member`` answers its health check (or, a worker, has run a few seconds).
+
+        Args:
+            member: The member.
+            pid: Its process.
+            ran_s: How long it has run already (a member ``up`` found running has settled long ago).
 
         Raises:
             ClusterError: It exited, or was not healthy within ``health_timeout_s``.
         """
-        started = time.monotonic()
-        deadline = started + self.settings.health_timeout_s
+        now = time.monotonic()
+        started = now - max(0.0, ran_s)
+        deadline = now + self.settings.health_timeout_s
         last = "not checked yet"
-        next_note = started + 30
+        next_note = now + 30
         while time.monotonic() < deadline:
-            if not self.alive(pid):
+            if not self.running(pid):
                 raise ClusterError(f"{member.name} exited while starting; its log ends:\n{self.log_tail(member.name)}")
             if member.health is None:
                 if time.monotonic() - started >= WORKER_SETTLE_S:
@@ -283,7 +300,7 @@ class Cluster:
                 except (DependencyUnavailable, OSError) as exc:
                     last = str(exc)
             if time.monotonic() >= next_note:
-                self._out(f"cluster: still waiting for {member.name} ({time.monotonic() - started:.0f} s: {last})")
+                self._out(f"cluster: still waiting for {member.name} ({time.monotonic() - now:.0f} s: {last})")
                 next_note += 30
             time.sleep(0.5)
         raise ClusterError(
@@ -303,10 +320,13 @@ class Cluster:
                 self.prepare(env)
                 prepared = True
             pid = self.pid(member.name)
+            ran_s = 0.0
             if pid is None:
                 pid = self.start(member, env)
                 self._out(f"cluster: started {member.name} (pid {pid}), waiting until it is healthy")
-            self.wait_healthy(member, pid)
+            else:
+                ran_s = time.time() - float(self._state()[member.name].get("started", time.time()))
+            self.wait_healthy(member, pid, ran_s)
             self._out(f"cluster: {member.name} is up (pid {pid})")
         if not prepared:  # no worker among the services: the servers are up, the run can be prepared now
             self.prepare(env)

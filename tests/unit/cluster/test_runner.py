@@ -65,3 +65,56 @@ def test_a_port_set_in_the_environment_moves_every_address_built_from_it(tmp_pat
 def test_a_runner_setting_the_file_leaves_out_is_read_from_the_environment(tmp_path: Path) -> None:
     assert _cluster(tmp_path).settings.stop_grace_s == 40.0
     assert _cluster(tmp_path, SPADE_CLUSTER_STOP_GRACE_S="5").settings.stop_grace_s == 5.0
+
+
+def test_a_worker_up_finds_running_is_not_waited_for_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.cluster import runner
+
+    cluster = _cluster(tmp_path)
+    monkeypatch.setattr(cluster, "alive", lambda pid: True)
+    worker = runner.Member("rollout-1", "rollout", ("serve", "rollout"))
+    slept: list[float] = []
+    monkeypatch.setattr(runner.time, "sleep", slept.append)
+    cluster.wait_healthy(worker, 1234, ran_s=runner.WORKER_SETTLE_S + 60)
+    assert slept == []  # settled long ago
+
+
+def test_the_data_dir_queue_prefix_and_database_set_in_the_environment_move_every_service(tmp_path: Path) -> None:
+    # What tests/e2e/test_distributed.py overrides to run the shipped cluster beside another one.
+    url = "postgresql+psycopg://postgres@127.0.0.1:5432/other"
+    cluster = _cluster(
+        tmp_path,
+        SPADE_LOCAL_QUEUE_PREFIX="e2e-1:",
+        SPADE_LOCAL_DATABASE_URL=url,
+        SPADE_LEARNER_MODEL_PATH=str(tmp_path),
+    )
+    env = cluster.env()
+    assert cluster.run_dir == tmp_path.resolve()
+    assert env["SPADE_LEARNER_WEIGHTS_DIR"].startswith(str(tmp_path))
+    assert env["SPADE_LEARNER_CHECKPOINT_DIR"].startswith(str(tmp_path))
+    for service in ("LEARNER", "ROLLOUT", "DESIGNER"):
+        assert json.loads(env[f"SPADE_{service}_QUEUE"])["prefix"] == "e2e-1:"
+    assert Cluster.queue_config(env)["prefix"] == "e2e-1:"
+    assert env["SPADE_MEMORY_DATABASE_URL"] == env["SPADE_ROLLOUT_STATE_URL"] == url
+
+
+def test_a_member_just_started_counts_as_running_even_before_its_command_line_reads_spade(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Right after the fork, /proc/PID/cmdline can read empty (the exec is under way): `up` must not
+    # report such a member as exited while starting.
+    from services.cluster import runner
+
+    cluster = _cluster(tmp_path)
+    monkeypatch.setattr(runner, "SPADE", ["sleep"])
+    monkeypatch.setattr(runner, "WORKER_SETTLE_S", 0.2)
+    monkeypatch.setattr(cluster, "alive", lambda pid: False)
+    worker = runner.Member("rollout-1", "rollout", ("30",))
+    pid = cluster.start(worker, {"PATH": "/usr/bin:/bin"})
+    try:
+        cluster.wait_healthy(worker, pid)
+        assert cluster.running(pid)
+    finally:
+        cluster._children[pid].kill()
+        cluster._children[pid].wait(10)
+    assert not cluster.running(pid)
