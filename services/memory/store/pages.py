@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from spade.memory.errors import InvalidArgument
+
+T = TypeVar("T")
 
 MAX_PAGE = 1000
 """Largest page a listing returns."""
@@ -57,3 +64,14 @@ def utc_now() -> datetime:
 def as_utc(t: datetime) -> datetime:
     """A stored time as an aware UTC datetime (SQLite returns naive datetimes for aware columns)."""
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+def fresh_by_key(session: Session, column: Any, items: Sequence[T], key: Callable[[T], str]) -> dict[str, T]:
+    """The items whose key is not stored in ``column`` yet, first of each key only: what an
+    idempotent insert adds (the rest are duplicates)."""
+    seen = set(session.scalars(select(column).where(column.in_({key(i) for i in items}))))
+    fresh: dict[str, T] = {}
+    for item in items:
+        if key(item) not in seen:
+            fresh.setdefault(key(item), item)
+    return fresh

@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.memory.store.models import DesignerAttemptRow, EnvironmentRow, EnvProbeRow, RunSpecRow
-from services.memory.store.pages import as_utc, check_limit, utc_now
+from services.memory.store.pages import as_utc, check_limit, fresh_by_key, utc_now
 from services.memory.store.pool_stats import POOL_STATUSES
 from spade import pool_metrics
 from spade.memory.errors import EnvironmentNotFound, InvalidArgument, RunSpecConflict, RunSpecNotSet
@@ -56,12 +56,7 @@ class RunRecords:
     def _attempts_once(self, attempts: Sequence[DesignerAttempt]) -> RecordResult:
         now = utc_now()
         with self._sessions.begin() as s:
-            ids = {a.sample_id for a in attempts}
-            seen = set(s.scalars(select(DesignerAttemptRow.sample_id).where(DesignerAttemptRow.sample_id.in_(ids))))
-            fresh: dict[str, DesignerAttempt] = {}
-            for a in attempts:
-                if a.sample_id not in seen:
-                    fresh.setdefault(a.sample_id, a)
+            fresh = fresh_by_key(s, DesignerAttemptRow.sample_id, attempts, lambda a: a.sample_id)
             s.add_all(
                 DesignerAttemptRow(
                     sample_id=a.sample_id,

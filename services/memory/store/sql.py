@@ -32,7 +32,7 @@ from services.memory.store.models import (
     PlayRow,
     RunSpecRow,
 )
-from services.memory.store.pages import as_utc, check_limit, decode_cursor, encode_cursor, utc_now
+from services.memory.store.pages import as_utc, check_limit, decode_cursor, encode_cursor, fresh_by_key, utc_now
 from services.memory.store.pool_stats import fingerprint, memory_stats
 from services.memory.store.run_records import RunRecords
 from services.memory.store.web_sessions import WebSessions
@@ -378,15 +378,7 @@ class SqlStore(RunRecords, WebSessions):
             missing = sorted(env_ids - known)
             if missing:
                 raise EnvironmentNotFound(missing[0])
-            seen = set(
-                s.scalars(
-                    select(PlayRow.trajectory_id).where(PlayRow.trajectory_id.in_({p.trajectory_id for p in plays}))
-                )
-            )
-            fresh: dict[str, Play] = {}
-            for p in plays:
-                if p.trajectory_id not in seen:
-                    fresh.setdefault(p.trajectory_id, p)
+            fresh = fresh_by_key(s, PlayRow.trajectory_id, plays, lambda p: p.trajectory_id)
             s.add_all(
                 PlayRow(
                     env_id=p.env_id,
