@@ -9,19 +9,24 @@ from typing import TYPE_CHECKING
 
 import click
 
+from services.cluster.envfile import DEFAULT_ENV_FILES
+
 if TYPE_CHECKING:
     from services.cluster.runner import Cluster
 
 env_file_option = click.option(
     "--env-file",
+    "env_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=Path("deploy/local.env"),
+    multiple=True,
+    default=DEFAULT_ENV_FILES,
     show_default=True,
-    help="The env file every process reads (variables already in the environment win).",
+    help="An env file every process reads; repeat it for several, a later file's lines winning "
+    "(variables already in the environment win over every file).",
 )
 
 
-def _cluster(env_file: Path) -> Cluster:
+def _cluster(env_file: tuple[Path, ...]) -> Cluster:
     from pydantic import ValidationError
 
     from services.cluster.envfile import EnvFileError
@@ -45,7 +50,7 @@ def cluster() -> None:
 
 @cluster.command()
 @env_file_option
-def up(env_file: Path) -> None:
+def up(env_file: tuple[Path, ...]) -> None:
     """Start what is not running, in order, each waited for until healthy; seed the pool."""
     from services.cluster.runner import ClusterError
 
@@ -59,7 +64,7 @@ def up(env_file: Path) -> None:
 
 @cluster.command()
 @env_file_option
-def down(env_file: Path) -> None:
+def down(env_file: tuple[Path, ...]) -> None:
     """Stop every process (SIGTERM, then SIGKILL after SPADE_CLUSTER_STOP_GRACE_S)."""
     _cluster(env_file).down()
     click.echo("cluster down")
@@ -68,7 +73,7 @@ def down(env_file: Path) -> None:
 @cluster.command()
 @env_file_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the table.")
-def status(env_file: Path, as_json: bool) -> None:
+def status(env_file: tuple[Path, ...], as_json: bool) -> None:
     """Each process's pid and health, and the queue's streams."""
     report = _cluster(env_file).status()
     if as_json:
@@ -84,7 +89,7 @@ def status(env_file: Path, as_json: bool) -> None:
 @env_file_option
 @click.argument("name")
 @click.option("--signal", "sig", type=click.Choice(["KILL", "TERM"]), default="KILL", show_default=True)
-def kill(env_file: Path, name: str, sig: str) -> None:
+def kill(env_file: tuple[Path, ...], name: str, sig: str) -> None:
     """Signal one process (kill -9 by default); `spade cluster up` starts it again."""
     from services.cluster.runner import ClusterError
 

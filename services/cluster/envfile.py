@@ -1,4 +1,4 @@
-"""The env file the process runner (and compose) read: ``KEY=VALUE`` lines with ``${VAR}`` references.
+"""The env files the process runner (and compose) read: ``KEY=VALUE`` lines with ``${VAR}`` references.
 
 Rules, the same as docker compose's ``.env`` for what the file uses:
 
@@ -8,7 +8,10 @@ Rules, the same as docker compose's ``.env`` for what the file uses:
   environment first, then from the lines above; single-quoted values are not expanded;
 - a variable already set in the process environment wins over the file's line for it (so
   ``SPADE_LOCAL_MEMORY_GRPC_PORT=60052 spade cluster up`` moves the memory, and every address the
-  file builds from that variable follows).
+  file builds from that variable follows);
+- several files are read in order (``deploy/spade.env``, the settings compose shares, then
+  ``deploy/local.env``, the addresses of processes): a later file's line wins over an earlier one's
+  and may refer to it.
 
 >>> parse_env_lines(["A=1", "B=${A}0", "C='${A}'", "D=${MISSING:-x}"], {})
 {'A': '1', 'B': '10', 'C': '${A}', 'D': 'x'}
@@ -19,8 +22,12 @@ Rules, the same as docker compose's ``.env`` for what the file uses:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+
+#: The env files ``spade cluster`` reads, in order, relative to the repository root: the settings
+#: compose shares (its env_file), then the addresses of the processes.
+DEFAULT_ENV_FILES = (Path("deploy/spade.env"), Path("deploy/local.env"))
 
 _LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
 _REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -30,9 +37,19 @@ class EnvFileError(ValueError):
     """A line of the env file cannot be read; the message names the file, the line and the fix."""
 
 
-def parse_env_lines(lines: Iterable[str], environ: Mapping[str, str], *, source: str = "env file") -> dict[str, str]:
-    """The variables ``lines`` define, expanded, with ``environ`` winning for variables it sets."""
-    values: dict[str, str] = {}
+def parse_env_lines(
+    lines: Iterable[str],
+    environ: Mapping[str, str],
+    *,
+    source: str = "env file",
+    above: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The variables ``lines`` define, expanded, with ``environ`` winning for variables it sets.
+
+    ``above`` holds what earlier files defined: references may name it, and the result keeps it
+    under what these lines define.
+    """
+    values: dict[str, str] = dict(above or {})
     for number, raw in enumerate(lines, start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -66,14 +83,17 @@ def parse_env_lines(lines: Iterable[str], environ: Mapping[str, str], *, source:
     return values
 
 
-def read_env_file(path: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    """:func:`parse_env_lines` of a file.
+def read_env_files(paths: Sequence[Path], environ: Mapping[str, str]) -> dict[str, str]:
+    """:func:`parse_env_lines` of each file in order, a later file's lines over an earlier one's.
 
     Raises:
-        EnvFileError: The file cannot be read or a line is malformed.
+        EnvFileError: A file cannot be read or a line is malformed.
     """
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise EnvFileError(f"cannot read the env file {path} ({exc.strerror or exc}); pass --env-file") from None
-    return parse_env_lines(text.splitlines(), environ, source=str(path))
+    values: dict[str, str] = {}
+    for path in paths:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise EnvFileError(f"cannot read the env file {path} ({exc.strerror or exc}); pass --env-file") from None
+        values = parse_env_lines(text.splitlines(), environ, source=str(path), above=values)
+    return values

@@ -27,12 +27,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.cluster.envfile import parse_env_lines, read_env_file
+from services.cluster.envfile import parse_env_lines, read_env_files
 from services.cluster.settings import ClusterSettings
 from spade.auth import hash_key
 from spade.dependencies import Dependency, DependencyUnavailable
@@ -77,16 +77,20 @@ class Cluster:
     """The runner over one env file (see the module docstring).
 
     Args:
-        env_file: The env file (``deploy/local.env``).
+        env_files: The env files, read in order (``deploy/spade.env``, ``deploy/local.env``).
         environ: The process environment (it wins over the file; default ``os.environ``).
         out: Where progress lines go (default: stderr).
     """
 
     def __init__(
-        self, env_file: Path, environ: Mapping[str, str] | None = None, out: Callable[[str], None] | None = None
+        self,
+        env_files: Sequence[Path] | Path,
+        environ: Mapping[str, str] | None = None,
+        out: Callable[[str], None] | None = None,
     ) -> None:
         self.environ = dict(os.environ if environ is None else environ)
-        self.values = read_env_file(env_file, self.environ)
+        files = [env_files] if isinstance(env_files, Path) else list(env_files)
+        self.values = read_env_files(files, self.environ)
         # The runner's own settings: SPADE_CLUSTER_* of the environment, also those the file leaves out.
         prefix = "SPADE_CLUSTER_"
         cluster = {

@@ -1,5 +1,6 @@
 """docker-compose.yml run for real, with podman: the images are built offline (a debootstrap base
-and a host-built wheelhouse, both cached), the stack comes up, every HTTP /healthz and gRPC health
+and a host-built wheelhouse, both cached), the stack comes up with the shipped settings and run spec
+(deploy/spade.env and deploy/runspec.yaml, which ``spade cluster up`` uses too), every HTTP /healthz and gRPC health
 check answers, the seed pool is loaded, the learner publishes a weight version after the designer's
 samples have reached it, an environment is read through the memory's REST API, and the stack goes
 down with its volumes.
@@ -94,7 +95,6 @@ class Stack:
             "SPADE_ROLLOUT_SANDBOX_KEY": self.rollout_key,
             "SPADE_SANDBOX_API_KEYS": json.dumps(tenants),
             "SPADE_MEMORY_REST_PORT": str(self.memory_port),
-            "SPADE_RUN_SPEC": "tests/e2e/runspec.ci.yaml",
             "SPADE_SANDBOX_HTTP_PORT": str(self.sandbox_port),
         }
 

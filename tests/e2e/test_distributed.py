@@ -1,10 +1,11 @@
 """Distributed mode end to end: every service a separate ``spade serve`` process, talking gRPC on
 loopback, through the real Redis and Postgres of this machine, brought up as docs/distributed.md tells
-a user to: ``spade cluster up`` from ``deploy/local.env``, with only what a test must change set in
-the environment (which wins over the file's lines): a run directory under tmp, free ports, its own
-queue prefix and database, CI-sized runner budgets; ``spade cluster down`` ends each test.
+a user to: ``spade cluster up`` from ``deploy/spade.env`` and ``deploy/local.env``, with only what a
+test must change set in the environment (which wins over the files' lines): a run directory under
+tmp, free ports, its own queue prefix and database, CI-sized runner budgets; ``spade cluster down``
+ends each test.
 
-One learner step lands under the shipped run spec (``deploy/local-runspec.yaml``), and a rollout
+One learner step lands under the shipped run spec (``deploy/runspec.yaml``), and a rollout
 worker killed with ``spade cluster kill`` mid-play has its window slot taken over by the other worker
 once its lease lapses: nothing lost, nothing twice. A designer sample is scored from its env's own
 window slots even when the learner published between the design and the env's first play (the
@@ -30,6 +31,7 @@ import psycopg
 import pytest
 import redis
 
+from services.cluster.envfile import DEFAULT_ENV_FILES
 from services.cluster.runner import Cluster
 from spade.memory.runspec import load_spec_file
 from spade.queues.base import SAMPLES_DESIGNER, WEIGHTS_PUBLISHED
@@ -43,7 +45,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SPADE = [sys.executable, "-m", "spade.cli"]
-ENV_FILE = ROOT / "deploy" / "local.env"
+ENV_FILES = [ROOT / f for f in DEFAULT_ENV_FILES]
 ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
 
@@ -74,8 +76,9 @@ def _next_message(stream: str, cluster: RunnerCluster, timeout_s: float) -> byte
 
 
 class RunnerCluster:
-    """The deployment ``spade cluster`` runs from ``deploy/local.env``, with the test's overrides in the
-    environment of every ``spade cluster`` command (as a user exports them).
+    """The deployment ``spade cluster`` runs from its env files (``deploy/spade.env``,
+    ``deploy/local.env``), with the test's overrides in the environment of every ``spade cluster``
+    command (as a user exports them).
 
     The test reads the runner's own record of it (``services.cluster.runner.Cluster``: the pids in
     ``<run dir>/state.json``, the logs in ``<run dir>/logs``) to fail fast when a member died.
@@ -100,14 +103,14 @@ class RunnerCluster:
         # A developer's shell may hold SPADE_* variables (keys, ports): only the test's own apply.
         base = {k: v for k, v in os.environ.items() if not k.startswith("SPADE_")}
         self.environ = {**base, "HF_HUB_OFFLINE": "1", **overrides}
-        self.runner = Cluster(ENV_FILE, environ=self.environ)
+        self.runner = Cluster(ENV_FILES, environ=self.environ)
         self.dsn = database.replace("+psycopg", "")
         self.queue = {"kind": "redis", "url": REDIS_URL, "prefix": self.prefix}
         self.names: list[str] = []
         self.killed: set[str] = set()
 
     def spade(self, *args: str, timeout_s: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """``spade ARGS`` as a user runs it, from the repository root (so ``--env-file`` is ``deploy/local.env``)."""
+        """``spade ARGS`` as a user runs it, from the repository root (so the env files are the default ones)."""
         done = subprocess.run(
             [*SPADE, *args],
             cwd=ROOT, env=self.environ, capture_output=True, text=True, timeout=timeout_s, check=False,
@@ -133,7 +136,7 @@ class RunnerCluster:
     def up(self, **changed: str) -> None:
         """``spade cluster up`` (with ``changed`` variables from now on): starts what is not running."""
         self.environ.update(changed)
-        self.runner = Cluster(ENV_FILE, environ=self.environ)
+        self.runner = Cluster(ENV_FILES, environ=self.environ)
         done = self.spade("cluster", "up")
         assert "cluster up" in done.stdout, done.stdout + done.stderr
         self.names = [member.name for member in self.runner.members()]
@@ -189,7 +192,7 @@ def running_cluster(tmp: Path, **extra: str) -> Iterator[RunnerCluster]:
 
 
 def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path) -> None:
-    spec = load_spec_file(ROOT / "deploy" / "local-runspec.yaml")  # the env file's SPADE_CLUSTER_RUN_SPEC
+    spec = load_spec_file(ROOT / "deploy" / "runspec.yaml")  # the env file's SPADE_CLUSTER_RUN_SPEC
     with running_cluster(tmp_path) as cluster:
         # Database, sandbox, memory, inference, run spec, seed pool, learner, rollout-1..2, designer.
         cluster.up()

@@ -1,4 +1,4 @@
-"""``spade cluster``: the shipped env file (deploy/local.env) brings the servers up as processes with
+"""``spade cluster``: the shipped env files (deploy/spade.env, deploy/local.env) brings the servers up as processes with
 generated keys, stores the run spec and loads the seed pool; ``kill`` then ``up`` starts only the
 dead member again; ``down`` stops everything. The servers only (sandbox, memory): the workers and the
 model are the distributed e2e's (tests/e2e/test_distributed.py)."""
@@ -39,7 +39,7 @@ def _free_port() -> int:
 
 @pytest.fixture
 def overrides(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """Variables that move deploy/local.env's cluster onto free ports, a fresh database and queue prefix."""
+    """Variables that move the shipped cluster onto free ports, a fresh database and queue prefix."""
     database = f"spade_cluster_{uuid.uuid4().hex[:10]}"
     prefix = f"cluster-{uuid.uuid4().hex[:8]}:"
     env = {
@@ -98,11 +98,11 @@ def test_up_kill_up_down_with_generated_keys(overrides: dict[str, str], tmp_path
     refused = _spade(overrides, "runspec", "show", "--memory", memory, check=False)
     assert refused.returncode != 0, "the memory answered without a key"
 
-    # The run spec of deploy/local-runspec.yaml is stored, and the seed pool is loaded.
+    # The run spec of deploy/runspec.yaml is stored, and the seed pool is loaded.
     shown = _spade(
         {**overrides, "SPADE_MEMORY_API_KEY": keys["SPADE_MEMORY_API_KEY"]}, "runspec", "show", "--memory", memory
     )
-    assert load_spec_file(ROOT / "deploy" / "local-runspec.yaml").spec_id in shown.stdout.splitlines()[0]
+    assert load_spec_file(ROOT / "deploy" / "runspec.yaml").spec_id in shown.stdout.splitlines()[0]
     dsn = overrides["SPADE_LOCAL_DATABASE_URL"].replace("+psycopg", "")
     with psycopg.connect(dsn) as conn:
         envs = conn.execute("SELECT count(*) FROM environments").fetchone()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.cluster import envfile
-from services.cluster.envfile import EnvFileError, parse_env_lines
+from services.cluster.envfile import DEFAULT_ENV_FILES, EnvFileError, parse_env_lines, read_env_files
 from services.cluster.runner import Cluster
 from spade.auth import hash_key
 
@@ -28,7 +28,22 @@ def test_a_reference_to_an_unset_variable_names_the_line() -> None:
 
 
 def _cluster(tmp_path: Path, **environ: str) -> Cluster:
-    return Cluster(ROOT / "deploy" / "local.env", environ={"SPADE_LOCAL_DATA_DIR": str(tmp_path), **environ})
+    return Cluster([ROOT / f for f in DEFAULT_ENV_FILES], environ={"SPADE_LOCAL_DATA_DIR": str(tmp_path), **environ})
+
+
+def test_a_later_file_wins_over_an_earlier_one_and_may_refer_to_it(tmp_path: Path) -> None:
+    (tmp_path / "a.env").write_text("A=1\nB=2\n")
+    (tmp_path / "b.env").write_text("B=${A}0\nC=${B}x\n")
+    assert read_env_files([tmp_path / "a.env", tmp_path / "b.env"], {}) == {"A": "1", "B": "10", "C": "10x"}
+    assert read_env_files([tmp_path / "a.env", tmp_path / "b.env"], {"B": "9"})["C"] == "9x"
+
+
+def test_the_shared_settings_reach_the_services_and_local_env_does_not_shadow_them(tmp_path: Path) -> None:
+    shared = read_env_files([ROOT / "deploy" / "spade.env"], {})
+    local = read_env_files([ROOT / "deploy" / "local.env"], {"SPADE_LOCAL_DATA_DIR": str(tmp_path)})
+    assert shared and not set(shared) & set(local), "a setting compose shares is set again in local.env"
+    env = _cluster(tmp_path).env()
+    assert {k: env[k] for k in shared} == shared
 
 
 def test_keys_are_generated_once_private_and_accepted_by_each_server(tmp_path: Path) -> None:

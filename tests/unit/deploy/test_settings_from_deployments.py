@@ -23,6 +23,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from services.cluster.envfile import DEFAULT_ENV_FILES, read_env_files
 from tests.unit.deploy.manifests import OVERLAYS, ROOT, compose, pod_spec, read_env_file, render
 
 #: What the image itself provides (Dockerfile): the venv and project, the baked model and corpus,
@@ -251,6 +252,33 @@ def _compose_env() -> dict[str, str]:
     return read_env_file(ROOT / "deploy" / "compose" / "env.template")
 
 
+def _env_files(service: dict[str, Any]) -> dict[str, str]:
+    """What a service's env_file lines set, as compose reads them (relative to the compose file)."""
+    return read_env_files([ROOT / path for path in service.get("env_file") or []], {})
+
+
+def test_compose_and_the_process_runner_share_one_settings_file_and_run_spec() -> None:
+    """deploy/spade.env is every spade container's env_file and the runner's first file; the run spec
+    compose mounts is the one the runner stores; nothing either sets again shadows a shared line."""
+    services = compose(_compose_env())["services"]
+    shared = read_env_files([ROOT / "deploy" / "spade.env"], {})
+    assert shared
+    images = ("spade:latest", "spade-gpu:latest")
+    spade_services = {n: s for n, s in services.items() if str(s.get("image", "")).endswith(images)}
+    assert {"migrate", "sandbox", "memory", "designer", "rollout", "inference", "learner"} <= set(spade_services)
+    for name, service in spade_services.items():
+        assert service.get("env_file") == ["deploy/spade.env"], f"compose {name} does not read deploy/spade.env"
+        shadowed = set(shared) & set(service.get("environment") or {})
+        if name == "learner-gpu":  # the one documented exception: a CUDA learner
+            assert shadowed == {"SPADE_LEARNER_DEVICE"}, shadowed
+        else:
+            assert not shadowed, f"compose {name} sets {shadowed} again: change deploy/spade.env instead"
+    assert DEFAULT_ENV_FILES[0] == Path("deploy/spade.env")
+    runner = read_env_files([ROOT / f for f in DEFAULT_ENV_FILES], {"SPADE_LOCAL_DATA_DIR": "/tmp/x"})
+    mounted = services["memory"]["volumes"][0].split(":")[0].removeprefix("./")
+    assert mounted == runner["SPADE_CLUSTER_RUN_SPEC"] == "deploy/runspec.yaml"
+
+
 @pytest.mark.parametrize(("profile", "ci"), [("cpu", False), ("gpu", False), ("cpu", True)])
 def test_every_compose_service_builds_safe_settings_with_its_paths_mounted(
     profile: str, ci: bool, monkeypatch: pytest.MonkeyPatch
@@ -268,7 +296,7 @@ def test_every_compose_service_builds_safe_settings_with_its_paths_mounted(
         target = _service_of(argv)
         if target is None:
             continue
-        env = {k: str(v) for k, v in (service.get("environment") or {}).items()}
+        env = {**_env_files(service), **{k: str(v) for k, v in (service.get("environment") or {}).items()}}
         _no_flags(argv, f"compose {name}")
         with monkeypatch.context() as mp:
             try:
