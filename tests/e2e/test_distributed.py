@@ -14,181 +14,23 @@ rollout worker then added by a second ``spade cluster up``)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import os
 import re
-import socket
-import subprocess
-import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-import redis
 
-from services.cluster.envfile import DEFAULT_ENV_FILES
-from services.cluster.runner import Cluster
 from spade.memory.runspec import load_spec_file
 from spade.queues.base import SAMPLES_DESIGNER, WEIGHTS_PUBLISHED
 from spade.queues.config import RedisQueueConfig
 from spade.queues.redis_streams import RedisStreamQueue
 from spade.runspec import RunSpec
 from spade.v1 import queues_pb2
-from tests.conftest import REDIS_URL
+from tests.e2e.cluster_harness import ROOT, next_message, running_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
-
-ROOT = Path(__file__).resolve().parents[2]
-SPADE = [sys.executable, "-m", "spade.cli"]
-ENV_FILES = [ROOT / f for f in DEFAULT_ENV_FILES]
-ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/test"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _next_message(stream: str, cluster: RunnerCluster, timeout_s: float) -> bytes:
-    """The first message on ``stream`` seen by the test's own consumer group (waits for it)."""
-
-    async def poll() -> bytes | None:
-        observer = RedisStreamQueue(RedisQueueConfig.model_validate(cluster.queue))
-        try:
-            got = await observer.consume(stream, "e2e-observer", "test", block_ms=1000)
-            return got[0].payload if got else None
-        finally:
-            await observer.close()
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        cluster.check_alive()
-        payload = asyncio.run(poll())
-        if payload is not None:
-            return payload
-        assert time.monotonic() < deadline, f"nothing arrived on {stream} within {timeout_s} s\n{cluster.logs()}"
-
-
-class RunnerCluster:
-    """The deployment ``spade cluster`` runs from its env files (``deploy/spade.env``,
-    ``deploy/local.env``), with the test's overrides in the environment of every ``spade cluster``
-    command (as a user exports them).
-
-    The test reads the runner's own record of it (``services.cluster.runner.Cluster``: the pids in
-    ``<run dir>/state.json``, the logs in ``<run dir>/logs``) to fail fast when a member died.
-    """
-
-    def __init__(self, tmp: Path, **extra: str) -> None:
-        self.db_name = f"spade_e2e_{uuid.uuid4().hex[:10]}"
-        self.prefix = f"e2e-{uuid.uuid4().hex[:8]}:"
-        database = f"postgresql+psycopg://postgres@127.0.0.1:5432/{self.db_name}"
-        ports = ("SANDBOX_GRPC", "SANDBOX_HTTP", "MEMORY_GRPC", "MEMORY_HTTP", "INFERENCE")
-        overrides = {
-            **{f"SPADE_LOCAL_{port}_PORT": str(_free_port()) for port in ports},
-            "SPADE_LOCAL_REDIS_URL": REDIS_URL,
-            "SPADE_LOCAL_QUEUE_PREFIX": self.prefix,
-            "SPADE_LOCAL_DATABASE_URL": database,  # created by `up`
-            "SPADE_LOCAL_DATA_DIR": str(tmp / "cluster"),
-            # CI-sized runner budgets: a member that cannot start fails in minutes; `down` does not linger.
-            "SPADE_CLUSTER_HEALTH_TIMEOUT_S": "300",
-            "SPADE_CLUSTER_STOP_GRACE_S": "20",
-            **extra,
-        }
-        # A developer's shell may hold SPADE_* variables (keys, ports): only the test's own apply.
-        base = {k: v for k, v in os.environ.items() if not k.startswith("SPADE_")}
-        self.environ = {**base, "HF_HUB_OFFLINE": "1", **overrides}
-        self.runner = Cluster(ENV_FILES, environ=self.environ)
-        self.dsn = database.replace("+psycopg", "")
-        self.queue = {"kind": "redis", "url": REDIS_URL, "prefix": self.prefix}
-        self.names: list[str] = []
-        self.killed: set[str] = set()
-
-    def spade(self, *args: str, timeout_s: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """``spade ARGS`` as a user runs it, from the repository root (so the env files are the default ones)."""
-        done = subprocess.run(
-            [*SPADE, *args],
-            cwd=ROOT, env=self.environ, capture_output=True, text=True, timeout=timeout_s, check=False,
-        )  # fmt: skip
-        if check:
-            assert done.returncode == 0, (
-                f"spade {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}\n{self.logs()}"
-            )
-        return done
-
-    def observe(self) -> None:
-        """The test's own consumer groups on the streams it reads, made before anything is published
-        there: a message stays in its stream until every group has acknowledged it."""
-
-        async def create() -> None:
-            observer = RedisStreamQueue(RedisQueueConfig.model_validate(self.queue))
-            for watched in (WEIGHTS_PUBLISHED, SAMPLES_DESIGNER):
-                await observer.consume(watched, "e2e-observer", "test", block_ms=1)
-            await observer.close()
-
-        asyncio.run(create())
-
-    def up(self, **changed: str) -> None:
-        """``spade cluster up`` (with ``changed`` variables from now on): starts what is not running."""
-        self.environ.update(changed)
-        self.runner = Cluster(ENV_FILES, environ=self.environ)
-        done = self.spade("cluster", "up")
-        assert "cluster up" in done.stdout, done.stdout + done.stderr
-        self.names = [member.name for member in self.runner.members()]
-
-    def kill(self, name: str) -> None:
-        """``spade cluster kill NAME`` (kill -9 of its process group), waited for until it is gone."""
-        self.spade("cluster", "kill", name)
-        self.killed.add(name)
-        deadline = time.monotonic() + 30
-        while self.runner.pid(name) is not None:
-            assert time.monotonic() < deadline, f"{name} still runs 30 s after spade cluster kill"
-            time.sleep(0.1)
-
-    def status(self) -> dict[str, Any]:
-        """``spade cluster status --json``."""
-        report: dict[str, Any] = json.loads(self.spade("cluster", "status", "--json").stdout)
-        return report
-
-    def check_alive(self) -> None:
-        for name in self.names:
-            if name not in self.killed and self.runner.pid(name) is None:
-                raise AssertionError(f"{name} is not running; its log ends:\n{self.runner.log_tail(name)}")
-
-    def logs(self) -> str:
-        """The tail of every member's log, for failure messages."""
-        return "\n".join(f"--- {name}\n{self.runner.log_tail(name, 1500)}" for name in self.names)
-
-    def down(self) -> None:
-        """``spade cluster down``, then every member checked stopped (``spade cluster status``)."""
-        self.spade("cluster", "down")
-        members = self.status()["members"]
-        assert all(m["pid"] is None for m in members.values()), members
-
-
-@contextlib.contextmanager
-def running_cluster(tmp: Path, **extra: str) -> Iterator[RunnerCluster]:
-    """A :class:`RunnerCluster` (not up yet; the test's consumer groups made), and whatever happens,
-    ``spade cluster down`` and its queue's keys and database removed afterwards."""
-    cluster = RunnerCluster(tmp, **extra)
-    try:
-        cluster.observe()
-        yield cluster
-    finally:
-        cluster.spade("cluster", "down", check=False)
-        r = redis.Redis.from_url(REDIS_URL)
-        try:
-            for key in r.scan_iter(f"{cluster.prefix}*"):
-                r.delete(key)
-        finally:
-            r.close()
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {cluster.db_name} WITH (FORCE)")
 
 
 def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path) -> None:
@@ -224,7 +66,7 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path) -
         assert members[owner]["health"] == "down" and members[survivor]["health"] == "up", members
 
         # The survivor takes the slot over and plays the rest of it; the learner trains and publishes v1.
-        published = queues_pb2.WeightsPublished.FromString(_next_message(WEIGHTS_PUBLISHED, cluster, 600))
+        published = queues_pb2.WeightsPublished.FromString(next_message(WEIGHTS_PUBLISHED, cluster, 600))
         assert published.weight_version == 1 and published.workers_ok and not published.workers_failed
         assert published.spec_id == spec.spec_id
 
@@ -242,7 +84,7 @@ def test_one_step_across_processes_and_a_killed_rollout_worker(tmp_path: Path) -
         )
         assert took_over, f"{survivor} played none of the first slot after {owner} was killed"
 
-        sample = queues_pb2.DesignerSample.FromString(_next_message(SAMPLES_DESIGNER, cluster, 300))
+        sample = queues_pb2.DesignerSample.FromString(next_message(SAMPLES_DESIGNER, cluster, 300))
         assert sample.prompt_ids and sample.output_ids and len(sample.output_logprobs) == len(sample.output_ids)
         cluster.check_alive()
         cluster.down()
@@ -319,7 +161,7 @@ def test_a_designer_sample_is_scored_when_the_learner_published_between_design_a
         cluster.up()
 
         # 1. The design, at version 0.
-        design = queues_pb2.DesignerSample.FromString(_next_message(SAMPLES_DESIGNER, cluster, 600))
+        design = queues_pb2.DesignerSample.FromString(next_message(SAMPLES_DESIGNER, cluster, 600))
         assert design.valid and design.env_id and design.weight_version == 0 and design.spec_id == spec.spec_id
 
         # 2. The learner publishes v1 before anyone plays the env.
@@ -330,7 +172,7 @@ def test_a_designer_sample_is_scored_when_the_learner_published_between_design_a
             await producer.close()
 
         asyncio.run(warm_up())
-        published = queues_pb2.WeightsPublished.FromString(_next_message(WEIGHTS_PUBLISHED, cluster, 600))
+        published = queues_pb2.WeightsPublished.FromString(next_message(WEIGHTS_PUBLISHED, cluster, 600))
         assert published.weight_version == 1 and published.spec_id == spec.spec_id and published.workers_ok
 
         # 3. Only now a rollout worker plays it (a second `up` starts only what is new): its window
