@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from services.sandbox.isolation import ExecLimits, ExecStatus, SandboxPool
-from tests.security.conftest import SANDBOX_UID, SECRET, sandbox_pids
+from tests.security.conftest import SANDBOX_UID, SECRET, descendants, sandbox_pids
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -140,6 +140,72 @@ async def test_tmpfs_is_private_per_execution(pool: SandboxPool) -> None:
     assert second.stdout == b"[]\n", second
     again = await pool.execute("import os; print(os.listdir('/tmp'))")
     assert again.stdout == b"[]\n"
+
+
+async def test_abstract_unix_sockets_do_not_reach_another_execution(pool: SandboxPool) -> None:
+    # Abstract AF_UNIX names (the only socket family seccomp allows) live in a network namespace:
+    # every jail has its own, so two tenants running at once cannot meet through one.
+    name = "spade-abstract-" + SECRET[-6:]
+    server = textwrap.dedent(
+        f"""
+        import socket, time
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind("\\0{name}")
+        s.listen(1)
+        print("listening", flush=True)
+        s.settimeout(1.5)
+        try:
+            s.accept()
+            print("accepted")
+        except TimeoutError:
+            print("nobody came")
+        """
+    )
+    client = textwrap.dedent(
+        f"""
+        import socket, time
+        time.sleep(0.4)
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            c.connect("\\0{name}")
+            print("connected")
+        except OSError as exc:
+            print(type(exc).__name__)
+        """
+    )
+    listening, connecting = await asyncio.gather(pool.execute(server), pool.execute(client))
+    assert listening.stdout == b"listening\nnobody came\n", listening
+    assert connecting.stdout == b"ConnectionRefusedError\n", connecting
+    await assert_healthy(pool)
+
+
+async def test_a_jail_is_pid_1_and_one_child_right_below_the_zygote(pool: SandboxPool) -> None:
+    # The process model: the zygote clones each jail's pid 1 straight into its namespaces (no
+    # process in between), and pid 1 forks the one process that runs the program (or waits to).
+    launched = pool.health()["zygotes"][0]["pid"]
+    zygote = next(
+        pid for pid in descendants(launched) if _comm(pid) == "python3.11" and _comm(_parent(pid)) != "python3.11"
+    )
+    running = asyncio.create_task(pool.execute("import time; print('up', flush=True); time.sleep(1.2)"))
+    await asyncio.sleep(0.6)
+    below = descendants(zygote)
+    parents = {pid: _parent(pid) for pid in below}
+    jails = {pid for pid in below if parents[pid] == zygote}
+    children = {jail: [pid for pid in below if parents[pid] == jail] for jail in jails}
+    assert len(jails) >= 2 and all(len(kids) == 1 for kids in children.values()), parents  # a spare and the request
+    assert below == jails | {kid for kids in children.values() for kid in kids}, parents
+    assert (await running).stdout == b"up\n"
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 async def test_loopback_services_are_unreachable(pool: SandboxPool) -> None:

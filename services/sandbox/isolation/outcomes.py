@@ -54,7 +54,7 @@ class Observed:
     Attributes:
         report: pid 1's ``exit`` message (``code`` or ``signal``, ``memory``, ``cpu_s``), or ``None``
             when pid 1 died without one.
-        exited: the zygote's ``exited`` message for the request's holder process, if received.
+        exited: the zygote's ``exited`` message for the request's jail (its pid 1), if received.
         timed_out: the service's wall-clock timer fired.
         output_exceeded: stdout or stderr passed its cap.
         cpu_limit_s: the CPU-time rlimit the program ran under.

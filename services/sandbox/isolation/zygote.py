@@ -2,7 +2,7 @@
 
 The zygote is started as ``setpriv … bwrap … python3.11 -I -S /opt/spade/…/zygote.py CONFIG`` with
 one end of a socketpair inherited. Spawn requests carry the request's own channel fds (SCM_RIGHTS);
-the zygote answers with the holder's pid and, later, how it ended. If the zygote dies every request
+the zygote answers with the jail's pid and, later, how it ended. If the zygote dies every request
 still running on it fails with ``SandboxFault`` (its children die with it through PDEATHSIG).
 """
 
@@ -104,7 +104,7 @@ class Spawned:
         request_id: the id the zygote uses for it.
         exited: resolves to the zygote's ``exited`` message (``code`` or ``signal``), or fails with
             ``SandboxFault`` if the zygote dies first.
-        pid: the holder's pid in the zygote's pid namespace, once known.
+        pid: the jail's pid 1 as the zygote's pid namespace numbers it, once known.
     """
 
     request_id: int
@@ -260,7 +260,7 @@ class Zygote:
         return request
 
     async def kill(self, request: Spawned) -> None:
-        """SIGKILL the request's holder: its pid namespace, and so every process of it, dies."""
+        """SIGKILL the request's pid 1: its pid namespace, and so every process of it, dies."""
         if request.exited.done() or not self.alive:
             return
         with contextlib.suppress(SandboxFault):

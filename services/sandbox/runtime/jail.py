@@ -2,10 +2,11 @@
 
 The sequence for one request (see ``docs/sandbox-isolation.md``):
 
-1. ``enter_namespaces``: a fresh user namespace mapping one uid, then fresh mount, IPC, network, UTS
-   and pid namespaces; ``/`` made private and a fresh size-limited tmpfs on ``/tmp``.
-2. After the fork into the new pid namespace, ``lock_down``: a fresh ``/proc``, death signal, every
-   capability dropped, ``no_new_privs``, rlimits, then the seccomp filter (built once by the zygote).
+1. ``fork_into_namespaces``: one ``clone`` makes the jail's pid 1 in fresh user, mount, IPC,
+   network, UTS, pid and cgroup namespaces; ``finish_namespaces`` (in that child) maps one uid, makes
+   ``/`` private, mounts a fresh size-limited tmpfs on ``/tmp`` and a ``/proc`` of its own.
+2. ``lock_down`` (``worker``): death signal, every capability dropped, ``no_new_privs``, not
+   dumpable, rlimits, then the seccomp filter (built once by the zygote).
 
 Standard library only; every failure raises ``JailError`` naming the step, so a request whose jail
 could not be built never runs.
@@ -30,6 +31,10 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 
+NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWPID | CLONE_NEWCGROUP
+"""The namespaces every jail gets, all at once and owned by its own user namespace."""
+SYS_CLONE = 56  # x86-64; the raw syscall, since only its flags can put the child itself in a new pid namespace
+
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
@@ -50,10 +55,13 @@ CAP_LAST_CAP = 63  # beyond the kernel's last cap, PR_CAPBSET_DROP answers EINVA
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-_libc.unshare.argtypes = [ctypes.c_int]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 _libc.capset.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
 _libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+# The clone runs with the GIL held, as os.fork's fork() does (a CDLL call would release it around).
+_libc_gil = ctypes.PyDLL(None, use_errno=True)
+_libc_gil.syscall.restype = ctypes.c_long
+_libc_gil.syscall.argtypes = [ctypes.c_long, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 
 
 class JailError(Exception):
@@ -68,10 +76,6 @@ def _check(result: int, step: str) -> None:
 
 def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 0) -> None:
     _check(_libc.prctl(option, arg2, arg3, arg4, arg5), f"prctl({option})")
-
-
-def unshare(flags: int) -> None:
-    _check(_libc.unshare(flags), f"unshare({flags:#x})")
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -112,43 +116,45 @@ class Limits:
         return cls(**{name: int(data[name]) for name in cls.__dataclass_fields__})  # type: ignore[call-overload]
 
 
-def enter_namespaces(inner_uid: int, inner_gid: int, tmpfs_bytes: int) -> None:
-    """Move this process into fresh namespaces, mapped to ``inner_uid``; mount a private ``/tmp``.
+def fork_into_namespaces() -> int:
+    """``os.fork()`` whose child is pid 1 of fresh namespaces (``NAMESPACES``); 0 in the child.
 
-    The outside uid is this process's uid (the zygote's), so the mapping needs no privilege beyond
-    the zygote's own. After this, children forked by the caller are in a fresh pid namespace.
+    A fork that then unshares would need a second fork (a new pid namespace applies to children
+    only), and so a third process per jail; one ``clone`` with the namespace flags makes the child
+    itself pid 1. CPython's fork hooks run around it as they do around ``os.fork`` (the import lock,
+    the thread state, ``os.register_at_fork`` callbacks). The zygote is single-threaded, so no lock
+    of the C library can be held by another thread at the clone. The child then calls
+    ``finish_namespaces``.
     """
-    outer_uid, outer_gid = os.getuid(), os.getgid()
-    unshare(CLONE_NEWUSER)
+    api = ctypes.pythonapi
+    api.PyOS_BeforeFork()
+    pid = _libc_gil.syscall(SYS_CLONE, NAMESPACES | signal.SIGCHLD, None, None, None)
+    if pid == 0:
+        api.PyOS_AfterFork_Child()
+        return 0
+    err = ctypes.get_errno()
+    api.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise JailError(f"clone(new namespaces): {errno.errorcode.get(err, err)} ({os.strerror(err)})")
+    return int(pid)
+
+
+def finish_namespaces(inner: tuple[int, int], outer: tuple[int, int], tmpfs_bytes: int) -> None:
+    """As pid 1 of ``fork_into_namespaces``: map one uid and gid, mount a private ``/tmp`` and ``/proc``.
+
+    ``outer`` is the zygote's (uid, gid), read before the clone (in here they are not mapped yet); as
+    the child's own ids, mapping them needs no privilege beyond the zygote's. The ``/proc`` shows
+    only this pid namespace.
+    """
+    (inner_uid, inner_gid), (outer_uid, outer_gid) = inner, outer
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"{inner_uid} {outer_uid} 1")
     _write("/proc/self/gid_map", f"{inner_gid} {outer_gid} 1")
-    unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWPID | CLONE_NEWCGROUP)
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=0700,nr_inodes=16384")
     hostname = b"sandbox"
     _check(_libc.sethostname(hostname, len(hostname)), "sethostname")
-
-
-def mount_proc() -> None:
-    """Mount a ``/proc`` that shows only this pid namespace (call as its pid 1)."""
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-
-
-def die_with_parent(alive_fd: int | None = None) -> None:
-    """Get SIGKILL when the parent dies; ``alive_fd`` (a pipe the parent holds open) closes the race.
-
-    The parent may die between fork and ``prctl``; then no signal will ever come. Inside a new pid
-    namespace ``getppid()`` is 0, so the parent instead keeps the write end of a pipe open: if the
-    read end already shows end-of-file, the parent is gone and we exit at once.
-    """
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if alive_fd is not None:
-        import select
-
-        readable, _, _ = select.select([alive_fd], [], [], 0)
-        if readable:
-            os._exit(137)
 
 
 def drop_capabilities() -> None:

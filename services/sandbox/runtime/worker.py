@@ -1,7 +1,7 @@
 """What pid 1 of a request's namespaces does: lock itself down, then execute, validate or play.
 
-Entered from the zygote's holder process with the request's channels (received with the
-assignment). After ``lock_down`` nothing here has any privilege; every message from pid 1 to the
+The zygote's child, cloned straight into the jail's namespaces; it gets the request's channels
+with the assignment. After ``lock_down`` nothing here has any privilege; every message from pid 1 to the
 service is a frame on the control socket (fd 3). Untrusted code never runs in pid 1: it runs in a
 child, and pid 1 is a witness that child cannot silence (signals from inside a pid namespace to its
 init are dropped by the kernel, SIGKILL included, and pid 1 is not dumpable).
@@ -81,11 +81,11 @@ def preload() -> dict[str, Any]:
     return {"ok": True, "warm_up": warmed}
 
 
-def degraded_workdir(holder_pid: int) -> str:
-    """The working directory of a request without namespaces (named after its holder)."""
+def degraded_workdir(jail_pid: int) -> str:
+    """The working directory of a request without namespaces (named after the jail's first process)."""
     import tempfile
 
-    return os.path.join(tempfile.gettempdir(), f"spade-req-{holder_pid}")
+    return os.path.join(tempfile.gettempdir(), f"spade-req-{jail_pid}")
 
 
 def report_fault(fd: int, error: str) -> None:
@@ -115,24 +115,36 @@ def _receive_assignment(sock: socket.socket) -> tuple[dict[str, Any], list[int]]
     return decode_body(data[HEADER.size :]), list(fds)
 
 
-def run(config: dict[str, Any], program: bytes | None, alive_fd: int) -> int:
+def run(config: dict[str, Any], program: bytes | None, assignment_fd: int) -> int:
     """Pid 1 of a jail: finish and lock it, wait for a request, serve it; returns the exit code.
 
-    Everything up to the wait happens ahead of time (the zygote keeps spares), so a request only
-    pays for its own work. The request's limits are applied on arrival (lowering rlimits needs no
-    privilege).
+    Called in the zygote's child (``jail.fork_into_namespaces``, or a plain fork in the degraded mode
+    without namespaces), which then exits with the code returned. Everything up to the wait happens
+    ahead of time (the zygote keeps spares), so a request only pays for its own work. The request's
+    limits are applied on arrival (lowering rlimits needs no privilege).
     """
-    jail.die_with_parent(alive_fd)
-    os.close(alive_fd)
+    jail.reset_signals()
+    jail.keep_fds([assignment_fd, 2])  # 0: the assignment socket, 1: the service's log (for set-up failures)
     userns = bool(config.get("userns", True))
-    if userns:
-        jail.mount_proc()
-    jail.keep_fds([0])  # the assignment socket; the zygote's log is closed from here on
-    workdir = WORKDIR
-    if not userns:
-        # Degraded mode: no private tmpfs; a fresh directory the zygote removes after the request.
-        workdir = degraded_workdir(os.getppid())
-        os.mkdir(workdir, 0o700)
+    try:
+        os.setpgid(0, 0)  # without namespaces the jail is this process group, killed as one
+        if userns:
+            inner = (int(config["inner_uid"]), int(config["inner_gid"]))
+            outer = (int(config["outer_uid"]), int(config["outer_gid"]))
+            jail.finish_namespaces(inner, outer, int(config["tmpfs_bytes"]))
+        # If the zygote died before this, no signal will come; the assignment socket's end of file
+        # (below) then ends this jail instead.
+        jail.prctl(jail.PR_SET_PDEATHSIG, signal.SIGKILL)
+        workdir = WORKDIR
+        if not userns:
+            # Degraded mode: no private tmpfs; a fresh directory the zygote removes after the request.
+            workdir = degraded_workdir(os.getpid())
+            os.mkdir(workdir, 0o700)
+    except Exception as exc:
+        with contextlib.suppress(OSError):
+            os.write(1, f"sandbox jail set-up failed: {exc}\n".encode())
+        return 71
+    jail.keep_fds([0])  # the zygote's log is closed from here on
     lock_down(program)
     os.chdir(workdir)
     os.environ.clear()

@@ -43,13 +43,14 @@ KINDS = tuple(FDS)
 
 class Zygote:
     def __init__(self, config: dict[str, Any]) -> None:
-        self.config = config
+        # The ids a jail's user namespace maps its one uid and gid to: the zygote's own.
+        self.config = {**config, "outer_uid": os.getuid(), "outer_gid": os.getgid()}
         self.ctl = socket.socket(fileno=int(config["ctl_fd"]))
         self.ctl.setblocking(True)
         self.decoder = FrameDecoder(max_frame=1 << 20)
         self.pending_fds: list[int] = []
-        self.children: dict[int, int | None] = {}  # holder pid -> request id (None: a spare)
-        self.warm: list[tuple[int, socket.socket]] = []  # spares: (holder pid, assignment socket)
+        self.children: dict[int, int | None] = {}  # jail (its pid 1) -> request id (None: a spare)
+        self.warm: list[tuple[int, socket.socket]] = []  # spares: (pid, assignment socket)
         self.spares = int(config.get("spares", 1))
         self.by_id: dict[int, int] = {}  # request id -> pid
         self.program: bytes | None = None
@@ -138,22 +139,24 @@ class Zygote:
             self.send({"op": "pong", "children": len(self.children), "warm": len(self.warm)})
 
     def prefork(self) -> tuple[int, socket.socket] | None:
-        """Fork a jail that builds its namespaces and locks itself down, then waits for a request."""
+        """Fork a jail's pid 1, which builds the jail and locks itself in, then waits for a request."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         sys.stdout.flush()
         sys.stderr.flush()
-        zygote_pid = os.getpid()
         try:
-            pid = os.fork()
-        except OSError as exc:
+            pid = jail.fork_into_namespaces() if self.config.get("userns", True) else os.fork()
+        except (OSError, jail.JailError) as exc:
             mine.close()
             theirs.close()
-            print(f"zygote: fork failed: {exc.strerror}", file=sys.stderr, flush=True)
+            print(f"zygote: fork failed: {exc}", file=sys.stderr, flush=True)
             return None
         if pid == 0:
             code = 70
             try:
-                code = holder(zygote_pid, theirs.fileno(), self.config, self.program)
+                code = worker.run(self.config, self.program, theirs.fileno())
+            except BaseException as exc:  # never let an error escape into the zygote's loop
+                with contextlib.suppress(OSError):
+                    os.write(1, f"sandbox jail failed: {type(exc).__name__}: {exc}\n".encode())
             finally:
                 os._exit(code)
         theirs.close()
@@ -215,8 +218,8 @@ class Zygote:
                 message["code"] = os.waitstatus_to_exitcode(status)
             self.send(message)
 
-    def cleanup(self, holder_pid: int) -> None:
-        """After a jail's holder is gone: kill what is left of its process group, remove its files.
+    def cleanup(self, jail_pid: int) -> None:
+        """After a jail's first process is gone: kill what is left of its process group, remove its files.
 
         With namespaces the pid namespace's end already killed everything and the tmpfs vanished
         with it; in the degraded mode without them this is what stops leftovers.
@@ -225,8 +228,8 @@ class Zygote:
             # Right after the reap: the id stays taken while members remain, and pids are handed out
             # cyclically, so it names no other group. With namespaces nothing is left to kill.
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(holder_pid, signal.SIGKILL)
-            shutil.rmtree(worker.degraded_workdir(holder_pid), ignore_errors=True)
+                os.killpg(jail_pid, signal.SIGKILL)
+            shutil.rmtree(worker.degraded_workdir(jail_pid), ignore_errors=True)
 
     def kill_all(self) -> None:
         for pid in list(self.children):
@@ -243,59 +246,11 @@ class Zygote:
             self.ctl.sendall(encode_frame(message))
 
 
-def kill_jail(holder_pid: int) -> None:
-    """SIGKILL a jail's holder and its process group (the holder leads one of its own)."""
+def kill_jail(jail_pid: int) -> None:
+    """SIGKILL a jail's pid 1 (its pid namespace dies with it) and its process group (it leads one)."""
     for kill in (os.killpg, os.kill):
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            kill(holder_pid, signal.SIGKILL)
-
-
-def holder(zygote_pid: int, assignment_fd: int, config: dict[str, Any], program: bytes | None) -> int:
-    """A jail's first process: builds the namespaces, forks their pid 1, mirrors how it ends.
-
-    Pid 1 finishes the jail and waits on ``assignment_fd`` for its request. Returns the exit code
-    for this process; a signal that killed pid 1 is re-raised here so that the zygote sees it.
-    """
-    jail.reset_signals()
-    jail.keep_fds([assignment_fd, 2])  # 0: the assignment socket, 1: the service's log
-    try:
-        os.setpgid(0, 0)
-        jail.prctl(jail.PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != zygote_pid:
-            return 137
-        if config.get("userns", True):
-            jail.enter_namespaces(int(config["inner_uid"]), int(config["inner_gid"]), int(config["tmpfs_bytes"]))
-        alive_r, alive_w = os.pipe()
-        pid = os.fork()
-    except Exception as exc:
-        with contextlib.suppress(OSError):
-            os.write(1, f"sandbox jail set-up failed: {exc}\n".encode())
-        return 71
-    if pid == 0:
-        os.close(alive_w)
-        code = 70
-        try:
-            code = worker.run(config, program, alive_r)
-        except BaseException as exc:  # never let an error escape into the zygote's loop
-            with contextlib.suppress(OSError):
-                os.write(1, f"sandbox jail failed: {type(exc).__name__}: {exc}\n".encode())
-        finally:
-            os._exit(code)
-    os.close(alive_r)
-    os.close(0)
-    os.close(1)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-        return 128 + sig
-    return os.waitstatus_to_exitcode(status)
+            kill(jail_pid, signal.SIGKILL)
 
 
 def main() -> None:
