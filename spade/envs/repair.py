@@ -24,11 +24,11 @@ _BACKSPACE_BOXED = re.compile(r"(?<!\\)((?:\\\\)*)\\boxed")
 _STRING_PREFIX = re.compile(r"^([a-zA-Z]*)('''|\"\"\"|'|\")")
 _MAX_PASSES = 20
 # The cheap test (``needs_repair``): what the source must contain for any repair to change it.
-_ODD_BACKSLASH_BOXED = re.compile(r"(?<!\\)(?:\\\\)*\\boxed")
 _BOXED_FIELD = re.compile(r"boxed\s*\{(?!\{)")
 _FSTRING_OPEN = re.compile(r"""(?<!\w)(?:[rRbB]?[fF]|[fF][rRbB])(?:'|")""")
-_FSTRING_TRIPLE = re.compile(r"""(?<!\w)(?:[rRbB]?[fF]|[fF][rRbB])(?:'''|\"\"\")""")
 _CONTINUED_LINE = re.compile(r"\\(?:\r\n|\r|\n)")
+_FSTRING_PREFIXES = (frozenset({"f"}), frozenset({"rf", "bf", "fr", "fb"}))
+"""String prefixes that make an f-string, by length (lower case)."""
 
 
 def extract_code(text: str) -> str:
@@ -226,6 +226,43 @@ def _parses(code: str) -> bool:
     return True
 
 
+def _odd_backslash_boxed(code: str) -> bool:
+    r"""Whether some ``boxed`` comes right after an odd run of backslashes.
+
+    What the pattern ``(?<!\\)(?:\\\\)*\\boxed`` finds, by ``str.find``: a search that starts with a
+    look-behind tries every position of the code, tens of times slower.
+    """
+    at = code.find("\\boxed")
+    while at >= 0:
+        run = 1
+        while run <= at and code[at - run] == "\\":
+            run += 1
+        if run % 2:
+            return True
+        at = code.find("\\boxed", at + 1)
+    return False
+
+
+def _opens_triple_fstring(code: str) -> bool:
+    r"""Whether a triple quote follows an f-string prefix that starts a word.
+
+    What the pattern ``(?<!\w)(?:[rRbB]?[fF]|[fF][rRbB])`` followed by a triple quote finds, by
+    ``str.find``.
+    """
+    for quote in ("'''", '"""'):
+        at = code.find(quote)
+        while at >= 0:
+            for size, prefixes in enumerate(_FSTRING_PREFIXES, 1):
+                start = at - size
+                prefix = code[start:at] if start >= 0 else ""
+                if prefix.isascii() and prefix.lower() in prefixes:
+                    before = code[start - 1] if start else ""
+                    if not (before.isalnum() or before == "_"):  # what \w matches in a str pattern
+                        return True
+            at = code.find(quote, at + 1)
+    return False
+
+
 def needs_repair(code: str) -> bool:
     r"""Whether the known repairs might change ``code`` even if it parses: a cheap textual test.
 
@@ -244,11 +281,11 @@ def needs_repair(code: str) -> bool:
         return True
     if "boxed" not in code:
         return False
-    if _ODD_BACKSLASH_BOXED.search(code):
+    if _odd_backslash_boxed(code):
         return True
     if not _BOXED_FIELD.search(code):
         return False
-    if _FSTRING_TRIPLE.search(code) or _CONTINUED_LINE.search(code):
+    if _opens_triple_fstring(code) or _CONTINUED_LINE.search(code):
         return True
     return any(_FSTRING_OPEN.search(line) for line in code.splitlines() if _BOXED_FIELD.search(line))
 

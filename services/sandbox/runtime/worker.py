@@ -452,17 +452,15 @@ def _load_session(request: dict[str, Any]) -> Any:
     The service sends code it has already repaired (``repaired``: true), or code its cheap test
     (``spade.envs.repair.needs_repair``) found nothing to repair in; that code is compiled as it is
     and goes through the full repairs only if it does not compile, which gives what ``repair_code``
-    gives at the cost of one compile.
+    gives at the cost of one compile. The service's cheap test is not run again here: what code a
+    session loads is the service's decision, and the jail takes it as it comes.
     """
     from spade.envs import CheckConfig, EnvLoadError, EnvSession
     from spade.envs.limits import CallTimeout, guarded
     from spade.envs.loader import compile_env, load_env_class
-    from spade.envs.repair import needs_repair
 
     code, setting, seed = str(request["code"]), str(request["setting"]), int(request["seed"])
     config = CheckConfig.from_dict(dict(request["config"]))
-    if not request.get("repaired") and needs_repair(code):
-        return EnvSession(code, setting, seed, config)
     compiled = None
     try:
         compiled = compile_env(code)

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spade.envs.examples import EXAMPLES
-from spade.envs.repair import _repair_thoroughly, extract_code, needs_repair, repair_code
+from spade.envs.repair import (
+    _odd_backslash_boxed,
+    _opens_triple_fstring,
+    _repair_thoroughly,
+    extract_code,
+    needs_repair,
+    repair_code,
+)
 
 
 def run(code: str) -> dict:
@@ -154,3 +165,17 @@ def test_code_the_cheap_test_passes_is_code_the_repairs_leave_alone(code: str) -
 
 def test_example_game_envs_take_the_fast_path() -> None:
     assert [e.name for e in EXAMPLES.values() if needs_repair(e.code)] == []
+
+
+# The cheap test's two scans, as the patterns they replace (the rule, stated once as a regex).
+ODD_BACKSLASH_BOXED = re.compile(r"(?<!\\)(?:\\\\)*\\boxed")
+FSTRING_TRIPLE = re.compile(r"""(?<!\w)(?:[rRbB]?[fF]|[fF][rRbB])(?:'''|\"\"\")""")
+PIECES = ["\\", "\\\\", "boxed", "{", "}", "f", "F", "r", "B", "_", "a", "1", "é", "İ", " ", "\n", "'", '"']
+PIECES += ["'''", '"""']
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=14).map("".join))
+def test_the_cheap_scans_find_what_their_patterns_find(code: str) -> None:
+    assert _odd_backslash_boxed(code) == bool(ODD_BACKSLASH_BOXED.search(code))
+    assert _opens_triple_fstring(code) == bool(FSTRING_TRIPLE.search(code))

@@ -120,6 +120,36 @@ class EchoNumberEnv:
 """
 
 
+PARSES_BUT_NEEDS_REPAIR = """
+class ReplyEnv:
+    max_turns = 2
+
+    def reset(self, seed=None):
+        return f"Reply \\\\boxed{done} to finish.", {}
+
+    def step(self, action):
+        return "bye", 1.0, True, False, {}
+
+    def solution(self):
+        return ["\\\\boxed{done}"]
+"""
+
+
+async def test_sessions_of_never_seen_code_load_what_the_repairs_make_of_it() -> None:
+    # The service alone decides: code its cheap test passes goes as it is (the jail does not test it
+    # again), and code that parses but would raise (an f-string's \\boxed{done}) is repaired first.
+    async with SandboxPool(IsolationSettings()) as pool:
+        clean = await pool.open_session(EXAMPLES["code_breaker"].code, "game", 1, CheckConfig())
+        assert clean.initial.outcome is Outcome.OK, clean.initial
+        assert len(pool.repairs) == 0  # nothing to repair, nothing remembered
+        await clean.close()
+        fixed = await pool.open_session(PARSES_BUT_NEEDS_REPAIR, "game", 1, CheckConfig())
+        assert fixed.initial.outcome is Outcome.OK, fixed.initial
+        assert fixed.initial.observation == "Reply \\boxed{done} to finish."
+        assert pool.repairs.known(PARSES_BUT_NEEDS_REPAIR) == repair_code(PARSES_BUT_NEEDS_REPAIR)[0]
+        await fixed.close()
+
+
 async def test_sessions_of_validated_code_skip_the_repairs_and_play_the_same() -> None:
     async with SandboxPool(IsolationSettings()) as pool:
         cold = await pool.open_session(NEEDS_REPAIR, "game", 5, CheckConfig())
