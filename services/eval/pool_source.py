@@ -129,6 +129,7 @@ def read_database(url: str) -> list[PoolEnv]:
     from sqlalchemy.exc import SQLAlchemyError
 
     from services.memory.store.sql import SqlStore, make_engine
+    from spade.memory.errors import DatabaseUnavailable
     from spade.memory.records import EnvFilter
 
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
@@ -157,7 +158,7 @@ def read_database(url: str) -> list[PoolEnv]:
                     played_seeds=frozenset(seeds),
                 )
             )
-    except SQLAlchemyError as exc:
+    except (SQLAlchemyError, DatabaseUnavailable) as exc:
         raise PoolSourceError(f"cannot read the memory at {engine.url!r}: {type(exc).__name__}") from None
     finally:
         engine.dispose()

@@ -19,6 +19,7 @@ import click
 import sqlalchemy as sa
 
 from spade.dependencies import DEFAULT_WAIT, DependencyUnavailable, postgres, wait_for
+from spade.memory.errors import DatabaseUnavailable
 from spade.retry import RetryPolicy
 
 logger = logging.getLogger("services.memory.migrate")
@@ -93,7 +94,7 @@ def wait_for_schema(memory_url: str, policy: RetryPolicy = DEFAULT_WAIT) -> None
             with attempt:
                 try:
                     ready = schema_at_head(engine)
-                except sa.exc.SQLAlchemyError as exc:
+                except (sa.exc.SQLAlchemyError, DatabaseUnavailable) as exc:
                     raise DependencyUnavailable(f"memory schema: {type(exc).__name__}: {exc}") from None
                 if not ready:
                     raise DependencyUnavailable("the memory schema is not at head yet: run `spade migrate`")

@@ -32,6 +32,15 @@ class MemoryUnavailable(MemoryServiceError):
     call past its deadline): a caller that waits for the memory anyway may try again."""
 
 
+class DatabaseUnavailable(MemoryUnavailable):
+    """The memory's database did not answer (down, restarting, the connection dropped): the memory
+    answers UNAVAILABLE, not an internal error, so its callers wait and retry as for the memory itself
+    (its writes are idempotent: plays by trajectory id, attempts by sample id)."""
+
+    kind = ErrorKind.UNAVAILABLE
+    code = "database_unavailable"
+
+
 class RunSpecNotSet(MemoryServiceError):
     """No run spec is stored yet (``spade runspec set FILE``, or a service started with one, stores it)."""
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, Select, create_engine, event, or_, select, update
+from sqlalchemy import Engine, ExceptionContext, Select, create_engine, event, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -37,7 +37,7 @@ from services.memory.store.pool_stats import fingerprint, memory_stats
 from services.memory.store.run_records import RunRecords
 from services.memory.store.web_sessions import WebSessions
 from spade import pool_metrics
-from spade.memory.errors import EnvironmentNotFound, InvalidArgument
+from spade.memory.errors import DatabaseUnavailable, EnvironmentNotFound, InvalidArgument
 from spade.memory.records import (
     Candidate,
     EnvFilter,
@@ -61,7 +61,10 @@ MAX_WINDOW_VERSIONS = 1_000_000
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """Create an engine for ``url``; SQLite files get WAL, foreign keys and a busy timeout."""
+    """Create an engine for ``url``; SQLite files get WAL, foreign keys and a busy timeout.
+
+    A database that cannot be reached, or drops a connection mid-call, raises ``DatabaseUnavailable``.
+    """
     if url.startswith("sqlite"):
         kwargs.setdefault("connect_args", {}).setdefault("check_same_thread", False)
         engine = create_engine(url, **kwargs)
@@ -74,9 +77,23 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cur.execute("PRAGMA busy_timeout=10000")
             cur.close()
 
-        return engine
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(url, **kwargs)
+    else:
+        kwargs.setdefault("pool_pre_ping", True)
+        engine = create_engine(url, **kwargs)
+    event.listen(engine, "handle_error", _unreachable)
+    return engine
+
+
+def _unreachable(context: ExceptionContext) -> None:
+    """A failed connect or a dropped connection becomes ``DatabaseUnavailable`` (UNAVAILABLE on the wire):
+    a service waiting for the memory waits through a database restart instead of failing on an
+    internal error. A failed pre-ping is left to the pool, which reconnects on its own."""
+    if context.is_pre_ping or not (context.is_disconnect or context.connection is None):
+        return
+    reason = type(context.original_exception).__name__
+    raise DatabaseUnavailable(
+        f"the memory's database did not answer ({reason}): it is down or restarting; retry shortly"
+    ) from context.original_exception
 
 
 def migrate(engine: Engine, revision: str = "head") -> None:
