@@ -4,13 +4,15 @@ Each one translates, nothing more: the inference client's ``Generation`` (string
 into the core's integers, the sandbox's validation reports (the in-process pool, or the sandbox
 service through the shared ``spade.sandbox.client.SandboxClient``) into the core's
 ``ValidationResult``, and the memory service (in-process or its client, which offer the same
-methods) into ``EnvironmentMemory``. The queues are behind ``outbox.QueueOutbox``.
+methods) into ``EnvironmentMemory``, an attempt's record retried while the memory is unavailable. The
+queues are behind ``outbox.QueueOutbox``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,9 +28,12 @@ from services.designer.core.ports import (
     ValidationResult,
 )
 from spade.envs import CheckConfig, ValidationReport
+from spade.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from spade.sandbox.client import SandboxClient
+
+log = logging.getLogger("spade.designer")
 
 
 def parse_weight_version(value: str | int | None) -> int:
@@ -180,10 +185,17 @@ def corpus_ref(source: dict[str, object]) -> str:
 class MemoryServiceEnvironments:
     """``EnvironmentMemory`` over the memory service: its application layer
     (``services.memory.service.MemoryService``, in-process) or its gRPC client, which offer the same methods.
+
+    Args:
+        memory: The memory service or its client.
+        record_retry: Tries of recording attempts while the memory is unavailable (restarting, its
+            database down): the attempt's sample is already published, so its record waits for the
+            memory instead of being dropped (the memory stores each sample id once). ``None``: one try.
     """
 
-    def __init__(self, memory: _Memory) -> None:
+    def __init__(self, memory: _Memory, *, record_retry: RetryPolicy | None = None) -> None:
         self._memory = memory
+        self._record_retry = record_retry or RetryPolicy(attempts=1)
 
     async def sample_examples(self, setting: str, skill: str, n_positive: int, n_negative: int) -> MemoryExamples:
         """The memory's examples as plain prompt data."""
@@ -221,20 +233,25 @@ class MemoryServiceEnvironments:
 
     async def record_attempts(self, attempts: Sequence[AttemptSummary]) -> None:
         """Record finished attempts (``RecordAttempts``), so validity figures count malformed answers."""
+        from spade.memory.errors import MemoryUnavailable
         from spade.memory.records import DesignerAttempt
 
-        await self._memory.record_attempts(
-            [
-                DesignerAttempt(
-                    sample_id=a.sample_id,
-                    setting=a.setting,
-                    skill=a.skill,
-                    outcome=a.outcome,
-                    batch_id=a.batch_id,
-                    weight_version=a.weight_version,
-                    env_id=a.env_id,
-                    spec_id=a.spec_id,
-                )
-                for a in attempts
-            ]
+        records = [
+            DesignerAttempt(
+                sample_id=a.sample_id,
+                setting=a.setting,
+                skill=a.skill,
+                outcome=a.outcome,
+                batch_id=a.batch_id,
+                weight_version=a.weight_version,
+                env_id=a.env_id,
+                spec_id=a.spec_id,
+            )
+            for a in attempts
+        ]
+        retrying = self._record_retry.async_retrying(
+            MemoryUnavailable, logger=log, what=f"recording {len(records)} designer attempts in the memory"
         )
+        async for attempt in retrying:
+            with attempt:
+                await self._memory.record_attempts(records)

@@ -195,6 +195,12 @@ class DesignerSettings(ServiceSettings):
     retry: RetryPolicy = Field(
         default=DEFAULT_RETRY, description="Tries of an inference request after a transient failure, with back-off."
     )
+    record_retry: RetryPolicy = Field(
+        default=RetryPolicy(attempts=8, initial_s=1.0, max_s=10.0),
+        description="Tries of recording a finished attempt in the memory while the memory or its database is "
+        "unavailable (restarting), with back-off: its sample is already published, so the record waits (about "
+        "45 s by default) instead of being dropped from the memory's validity figures.",
+    )
 
     @model_validator(mode="after")
     def _words_in_order(self) -> DesignerSettings:

@@ -290,7 +290,7 @@ async def designer_service(
         sandbox = SandboxClient.from_endpoint(endpoint)
         stack.push_async_callback(sandbox.close)
         validator = SandboxServiceValidator(sandbox)
-        memory = MemoryServiceEnvironments(memory_client)  # type: ignore[arg-type]
+        memory = MemoryServiceEnvironments(memory_client, record_retry=settings.record_retry)  # type: ignore[arg-type]
         pool_needs_llm = settings.setting == "tool" and settings.criteria_reachable.enabled
         llm = None
         initial_version = 0
