@@ -117,24 +117,23 @@ class Limits:
 
 
 def fork_into_namespaces() -> int:
-    """``os.fork()`` whose child is pid 1 of fresh namespaces (``NAMESPACES``); 0 in the child.
+    """A fork whose child is pid 1 of fresh namespaces (``NAMESPACES``); 0 in the child.
 
     A fork that then unshares would need a second fork (a new pid namespace applies to children
     only), and so a third process per jail; one ``clone`` with the namespace flags makes the child
-    itself pid 1. CPython's fork hooks run around it as they do around ``os.fork`` (the import lock,
-    the thread state, ``os.register_at_fork`` callbacks). The zygote is single-threaded, so no lock
-    of the C library can be held by another thread at the clone. The child then calls
-    ``finish_namespaces``.
+    itself pid 1. The child then calls ``finish_namespaces``.
+
+    Unlike ``os.fork`` it runs none of CPython's fork hooks (``PyOS_AfterFork_Child`` and the
+    ``os.register_at_fork`` callbacks: threading's, random's reseed): in the child they only touch,
+    and so copy, a few hundred of the zygote's pages, and nothing needs them there. The zygote is
+    single-threaded and not importing when it clones, so no lock (the GIL's, the import lock, the C
+    library's) is held by anyone but this thread, which goes on in the child. The child runs only
+    the runtime's own code; untrusted code runs in processes it forks with ``os.fork``, which runs
+    every hook (a program's ``random`` is reseeded there).
     """
-    api = ctypes.pythonapi
-    api.PyOS_BeforeFork()
     pid = _libc_gil.syscall(SYS_CLONE, NAMESPACES | signal.SIGCHLD, None, None, None)
-    if pid == 0:
-        api.PyOS_AfterFork_Child()
-        return 0
-    err = ctypes.get_errno()
-    api.PyOS_AfterFork_Parent()
     if pid < 0:
+        err = ctypes.get_errno()
         raise JailError(f"clone(new namespaces): {errno.errorcode.get(err, err)} ({os.strerror(err)})")
     return int(pid)
 
@@ -200,7 +199,9 @@ def load_seccomp(program: bytes) -> None:
 def reset_signals() -> None:
     """Default dispositions for every catchable signal (the zygote's handlers must not leak in)."""
     for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
+        # The interpreter's table knows every disposition it or the zygote set or inherited; only
+        # those need a syscall (None: a signal the C library keeps for itself).
+        if sig in (signal.SIGKILL, signal.SIGSTOP) or signal.getsignal(sig) in (signal.SIG_DFL, None):
             continue
         with contextlib.suppress(OSError, ValueError):
             signal.signal(sig, signal.SIG_DFL)

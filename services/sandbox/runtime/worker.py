@@ -81,6 +81,12 @@ def preload() -> dict[str, Any]:
     return {"ok": True, "warm_up": warmed}
 
 
+def set_environment(workdir: str) -> None:
+    """Make the environment the whole of what a request's processes see (none of the service's)."""
+    os.environ.clear()
+    os.environ.update({"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+
+
 def degraded_workdir(jail_pid: int) -> str:
     """The working directory of a request without namespaces (named after the jail's first process)."""
     import tempfile
@@ -147,8 +153,8 @@ def run(config: dict[str, Any], program: bytes | None, assignment_fd: int) -> in
     jail.keep_fds([0])  # the zygote's log is closed from here on
     lock_down(program)
     os.chdir(workdir)
-    os.environ.clear()
-    os.environ.update({"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+    if not userns:
+        set_environment(workdir)  # with namespaces the zygote set it once for every jail
     waiter = Waiter.fork()  # ahead of time too: a request pays for no fork
     assignment = socket.socket(fileno=0)
     received = _receive_assignment(assignment)

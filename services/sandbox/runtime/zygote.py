@@ -70,6 +70,10 @@ class Zygote:
         else:
             self.layers["seccomp"] = {"ok": False, "error": "disabled by configuration (degraded mode)"}
         self.layers["envs"] = worker.preload()
+        if self.config.get("userns", True):
+            # Every jail's environment, set once here for all of them (the zygote needs none of its
+            # own: the hash seed was read at start-up). Without namespaces each jail sets its own.
+            worker.set_environment(worker.WORKDIR)
         # Everything allocated so far is shared with every child: keep the collector off it, so
         # children neither spend time scanning it nor copy its pages by touching them.
         gc.collect()
