@@ -107,6 +107,8 @@ async def test_service_environment_is_invisible(pool: SandboxPool) -> None:
     )
     assert result.status is ExecStatus.OK
     assert "SPADE" not in seen["environ"] and "VIRTUAL_ENV" not in seen["environ"]
+    expected = {"HOME": "/tmp", "TMPDIR": "/tmp", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    assert seen["environ"] == "ok: " + repr(expected)[:300]  # the whole environment, set by the zygote
     assert denied(seen["init_environ"]), seen["init_environ"]
     await assert_healthy(pool)
 

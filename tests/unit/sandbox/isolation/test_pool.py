@@ -57,6 +57,15 @@ async def test_sessions_play_an_example_to_a_win() -> None:
         assert pool.health()["sessions"] == 0
 
 
+async def test_every_execution_seeds_random_afresh() -> None:
+    # The zygote has imported random (the env library uses it); a program's process is forked with
+    # os.fork, whose hooks reseed it, so no two programs draw the same numbers.
+    async with SandboxPool(IsolationSettings()) as pool:
+        draws = [await pool.execute("import random; print(random.getrandbits(64))") for _ in range(3)]
+    assert all(d.status is ExecStatus.OK for d in draws)
+    assert len({d.stdout for d in draws}) == 3, draws
+
+
 async def test_session_with_broken_code_is_an_env_error() -> None:
     async with SandboxPool(IsolationSettings()) as pool:
         session = await pool.open_session("class Broken(:\n", "game", 0, CheckConfig())
