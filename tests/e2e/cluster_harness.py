@@ -141,13 +141,13 @@ class RunnerCluster:
         self.names = [member.name for member in self.runner.members()]
         self.killed.clear()  # every member runs again
 
-    def kill(self, name: str, signal: str = "KILL") -> None:
-        """``spade cluster kill NAME`` (kill -9 of its process group by default), waited for until it is gone."""
+    def kill(self, name: str, signal: str = "KILL", wait_s: float = 30) -> None:
+        """``spade cluster kill NAME`` (kill -9 of its process group; ``TERM`` to stop it), waited for until gone."""
         self.spade("cluster", "kill", name, "--signal", signal)
         self.killed.add(name)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + wait_s
         while self.runner.pid(name) is not None:
-            assert time.monotonic() < deadline, f"{name} still runs 30 s after spade cluster kill"
+            assert time.monotonic() < deadline, f"{name} still runs {wait_s:.0f} s after spade cluster kill"
             time.sleep(0.1)
 
     def status(self) -> dict[str, Any]:
