@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from services.sandbox.runtime.protocol import MAX_FRAME, FrameDecoder, encode_frame
@@ -65,33 +66,47 @@ class Channel:
             self.sock.close()
 
 
-async def read_capped(fd: int, cap: int, overflow: asyncio.Event, data: bytearray) -> None:
-    """Read a pipe to its end into ``data``, keeping at most ``cap`` bytes; set ``overflow`` past it.
+class CappedReader:
+    """A pipe read to its end by event-loop callbacks (no task of its own), keeping ``cap`` bytes.
 
-    The caller owns (and closes) ``fd``; reading stops at the first byte over the cap. What was read
-    stays in ``data`` even if the task is cancelled.
+    ``ended`` resolves at the end of file, or at the first byte over the cap: the bytes past it are
+    dropped, ``overflowed`` is set and ``on_overflow`` called. The caller owns (and closes) ``fd``,
+    after ``stop()``.
     """
-    loop = asyncio.get_running_loop()
-    os.set_blocking(fd, False)
-    readable = asyncio.Event()
-    loop.add_reader(fd, readable.set)
-    try:
-        while True:
-            await readable.wait()
-            readable.clear()
-            try:
-                chunk = os.read(fd, _CHUNK)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                return
-            data += chunk
-            if len(data) > cap:
-                overflow.set()
-                del data[cap:]
-                return
-    finally:
-        loop.remove_reader(fd)
+
+    def __init__(self, fd: int, cap: int, on_overflow: Callable[[], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.fd = fd
+        self.cap = cap
+        self.data = bytearray()
+        self.overflowed = False
+        self.ended: asyncio.Future[None] = self._loop.create_future()
+        self._on_overflow = on_overflow
+        os.set_blocking(fd, False)
+        self._loop.add_reader(fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            chunk = os.read(self.fd, _CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""  # the pipe is unusable: its end as far as the program's output goes
+        if not chunk:
+            self.stop()
+            return
+        self.data += chunk
+        if len(self.data) > self.cap:
+            del self.data[self.cap :]
+            self.overflowed = True
+            self.stop()
+            self._on_overflow()
+
+    def stop(self) -> None:
+        """Stop reading (idempotent); ``ended`` resolves."""
+        if not self.ended.done():
+            self._loop.remove_reader(self.fd)
+            self.ended.set_result(None)
 
 
 async def write_all(fd: int, data: bytes) -> None:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from services.sandbox.isolation.channels import Channel, read_capped, write_all
+from services.sandbox.isolation.channels import CappedReader, Channel, write_all
 from services.sandbox.isolation.outcomes import ExecutionResult, Observed, SandboxFault, classify_execution
 
 EXIT_GRACE_S = 5.0
@@ -48,11 +49,20 @@ async def run_execution(
         SandboxFault: the sandbox (not the program) failed.
     """
     start = time.perf_counter()
-    overflow = asyncio.Event()
-    feeder = asyncio.create_task(write_all(stdin_w, stdin))
-    out, err = bytearray(), bytearray()
-    stdout = asyncio.create_task(read_capped(out_r, stdout_cap, overflow, out))
-    stderr = asyncio.create_task(read_capped(err_r, stderr_cap, overflow, err))
+    loop = asyncio.get_running_loop()
+    overflow: asyncio.Future[None] = loop.create_future()
+
+    def overflowed() -> None:
+        if not overflow.done():
+            overflow.set_result(None)
+
+    feeder: asyncio.Task[None] | None = None
+    if stdin:
+        feeder = asyncio.create_task(write_all(stdin_w, stdin))
+    else:
+        os.close(stdin_w)  # the program reads end of file at once
+    stdout = CappedReader(out_r, stdout_cap, overflowed)
+    stderr = CappedReader(err_r, stderr_cap, overflowed)
     report: dict[str, Any] | None = None
     fault: str | None = None
     timed_out = False
@@ -60,7 +70,7 @@ async def run_execution(
     async def finish() -> None:
         nonlocal report, fault
         await channel.send(setup)
-        while True:
+        while report is None:  # pid 1 sends one report (then exits), or a fault (then exits)
             message = await channel.recv()
             if message is None:
                 break
@@ -68,13 +78,13 @@ async def run_execution(
                 report = message
             elif message.get("op") == "fault":
                 fault = str(message.get("error"))
-        await asyncio.wait({stdout, stderr})  # unlike gather, cancelling this leaves them running
+        await asyncio.wait({stdout.ended, stderr.ended})
 
     try:
         body = asyncio.create_task(finish())
-        limit = asyncio.create_task(overflow.wait())
+        tasks = [body] if feeder is None else [body, feeder]
         try:
-            done, _ = await asyncio.wait({body, limit}, timeout=wall, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({body, overflow}, timeout=wall, return_when=asyncio.FIRST_COMPLETED)
             if not done:
                 timed_out = True
             elif body in done:
@@ -82,25 +92,24 @@ async def run_execution(
         except (OSError, ConnectionError) as exc:
             fault = fault or f"request channel failed: {exc}"
         finally:
-            for task in (body, limit, feeder):
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(body, limit, feeder, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
         duration_ms = (time.perf_counter() - start) * 1000
         exited: dict[str, Any] | None = None
-        if report is None or timed_out or overflow.is_set():
+        if report is None or timed_out or overflow.done():
             exited = await stop()
         if fault is not None and report is None and not timed_out:
             raise SandboxFault(f"sandbox fault during execution: {fault}")
-        if exited is None and report is None and not timed_out and not overflow.is_set():
+        if exited is None and report is None and not timed_out and not overflow.done():
             raise SandboxFault("the sandbox lost the execution (zygote died)")
         # The processes are gone (or were killed): the pipes reach their end promptly.
-        await asyncio.wait({stdout, stderr}, timeout=EXIT_GRACE_S)
+        await asyncio.wait({stdout.ended, stderr.ended}, timeout=EXIT_GRACE_S)
     finally:
-        # Whatever happened (even cancellation), no reader may outlive the pipes the caller closes.
-        for task in (stdout, stderr):
-            task.cancel()
-        await asyncio.gather(stdout, stderr, return_exceptions=True)
+        # Whatever happened (even cancellation), nothing reads the pipes the caller then closes.
+        stdout.stop()
+        stderr.stop()
     status, exit_code = classify_execution(
-        Observed(report, exited, timed_out, overflow.is_set(), cpu_limit_s=float(math.ceil(cpu)))
+        Observed(report, exited, timed_out, overflow.done(), cpu_limit_s=float(math.ceil(cpu)))
     )
-    return ExecutionResult(status, exit_code, bytes(out), bytes(err), duration_ms)
+    return ExecutionResult(status, exit_code, bytes(stdout.data), bytes(stderr.data), duration_ms)

@@ -2,8 +2,9 @@
 
 The zygote is started as ``setpriv … bwrap … python3.11 -I -S /opt/spade/…/zygote.py CONFIG`` with
 one end of a socketpair inherited. Spawn requests carry the request's own channel fds (SCM_RIGHTS);
-the zygote answers with the jail's pid and, later, how it ended. If the zygote dies every request
-still running on it fails with ``SandboxFault`` (its children die with it through PDEATHSIG).
+the zygote answers when the request's jail has ended (how), or that it could not start one. If the
+zygote dies every request still running on it fails with ``SandboxFault`` (its children die with it
+through PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -104,12 +105,10 @@ class Spawned:
         request_id: the id the zygote uses for it.
         exited: resolves to the zygote's ``exited`` message (``code`` or ``signal``), or fails with
             ``SandboxFault`` if the zygote dies first.
-        pid: the jail's pid 1 as the zygote's pid namespace numbers it, once known.
     """
 
     request_id: int
     exited: asyncio.Future[dict[str, Any]]
-    pid: int | None = None
 
 
 @dataclass
@@ -202,9 +201,7 @@ class Zygote:
         request = self.requests.get(int(message.get("id", -1)))
         if request is None:
             return
-        if op == "spawned":
-            request.pid = int(message["pid"])
-        elif op == "exited":
+        if op == "exited":
             self.requests.pop(request.request_id, None)
             if not request.exited.done():
                 request.exited.set_result(message)

@@ -5,8 +5,9 @@ uid). It speaks length-prefixed JSON on an inherited socket (``ctl_fd``):
 
 - service → zygote: ``{"op": "spawn", "id", "kind", "limits", "nfds"}`` with the request's own
   channel fds attached (SCM_RIGHTS); ``{"op": "kill", "id"}``.
-- zygote → service: ``{"op": "ready", ...layers}`` once; ``{"op": "spawned", "id", "pid"}``;
-  ``{"op": "exited", "id", "code" | "signal"}``; ``{"op": "failed", "id", "error"}``.
+- zygote → service: ``{"op": "ready", ...layers}`` once; ``{"op": "exited", "id", "code" | "signal"}``
+  when a request's jail has ended; ``{"op": "failed", "id", "error"}`` when none could be started.
+  A spawn that succeeds is not answered: the request's own channels say so.
 
 It never sees request data: each child talks to the service directly on the fds it was given. The
 zygote is single-threaded, so forking it is safe. When its control socket closes it kills every
@@ -195,7 +196,6 @@ class Zygote:
                 sock.close()
             self.children[pid] = request_id
             self.by_id[request_id] = pid
-            self.send({"op": "spawned", "id": request_id, "pid": pid})
             return
         self.send({"op": "failed", "id": request_id, "error": "no jail could be started (see the service log)"})
 

@@ -34,6 +34,8 @@ async def test_execute_stdin_files_argv_and_exit_codes() -> None:
         assert big_stdin.stdout == b"3145728\n"
         ignored = await pool.execute("print('no stdin read')", stdin=b"y" * (3 << 20))
         assert ignored.status is ExecStatus.OK
+        no_stdin = await pool.execute("import sys; print(repr(sys.stdin.read()))", timeout_s=5)
+        assert (no_stdin.status, no_stdin.stdout) == (ExecStatus.OK, b"''\n")  # end of file at once
         with pytest.raises(ValueError, match="timeout_s=999"):
             await pool.execute("pass", timeout_s=999)
 
