@@ -43,3 +43,19 @@ def normalise_code(code: str) -> str:
 def code_hash(code: str) -> str:
     """SHA-256 (hex) of the normalised code: equal for programs that differ only in form."""
     return hashlib.sha256(normalise_code(code).encode()).hexdigest()
+
+
+def env_id_for(digest: str) -> str:
+    """The id of the environment whose normalised code hashes to ``digest`` (32 hex digits).
+
+    A content address rather than a random id: one memory stores each normalised program once
+    (``code_hash`` is unique), so the id is unique there, and the same program gets the same id in
+    every run. Play seeds and sampling seeds derive from the env id, so a rerun of a seeded run
+    plays the same seeds with the same samples (with random ids every run played other seeds).
+
+    >>> env_id_for(code_hash("x = 1")) == env_id_for(code_hash("x = 1  # a comment"))
+    True
+    >>> len(env_id_for(code_hash("x = 1")))
+    32
+    """
+    return hashlib.sha256(f"spade-env\x00{digest}".encode()).hexdigest()[:32]

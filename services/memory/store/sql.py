@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -24,7 +23,7 @@ from sqlalchemy import Engine, ExceptionContext, Select, create_engine, event, o
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.memory.core.normalise import code_hash
+from services.memory.core.normalise import code_hash, env_id_for
 from services.memory.core.scoring import LEARNABLE_OVERRIDE, score, shape
 from services.memory.store.models import (
     EnvironmentRow,
@@ -206,7 +205,7 @@ class SqlStore(RunRecords, WebSessions):
             raise InvalidArgument(f"status {env.status!r} is not one of {[x.value for x in EnvStatus]}") from None
         digest = code_hash(env.code)
         length = program_length(env.code)
-        env_id = uuid.uuid4().hex
+        env_id = env_id_for(digest)
         now = utc_now()
         try:
             with self._sessions.begin() as s:

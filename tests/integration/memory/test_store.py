@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, inspect, text
 
+from services.memory.core.normalise import code_hash, env_id_for
 from services.memory.store.models import Base
-from services.memory.store.sql import SqlStore, migrate
+from services.memory.store.sql import SqlStore, make_engine, migrate
 from spade.memory.errors import EnvironmentNotFound, InvalidArgument
 from spade.memory.records import EnvFilter, EnvStatus, NewEnvironment, Play, StatsUpdate
 from tests.integration.memory.conftest import env_code, new_env
@@ -76,6 +78,18 @@ def test_identical_code_after_normalisation_is_stored_once_and_reported(store: S
     assert store.stats().total == 1
     other = store.put_environment(NewEnvironment(setting="game", skill="x", code=env_code("Maze", "return 2")))
     assert not other.duplicate and other.env_id != first.env_id
+
+
+def test_the_same_program_gets_the_same_id_in_every_memory(store: SqlStore, tmp_path: Path) -> None:
+    """Env ids are content addresses: a rerun of a seeded run stores its envs under the same ids, so
+    the play seeds and sampling seeds derived from them (and with them the plays) are the same."""
+    other = SqlStore(make_engine(f"sqlite:///{tmp_path / 'other.db'}"))
+    migrate(other.engine)
+    first = store.put_environment(new_env("Maze"))
+    again = other.put_environment(new_env("Maze"))
+    assert not again.duplicate and again.env_id == first.env_id == env_id_for(code_hash(env_code("Maze")))
+    changed = NewEnvironment(setting="game", skill="x", code=env_code("Maze", "return 2"))
+    assert other.put_environment(changed).env_id != first.env_id
 
 
 def test_concurrent_puts_of_the_same_code_store_one(store: SqlStore) -> None:
