@@ -263,6 +263,7 @@ async def embedded_system(settings: RunSettings) -> AsyncIterator[EmbeddedParts]
             window_versions_game=settings.window_versions if settings.setting == "game" else None,
             window_versions_tool=settings.window_versions if settings.setting == "tool" else None,
             window=settings.memory_window,
+            content_env_ids=True,  # the memory is this run's own: a rerun plays the same seeds
         )
         memory = build_service(memory_settings)
         stack.callback(memory.store.engine.dispose)

@@ -91,6 +91,13 @@ class MemorySettings(ServiceSettings):
         le=3600.0,
         description="The REST API's /v1/stats and page recompute at most this often (0: on every change).",
     )
+    content_env_ids: bool = Field(
+        default=False,
+        description="Name each env by a hash of its normalised code instead of a random id, so a rerun of a seeded "
+        "run plays the same seeds (they derive from env ids). Only for a memory that is one run's own (the embedded "
+        "run sets it): queue idempotency keys derive from env ids too, so a second run on the same Redis and prefix "
+        "within idempotency_ttl_s would have its plays of a shared program dropped as repeats.",
+    )
     metrics_window: int = Field(
         default=DEFAULT_WINDOW,
         ge=2,

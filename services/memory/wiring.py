@@ -62,6 +62,7 @@ def build_service(settings: MemorySettings, spec: RunSpec | None = None) -> Memo
         window_versions=settings.window_defaults(),
         embedder=MiniLMEmbedder() if settings.vendi else None,
         metrics_window=settings.metrics_window,
+        content_env_ids=settings.content_env_ids,
     )
     service = MemoryService(store, settings.policy(), configured=settings.spec_overlap())
     try:

@@ -48,10 +48,11 @@ def code_hash(code: str) -> str:
 def env_id_for(digest: str) -> str:
     """The id of the environment whose normalised code hashes to ``digest`` (32 hex digits).
 
-    A content address rather than a random id: one memory stores each normalised program once
-    (``code_hash`` is unique), so the id is unique there, and the same program gets the same id in
-    every run. Play seeds and sampling seeds derive from the env id, so a rerun of a seeded run
-    plays the same seeds with the same samples (with random ids every run played other seeds).
+    A content address rather than a random id (``SqlStore(content_env_ids=True)``, the embedded
+    run's memory): one memory stores each normalised program once (``code_hash`` is unique), so the
+    id is unique there, and the same program gets the same id in every run. Play seeds and sampling
+    seeds derive from the env id, so a rerun of a seeded run plays the same seeds with the same
+    samples (with random ids every run plays other seeds).
 
     >>> env_id_for(code_hash("x = 1")) == env_id_for(code_hash("x = 1  # a comment"))
     True

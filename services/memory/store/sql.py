@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -181,8 +182,10 @@ class SqlStore(RunRecords, WebSessions):
         embedder: Any = None,
         embedding_model: str = "all-MiniLM-L6-v2",
         metrics_window: int = pool_metrics.DEFAULT_WINDOW,
+        content_env_ids: bool = False,
     ) -> None:
         self.engine = engine
+        self.content_env_ids = content_env_ids
         self.window_versions = dict(window_versions or {})
         self.embedder = embedder
         self.embedding_model = embedding_model
@@ -205,7 +208,7 @@ class SqlStore(RunRecords, WebSessions):
             raise InvalidArgument(f"status {env.status!r} is not one of {[x.value for x in EnvStatus]}") from None
         digest = code_hash(env.code)
         length = program_length(env.code)
-        env_id = env_id_for(digest)
+        env_id = env_id_for(digest) if self.content_env_ids else uuid.uuid4().hex
         now = utc_now()
         try:
             with self._sessions.begin() as s:

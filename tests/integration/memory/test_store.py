@@ -80,16 +80,24 @@ def test_identical_code_after_normalisation_is_stored_once_and_reported(store: S
     assert not other.duplicate and other.env_id != first.env_id
 
 
-def test_the_same_program_gets_the_same_id_in_every_memory(store: SqlStore, tmp_path: Path) -> None:
-    """Env ids are content addresses: a rerun of a seeded run stores its envs under the same ids, so
-    the play seeds and sampling seeds derived from them (and with them the plays) are the same."""
-    other = SqlStore(make_engine(f"sqlite:///{tmp_path / 'other.db'}"))
+def test_with_content_ids_the_same_program_gets_the_same_id_in_every_memory(
+    empty_engine: Engine, tmp_path: Path
+) -> None:
+    """A run's own memory (the embedded run's) names envs by content: a rerun of a seeded run stores
+    its envs under the same ids, so the play and sampling seeds derived from them are the same.
+    A shared memory keeps random ids (queue idempotency keys derive from env ids)."""
+    migrate(empty_engine)
+    store = SqlStore(empty_engine, content_env_ids=True)
+    other = SqlStore(make_engine(f"sqlite:///{tmp_path / 'other.db'}"), content_env_ids=True)
     migrate(other.engine)
     first = store.put_environment(new_env("Maze"))
     again = other.put_environment(new_env("Maze"))
     assert not again.duplicate and again.env_id == first.env_id == env_id_for(code_hash(env_code("Maze")))
     changed = NewEnvironment(setting="game", skill="x", code=env_code("Maze", "return 2"))
     assert other.put_environment(changed).env_id != first.env_id
+    third = SqlStore(make_engine(f"sqlite:///{tmp_path / 'third.db'}"))
+    migrate(third.engine)
+    assert third.put_environment(new_env("Maze")).env_id != first.env_id, "ids are random by default"
 
 
 def test_concurrent_puts_of_the_same_code_store_one(store: SqlStore) -> None:
