@@ -212,14 +212,24 @@ def learner_caught_up(cluster: RunnerCluster) -> bool:
         client.close()
 
 
-def playing(cluster: RunnerCluster) -> str | None:
-    """The rollout worker playing a slot now: it holds the slot's live lease and one of the slot's plays
-    is recorded already, so the others are in flight."""
+def plays_done(cluster: RunnerCluster) -> int:
+    """How many plays the rollout workers have finished (published, recorded and marked done)."""
+    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM rollout_plays").fetchone()
+    return int(row[0]) if row else 0
+
+
+def playing(cluster: RunnerCluster, after: int = 0) -> str | None:
+    """The rollout worker playing a slot now: it holds the slot's live lease, one of the slot's plays is
+    done already, so the others are in flight, and more than ``after`` plays are done in all (a lease
+    a killed worker left behind looks live until it lapses; finished plays show someone is at work)."""
     with psycopg.connect(cluster.dsn, autocommit=True) as conn:
         row = conn.execute(
             "SELECT w.lease_owner FROM rollout_windows w WHERE w.lease_owner IS NOT NULL "
             "AND w.lease_until > extract(epoch FROM clock_timestamp()) "
-            "AND EXISTS (SELECT 1 FROM rollout_plays p WHERE p.env_id = w.env_id AND p.slot = w.slots_done)"
+            "AND EXISTS (SELECT 1 FROM rollout_plays p WHERE p.env_id = w.env_id AND p.slot = w.slots_done) "
+            "AND (SELECT count(*) FROM rollout_plays) > %s",
+            (after,),
         ).fetchone()
     return str(row[0]) if row else None
 
@@ -245,18 +255,25 @@ class LearnerFiles:
         state: dict[str, Any] = json.loads((self.root / f"step-{step:08d}" / "state.json").read_text())
         return state
 
-    def unsaved_plays(self) -> int:
-        """Messages received since the last checkpoint, waiting in the journal (what a restart replays)."""
+    def unsaved_messages(self) -> int:
+        """Samples received since the last checkpoint, waiting in the journal (what a restart replays)."""
         step = self.last_checkpoint()
         if step is None:
             return 0
         since = int(self.checkpoint_state(step).get("journal_from", 0))
         segments = [p for p in self.root.glob("journal/segment-*.log") if int(p.stem[len("segment-") :]) >= since]
-        return sum(1 for p in segments for _ in decode(p.read_bytes()))
+        return sum(_records(p) for p in segments)
 
     def totals(self) -> dict[str, int]:
         state = json.loads((self.root / "learner_state.json").read_text())
         return {k: int(v) for k, v in state["totals"].items()}
+
+
+def _records(segment: Path) -> int:
+    try:
+        return sum(1 for _ in decode(segment.read_bytes()))
+    except FileNotFoundError:  # a checkpoint discarded it meanwhile
+        return 0
 
 
 def recorded(cluster: RunnerCluster) -> dict[str, int]:
@@ -317,26 +334,29 @@ def test_every_service_killed_and_both_stores_restarted_lose_nothing_and_repeat_
         _wait(lambda: playing(cluster), "rollout worker playing a slot", 600, cluster)
         cluster.kill("sandbox")
         fault("kill -9 sandbox (mid-play)")
+        done = plays_done(cluster)
         cluster.up()
-        _wait(lambda: playing(cluster), "rollout worker playing after the sandbox restart", 600, cluster)
+        _wait(lambda: playing(cluster, after=done), "rollout worker playing after the sandbox restart", 600, cluster)
         for name in ("inference", "memory"):
             cluster.kill(name)
             fault(f"kill -9 {name} (mid-play)")
+        done = plays_done(cluster)
         cluster.up()
 
-        # 2. Mid-play again (the slot tried anew): its player, and the learner holding plays its last
+        # 2. Mid-play again (the slot tried anew): its player, and the learner holding samples its last
         # checkpoint lacks (in its journal).
-        owner = _wait(lambda: playing(cluster), "rollout worker playing a slot again", 600, cluster)
-        _wait(learner.unsaved_plays, "plays received since the learner's last checkpoint", 600, cluster)
+        owner = _wait(lambda: playing(cluster, after=done), "rollout worker playing a slot again", 600, cluster)
+        _wait(learner.unsaved_messages, "samples received since the learner's last checkpoint", 600, cluster)
         cluster.kill("learner")
         fault("kill -9 learner (mid-fill)")
         cluster.kill(owner)
         fault(f"kill -9 {owner} (mid-play)")
-        resume_at, replay = learner.last_checkpoint(), learner.unsaved_plays()
+        resume_at, replay = learner.last_checkpoint(), learner.unsaved_messages()
+        done = plays_done(cluster)
         cluster.up()
 
         # 3. The stores, each down for a moment and back on its port and data, mid-play; no `up` now.
-        _wait(lambda: playing(cluster), "rollout worker playing after the restarts", 600, cluster)
+        _wait(lambda: playing(cluster, after=done), "rollout worker playing after the restarts", 600, cluster)
         redis_server.stop()
         time.sleep(DOWN_S)
         redis_server.start()
