@@ -9,7 +9,11 @@ Three runs, each as small as it can be while still showing what it tests:
 - ``--designer off --pool DIR``: only the agent is trained (no designer sample, agent samples yes).
 
 Every generation carries a seed derived from the run, env, version, seed, arm and turn (the rollout's
-``sampling_seed``), so the plays, and with them every assertion below, are the same on every run.
+``sampling_seed``), env ids are content addresses of the env's code (so the seeds a play gets are
+the same on every run), and so the plays, and with them every assertion below, are the same on every
+run up to the float sums of the server's batch shapes. Before env ids were content addresses they
+were random, so every run played other seeds and samples: the ``--designer off`` run trained or not
+by luck (CI saw both of its groups all 0, once at G = 4 and once at G = 8).
 """
 
 from __future__ import annotations
