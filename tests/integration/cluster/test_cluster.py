@@ -20,7 +20,7 @@ import psycopg
 import pytest
 import redis
 
-from services.cluster.envfile import read_env_file
+from services.cluster.envfile import read_env_files
 from spade.memory.runspec import load_spec_file
 from tests.conftest import REDIS_URL
 
@@ -88,7 +88,7 @@ def test_up_kill_up_down_with_generated_keys(overrides: dict[str, str], tmp_path
     run_dir = tmp_path / "cluster"
     keys_file = run_dir / "keys.env"
     assert stat.S_IMODE(keys_file.stat().st_mode) == 0o600
-    keys = read_env_file(keys_file, {})
+    keys = read_env_files([keys_file], {})
     assert len(keys["SPADE_CLUSTER_OPERATOR_KEY"]) >= 32
 
     # Every server up, each with its own pid; the servers require the generated keys.
@@ -115,7 +115,7 @@ def test_up_kill_up_down_with_generated_keys(overrides: dict[str, str], tmp_path
     after = _status(overrides)["members"]
     assert after["sandbox"]["pid"] == members["sandbox"]["pid"]
     assert after["memory"]["health"] == "up" and after["memory"]["pid"] != members["memory"]["pid"]
-    assert read_env_file(keys_file, {}) == keys, "keys are generated once"
+    assert read_env_files([keys_file], {}) == keys, "keys are generated once"
 
     # `down` stops every process.
     _spade(overrides, "cluster", "down")
