@@ -29,6 +29,12 @@ class InferenceSettings(ServiceSettings):
     served_model_name: str | None = Field(
         default=None, description="Model name in /model_info and /v1 responses; default: the directory name."
     )
+    published_weights_dir: Path | None = Field(
+        default=None,
+        description="The learner's weights_dir: at start the server serves its newest published version "
+        "(<dir>/latest, reporting that version) instead of model_path; model_path until the first publish. "
+        "A restarted server then serves what the learner published, not the base model at version 0.",
+    )
     weight_version: str = Field(
         default="0", min_length=1, max_length=128, description="Weight version reported before any update."
     )

@@ -8,22 +8,40 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import FastAPI
 
 from services.inference.app import create_app
 from services.inference.engine import BatchEngine
 from services.inference.settings import InferenceSettings
+from spade.inference.published import published_model
 from spade.serving.http import http_server
 
 logger = logging.getLogger(__name__)
 
 
+def starting_weights(settings: InferenceSettings) -> tuple[Path | None, str]:
+    """The model directory and weight version the server starts with.
+
+    The newest version the learner published (``published_weights_dir``) when there is one, so a
+    restarted server serves it; else ``model_path`` (``None``: the default model) at ``weight_version``.
+    """
+    if settings.published_weights_dir is not None:
+        published = published_model(settings.published_weights_dir)
+        if published is not None:
+            path, version = published
+            logger.info("serving the newest published weights: version %d from %s", version, path)
+            return path, str(version)
+    return settings.model_path, settings.weight_version
+
+
 def build_engine(settings: InferenceSettings) -> BatchEngine:
     """Load the model and build the (not yet started) batching engine."""
+    model_path, weight_version = starting_weights(settings)
     return BatchEngine(
-        settings.model_path,
-        weight_version=settings.weight_version,
+        model_path,
+        weight_version=weight_version,
         max_batch_size=settings.max_batch_size,
         max_waiting=settings.max_waiting,
         max_prefill_tokens=settings.max_prefill_tokens,

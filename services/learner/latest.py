@@ -5,16 +5,16 @@ starts from ``<weights_dir>/latest`` (the deployments pass it as the model path)
 the newest published weights rather than the base model. The pointer is a relative symlink,
 replaced atomically (a new link renamed over the old one): a reader sees the old version or the
 new one, never a missing or half-written pointer. Before the first publish, the deployment's
-place-weights step points it at the base model.
+place-weights step points it at the base model. Reading the pointer is
+:mod:`spade.inference.published` (an inference server reads it too); moving it is here.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
-LATEST = "latest"
+from spade.inference.published import LATEST, published_version
 
 
 def point_latest(weights_dir: Path, version_dir: Path) -> Path:
@@ -32,23 +32,6 @@ def point_latest(weights_dir: Path, version_dir: Path) -> Path:
     staging.symlink_to(target, target_is_directory=True)
     os.replace(staging, link)
     return link
-
-
-_VERSION_DIR = re.compile(r"^v(\d+)$")
-
-
-def published_version(weights_dir: Path) -> int:
-    """The version ``weights_dir/latest`` points at: the newest one ever published (0 before the first).
-
-    ``latest`` moves before any worker is told to load a version, so every version a worker may serve
-    is at most this one. A pointer at anything but a ``v<N>`` directory (the base model placed by the
-    deployment) means nothing was published yet.
-    """
-    link = Path(weights_dir) / LATEST
-    if not link.is_symlink():
-        return 0
-    match = _VERSION_DIR.match(Path(os.readlink(link)).name)
-    return int(match.group(1)) if match else 0
 
 
 class AlreadyPublished(RuntimeError):

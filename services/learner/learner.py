@@ -54,7 +54,7 @@ from services.learner.core.batching import (
 )
 from services.learner.core.window import DesignerWindow, ScoredAttempt
 from services.learner.journal import JournalRecord, SampleJournal
-from services.learner.latest import check_unpublished, published_version
+from services.learner.latest import check_unpublished
 from services.learner.publisher import PublishResult, WeightPublisher
 from services.learner.samples import (
     agent_play,
@@ -65,6 +65,7 @@ from services.learner.samples import (
 )
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import StepMetrics, Trainer
+from spade.inference.published import published_version
 from spade.queues.base import SAMPLES_AGENT, SAMPLES_DESIGNER, WorkQueue
 from spade.runspec import RunSpec
 from spade.signal import DesignerRewardConfig, SkillBaselines, group_zscores

@@ -44,6 +44,8 @@ def test_the_shared_settings_reach_the_services_and_local_env_does_not_shadow_th
     assert shared and not set(shared) & set(local), "a setting compose shares is set again in local.env"
     env = _cluster(tmp_path).env()
     assert {k: env[k] for k in shared} == shared
+    # A restarted inference server reads the learner's published versions.
+    assert env["SPADE_INFERENCE_PUBLISHED_WEIGHTS_DIR"] == env["SPADE_LEARNER_WEIGHTS_DIR"]
 
 
 def test_keys_are_generated_once_private_and_accepted_by_each_server(tmp_path: Path) -> None:

@@ -275,6 +275,8 @@ def test_compose_and_the_process_runner_share_one_settings_file_and_run_spec() -
             assert not shadowed, f"compose {name} sets {shadowed} again: change deploy/spade.env instead"
     assert DEFAULT_ENV_FILES[0] == Path("deploy/spade.env")
     runner = read_env_files([ROOT / f for f in DEFAULT_ENV_FILES], {"SPADE_LOCAL_DATA_DIR": "/tmp/x"})
+    inference, learner = services["inference"]["environment"], services["learner"]["environment"]
+    assert inference["SPADE_INFERENCE_PUBLISHED_WEIGHTS_DIR"] == learner["SPADE_LEARNER_WEIGHTS_DIR"]
     mounted = services["memory"]["volumes"][0].split(":")[0].removeprefix("./")
     assert mounted == runner["SPADE_CLUSTER_RUN_SPEC"] == "deploy/runspec.yaml"
 
