@@ -236,19 +236,8 @@ class MemoryServiceEnvironments:
         from spade.memory.errors import MemoryUnavailable
         from spade.memory.records import DesignerAttempt
 
-        records = [
-            DesignerAttempt(
-                sample_id=a.sample_id,
-                setting=a.setting,
-                skill=a.skill,
-                outcome=a.outcome,
-                batch_id=a.batch_id,
-                weight_version=a.weight_version,
-                env_id=a.env_id,
-                spec_id=a.spec_id,
-            )
-            for a in attempts
-        ]
+        # The core's summary has the memory record's fields (the store stamps created_at).
+        records = [DesignerAttempt(**dataclasses.asdict(a)) for a in attempts]
         retrying = self._record_retry.async_retrying(
             MemoryUnavailable, logger=log, what=f"recording {len(records)} designer attempts in the memory"
         )
