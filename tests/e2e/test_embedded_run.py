@@ -46,18 +46,16 @@ SMALL = {
     "group_size": 4,
     "agent_max_turns": 3,
     # Long enough for NumberHunt's guess in most replies: its graded returns then differ across seeds,
-    # so the policy run's first step has a group with variance to train on. At 12 tokens nearly every
-    # return was 0, and whether one play got a guess in depended on the server's batching (the seeds
-    # fix the sampling, not the float sums of a batch's shape): the step trained or not by luck.
+    # so the policy run's first step has a group with variance to train on (at 12 tokens nearly every
+    # return was 0).
     "agent_max_tokens_per_turn": 16,
     "designer_max_prompt_tokens": 1536,
     "temperature": 1.0,
 }
 
 
-# Runs that must train: 8 seeds per group, so that NumberHunt's graded returns differ within a group
-# whatever the server's batching did to the samples (with 4, every return of a group was sometimes 0,
-# and a group without variance trains nothing).
+# Runs that must train: 8 seeds per group, so that a group of NumberHunt's graded returns has spread
+# (a group without variance trains nothing). The plays are the same on every run (see the docstring).
 TRAINING = {**SMALL, "group_size": 8}
 
 
