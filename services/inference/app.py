@@ -26,7 +26,7 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from services.inference.chat_completions import (
@@ -74,11 +74,24 @@ class _EngineCollector(Collector):
     def __init__(self, engine: BatchEngine) -> None:
         self._engine = engine
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         engine = self._engine
         yield GaugeMetricFamily("spade_inference_running", "Sequences being decoded.", value=engine.num_running)
         yield GaugeMetricFamily("spade_inference_waiting", "Requests waiting for a slot.", value=engine.num_waiting)
         yield GaugeMetricFamily("spade_inference_up", "1 while the engine runs.", value=float(engine.running))
+        work = engine.work
+        for name, value, doc in (
+            ("busy_seconds", work.busy_s, "Scheduler time spent on work (swaps, prefills, decode steps)."),
+            ("prefill_seconds", work.prefill_s, "Scheduler time spent admitting and prefilling prompts."),
+            ("decode_seconds", work.decode_s, "Scheduler time spent in batched decode steps."),
+            ("prefills", work.prefills, "Prompts prefilled (one per request, whatever its n)."),
+            ("prompt_tokens", work.prompt_tokens, "Prompt tokens computed by prefills."),
+            ("cached_tokens", work.cached_tokens, "Prompt tokens reused from the prefix cache."),
+            ("generated_tokens", work.generated_tokens, "Tokens generated."),
+            ("decode_steps", work.decode_steps, "Batched decode forward passes."),
+            ("decode_rows", work.decode_rows, "Sequences summed over decode steps (over decode_steps: mean batch)."),
+        ):
+            yield CounterMetricFamily(f"spade_inference_{name}", doc, value=value)
 
 
 def generate_response(outcome: GenerationOutcome, return_logprob: bool) -> GenerateResponse:

@@ -60,6 +60,32 @@ from spade.inference.protocol import SamplingParams
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class EngineWork:
+    """What the scheduler thread has done since the engine started: running totals, only ever growing.
+
+    Written by the scheduler thread alone, read at any time (``/metrics`` exports them as counters),
+    so a reader diffing two readings gets the work done in between: how busy the server was (busy
+    seconds per wall second) and on what.
+    """
+
+    busy_s: float = 0.0
+    """Time spent in scheduler iterations that had work (weight swaps, prefills, decode steps)."""
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    prefills: int = 0
+    """Prompts prefilled (one per request: the ``n`` samples of a request share one prefill)."""
+    prompt_tokens: int = 0
+    """Prompt tokens computed by prefills (not counting those reused from the prefix cache)."""
+    cached_tokens: int = 0
+    """Prompt tokens reused from the prefix cache."""
+    generated_tokens: int = 0
+    decode_steps: int = 0
+    """Batched forward passes of one token per running sequence."""
+    decode_rows: int = 0
+    """Sequences summed over decode steps (``decode_rows / decode_steps``: the mean batch size)."""
+
+
 class EngineError(RuntimeError):
     """Base class of the engine's errors."""
 
@@ -276,6 +302,8 @@ class BatchEngine:
         self.last_progress = time.monotonic()
         #: Most sequences ever decoded in one forward pass (observability; proves batching happens).
         self.peak_batch_rows = 0
+        #: Running totals of the scheduler's work (``/metrics``).
+        self.work = EngineWork()
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -466,16 +494,21 @@ class BatchEngine:
                 if self._stopping:
                     break
                 admitted = self._take_admissions()
+            start = time.perf_counter()
             try:
                 with torch.inference_mode():
                     self._apply_swap_if_drained()
                     self._admit(admitted)
+                    prefilled = time.perf_counter()
                     if self._rows:
                         self._decode_step()
                     self._retire()
+                self.work.prefill_s += prefilled - start
+                self.work.decode_s += time.perf_counter() - prefilled
             except Exception as exc:
                 logger.exception("inference scheduler step failed; failing the affected requests")
                 self._fail_all(admitted, EngineFault(f"generation failed: {type(exc).__name__}: {exc}"))
+            self.work.busy_s += time.perf_counter() - start
         self._shutdown()
 
     def _take_admissions(self) -> list[_Pending]:
@@ -543,6 +576,9 @@ class BatchEngine:
                 logits_to_keep=0 if want_inputs else 1,
             )[0]
             self.prefix_cache.insert(job.input_ids, [_layer_kv(layer) for layer in cache.layers])
+            self.work.prefills += 1
+            self.work.prompt_tokens += len(job.input_ids) - reused
+            self.work.cached_tokens += reused
             budget = min(job.params.max_new_tokens, self.context_length - len(job.input_ids))
             rule = StopRule.build(job.params, self.eos_ids, budget)
             input_logprobs = self._input_logprobs(logits, job.input_ids, job.logprob_start_len) if want_inputs else []
@@ -584,6 +620,7 @@ class BatchEngine:
             # SGLang applies the grammar mask before the sampler: logprobs are the constrained ones.
             logits = row.constraint.mask(logits)
         token, logprob = sample_token(logits, row.pending.job.params, row.generator)
+        self.work.generated_tokens += 1
         row.output_ids.append(token)
         row.logprobs.append(logprob)
         row.pending.emit(TokenEvent(row.index, token, logprob))
@@ -615,6 +652,8 @@ class BatchEngine:
             cache=self._batch.cache,
         )[:, -1, :]
         self.peak_batch_rows = max(self.peak_batch_rows, len(self._rows))
+        self.work.decode_steps += 1
+        self.work.decode_rows += len(self._rows)
         for i, row in enumerate(self._rows):
             self._append_token(row, logits[i])
             self._next_tokens[i] = row.output_ids[-1]

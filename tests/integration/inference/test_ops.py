@@ -26,3 +26,34 @@ async def test_errors_have_the_one_shape(http: httpx.AsyncClient) -> None:
     status, code, message = _error(await http.post("/generate", json={"input_ids": "not ids"}))
     assert (status, code) == (400, "invalid_request") and "input_ids" in message
     assert _error(await http.get("/nope"))[:2] == (404, "not_found")
+
+
+def _work(text: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        sample.name.removeprefix("spade_inference_").removesuffix("_total"): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("spade_inference_") and sample.name.endswith("_total") and not sample.labels
+    }
+
+
+async def test_metrics_count_the_engines_work(http: httpx.AsyncClient) -> None:
+    """The work counters grow by exactly what a request did: one prefill for n samples, its prompt
+    tokens computed or reused, its generated tokens, and scheduler time for it."""
+    before = _work((await http.get("/metrics")).text)
+    prompt = list(range(100, 140))
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 5, "n": 3, "temperature": 1.0}}
+    response = await http.post("/generate", json=body)
+    assert response.status_code == 200, response.text
+    answers = response.json()
+    assert isinstance(answers, list) and len(answers) == 3
+    after = _work((await http.get("/metrics")).text)
+    grew = {name: after[name] - before.get(name, 0.0) for name in after}
+    assert grew["prefills"] == 1
+    assert grew["prompt_tokens"] + grew["cached_tokens"] == len(prompt)
+    assert grew["generated_tokens"] == sum(a["meta_info"]["completion_tokens"] for a in answers)
+    assert grew["decode_steps"] >= 1 and grew["decode_rows"] >= grew["decode_steps"]
+    assert grew["busy_seconds"] > 0
+    assert grew["prefill_seconds"] + grew["decode_seconds"] <= grew["busy_seconds"] + 1e-6
