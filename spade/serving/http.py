@@ -259,7 +259,9 @@ def bearer_auth(keyring: KeyRing[P], *, cookie: str | None = None) -> Callable[.
         if not header and cookie and request.cookies.get(cookie):
             header = f"Bearer {request.cookies[cookie]}"
         principal = keyring.authenticate(header)
-        annotate(tenant=tenant_name(principal))  # the request's log lines name the tenant from here on
+        tenant = tenant_name(principal)
+        annotate(tenant=tenant)  # the request's log lines name the tenant from here on
+        request.state.tenant = tenant  # and HttpMetrics its latency
         return principal
 
     return authenticated
@@ -286,7 +288,11 @@ def ops_router(*, health: Health, registry: CollectorRegistry) -> APIRouter:
 
 
 class HttpMetrics:
-    """ASGI middleware: ``spade_<service>_http_requests{route,code}`` and ``spade_<service>_http_seconds{route}``.
+    """ASGI middleware: ``spade_<service>_http_requests{route,code}`` and ``spade_<service>_http_seconds{route,tenant}``.
+
+    ``tenant`` is the caller's tenant once :func:`bearer_auth` has authenticated it (empty for open
+    routes and servers without keys): a server shared by several roles (the inference server serves
+    the designer and the rollout) tells how much of its time each one took.
 
     Args:
         app: The wrapped app.
@@ -300,7 +306,7 @@ class HttpMetrics:
             f"spade_{service}_http_requests", "HTTP requests by route and status.", ["route", "code"], registry=registry
         )
         self.latency = Histogram(
-            f"spade_{service}_http_seconds", "HTTP latency by route.", ["route"], registry=registry
+            f"spade_{service}_http_seconds", "HTTP latency by route and tenant.", ["route", "tenant"], registry=registry
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -320,8 +326,9 @@ class HttpMetrics:
             await self.app(scope, receive, sending)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
+            tenant = (scope.get("state") or {}).get("tenant") or ""
             self.requests.labels(route, str(status)).inc()
-            self.latency.labels(route).observe(time.perf_counter() - start)
+            self.latency.labels(route, str(tenant)).observe(time.perf_counter() - start)
 
 
 # -- the server ---------------------------------------------------------------------------------------

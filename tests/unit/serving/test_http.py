@@ -102,9 +102,12 @@ async def test_healthz_and_metrics(http: httpx.AsyncClient, healthy: list[bool])
     healthy[0] = False
     assert (await http.get("/healthz")).status_code == 503
     await http.post("/v1/echo", json={"n": 1})
+    await http.post("/v1/echo", json={"n": 1}, headers={"Authorization": "Bearer k"})
     metrics = (await http.get("/metrics")).text
     assert 'spade_demo_http_requests_total{code="401",route="/v1/echo"} 1.0' in metrics
-    assert "spade_demo_http_seconds_bucket" in metrics
+    # Latency by tenant: the authenticated call is alice's, the refused one nobody's.
+    assert 'spade_demo_http_seconds_count{route="/v1/echo",tenant="alice"} 1.0' in metrics
+    assert 'spade_demo_http_seconds_count{route="/v1/echo",tenant=""} 1.0' in metrics
 
 
 async def test_the_server_binds_port_zero_serves_and_refuses_a_taken_port(healthy: list[bool]) -> None:
