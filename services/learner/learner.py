@@ -102,6 +102,11 @@ class StepReport:
         advantages: ``designer/advantage_nonzero_frac``, ``designer/advantage_abs_mean`` and
             ``agent/advantage_abs_mean`` (before per-role scaling), when the step had any.
         stopped: The step was abandoned because the learner was told to stop.
+        timings: Seconds of the step's parts, one after another: ``wait`` (for enough samples),
+            ``assemble`` (the batch and the designer rewards), ``train`` (the optimiser step),
+            ``weights`` (writing the version to publish), ``checkpoint``, ``publish`` (until the
+            inference servers acknowledged the new weights, reload included). In the step's log line
+            and ``flat_metrics`` as ``time/<part>_s``.
     """
 
     version: int
@@ -114,6 +119,7 @@ class StepReport:
     staleness: dict[str, float] = field(default_factory=dict)
     advantages: dict[str, float] = field(default_factory=dict)
     stopped: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
 
     def flat_metrics(self) -> dict[str, float]:
         """Every figure of the step under one flat namespace (for logs and dashboards)."""
@@ -123,6 +129,7 @@ class StepReport:
         out.update({f"count/{k}": float(v) for k, v in self.counters.items()})
         out.update(self.staleness)
         out.update(self.advantages)
+        out.update({f"time/{part}_s": round(seconds, 4) for part, seconds in self.timings.items()})
         scored = [s.components for s in self.designer_rewards if s.components is not None]
         for name in ("regret", "regret_norm", "window_win_rate", "plateau", "blend"):
             values = [getattr(c, name) for c in scored if getattr(c, name) is not None]
@@ -508,21 +515,35 @@ class Learner:
 
     # ------------------------------------------------------------------ the step
 
-    def _execute(self, plan: _Plan) -> tuple[StepMetrics | None, Path | None, Path | None]:
+    def _execute(self, plan: _Plan) -> tuple[StepMetrics | None, Path | None, Path | None, dict[str, float]]:
         """The collective part of a step, run identically on every rank (in a worker thread).
 
         The order makes a publication safe: the weights of the version to publish are written,
-        then the checkpoint of that version; the caller publishes afterwards.
+        then the checkpoint of that version; the caller publishes afterwards. The last item is the
+        seconds each part took (``train``, ``weights``, ``checkpoint``; those that ran).
         """
+        timings: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        def lap(part: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            timings[part] = now - clock
+            clock = now
+
         metrics = self.trainer.train_step(plan.batch) if plan.batch else None
+        if plan.batch:
+            lap("train")
         weights = None
         if plan.publish_version is not None:
             target = self.settings.weights_dir / f"v{plan.publish_version:08d}"
             weights = write_weights(self.trainer.model, target, base_model_dir=self.base_model_dir, world=self.world)
+            lap("weights")
         ckpt = None
         if plan.checkpoint_step is not None:
             ckpt = self.checkpoints.save(plan.checkpoint_step, self.trainer.model, self.trainer.optimizer, plan.state)
-        return metrics, weights, ckpt
+            lap("checkpoint")
+        return metrics, weights, ckpt, timings
 
     async def _publish(self, version: int, weights: Path, *, resuming: bool = False) -> PublishResult | None:
         if self.publisher is None:
@@ -560,9 +581,11 @@ class Learner:
         self._step_counts = Counter()
         await self._flush_acks()
         await self._finish_pending_publish()
+        started = time.perf_counter()
         if not await self._fill(stop):
             self.totals.update(self._step_counts)
             return StepReport(self.version, False, None, dict(self._step_counts), stopped=True)
+        filled = time.perf_counter()
         batch, scored, advantages = self._assemble()
         self._seen = self._held_ids()
         for s in scored:
@@ -589,14 +612,18 @@ class Learner:
         plan = _Plan(batch, publish_version, checkpoint_step, state)
         if self.world.distributed:
             await asyncio.to_thread(self.world.broadcast_object, plan)
-        metrics, weights, ckpt = await asyncio.to_thread(self._execute, plan)
+        assembled = time.perf_counter()
+        metrics, weights, ckpt, timings = await asyncio.to_thread(self._execute, plan)
+        timings = {"wait": filled - started, "assemble": assembled - filled, **timings}
         if ckpt is not None:
             self._checkpointed = checkpoint_step
             assert self.journal is not None
             self.journal.discard(state["journal_from"])
         publish = None
         if publish_version is not None and weights is not None:
+            published = time.perf_counter()
             publish = await self._publish(publish_version, weights)
+            timings["publish"] = time.perf_counter() - published
         write_json_atomic(self.settings.checkpoint_dir / "learner_state.json", state)
         report = StepReport(
             self.version,
@@ -608,6 +635,7 @@ class Learner:
             ckpt,
             staleness=behind,
             advantages=advantages,
+            timings=timings,
         )
         self._log_step(report, batch)
         return report

@@ -99,6 +99,13 @@ async def test_three_steps_train_score_the_designer_publish_and_checkpoint(tmp_p
     }
     assert r3.staleness == {"staleness/agent_mean": 1.0, "staleness/agent_max": 1.0}  # e1's slot 1 at version 2
 
+    # Where each step's time went, part after part; the log line and the metrics carry them.
+    assert r3.publish is not None and r3.checkpoint is not None and r3.metrics is not None
+    assert set(r3.timings) == {"wait", "assemble", "train", "weights", "checkpoint", "publish"}
+    assert all(seconds >= 0 for seconds in r3.timings.values())
+    assert r3.timings["train"] >= r3.metrics.step_time_s  # the trainer's own clock runs inside it
+    assert r3.flat_metrics()["time/checkpoint_s"] == round(r3.timings["checkpoint"], 4)
+
     # Weights: version 3 on disk as a HF checkpoint with the tokenizer files; announced on the queue.
     v3 = settings.weights_dir / "v00000003"
     assert (v3 / "config.json").is_file() and (v3 / "tokenizer_config.json").is_file()
