@@ -261,16 +261,30 @@ class CheckpointManager:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> Path | None:
+    def save(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        state: dict[str, Any],
+        *,
+        model_files: Path | None = None,
+    ) -> Path | None:
         """Write checkpoint ``step`` atomically, then apply retention (collective under FSDP2).
+
+        ``model_files``: a weight directory (:func:`write_weights`) just written from this same model
+        (the version published at this step); its files are hard-linked into the checkpoint instead
+        of written again. Every rank must pass the same (``None`` makes the write collective).
 
         Returns its path on rank 0, ``None`` on other ranks.
         """
         optim_state = get_optimizer_state_dict(model, optimizer, options=_full_options())
         target = self.path(step)
-        tmp_model = write_weights(
-            model, self.root / f".model-{step:08d}", base_model_dir=self.base_model_dir, world=self.world
-        )
+        staged = self.root / f".model-{step:08d}"
+        if model_files is not None:
+            tmp_model = copy_weights(model_files, staged) if self.world.is_main else None
+        else:
+            tmp_model = write_weights(model, staged, base_model_dir=self.base_model_dir, world=self.world)
         if not self.world.is_main:
             return None
         assert tmp_model is not None

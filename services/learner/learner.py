@@ -534,14 +534,17 @@ class Learner:
         metrics = self.trainer.train_step(plan.batch) if plan.batch else None
         if plan.batch:
             lap("train")
-        weights = None
+        weights = written = None
         if plan.publish_version is not None:
-            target = self.settings.weights_dir / f"v{plan.publish_version:08d}"
-            weights = write_weights(self.trainer.model, target, base_model_dir=self.base_model_dir, world=self.world)
+            written = self.settings.weights_dir / f"v{plan.publish_version:08d}"
+            weights = write_weights(self.trainer.model, written, base_model_dir=self.base_model_dir, world=self.world)
             lap("weights")
         ckpt = None
         if plan.checkpoint_step is not None:
-            ckpt = self.checkpoints.save(plan.checkpoint_step, self.trainer.model, self.trainer.optimizer, plan.state)
+            # The checkpoint of the version just published links its weight files (the same bytes).
+            same = written if plan.checkpoint_step == plan.publish_version else None
+            model, optimizer = self.trainer.model, self.trainer.optimizer
+            ckpt = self.checkpoints.save(plan.checkpoint_step, model, optimizer, plan.state, model_files=same)
             lap("checkpoint")
         return metrics, weights, ckpt, timings
 

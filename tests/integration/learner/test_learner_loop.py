@@ -112,6 +112,9 @@ async def test_three_steps_train_score_the_designer_publish_and_checkpoint(tmp_p
     saved = load_file(str(v3 / "model.safetensors"))
     live = learner.trainer.model.state_dict()
     assert all(torch.equal(saved[k], live[k]) for k in saved)
+    # Its checkpoint holds the same weight files, linked, not written twice.
+    linked = learner.checkpoints.path(3) / "model" / "model.safetensors"
+    assert linked.stat().st_ino == (v3 / "model.safetensors").stat().st_ino
     announced = await inprocess_queue.consume(WEIGHTS_PUBLISHED, "watcher", "w", count=10, block_ms=10)
     published = [queues_pb2.WeightsPublished.FromString(d.payload) for d in announced]
     assert [m.weight_version for m in published] == [1, 2, 3]
