@@ -9,7 +9,10 @@
 
 Runs in a throw-away schema that is dropped at the end. Not a test: nothing is asserted.
 
-    .venv/bin/python bench/memory_bench.py [--n 100000] [--puts 1000] [--samples 200]
+    .venv/bin/python bench/memory_bench.py [--n 100000] [--puts 1000] [--samples 200] [--json]
+
+``--json`` prints one object instead: the settings, ``os.getloadavg()`` at start, our figures, the
+baseline's (the bare SQL's) and the ratios.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import json
+import os
 import random
 import statistics
 import time
@@ -122,6 +127,7 @@ def bulk_load(engine, start: int, n: int) -> None:  # type: ignore[no-untyped-de
 
 
 async def run(args: argparse.Namespace) -> None:
+    load_start = os.getloadavg()
     schema = f"bench_{uuid.uuid4().hex[:12]}"
     admin = create_engine(args.url, isolation_level="AUTOCOMMIT")
     with admin.connect() as c:
@@ -188,6 +194,32 @@ async def run(args: argparse.Namespace) -> None:
         admin.dispose()
 
     ms = 1000.0
+    latency = {"bare": raw_lat, "in_process": svc_lat, "grpc": grpc_lat}
+    p50 = {name: statistics.median(xs) * ms for name, xs in latency.items()}
+    p95 = {name: pct(xs, 0.95) * ms for name, xs in latency.items()}
+    if args.json:
+        figures = {
+            "benchmark": "memory",
+            "settings": {"n": total, "puts": args.puts, "samples": args.samples},
+            "loadavg_start": list(load_start),
+            "figures": {
+                "put_environment_per_s": put_rate,
+                "sample_examples_in_process": {"p50_ms": p50["in_process"], "p95_ms": p95["in_process"]},
+                "sample_examples_grpc": {"p50_ms": p50["grpc"], "p95_ms": p95["grpc"]},
+            },
+            "baseline": {
+                "name": "bare SQL",
+                "insert_commit_per_s": raw_rate,
+                "window_query": {"p50_ms": p50["bare"], "p95_ms": p95["bare"]},
+            },
+            "ratios": {
+                "put_vs_insert_rate": put_rate / raw_rate,
+                "sample_in_process_vs_query_p50": p50["in_process"] / p50["bare"],
+                "sample_grpc_vs_query_p50": p50["grpc"] / p50["bare"],
+            },
+        }
+        print(json.dumps(figures, indent=2))
+        return
     print(f"Postgres {args.url}; environments in store: {total} (bulk load of the rest took {load_s:.1f}s)")
     print(f"bare INSERT + commit:                  {raw_rate:8.0f} rows/s")
     print(f"SqlStore.put_environment:              {put_rate:8.0f} envs/s   ratio {put_rate / raw_rate:.2f}x")
@@ -209,6 +241,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=100_000, help="environments in the store while sampling")
     p.add_argument("--puts", type=int, default=1000, help="environments inserted one by one (timed)")
     p.add_argument("--samples", type=int, default=200, help="SampleExamples calls timed per path")
+    p.add_argument("--json", action="store_true", help="print one JSON object with every figure")
     asyncio.run(run(p.parse_args()))
 
 
