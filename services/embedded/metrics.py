@@ -18,8 +18,9 @@ learner's step report. This module only names and groups them:
   ``agent/resource_faults``, ``agent/advantage_abs_mean``;
 - ``play/...``: per env played this step in both arms of its slot 0, ``play/regret_mean`` (spade.signal
   regret), ``play/plateau_mean`` and ``play/learnable_fraction`` of the unhinted win rates;
-- ``pool/...`` and ``memory/...``: the memory's stats; ``learner/...``: the trainer's figures, counts
-  and staleness; ``eval/...``: the in-run evaluation, when it ran this step.
+- ``pool/...`` and ``memory/...``: the memory's stats; ``learner/...``: the trainer's figures, counts,
+  staleness and the learner's own step parts (``learner/time/<part>_s``, inside the ``learner``
+  phase); ``eval/...``: the in-run evaluation, when it ran this step.
 """
 
 from __future__ import annotations

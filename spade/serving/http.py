@@ -288,7 +288,7 @@ def ops_router(*, health: Health, registry: CollectorRegistry) -> APIRouter:
 
 
 class HttpMetrics:
-    """ASGI middleware: ``spade_<service>_http_requests{route,code}`` and ``spade_<service>_http_seconds{route,tenant}``.
+    """ASGI middleware: ``spade_<service>_http_requests{route,code}``, ``spade_<service>_http_seconds{route,tenant}``.
 
     ``tenant`` is the caller's tenant once :func:`bearer_auth` has authenticated it (empty for open
     routes and servers without keys): a server shared by several roles (the inference server serves
