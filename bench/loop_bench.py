@@ -15,7 +15,9 @@ steps and breaks each step down from its ``metrics.jsonl`` line, which the runne
   the designer phase's ``other`` is what its components leave: parsing, repair, dedup and queueing
   (concurrent attempts can hide part of it);
 - rates: generated tokens per second of busy generation time and of the phase's wall time, plays per
-  second of the rollout phase, and the inference server's share of the step (how long it was busy).
+  second of the rollout phase, and the inference server's share of the step: its own busy time
+  (``time/inference_busy_s``: scheduler time with work, split into prefill and decode) and the
+  request-seconds of generation (overlapping requests add up, so this can pass 100 %).
 
 The first step pays one-off costs (model load is before it; the Vendi embedding model loads at the
 first stats), so the figures of the last step are the steady state.
@@ -104,8 +106,12 @@ def breakdown(record: dict[str, Any]) -> dict[str, Any]:
         rates[f"{role}_tokens_per_busy_s"] = tokens / busy if busy else None
         rates[f"{role}_tokens_per_s"] = tokens / t[phase] if t.get(phase) else None
     rates["plays_per_s"] = plays / t["rollout"] if t.get("rollout") else None
-    inference_busy = t.get("designer_generation_busy", 0.0) + t.get("rollout_generation_busy", 0.0)
-    rates["inference_busy_share"] = inference_busy / wall if wall else None
+    requests = t.get("designer_generation_busy", 0.0) + t.get("rollout_generation_busy", 0.0)
+    rates["inference_request_s_share"] = requests / wall if wall else None  # overlapping requests add up
+    busy = t.get("inference_busy")  # the server's own busy time (runs before this change lack it)
+    rates["inference_busy_share"] = busy / wall if wall and busy is not None else None
+    for part in ("prefill", "decode"):
+        rates[f"inference_{part}_s"] = t.get(f"inference_{part}")
     return {"step": record["step"], "wall_s": wall, "phases": phases, "rates": rates}
 
 
@@ -128,12 +134,19 @@ def print_table(steps: list[dict[str, Any]]) -> None:
                 busy = f"{figures['busy_s']:8.2f} s"
                 print(f"    {part:<20} {busy}  {_fmt(100 * share if share is not None else None, '%'):>7}{calls}")
         r = step["rates"]
+
+        def pct(share: float | None) -> str:
+            return _fmt(100 * share if share is not None else None, "%")
+
         print(
             f"  rates: rollout {_fmt(r['rollout_tokens_per_s'])} tok/s of the phase "
             f"({_fmt(r['rollout_tokens_per_busy_s'])} per busy s), designer {_fmt(r['designer_tokens_per_s'])} tok/s, "
-            f"{_fmt(r['plays_per_s'])} plays/s ({r['plays']} plays), inference busy "
-            f"{_fmt(100 * r['inference_busy_share'] if r['inference_busy_share'] is not None else None, '%')} "
-            "of the step"
+            f"{_fmt(r['plays_per_s'])} plays/s ({r['plays']} plays)"
+        )
+        print(
+            f"  inference server busy {pct(r['inference_busy_share'])} of the step (prefill "
+            f"{_fmt(r['inference_prefill_s'], ' s')}, decode {_fmt(r['inference_decode_s'], ' s')}); "
+            f"generation request-seconds {pct(r['inference_request_s_share'])} of the step"
         )
 
 

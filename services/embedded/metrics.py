@@ -6,7 +6,9 @@ memory's ``stats()`` (which uses ``spade.pool_metrics``); advantages, staleness 
 learner's step report. This module only names and groups them:
 
 - ``step``, ``elapsed_s``, ``spec_id``, ``time/<phase>_s`` (where the step's wall time went, in
-  seconds: the loop's phases and each component's busy time) and ``work/<component>_calls`` and
+  seconds: the loop's phases, each component's busy time, and the inference server's own busy,
+  prefill and decode time, ``time/inference_{busy,prefill,decode}_s``, which overlapping requests do
+  not add up) and ``work/<component>_calls`` and
   ``work/<component>_tokens`` (how many calls each component served, tokens it generated);
 - ``designer/...``: this step's round (``designer/attempts``, ``designer/valid``,
   ``designer/validity_rate``, ``designer/outcome/<outcome>`` for valid, malformed, duplicate and

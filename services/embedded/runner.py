@@ -579,6 +579,8 @@ async def run(
                     scored.clear()
                     phases: dict[str, float] = {}
                     batch = None
+                    engine = parts.server.engine.work  # the server's own busy time (requests overlap)
+                    engine_mark = (engine.busy_s, engine.prefill_s, engine.decode_s)
                     mark = time.perf_counter()
                     if designer is not None and (step - 1) % settings.regenerate_every == 0:
                         progress("designer", 0, 1)
@@ -610,6 +612,8 @@ async def run(
                     version = ",".join(str(i.weight_version) for i in infos)
                     busy, counts = clock.take()
                     phases.update(busy)
+                    for part, before in zip(("busy", "prefill", "decode"), engine_mark, strict=True):
+                        phases[f"inference_{part}"] = getattr(engine, f"{part}_s") - before
                     if report is not None and report.metrics is not None:
                         phases["learner_train"] = report.metrics.step_time_s
                     record = step_metrics(

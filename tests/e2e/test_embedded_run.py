@@ -137,6 +137,11 @@ def test_agent_figures_pool_metrics_and_the_learner_s_step(policy_run: tuple[Pat
     assert first["pool/envs"] >= 5 and first["pool/hash_distinct"] >= 5 and first["pool/probed"] >= 5
     assert first["time/rollout_s"] > 0 and first["work/rollout_generation_tokens"] > 0
     assert first["time/rollout_generation_busy_s"] > 0
+    # The server's own busy time: something, and never more than the step's wall time (overlapping
+    # requests do not add up there, unlike the components' busy time).
+    wall = sum(first.get(f"time/{phase}_s", 0.0) for phase in ("designer", "rollout", "learner", "stats", "eval"))
+    assert 0 < first["time/inference_busy_s"] <= wall
+    assert first["time/inference_prefill_s"] + first["time/inference_decode_s"] <= first["time/inference_busy_s"]
     assert not [k for k in first if k.startswith("time/") and not k.endswith("_s")], "time/ holds seconds only"
     assert int(records[-1]["inference/weight_version"]) == result.weight_version == 2
     base = _weights(ensure_default_model())
