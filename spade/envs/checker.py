@@ -15,7 +15,6 @@ by name in the registry ``CHECKS`` with the check it needs; the tool-only checks
 
 from __future__ import annotations
 
-import ast
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +28,7 @@ from spade.envs.check_context import CheckContext, EnvCheck, EnvRuntime
 from spade.envs.contract import ContractError, unpack_reset, unpack_step
 from spade.envs.findings import CheckFailed, short
 from spade.envs.limits import CallTimeout, describe_exception
+from spade.envs.parsing import parse
 from spade.envs.policy import noop_action
 from spade.envs.repair import repair_code
 from spade.envs.schema import example_value
@@ -44,7 +44,7 @@ it ends (the sandbox streams these)."""
 
 def check_syntax(ctx: CheckContext) -> str:
     try:
-        ast.parse(ctx.code)
+        parse(ctx.code)
     except SyntaxError as exc:
         raise CheckFailed(
             f"line {exc.lineno}: {exc.msg} (after the known repairs"

@@ -15,6 +15,8 @@ import io
 import re
 import tokenize
 
+from spade.envs.parsing import parse
+
 _BUILTINS = frozenset(dir(builtins))
 
 _PYTHON_FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -101,7 +103,7 @@ def _is_expression_field(content: str) -> bool:
 def _bound_names(code: str) -> frozenset[str]:
     """Every name the code binds anywhere (assignments, arguments, imports, defs)."""
     try:
-        tree = ast.parse(code)
+        tree = parse(code)
     except (SyntaxError, ValueError):
         return frozenset(re.findall(r"\b([A-Za-z_]\w*)\s*=(?!=)", code)) | {"self"}
     names: set[str] = set()
@@ -125,7 +127,7 @@ def _is_value(content: str, bound: frozenset[str]) -> bool:
     expression is a literal, whatever variables share its name.
     """
     try:
-        tree = ast.parse(content.strip(), mode="eval")
+        tree = parse(content.strip(), mode="eval")
     except SyntaxError:
         return False
     if isinstance(tree.body, ast.Name | ast.Constant):
@@ -220,7 +222,7 @@ def _rewrite(code: str, generic: bool) -> tuple[str, int, int, int]:
 
 def _parses(code: str) -> bool:
     try:
-        ast.parse(code)
+        parse(code)
     except (SyntaxError, ValueError):
         return False
     return True

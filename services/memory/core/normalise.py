@@ -18,13 +18,15 @@ from __future__ import annotations
 import ast
 import hashlib
 
+from spade.envs.parsing import parse
+
 _DOCSTRING_OWNERS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def normalise_code(code: str) -> str:
     """Return ``code`` without comments, docstrings and formatting (see the module docstring)."""
     try:
-        tree = ast.parse(code)
+        tree = parse(code)
     except (SyntaxError, ValueError):
         lines = (line.rstrip() for line in code.splitlines())
         return "\n".join(line for line in lines if line.strip() and not line.lstrip().startswith("#"))
