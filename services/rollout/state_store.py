@@ -320,7 +320,9 @@ class RolloutStateStore:
             ).rowcount
         return bool(renewed)
 
-    async def release(self, env_id: str, owner: str, *, error: str | None = None, hold_s: float = 0.0) -> None:
+    async def release(
+        self, env_id: str, owner: str, *, error: str | None = None, hold_s: float = 0.0, uncount: bool = False
+    ) -> None:
         """Give up ``owner``'s lease without progress.
 
         Args:
@@ -329,10 +331,12 @@ class RolloutStateStore:
             error: Why the slot failed (kept for the record when it is finally skipped).
             hold_s: Nobody claims it again for this long (back-off after a failure); 0: at once
                 (a worker stopping hands its work over).
+            uncount: Take back the claim this lease counted (the failure was an outage, not the
+                slot's): an outage, however long, never makes a slot look like poison work.
         """
-        await asyncio.to_thread(self._release, env_id, owner, error, hold_s)
+        await asyncio.to_thread(self._release, env_id, owner, error, hold_s, uncount)
 
-    def _release(self, env_id: str, owner: str, error: str | None, hold_s: float) -> None:
+    def _release(self, env_id: str, owner: str, error: str | None, hold_s: float, uncount: bool) -> None:
         c = rollout_windows.c
         with self._engine.begin() as conn:
             now = self._now()
@@ -343,6 +347,8 @@ class RolloutStateStore:
             }
             if error is not None:
                 values["last_error"] = error[:2000]
+            if uncount:
+                values["attempts"] = sa.case((c.attempts > 0, c.attempts - 1), else_=0)
             conn.execute(rollout_windows.update().where(c.env_id == env_id, c.lease_owner == owner).values(**values))
 
     # ---- progress ----------------------------------------------------------------------------------

@@ -169,6 +169,8 @@ async def rollout_worker(
     Raises:
         SpecContradiction: The settings contradict the run spec (before anything else is started).
     """
+    injected_queue, injected_memory = queue is not None, memory is not None
+    injected_sessions, injected_inference = sessions is not None, inference is not None
     async with contextlib.AsyncExitStack() as stack:
         await wait_ready(
             [
@@ -213,7 +215,17 @@ async def rollout_worker(
         runner = EpisodeRunner(sessions, InferenceGenerator(inference), template, settings.play_limits(spec))
         store = RolloutStateStore.from_url(settings.state_url)
         stack.callback(store.dispose)
-        yield RolloutWorker(queue, store, MemoryServicePlays(memory), runner, worker_config(settings, spec))
+        # What a failed slot probes (an outage is not counted against the slot): the services built here.
+        probes = [
+            dependencies.postgres(settings.state_url),
+            None if injected_queue else dependencies.queue(settings.queue),
+            None if injected_memory else dependencies.endpoint(settings.memory),
+            None if injected_sessions else dependencies.endpoint(settings.sandbox),
+            *([] if injected_inference else dependencies.inference(settings.inference_urls)),
+        ]
+        yield RolloutWorker(
+            queue, store, MemoryServicePlays(memory), runner, worker_config(settings, spec), [p for p in probes if p]
+        )
 
 
 async def _memory(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -> MemoryApi:

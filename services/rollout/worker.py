@@ -13,6 +13,9 @@ Several workers share one consumer group and one state store (horizontal scaling
   Each play is published, recorded in the memory and marked done on its own, so a slot resumed after
   a crash, a takeover or SIGTERM plays only what is missing; then the slot is marked complete.
 - closed windows are reported to the memory (retried until it answers), then the env retires.
+- a slot that fails is held back for ``lease_s`` and tried again; after ``max_attempts`` failed
+  claims it is given up (poison work). A failure while a service the plays need was unreachable
+  (an outage, not the env's doing) is not counted against the slot: see :func:`outage`.
 
 Every step is idempotent by deterministic sample ids, so a re-run publishes and records nothing
 twice. Every generation is seeded (``spade.inference.derive_sampling_seed``), so a re-run of a play
@@ -24,9 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import redis.exceptions
+import sqlalchemy.exc
 
 from services.rollout.core.episode import EpisodeRunner, Play, TurnSeeds
 from services.rollout.core.ports import EnvNotFound, EnvSpec, RolloutMemory
@@ -34,8 +40,11 @@ from services.rollout.core.schedule import ActiveEnv, EnvStatus, current_version
 from services.rollout.core.seeds import play_seeds
 from services.rollout.samples import SlotRef, arm, sample_id, to_agent_sample, to_play_record
 from services.rollout.state_store import Claim, RolloutStateStore
+from spade.dependencies import Dependency
 from spade.inference import derive_sampling_seed
-from spade.queues.base import ENVS_READY, SAMPLES_AGENT, WEIGHTS_PUBLISHED, WorkQueue
+from spade.inference.client import InferenceUnavailable
+from spade.memory.errors import MemoryUnavailable
+from spade.queues.base import ENVS_READY, SAMPLES_AGENT, WEIGHTS_PUBLISHED, QueueFull, WorkQueue
 from spade.queues.messages import decode, publish_proto
 from spade.retry import RetryPolicy
 from spade.runspec import RunSpec
@@ -46,6 +55,47 @@ log = logging.getLogger("spade.rollout")
 
 PLAY_RETRY = RetryPolicy(attempts=3, initial_s=0.0, max_s=0.0, jitter_s=0.0)
 """Default tries of a play after a sandbox fault (a service configures its own: ``RolloutSettings.retry``)."""
+
+
+UNREACHABLE: tuple[type[BaseException], ...] = (
+    ConnectionError,  # includes spade.dependencies.DependencyUnavailable
+    InferenceUnavailable,
+    MemoryUnavailable,
+    QueueFull,
+    sqlalchemy.exc.OperationalError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+)
+"""Failures that say a service was unreachable or behind (the inference server, the memory, the state
+store, the queue), never that the env is bad. ``SandboxFault`` is not among them: an env can be the
+cause of one, so a sandbox fault counts unless the sandbox is unreachable right after it."""
+
+
+async def outage(exc: BaseException, dependencies: Sequence[Dependency] = ()) -> str | None:
+    """What was unreachable when a slot failed with ``exc``, or None when the failure may be the env's.
+
+    An outage is an ``UNREACHABLE`` error anywhere in the exception's chain, or one of
+    ``dependencies`` not answering now (each probed once, together, within its own timeout).
+    """
+    seen: BaseException | None = exc
+    for _ in range(8):  # the chain: the error, then what caused it
+        if seen is None:
+            break
+        if isinstance(seen, UNREACHABLE):
+            return f"{type(seen).__name__}: {seen}"[:300]
+        seen = seen.__cause__ or seen.__context__
+    if not dependencies:
+        return None
+
+    async def probe(dep: Dependency) -> str | None:
+        try:
+            await asyncio.to_thread(dep.check)
+        except Exception as down:
+            return str(down)[:300]
+        return None
+
+    down = [d for d in await asyncio.gather(*(probe(d) for d in dependencies)) if d]
+    return down[0] if down else None
 
 
 def event(name: str, level: int = logging.INFO, **fields: Any) -> None:
@@ -106,6 +156,8 @@ class RolloutWorker:
         memory: Env code and hints in; windows, plays and retirements out.
         runner: Plays one env seed (its limits are the run spec's agent budget).
         config: Scheduling and publishing options, and the run spec.
+        dependencies: The services the plays need (sandbox, inference, memory, state store, queue),
+            probed when a slot fails: a failure while one is down is not counted against the slot.
     """
 
     def __init__(
@@ -115,12 +167,14 @@ class RolloutWorker:
         memory: RolloutMemory,
         runner: EpisodeRunner,
         config: WorkerConfig,
+        dependencies: Sequence[Dependency] = (),
     ) -> None:
         self.queue = queue
         self.store = store
         self._memory = memory
         self._runner = runner
         self.config = config
+        self.dependencies = tuple(dependencies)
         self.counts = WorkerCounts()
         self._plays = asyncio.Semaphore(config.max_concurrent_plays)
         self._jobs: dict[str, asyncio.Task[None]] = {}
@@ -306,14 +360,20 @@ class RolloutWorker:
             raise
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            await self.store.release(env_id, owner, error=reason, hold_s=self.config.lease_s)
+            down = await outage(exc, self.dependencies)
+            try:
+                await self.store.release(env_id, owner, error=reason, hold_s=self.config.lease_s, uncount=bool(down))
+            except Exception as lost_too:  # the state store is down as well: the lease lapses in lease_s
+                log.warning("could not hand back the lease on %s (%s); it lapses by itself", env_id, lost_too)
             event(
                 "slot_failed",
                 level=logging.WARNING,
                 env_id=env_id,
                 slot=claim.slot,
-                attempt=claim.attempts,
+                attempt=claim.attempts - bool(down),
                 max_attempts=self.config.max_attempts,
+                counted=not down,
+                outage=down or "",
                 retry_in_s=self.config.lease_s,
                 error=reason[:300],
             )

@@ -174,6 +174,27 @@ async def test_a_failed_slot_is_held_back_then_skipped_with_its_reason_recorded(
         store.dispose()
 
 
+async def test_a_claim_that_ended_in_an_outage_is_taken_back(state_url: str) -> None:
+    clock = _Clock()
+    store = RolloutStateStore.from_url(state_url, clock=clock)
+    try:
+        await store.register(_env(window=3))
+        for _ in range(3):  # however long the outage, the slot's count of failed claims stays at 0
+            claim = await store.claim("w1", 10)
+            assert claim is not None and claim.attempts == 1
+            await store.release("e1", "w1", error="MemoryUnavailable: down", hold_s=5, uncount=True)
+            assert await store.claim("w2", 10) is None  # still held back, as after any failure
+            clock.now += 6
+        claim = await store.claim("w1", 10)
+        assert claim is not None and (claim.attempts, claim.last_error) == (1, "MemoryUnavailable: down")
+        await store.release("e1", "w1", error="ValueError: the env's fault", hold_s=5)
+        clock.now += 6
+        again = await store.claim("w1", 10)
+        assert again is not None and again.attempts == 2  # an ordinary failure counts
+    finally:
+        store.dispose()
+
+
 async def test_closing_an_unplayable_window_records_every_remaining_slot(state_url: str) -> None:
     store = RolloutStateStore.from_url(state_url)
     try:

@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -30,7 +31,9 @@ from services.rollout.memory import MemoryServicePlays
 from services.rollout.policy import FormatterTemplate, Generation
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
+from spade.dependencies import Dependency
 from spade.inference import derive_sampling_seed
+from spade.inference.client import InferenceUnavailable
 from spade.memory.records import EnvStatus as MemoryEnvStatus
 from spade.memory.records import NewEnvironment
 from spade.queues.base import ENVS_READY, SAMPLES_AGENT, WEIGHTS_PUBLISHED, WorkQueue
@@ -479,6 +482,65 @@ async def test_an_env_whose_first_plays_keep_failing_is_closed_with_the_reason_r
     assert "SandboxFault" in skipped[0].reason
     assert (await worker.store.get(env_id)).status is EnvStatus.RETIRED  # type: ignore[union-attr]
     worker.store.dispose()
+
+
+@pytest.mark.parametrize("sandbox_up", [True, False])
+async def test_sandbox_faults_count_against_a_slot_only_while_the_sandbox_answers(rig: Rig, sandbox_up: bool) -> None:
+    """A sandbox fault may be the env's doing (poison work, given up after ``max_attempts``), unless the
+    sandbox is unreachable right after it: then it was an outage and the slot waits it out."""
+    env_id = await rig.put_env(version=0)
+    seeds = play_seeds(env_id, 0, G)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        if sandbox_up:
+            listener.listen()
+        sandbox = Dependency("tcp", f"127.0.0.1:{listener.getsockname()[1]}", timeout_s=1.0)
+        worker = rig.worker("w1", play_retry=RetryPolicy(attempts=1), max_attempts=2, lease_s=0.05)
+        worker.dependencies = (sandbox,)
+        await worker.step_envs()
+        for _ in range(4):
+            rig.sessions.fault_on.update(seeds)  # every first session of every seed faults, every time
+            await worker.step_window()
+            await asyncio.sleep(0.1)  # the failed slot is held back for lease_s
+    rig.sessions.fault_on.clear()
+    await drain(worker)
+    status = (await worker.store.get(env_id)).status  # type: ignore[union-attr]
+    if sandbox_up:  # two failed claims, the third gave up: the window closed unplayed
+        assert status is EnvStatus.RETIRED and [s.slot for s in await worker.store.skipped(env_id)] == [0, 1, 2]
+    else:  # four outages later the slot is still due, and is played once the sandbox is back
+        assert await worker.store.skipped(env_id) == []
+        assert len({s.sample_id for s in await rig.samples() if s.window_index == 0}) == 2 * G  # both arms, every seed
+    worker.store.dispose()
+
+
+async def test_an_unreachable_inference_server_never_makes_a_slot_poison(rig: Rig) -> None:
+    env_id = await rig.put_env(version=0)
+    policy = DownPolicy(rig.template, ["\\boxed{5}"], weight_version=None, down=True)
+    worker = rig.worker("w1", policy, play_retry=RetryPolicy(attempts=1), max_attempts=1, lease_s=0.05)
+    await worker.step_envs()
+    for _ in range(4):  # four claims fail with InferenceUnavailable; with max_attempts=1 the second would give up
+        assert await worker.step_window() == 1
+        await asyncio.sleep(0.1)
+    assert policy.refused >= 4
+    policy.down = False
+    await drain(worker)
+    assert await worker.store.skipped(env_id) == []
+    assert len(await rig.samples()) == 2 * G
+    worker.store.dispose()
+
+
+@dataclass
+class DownPolicy(ScriptedPolicy):
+    """A scripted policy whose server is unreachable while ``down``."""
+
+    down: bool = False
+    refused: int = 0
+
+    async def generate(self, input_ids: list[int], sampling: TurnSampling) -> Generation:
+        if self.down:
+            self.refused += 1
+            raise InferenceUnavailable("no inference server answered (the test's outage)")
+        return await super().generate(input_ids, sampling)
 
 
 async def test_a_later_slot_that_keeps_failing_is_skipped_with_its_reason_and_the_window_goes_on(rig: Rig) -> None:
