@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from services.rollout.core.schedule import ActiveEnv, EnvStatus, due_slot
+from spade.dependencies import DEFAULT_WAIT
+from spade.retry import RetryPolicy
+
+log = logging.getLogger("spade.rollout")
 
 _metadata = sa.MetaData()
 
@@ -113,18 +118,27 @@ class RolloutStateStore:
     Args:
         engine: A SQLAlchemy engine (``sqlite:///…`` or ``postgresql+psycopg://…``).
         clock: Wall clock for leases (tests inject one); default: the database's own clock.
+        wait: How long to keep trying to create the tables while the database does not answer (a
+            worker started as Postgres restarts waits for it instead of exiting).
     """
 
-    def __init__(self, engine: sa.Engine, *, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self, engine: sa.Engine, *, clock: Callable[[], float] | None = None, wait: RetryPolicy = DEFAULT_WAIT
+    ) -> None:
         self._engine = engine
         self._clock = clock
-        _metadata.create_all(engine)
+        what = "creating the rollout's state tables"
+        for attempt in wait.retrying(sa.exc.OperationalError, logger=log, what=what):
+            with attempt:
+                _metadata.create_all(engine)
 
     @classmethod
-    def from_url(cls, url: str, *, clock: Callable[[], float] | None = None) -> RolloutStateStore:
-        """Open (and create if needed) the state tables at ``url``."""
+    def from_url(
+        cls, url: str, *, clock: Callable[[], float] | None = None, wait: RetryPolicy = DEFAULT_WAIT
+    ) -> RolloutStateStore:
+        """Open (and create if needed) the state tables at ``url``, waiting for the database (``wait``)."""
         connect_args = {"timeout": 30} if url.startswith("sqlite") else {}
-        return cls(sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args), clock=clock)
+        return cls(sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args), clock=clock, wait=wait)
 
     def dispose(self) -> None:
         """Close pooled connections."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,20 @@ def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'rollout.db'}"
         return
+    with postgres_schema() as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A Postgres URL for the rollout's state tables, in a schema of the test's own."""
+    with postgres_schema() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def postgres_schema() -> Iterator[str]:
+    """A fresh schema on the test Postgres, as a URL whose search path is that schema; dropped afterwards."""
     schema = f"rollout_test_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(POSTGRES_URL)
     try:

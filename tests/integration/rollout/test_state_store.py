@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 
 from services.rollout.core.schedule import ActiveEnv, EnvStatus
 from services.rollout.state_store import RolloutStateStore
+from spade.retry import RetryPolicy
 
 
 class _Clock:
@@ -217,3 +224,61 @@ async def test_workers_racing_for_one_slot_get_it_once(state_url: str) -> None:
     finally:
         for s in stores:
             s.dispose()
+
+
+@contextlib.contextmanager
+def _forwarding(listener: socket.socket, target: tuple[str, int]) -> Iterator[None]:
+    """Forward every connection accepted on ``listener`` to ``target`` (Postgres coming up on a port)."""
+    stop = threading.Event()
+
+    def pipe(a: socket.socket, b: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := a.recv(65536):
+                b.sendall(data)
+        with contextlib.suppress(OSError):
+            b.shutdown(socket.SHUT_WR)
+
+    def serve() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            upstream = socket.create_connection(target)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+async def test_a_worker_started_while_postgres_is_down_waits_for_it(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store is opened as Postgres restarts (nothing answers on its port): it waits, then creates
+    its tables once the server answers, instead of exiting."""
+    upstream = urlsplit(postgres_url)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        url = postgres_url.replace(f"{upstream.hostname}:{upstream.port}", f"127.0.0.1:{port}")
+        patient = RetryPolicy(attempts=200, initial_s=0.05, max_s=0.1, jitter_s=0.0)
+        with caplog.at_level(logging.WARNING, logger="spade.rollout"):
+            opening = asyncio.create_task(asyncio.to_thread(RolloutStateStore.from_url, url, wait=patient))
+            while "creating the rollout's state tables failed" not in caplog.text:
+                assert not opening.done(), opening  # it must wait for the database, not give up
+                await asyncio.sleep(0.01)
+            listener.listen()
+            with _forwarding(listener, (str(upstream.hostname), int(upstream.port or 5432))):
+                store = await opening
+                try:
+                    await store.register(_env())
+                    assert (await store.get("e1")) is not None
+                finally:
+                    store.dispose()
