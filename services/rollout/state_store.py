@@ -362,7 +362,7 @@ class RolloutStateStore:
             if error is not None:
                 values["last_error"] = error[:2000]
             if uncount:
-                values["attempts"] = sa.case((c.attempts > 0, c.attempts - 1), else_=0)
+                values["attempts"] = c.attempts - 1  # the lease is owner's, so its claim counted one
             conn.execute(rollout_windows.update().where(c.env_id == env_id, c.lease_owner == owner).values(**values))
 
     # ---- progress ----------------------------------------------------------------------------------

@@ -169,17 +169,17 @@ async def rollout_worker(
     Raises:
         SpecContradiction: The settings contradict the run spec (before anything else is started).
     """
-    injected_queue, injected_memory = queue is not None, memory is not None
-    injected_sessions, injected_inference = sessions is not None, inference is not None
+    # The services built here from settings (injected ones are the caller's): waited for at start, and
+    # probed when a slot fails (a failure while one is down is an outage, not counted against the slot).
+    stores = [
+        dependencies.postgres(settings.state_url),
+        None if queue is not None else dependencies.queue(settings.queue),
+        None if memory is not None else dependencies.endpoint(settings.memory),
+    ]
+    sandbox = None if sessions is not None else dependencies.endpoint(settings.sandbox)
+    servers = [] if inference is not None else dependencies.inference(settings.inference_urls)
     async with contextlib.AsyncExitStack() as stack:
-        await wait_ready(
-            [
-                dependencies.postgres(settings.state_url),
-                None if queue is not None else dependencies.queue(settings.queue),
-                None if memory is not None else dependencies.endpoint(settings.memory),
-            ],
-            stop,
-        )
+        await wait_ready(stores, stop)
         if memory is None:
             memory = await _memory(settings, stack)
         if spec is None:
@@ -188,13 +188,7 @@ async def rollout_worker(
             spec = await run_spec(settings, cast(RunSpecStore, memory), stop)
         else:
             settings.check_spec(spec)
-        await wait_ready(
-            [
-                None if sessions is not None else dependencies.endpoint(settings.sandbox),
-                *([] if inference is not None else dependencies.inference(settings.inference_urls)),
-            ],
-            stop,
-        )
+        await wait_ready([sandbox, *servers], stop)
         if queue is None:
             queue = make_queue(settings.queue)
             stack.push_async_callback(queue.close)
@@ -215,17 +209,10 @@ async def rollout_worker(
         runner = EpisodeRunner(sessions, InferenceGenerator(inference), template, settings.play_limits(spec))
         store = RolloutStateStore.from_url(settings.state_url)
         stack.callback(store.dispose)
-        # What a failed slot probes (an outage is not counted against the slot): the services built here.
-        probes = [
-            dependencies.postgres(settings.state_url),
-            None if injected_queue else dependencies.queue(settings.queue),
-            None if injected_memory else dependencies.endpoint(settings.memory),
-            None if injected_sessions else dependencies.endpoint(settings.sandbox),
-            *([] if injected_inference else dependencies.inference(settings.inference_urls)),
-        ]
-        yield RolloutWorker(
-            queue, store, MemoryServicePlays(memory), runner, worker_config(settings, spec), [p for p in probes if p]
-        )
+        # Under discovery inference_urls are only the start: the client's own InferenceUnavailable tells.
+        probed = [*stores, sandbox, *([] if settings.inference_discovery else servers)]
+        probes = [dep for dep in probed if dep is not None]
+        yield RolloutWorker(queue, store, MemoryServicePlays(memory), runner, worker_config(settings, spec), probes)
 
 
 async def _memory(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -> MemoryApi:
