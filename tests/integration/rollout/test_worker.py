@@ -500,7 +500,8 @@ async def test_sandbox_faults_count_against_a_slot_only_while_the_sandbox_answer
         await worker.step_envs()
         for _ in range(4):
             rig.sessions.fault_on.update(seeds)  # every first session of every seed faults, every time
-            await worker.step_window()
+            claimed = await worker.step_window()
+            assert sandbox_up or claimed == 1  # while the sandbox is down, every try is a real claim that fails
             await asyncio.sleep(0.1)  # the failed slot is held back for lease_s
     rig.sessions.fault_on.clear()
     await drain(worker)
