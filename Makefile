@@ -1,5 +1,5 @@
 # The two commands of the README. Both install everything first (idempotent, fast when done).
-.PHONY: run test lint protos install images image-gpu compose-up compose-down k8s-check
+.PHONY: run test test-fast test-tiers lint protos install images image-gpu compose-up compose-down k8s-check
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -14,13 +14,31 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/spade run $(ARGS)
 
+# The whole suite (CI's): needs Postgres, Redis, bubblewrap and the model (README). Prints the 25
+# slowest tests, so a test that starts to dominate the run shows. TEST_WORKERS pytest-xdist workers
+# share the machine a module at a time (--dist loadfile: a module-scoped fixture is built once); most
+# of the suite waits on jails, servers and stores, not the CPU. Passive OpenMP threads yield the cores
+# instead of spinning while another worker's model runs. 4 workers ran out of the machine's 24 GB
+# (two `spade run`s and a cluster at once); TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 3
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
+# The fast tier: no Postgres, Redis, jails, model, slow or e2e test (the markers: tests/conftest.py).
+FAST := not (db or redis or sandbox or model or slow or e2e)
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "$(FAST)" $(PYTEST_ARGS)
+
+# The fast tier once more with those resources taken away (root: namespaces), to prove its markers.
+test-tiers: $(STAMP)
+	$(PY) scripts/check_test_tiers.py -m "$(FAST)" $(PYTEST_ARGS)
+
+# ruff, mypy and the layering contracts ([tool.importlinter] in pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo
 
 protos: $(STAMP)
 	$(PY) -m spade.protogen

@@ -158,12 +158,14 @@ SCRAPED = {"inference": "SPADE_LOCAL_INFERENCE_PORT", "sandbox": "SPADE_LOCAL_SA
 LEARNER_PARTS = ("wait", "assemble", "train", "weights", "checkpoint", "publish")
 
 
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """One server's Prometheus samples: (name, sorted labels) → value."""
+def scrape(url: str, key: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """One server's Prometheus samples: (name, sorted labels) → value (``/metrics`` needs a key)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(url, timeout=10).text
+    response = httpx.get(url, timeout=10, headers={"Authorization": f"Bearer {key}"})
+    response.raise_for_status()
+    text = response.text
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
@@ -274,9 +276,10 @@ def run_distributed(args: argparse.Namespace) -> dict[str, Any]:
         urls = {name: f"http://127.0.0.1:{cluster.environ[var]}/metrics" for name, var in SCRAPED.items()}
         started = time.time()
         cluster.up()
+        key = cluster.runner.keys()["SPADE_CLUSTER_OPERATOR_KEY"]  # a key every server knows
         # (time, every server's samples, the learner step's metrics): the first when `up` is done
         marks: list[tuple[float, dict[str, Any], dict[str, Any]]] = [
-            (time.time(), {n: scrape(u) for n, u in urls.items()}, {})
+            (time.time(), {n: scrape(u, key) for n, u in urls.items()}, {})
         ]
         log = cluster.runner.log_dir / "learner.log"
         seen = 0
@@ -291,7 +294,7 @@ def run_distributed(args: argparse.Namespace) -> dict[str, Any]:
             for line in lines[seen:]:
                 if '"event": "learner_step"' in line:
                     metrics = json.loads(json.loads(line)["message"].partition(" ")[2])
-                    marks.append((time.time(), {n: scrape(u) for n, u in urls.items()}, metrics))
+                    marks.append((time.time(), {n: scrape(u, key) for n, u in urls.items()}, metrics))
             seen = len(lines)
             time.sleep(0.5)
         steps = [

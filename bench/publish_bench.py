@@ -101,15 +101,19 @@ async def baseline(model: Any, engine: Any, base: Path, target: Path, version: i
     return times
 
 
-async def end_to_end(model: Any, base: Path, weights: Path, url: str, version: int) -> tuple[float, str]:
+async def end_to_end(
+    model: Any, base: Path, weights: Path, url: str, version: int, admin_key: str
+) -> tuple[float, str]:
     """``write_weights`` + ``WeightPublisher.publish`` over HTTP: the learner's publish as it runs."""
     from services.learner.checkpoint import write_weights
     from services.learner.publisher import WeightPublisher
+    from spade.endpoints import InferenceEndpoint
     from spade.queues.config import InProcessQueueConfig
     from spade.queues.inprocess import InProcessQueue
 
     queue = InProcessQueue(InProcessQueueConfig())
-    publisher = WeightPublisher([url], queue, weights_dir=weights, keep=100)
+    learner = InferenceEndpoint.model_validate({"api_key": admin_key})
+    publisher = WeightPublisher([url], queue, weights_dir=weights, keep=100, inference=learner)
     try:
         start = time.perf_counter()
         path = write_weights(model, weights / f"v{version:08d}", base_model_dir=base)
@@ -154,6 +158,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from services.inference.settings import InferenceSettings
     from services.inference.wiring import serve_in_thread
+    from spade.auth import generate_key
     from spade.inference.models import ensure_default_model
 
     hf_logging.disable_progress_bar()
@@ -161,7 +166,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     base = ensure_default_model()
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
     size_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
-    handle = serve_in_thread(InferenceSettings(http={"port": 0}, model_path=base, torch_threads=args.threads))
+    admin_key, admin_digest = generate_key()  # the admin routes are off without an admin key
+    handle = serve_in_thread(
+        InferenceSettings(
+            http={"port": 0},
+            model_path=base,
+            torch_threads=args.threads,
+            admin_keys=[{"tenant": "bench", "key_sha256": admin_digest}],
+        )
+    )
     root = Path(tempfile.mkdtemp(prefix="spade-publish-bench-", dir=args.dir))
     runs: dict[str, list[dict[str, float]]] = {"ours": [], "baseline": [], "floor": []}
     e2e: list[float] = []
@@ -183,7 +196,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             runs["floor"].append(machine_floor(root, int(size_mib * 2**20)))
             version += 1
             _perturb(model, version)
-            seconds, outcome = await end_to_end(model, base, root / "published", handle.url, version)
+            seconds, outcome = await end_to_end(model, base, root / "published", handle.url, version, admin_key)
             if outcome != "all_acknowledged":
                 raise RuntimeError(f"the end-to-end publish ended {outcome}")
             e2e.append(seconds)

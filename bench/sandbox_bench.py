@@ -9,6 +9,7 @@
 - step round trip against the machine's pipe ping-pong: two processes bouncing a 64-byte message over
   a pair of pipes (target: within 5x);
 - steps/s of one session, and the fresh-interpreter baselines of a session start and a step;
+- a whole validation of a game and of a tool example (every episode it plays is a session);
 - floors: what the same work costs with no isolation at all, in the sandbox's interpreter: the env's
   own ``EnvSession.step`` in a warm process, and a process forked per call from a warm interpreter
   that loads never-seen code and resets it, or runs ``print(1)``. No isolation layer can make a
@@ -46,6 +47,7 @@ from spade.envs import CheckConfig  # noqa: E402
 from spade.envs.examples import EXAMPLES  # noqa: E402
 
 ENV = EXAMPLES["code_breaker"]
+TOOL_ENV = EXAMPLES["order_desk"]
 ACTION = "\\boxed{guess 1 2 3 4}"
 PYTHON = "/usr/bin/python3.11"
 # The baseline's whole job per call: a fresh interpreter that loads the env and answers one call.
@@ -291,6 +293,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
         cpu["execute_print_1"] = await metered(meter, args.executions, execute)
 
+        # A whole validation: every episode it plays is a session of its own (validation is
+        # indistinguishable from play), so its cost is about (sessions it opens) x a session start.
+        for name, example in (("validate_game", ENV), ("validate_tool", TOOL_ENV)):
+
+            async def validate(code: str = example.code, setting: str = example.setting.value) -> None:
+                await pool.validate(code, setting, config)
+
+            out["sandbox"][name] = figures(await timed(validate, args.validations))
+
     ping = pipe_ping_pong(args.steps)
     root = str(ROOT)
     code = ENV.code.encode()
@@ -360,6 +371,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--executions", type=int, default=40)
     parser.add_argument("--baseline", type=int, default=20, help="calls per baseline workload")
+    parser.add_argument("--validations", type=int, default=3, help="validations of a game and of a tool example")
     parser.add_argument("--spares", type=int, default=IsolationSettings().spares, help="spare jails per zygote")
     parser.add_argument(
         "--cgroup",

@@ -1,9 +1,16 @@
-"""Per-tenant API keys: bearer tokens checked against SHA-256 digests held in configuration.
+"""Per-tenant API keys: bearer tokens checked against SHA-256 digests held in configuration, and roles.
 
-Every service that authenticates callers (the sandbox's gRPC and REST APIs, the memory's REST API)
-configures ``api_keys: [{tenant, key_sha256}, ...]`` and checks ``Authorization: Bearer <key>``
-through one :class:`KeyRing`. Keys are never stored in clear; the digest of a presented key is
-compared with every configured digest in constant time.
+Every service that authenticates callers (the sandbox's gRPC and REST APIs, the memory's gRPC and
+REST APIs, the inference server) configures ``api_keys: [{tenant, key_sha256, ...}, ...]`` and
+checks ``Authorization: Bearer <key>`` through one :class:`KeyRing`. Keys are never stored in clear;
+the digest of a presented key is compared with every configured digest in constant time.
+
+Two decisions, two errors, made here once for every service and wire:
+
+- **who is calling** (:meth:`KeyRing.authenticate`): no key, a malformed header or a key nobody
+  holds is :class:`Unauthenticated` (HTTP 401, gRPC ``UNAUTHENTICATED``);
+- **may they do this** (:func:`authorize`): a known key whose :class:`Role` is below what the call
+  needs is :class:`Forbidden` (HTTP 403, gRPC ``PERMISSION_DENIED``), never 401.
 
 >>> ring = KeyRing({hash_key("s3cret"): "team-a"})
 >>> ring.authenticate("Bearer s3cret")
@@ -14,11 +21,13 @@ True
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -59,6 +68,80 @@ class Unauthenticated(ServiceError):
     code = "unauthenticated"
 
 
+class Forbidden(ServiceError):
+    """A known key whose role does not allow the call (or a route the server has switched off)."""
+
+    kind = ErrorKind.FORBIDDEN
+    code = "forbidden"
+
+
+class Role(enum.StrEnum):
+    """What a key may do, each role allowing everything the ones before it do.
+
+    - ``read``: look (the memory's REST API and web page, ``/healthz/details``, ``/metrics``);
+    - ``write``: use the service (store plays and environments, run code in the sandbox, generate);
+    - ``admin``: change how the service runs (replace the run spec, swap the served weights).
+
+    >>> Role.ADMIN.allows(Role.WRITE), Role.READ.allows(Role.WRITE)
+    (True, False)
+    """
+
+    READ = "read"
+    WRITE = "write"
+    ADMIN = "admin"
+
+    @property
+    def rank(self) -> int:
+        return _RANKS[self]
+
+    def allows(self, needed: Role) -> bool:
+        """Whether this role may do what ``needed`` may."""
+        return self.rank >= needed.rank
+
+
+_RANKS = {Role.READ: 0, Role.WRITE: 1, Role.ADMIN: 2}
+
+DEFAULT_ROLE = Role.WRITE
+"""The role of a configured key that names none: what every service's own key needed before roles
+existed (store plays, run code), short of ``admin`` (replace the run spec). Give a key handed to a
+person or a dashboard ``"role": "read"``."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller: its tenant name (logs, metrics) and its role."""
+
+    tenant: str
+    role: Role
+
+
+def authorize(principal: Any, needed: Role, action: str) -> None:
+    """Refuse ``action`` unless ``principal``'s role allows ``needed``: the one 403 decision.
+
+    ``principal`` is what a :class:`KeyRing` answered: anything with a ``role`` (a :class:`Principal`,
+    the sandbox's tenant); one without a role is refused (a keyring built without roles cannot vouch
+    for any).
+
+    Raises:
+        Forbidden: The caller's role is below ``needed``.
+
+    >>> authorize(Principal("web", Role.READ), Role.READ, "read the memory")
+    >>> try:
+    ...     authorize(Principal("web", Role.READ), Role.ADMIN, "replacing the run spec")
+    ... except Forbidden as exc:
+    ...     print(exc)
+    tenant 'web' has the read role; replacing the run spec needs admin: use a key with "role": "admin"
+    """
+    role = getattr(principal, "role", None)
+    if isinstance(role, Role) and role.allows(needed):
+        return
+    tenant = getattr(principal, "tenant", None) or getattr(principal, "name", None) or principal
+    has = f"the {role.value} role" if isinstance(role, Role) else "no role"
+    raise Forbidden(
+        f'tenant {str(tenant)[:64]!r} has {has}; {action} needs {needed.value}: use a key with "role": "{needed.value}"'
+    )
+
+
 class ApiKey(BaseModel):
     """One tenant's key, stored as the SHA-256 hex digest of the key (never the key itself)."""
 
@@ -81,6 +164,19 @@ class ApiKey(BaseModel):
                 "--generate`) and configure its sha256"
             )
         return digest.lower()
+
+
+class RoleKey(ApiKey):
+    """A tenant's key with the :class:`Role` it grants (the memory's and the sandbox's keys)."""
+
+    role: Role = Field(
+        default=DEFAULT_ROLE,
+        description="read (look: REST inspection, web page, /healthz/details, /metrics), write (use the service: "
+        "store plays and envs, run code; the default) or admin (also replace the run spec).",
+    )
+
+    def principal(self) -> Principal:
+        return Principal(self.tenant, self.role)
 
 
 def check_unique_keys(keys: Sequence[ApiKey]) -> None:
@@ -109,6 +205,11 @@ class KeyRing(Generic[P]):
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    @property
+    def principals(self) -> tuple[P, ...]:
+        """Who the configured keys identify (never the keys), e.g. to tell whether any key has a role."""
+        return tuple(self._keys.values())
 
     @property
     def open(self) -> bool:

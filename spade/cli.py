@@ -53,6 +53,10 @@ class LazyGroup(click.Group):
         "migrate": ("services.memory.migrate:migrate_command", "Create or upgrade the database schema, once."),
         "eval": ("services.eval.cli:eval_group", "Score a checkpoint or server on held-out suites; compare two runs."),
         "cluster": ("services.cluster.cli:cluster", "Run every service as a process of this machine (up/down/status)."),
+        "warmstart": (
+            "services.embedded.warmstart.cli:warmstart",
+            "Fine-tune the designer role on validated family answers (cached).",
+        ),
     },
 )
 @click.version_option(package_name="spade")

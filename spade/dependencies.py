@@ -19,8 +19,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import urlsplit
 
+from spade.errors import Unavailable
+from spade.redact import redact
 from spade.retry import RetryPolicy
 
 logger = logging.getLogger("spade.dependencies")
@@ -31,7 +32,7 @@ DEFAULT_WAIT = RetryPolicy(attempts=64, initial_s=0.5, multiplier=1.5, max_s=5.0
 Kind = Literal["tcp", "postgres", "redis", "http", "grpc"]
 
 
-class DependencyUnavailable(ConnectionError):
+class DependencyUnavailable(ConnectionError, Unavailable):
     """A dependency did not answer; the message names it and what was seen."""
 
 
@@ -52,12 +53,7 @@ class Dependency:
 
     def describe(self) -> str:
         """The dependency as a person reads it, without credentials."""
-        parts = urlsplit(self.target) if "://" in self.target else None
-        if parts is not None and parts.password:
-            host = parts.hostname or ""
-            netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-            return f"{self.kind} {parts._replace(netloc=netloc).geturl()}"
-        return f"{self.kind} {self.target}"
+        return f"{self.kind} {redact(self.target)}"
 
     def check(self) -> None:
         """Check once.

@@ -55,3 +55,60 @@ class ServiceError(Exception):
 
     kind: ClassVar[ErrorKind] = ErrorKind.INTERNAL
     code: ClassVar[str] = "internal"
+
+
+class Unavailable(ServiceError):
+    """A dependency could not be reached, or cannot serve now: a caller may wait and try again.
+
+    Every client raises a subclass for an unreachable dependency (the memory, the inference servers,
+    a database or queue a service waits for), so one ``isinstance`` check tells an outage from a
+    failure of the work itself.
+    """
+
+    kind: ClassVar[ErrorKind] = ErrorKind.UNAVAILABLE
+    code: ClassVar[str] = "unavailable"
+
+
+class InvalidInput(ServiceError):
+    """A request breaks a rule: a field's value, or the message itself (malformed protobuf, say).
+
+    The one refusal of bad caller input (REST 422, gRPC INVALID_ARGUMENT); a service's own invalid-
+    request error extends it. The message names the field, the rule and the fix.
+
+    Attributes:
+        field: The offending field as the caller named it (``files[a.txt]``), or ``None`` for the
+            message as a whole.
+    """
+
+    kind: ClassVar[ErrorKind] = ErrorKind.INVALID
+    code: ClassVar[str] = "invalid_request"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def require_text(value: str, field: str, error: type[InvalidInput] = InvalidInput) -> str:
+    """``value`` if it is Unicode text that UTF-8 can carry; else ``error`` (an :class:`InvalidInput`) naming ``field``.
+
+    A JSON string may hold a lone surrogate (``"\\ud800"``), which no UTF-8 byte sequence encodes:
+    refused here, at the door, before anything tries to encode it.
+
+    >>> require_text("héllo", "stdin")
+    'héllo'
+    >>> try:
+    ...     require_text("a\\ud800", "stdin")
+    ... except InvalidInput as refused:
+    ...     print(refused.field, "|", str(refused)[:71])
+    stdin | 'stdin' is not valid Unicode text: a lone surrogate (U+D800) at index 1
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = value[exc.start]
+        raise error(
+            f"{field!r} is not valid Unicode text: a lone surrogate (U+{ord(char):04X}) at index {exc.start}; "
+            "send UTF-8 text (a JSON \\u escape of a surrogate must be one of a pair)",
+            field=field,
+        ) from None
+    return value

@@ -19,6 +19,9 @@ library) are imported inside the functions that need them.
 - **Formula leakage**: the share of envs whose first observation states the answer or the formula
   the task asks for (:func:`leaks_answer`, a cheap heuristic; :func:`judge_leakage`, an optional
   LLM judge).
+- **Audit-retired envs** (``pool/audit_retired``): envs that passed validation but a trivial policy
+  won on real rollout seeds (``spade.signal.trivially_won``, decided by the rollout's audit plays);
+  the memory counts their status, ``trivially_won``, and leaves them out of the pool.
 
 >>> reward_levels([0.0, 1.0, 1.0, 0.5])
 3

@@ -46,7 +46,11 @@ class RewardConstants(BaseModel):
         (0.15, 0.4, 0.6, 0.85), description="plateau zero_low, low, high, zero_high."
     )
     validity_shaping_weight: float = Field(
-        0.0, ge=0.0, le=1.0, description="Reward per fraction of checks passed for invalid attempts (0: off)."
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Validity shaping of invalid attempts: -w * (1 - fraction of checks passed), "
+        "never above a valid env's smallest reward 0 (0: off).",
     )
 
     def to_config(self) -> DesignerRewardConfig:
@@ -86,6 +90,26 @@ class RunSpec(BaseModel):
     envs_per_round: int = Field(24, ge=1, le=100_000, description="Envs the designer writes per regeneration.")
     skills_per_round: int = Field(3, ge=1, le=6, description="Skills of the setting's six used per round.")
     rewards: RewardConstants = Field(default_factory=RewardConstants, description="The designer blend's constants.")
+    audit_plays: int = Field(
+        4,
+        ge=0,
+        le=64,
+        description="Audit plays per env and window of each trivial policy (a constant action, a random action "
+        "in the env's stated format), played by the rollout at the env's first slot on that slot's first seeds, "
+        "with no model call and never trained on; the learner scores no designer sample before its env's "
+        "audit verdict (0: no audit, nothing waits for one). DESIGN §4: the check validation cannot game. "
+        "4, not 1: graded envs pay random guesses partial credit, and over one play a 0.5 threshold retired "
+        "up to 26% of honest seed-pool envs (measured; 3% at 4 plays), for about 0.3-0.4 s of sandbox time "
+        "per env (bench/audit_bench.py).",
+    )
+    audit_max_win_rate: float = Field(
+        0.5,
+        ge=0.0,
+        lt=1.0,
+        description="An env whose trivial policy reaches a win rate (spade.signal.win_rate: mean return, a "
+        "resource fault counting 0) above this over its audit plays is retired as trivially_won and its "
+        "designer sample rescored invalid; each policy is judged on its own plays.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> RunSpec:

@@ -4,18 +4,30 @@ The memory's stored statistics, the learner's rewards and advantages, the run's 
 and ``spade eval`` all compute these quantities through this module and nowhere else (DESIGN §5), so
 the examples the designer is shown and the reward it is trained on can never disagree.
 
-Pure Python (standard library only): no torch, no I/O, no service imports.
+Pure Python (the standard library and ``spade.envs.types``): no torch, no I/O, no service imports.
+
+Which plays feed the signal is decided here too, for every consumer (the learner's windows, the
+memory's statistics, the run's metrics):
+
+- ``counted_return``: a play's return, 0 when it ended in a resource fault (the env failed the agent);
+- ``slot0_arms``: the (seed, counted return) pairs of slot 0's hinted and unhinted arms (regret);
+- ``window_returns``: the counted returns of the unhinted plays of slots ``0..k-1`` (window win rate).
 
 - ``win_rate``: mean return over plays; returns lie in [0, 1].
 - ``solved_fraction``: share of plays with return >= 1 (display only, never a reward).
 - ``learnable``: win rate in [0.2, 0.8] (the paper's metric).
+- ``trivially_won``: a trivial policy's audit plays reach a win rate above the run's threshold (the
+  audit's retire decision).
 - ``regret``: mean hinted return minus mean unhinted return, both arms on the same seeds the same
   number of times (at the env's first window version); anything else raises.
 - ``regret_norm``: ``clip(regret / 0.15, 0, 1)``.
 - ``plateau(w)``: 1 on [0.4, 0.6], linear to 0 at 0.15 and 0.85.
-- ``designer_blend``: ``0.4 * regret_norm + 0.6 * plateau(w)``; invalid attempts get 0 (or the
-  optional validity shaping).
-- ``group_zscores``: the agent's advantage within one group (one env, one version, one arm).
+- ``designer_blend``: ``0.4 * regret_norm + 0.6 * plateau(w)``; invalid attempts get 0, or with the
+  optional validity shaping a penalty ``-w * (1 - fraction of checks passed)`` in ``[-w, 0]``: shaping
+  orders invalid attempts among themselves and never pays one more than the smallest reward a valid
+  env can earn (0).
+- ``group_zscores``: the agent's advantage within one group (one env, one version, one arm);
+  ``group_has_signal``: whether a group's returns can train at all (two or more, not all equal).
 - ``designer_advantages``: blend minus the mean blend of the same skill in the round; a skill group
   with fewer than 2 scored envs is centred on the running mean of that skill's recent blends.
 
@@ -39,13 +51,54 @@ import math
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from spade.envs.types import FinishReason
 
 LEARNABLE_BAND: tuple[float, float] = (0.2, 0.8)
 """Win rates in this closed interval make an environment learnable (the paper's metric)."""
 
 SOLVED_RETURN = 1.0
 """A play whose return reaches this solved its instance (the env's win reward)."""
+
+
+class SignalPlay(Protocol):
+    """What the signal reads of a play (the learner's, the memory's and the rollout's records all have it)."""
+
+    @property
+    def seed(self) -> int: ...
+    @property
+    def hinted(self) -> bool: ...
+    @property
+    def episode_return(self) -> float: ...
+    @property
+    def window_index(self) -> int: ...
+    @property
+    def finish_reason(self) -> str: ...
+
+
+def counted_return(play: SignalPlay) -> float:
+    """The return a play counts with: 0 when it ended in a resource fault (the env failed the agent)."""
+    return 0.0 if FinishReason.names_resource_fault(play.finish_reason) else play.episode_return
+
+
+def slot0_arms(plays: Iterable[SignalPlay]) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """Slot 0's hinted and unhinted arms as (seed, counted return) pairs, the input of ``regret``."""
+    hinted: list[tuple[int, float]] = []
+    unhinted: list[tuple[int, float]] = []
+    for p in plays:
+        if p.window_index == 0:
+            (hinted if p.hinted else unhinted).append((p.seed, counted_return(p)))
+    return hinted, unhinted
+
+
+def window_returns(plays: Iterable[SignalPlay], window_versions: int | None) -> list[float]:
+    """The counted returns of the unhinted plays of slots ``0..k-1`` (every slot when ``k`` is unknown)."""
+    return [
+        counted_return(p)
+        for p in plays
+        if not p.hinted and p.window_index >= 0 and (window_versions is None or p.window_index < window_versions)
+    ]
 
 
 class SignalError(ValueError):
@@ -85,6 +138,24 @@ def win_rate(returns: Iterable[float]) -> float:
     """
     values = _returns(returns, "win_rate")
     return sum(values) / len(values)
+
+
+def trivially_won(returns: Iterable[float], max_win_rate: float) -> bool:
+    """Whether a trivial policy's audit plays (a constant or random action) won too often.
+
+    The audit's retire decision: the :func:`win_rate` of one trivial policy's plays above
+    ``max_win_rate`` (the run spec's ``audit_max_win_rate``) means the env's reward does not depend
+    on solving it. A resource fault counts 0, as everywhere (pass :func:`counted_return` values).
+
+    >>> trivially_won([1.0], 0.5), trivially_won([0.0, 1.0], 0.5), trivially_won([0.6, 0.6], 0.5)
+    (True, False, True)
+
+    Raises:
+        SignalError: No plays, a return outside [0, 1], or ``max_win_rate`` outside [0, 1).
+    """
+    if not 0.0 <= max_win_rate < 1.0:
+        raise SignalError(f"max_win_rate must lie in [0, 1) (1 could never be exceeded), got {max_win_rate}")
+    return win_rate(returns) > max_win_rate
 
 
 def solved_fraction(returns: Iterable[float]) -> float:
@@ -186,8 +257,10 @@ class DesignerRewardConfig:
         plateau_weight: Weight of the plateau of the window win rate (0.6).
         regret_scale: Regret that saturates the regret term (0.15).
         band: The plateau band.
-        validity_shaping_weight: Reward per unit fraction of validation checks passed, for invalid
-            attempts only. 0 (the default, and the paper) turns shaping off: invalid attempts get 0.
+        validity_shaping_weight: Penalty per unit fraction of validation checks *failed*, for invalid
+            attempts only: ``-w * (1 - fraction passed)``. 0 (the default, and the paper) turns shaping
+            off: invalid attempts get 0. Shaping is a penalty, never a bonus, so no invalid attempt
+            outbids a valid env (whose blend is >= 0) however many checks it passed.
     """
 
     regret_weight: float = 0.4
@@ -228,6 +301,18 @@ def validity_fraction(passed: Iterable[bool]) -> float:
     return sum(flags) / len(flags) if flags else 0.0
 
 
+def shaping_penalty(fraction_passed: float | None, weight: float) -> float:
+    """The validity shaping of an invalid attempt: ``-weight * (1 - fraction_passed)``, in ``[-weight, 0]``.
+
+    ``None`` (nothing was checked: the answer was malformed) counts as no check passed. Rounded to
+    12 places so a shaped blend prints as the arithmetic a reader expects.
+    """
+    if weight == 0:
+        return 0.0
+    passed = 0.0 if fraction_passed is None else clip(fraction_passed, 0.0, 1.0)
+    return round(-weight * (1.0 - passed), 12)
+
+
 def designer_blend(
     regret_value: float | None,
     window_win_rate: float | None,
@@ -237,8 +322,16 @@ def designer_blend(
 ) -> DesignerRewardComponents:
     """The designer's reward ``w_r * regret_norm(regret) + w_p * plateau(window_win_rate)``.
 
-    An invalid attempt gets 0, or ``validity_shaping_weight * validity_fraction`` when shaping is
-    configured (off by default).
+    An invalid attempt gets 0, or ``-validity_shaping_weight * (1 - validity_fraction)`` when shaping
+    is configured (off by default): at most 0, the smallest blend a valid env can earn, and strictly
+    below it for any attempt that failed a check. Shaping therefore ranks a nearly-valid attempt above
+    a malformed one but never above a valid env the agent cannot yet win.
+
+    >>> config = DesignerRewardConfig(validity_shaping_weight=0.2)
+    >>> designer_blend(None, None, False, config, 0.8).blend, designer_blend(None, None, False, config, 0.0).blend
+    (-0.04, -0.2)
+    >>> designer_blend(0.0, 0.0, True, config).blend
+    0.0
 
     Args:
         regret_value: :func:`regret` at the env's first window version (ignored when invalid).
@@ -252,7 +345,7 @@ def designer_blend(
     """
     if not valid:
         frac = None if validity_fraction_value is None else clip(validity_fraction_value, 0.0, 1.0)
-        blend = config.validity_shaping_weight * frac if frac is not None else 0.0
+        blend = shaping_penalty(frac, config.validity_shaping_weight)
         return DesignerRewardComponents(False, None, None, None, None, frac, blend)
     if regret_value is None or window_win_rate is None:
         raise SignalError(
@@ -285,6 +378,17 @@ def group_zscores(returns: Sequence[float], eps: float = 1e-6) -> list[float] | 
     if std < eps:
         return None
     return [(v - mean) / std for v in values]
+
+
+def group_has_signal(returns: Sequence[float], eps: float = 1e-6) -> bool:
+    """Whether one group's returns can train: at least two of them, not all equal (``group_zscores``).
+
+    The rollout asks this before it extends a group with fresh seeds, the learner before it trains one.
+
+    >>> group_has_signal([0.0, 0.0, 0.0]), group_has_signal([0.0, 0.25]), group_has_signal([1.0])
+    (False, True, False)
+    """
+    return len(returns) >= 2 and group_zscores(returns, eps) is not None
 
 
 @dataclass

@@ -1,8 +1,78 @@
-"""Shared fixtures: the real Postgres and Redis on this machine."""
+"""Shared fixtures (the real Postgres and Redis on this machine) and the test tiers.
+
+Every test that needs more than this Python process carries a marker saying what (pyproject.toml
+lists them): ``db`` (Postgres), ``redis``, ``sandbox`` (real jails), ``model`` (a torch model, even a
+tiny random one; the SmolLM2 checkpoint or tokenizer; the MiniLM embedder; the inference server),
+``slow``, ``e2e``. ``make test-fast`` runs the tests with none of them; ``make test-tiers`` proves
+that they need nothing else (scripts/check_test_tiers.py). Markers come from three places, most to
+least automatic:
+
+- the directory: everything under ``tests/e2e/`` is ``e2e``;
+- the fixtures a test uses, however indirectly: a fixture declares what its users need with
+  ``@needs(...)`` under its ``@pytest.fixture``, or, when only some of its params need it, with a
+  marked ``pytest.param``;
+- an explicit ``pytestmark`` / ``@pytest.mark...`` where a test reaches the resource itself.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import pytest
+
+if TYPE_CHECKING:
+    from services.sandbox.isolation import SandboxPool
 
 POSTGRES_URL = os.environ.get("SPADE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("SPADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+NEEDS = ("db", "redis", "sandbox", "model", "slow")
+"""What a fixture may declare that its users need (the markers of pyproject.toml but ``e2e``)."""
+
+_E2E = Path(__file__).parent / "e2e"
+_F = TypeVar("_F", bound=Callable[..., object])
+
+
+def needs(*markers: str) -> Callable[[_F], _F]:
+    """Declare that every test using the decorated fixture needs ``markers`` (put it under ``@pytest.fixture``)."""
+    unknown = set(markers) - set(NEEDS)
+    if unknown:
+        raise ValueError(f"needs({', '.join(sorted(unknown))}): not a test tier marker; use one of {NEEDS}")
+
+    def declare(fixture: _F) -> _F:
+        fixture.spade_needs = (*getattr(fixture, "spade_needs", ()), *markers)  # type: ignore[attr-defined]
+        return fixture
+
+    return declare
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with the tiers its directory and its fixtures imply."""
+    for item in items:
+        found: set[str] = set()
+        if item.path.is_relative_to(_E2E):
+            found.add("e2e")
+        info = getattr(item, "_fixtureinfo", None)  # every fixture of the test's closure
+        if info is not None:
+            for defs in info.name2fixturedefs.values():
+                for fixture_def in defs:
+                    found.update(getattr(fixture_def.func, "spade_needs", ()))
+        for marker in sorted(found - {m.name for m in item.iter_markers()}):
+            item.add_marker(marker)
+
+
+@pytest.fixture
+@needs("sandbox")
+async def sandbox_pool() -> AsyncIterator[SandboxPool]:
+    """A started sandbox pool with the default isolation (real jails), stopped after the test."""
+    from services.sandbox.isolation import IsolationSettings, SandboxPool
+
+    sandbox = SandboxPool(IsolationSettings())
+    await sandbox.start()
+    try:
+        yield sandbox
+    finally:
+        await sandbox.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 from pathlib import Path
@@ -72,17 +73,40 @@ def down(env_file: tuple[Path, ...]) -> None:
 
 @cluster.command()
 @env_file_option
-@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the table.")
-def status(env_file: tuple[Path, ...], as_json: bool) -> None:
-    """Each process's pid and health, and the queue's streams."""
-    report = _cluster(env_file).status()
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-        return
-    for name, member in report["members"].items():
-        click.echo(f"{name:<12} {member['pid'] or '-':>8}  {member['health']}")
-    for key, stream in report["streams"].items():
-        click.echo(f"{key:<28} {stream}")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (for scripts) instead of the table.")
+@click.option("--watch", is_flag=True, help="Redraw every --interval seconds until interrupted (Ctrl-C).")
+@click.option(
+    "--interval", type=click.FloatRange(min=0.5), default=5.0, show_default=True, help="Seconds between redraws."
+)
+@click.option(
+    "--window-min",
+    type=click.FloatRange(min=0.1, max=10_080),
+    default=10.0,
+    show_default=True,
+    help="Minutes the plays-per-minute and designer-validity figures cover.",
+)
+def status(env_file: tuple[Path, ...], as_json: bool, watch: bool, interval: float, window_min: float) -> None:
+    """What the cluster is doing: each process, the published weight version, the learner's buffer,
+    each stream's pending and lag, plays per minute, designer validity, each rollout worker's slot,
+    disk use (docs/distributed.md, "What `spade cluster status` shows")."""
+    import time
+
+    from services.cluster.status import render
+
+    runner = _cluster(env_file)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends --watch, also while a report is collected
+        while True:
+            report = runner.status(window_min)
+            if as_json:
+                click.echo(json.dumps(report, indent=None if watch else 2))
+            else:
+                if watch:
+                    click.clear()
+                for line in render(report):
+                    click.echo(line)
+            if not watch:
+                return
+            time.sleep(interval)
 
 
 @cluster.command()

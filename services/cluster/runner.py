@@ -42,7 +42,29 @@ SPADE = [sys.executable, "-m", "spade.cli"]
 WORKER_SETTLE_S = 3.0
 """A worker (no server of its own) counts as up once it has run this long without exiting."""
 
-STREAMS = ("envs.ready", "samples.agent", "samples.designer", "weights.published")
+
+MEMORY_ROLES: dict[str, dict[str, Any]] = {
+    "operator": {"role": "admin"},  # `spade runspec set`
+    "designer": {"role": "write"},
+    "rollout": {"role": "write"},
+    "learner": {"role": "write"},
+}
+"""Each generated memory key's role: what its holder does there and no more (docs/memory.md)."""
+
+
+def with_memory_roles(keys: dict[str, str]) -> dict[str, str]:
+    """``keys`` (a ``keys.env``) with :data:`MEMORY_ROLES` on memory keys that name no role.
+
+    A ``keys.env`` written before memory keys had roles gave every tenant the default, ``write``,
+    so the operator's ``spade runspec set`` would be refused; its tenants get their roles here.
+    """
+    raw = keys.get("SPADE_MEMORY_API_KEYS")
+    if not raw:
+        return keys
+    entries = json.loads(raw)
+    for entry in entries:
+        entry.setdefault("role", MEMORY_ROLES.get(entry.get("tenant"), {}).get("role", "write"))
+    return {**keys, "SPADE_MEMORY_API_KEYS": json.dumps(entries)}
 
 
 class ClusterError(RuntimeError):
@@ -71,6 +93,25 @@ class Member:
 def _host(value: str | None) -> str:
     """Where to reach a server bound to ``value`` from this machine."""
     return "127.0.0.1" if value in (None, "", "0.0.0.0", "::") else str(value)
+
+
+def describe_spec(shown: str) -> str:
+    r"""One short line for the output of ``spade runspec show`` (``# run spec ID, stored AT`` and the JSON).
+
+    >>> describe_spec('# run spec ab12, stored 2026-01-01T00:00:00+00:00\n{"group_size": 8, "window_versions_game": 4, '
+    ...               '"window_versions_tool": 2, "agent_max_turns": 6, "temperature": 1.0}')
+    'run spec ab12, stored 2026-01-01T00:00:00+00:00: G=8, k=4/2 game/tool, 6 turns, temperature 1.0'
+    """
+    lines = shown.strip().splitlines()
+    head = lines[0].lstrip("# ").strip() if lines else "run spec (none shown)"
+    try:
+        spec = json.loads("\n".join(lines[1:]))
+        return (
+            f"{head}: G={spec['group_size']}, k={spec['window_versions_game']}/{spec['window_versions_tool']} "
+            f"game/tool, {spec['agent_max_turns']} turns, temperature {spec['temperature']}"
+        )
+    except (ValueError, KeyError, TypeError):
+        return head
 
 
 class Cluster:
@@ -115,7 +156,7 @@ class Cluster:
         """The generated keys and their hashes (made on first use, kept in ``keys.env``)."""
         path = self.run_dir / "keys.env"
         if path.exists():
-            return parse_env_lines(path.read_text().splitlines(), {}, source=str(path))
+            return with_memory_roles(parse_env_lines(path.read_text().splitlines(), {}, source=str(path)))
         key = {name: secrets.token_urlsafe(32) for name in ("operator", "designer", "rollout", "learner", "memory")}
 
         def tenants(*names: str, **extra: dict[str, Any]) -> str:
@@ -127,7 +168,7 @@ class Cluster:
                 "operator", "designer", "rollout", "memory",
                 rollout={"max_sessions": 256, "executions_per_minute": 100_000},
             ),
-            "SPADE_MEMORY_API_KEYS": tenants("operator", "designer", "rollout", "learner"),
+            "SPADE_MEMORY_API_KEYS": tenants("operator", "designer", "rollout", "learner", **MEMORY_ROLES),
             "SPADE_INFERENCE_API_KEYS": tenants("operator", "designer", "rollout"),
             "SPADE_INFERENCE_ADMIN_KEYS": tenants("learner"),
             "SPADE_DESIGNER_SANDBOX__API_KEY": key["designer"],
@@ -345,7 +386,7 @@ class Cluster:
             spec = str(self.settings.run_spec)
             self._run(f"spade runspec set {spec}", [*SPADE, "runspec", "set", spec, "--memory", memory], env)
         shown = self._run("spade runspec show", [*SPADE, "runspec", "show", "--memory", memory], env)
-        self._out("cluster: run spec " + " ".join(shown.split())[:300])
+        self._out("cluster: " + describe_spec(shown))
         if self.settings.seed_examples and "sandbox" in roles:
             argv = [*SPADE, "envs", "seed", "--setting", self.settings.seed_setting, "--memory", memory]
             argv += ["--queue", json.dumps(self.queue_config(env))]
@@ -378,19 +419,29 @@ class Cluster:
         return pid
 
     def down(self) -> None:
-        """Stop every recorded process, the last started first: SIGTERM, then SIGKILL after the grace."""
+        """Stop every recorded process by role, the last started first (designer, rollout workers,
+        learner, inference, memory, sandbox): SIGTERM, then SIGKILL after the grace. The members of a
+        role (the rollout workers) get SIGTERM together, and each is reported as it exits."""
         state = self._state()
         order = ["designer", "rollout", "learner", "inference", "memory", "sandbox"]
         tiers: list[list[str]] = [[n for n, s in state.items() if s.get("role") == role] for role in order]
         tiers.append([n for n, s in state.items() if s.get("role") not in order])
         for tier in tiers:
-            running = {name: pid for name in tier if (pid := self.pid(name))}
-            for name, pid in running.items():
-                self._out(f"cluster: stopping {name} (pid {pid})")
+            latest_first = sorted(tier, key=lambda n: float(state[n].get("started") or 0), reverse=True)
+            running = {name: pid for name in latest_first if (pid := self.pid(name))}
+            if not running:
+                continue
+            together = " together" if len(running) > 1 else ""
+            named = ", ".join(f"{name} (pid {pid})" for name, pid in running.items())
+            self._out(f"cluster: stopping {named}{together}: SIGTERM")
+            for pid in running.values():
                 os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + self.settings.stop_grace_s
+            began = time.monotonic()
+            deadline = began + self.settings.stop_grace_s
             while running and time.monotonic() < deadline:
-                running = {n: p for n, p in running.items() if self.alive(p)}
+                for name in [n for n, p in running.items() if not self.alive(p)]:
+                    self._out(f"cluster: {name} stopped ({time.monotonic() - began:.1f} s)")
+                    del running[name]
                 time.sleep(0.2)
             for name, pid in running.items():
                 self._out(f"cluster: {name} ignored SIGTERM for {self.settings.stop_grace_s:.0f} s; killing it")
@@ -405,36 +456,8 @@ class Cluster:
                 pass
         self._save({})
 
-    def status(self) -> dict[str, Any]:
-        """Each member's pid and health, and the queue's streams (length, each group's pending)."""
-        env = self.env()
-        out: dict[str, Any] = {"members": {}, "streams": {}}
-        for member in self.members():
-            pid = self.pid(member.name)
-            health = "down"
-            if pid is not None:
-                health = "up"
-                if member.health is not None:
-                    try:
-                        member.health()
-                    except (DependencyUnavailable, OSError) as exc:
-                        health = f"unhealthy: {exc}"
-            out["members"][member.name] = {"pid": pid, "health": health}
-        try:
-            import redis
+    def status(self, window_min: float | None = None) -> dict[str, Any]:
+        """Each member's pid and health, and what the cluster is doing (``services/cluster/status.py``)."""
+        from services.cluster.status import DEFAULT_WINDOW_MIN, collect
 
-            queue = self.queue_config(env)
-            client = redis.Redis.from_url(queue["url"], socket_timeout=5)
-            try:
-                for stream in STREAMS:
-                    key = f"{queue.get('prefix', 'spade:')}{{{stream}}}"
-                    groups = client.xinfo_groups(key) if client.exists(key) else []
-                    out["streams"][key] = {
-                        "length": int(client.xlen(key)) if client.exists(key) else 0,
-                        "pending": {g["name"].decode(): int(g["pending"]) for g in groups},
-                    }
-            finally:
-                client.close()
-        except Exception as exc:  # status must answer even with Redis down
-            out["streams"] = {"error": f"{type(exc).__name__}: {exc}"}
-        return out
+        return collect(self, DEFAULT_WINDOW_MIN if window_min is None else window_min)

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from pathlib import Path
 
 import click
 
-from spade.serving.run import config_option
+from spade.serving.run import config_option, configure_logs, log_level_option
 
 
 def _offline_settings(**overrides: object) -> object:
@@ -42,6 +41,7 @@ def _offline_settings(**overrides: object) -> object:
     help="Run spec file: stored in the memory when none is (else it must equal the stored one).",
 )
 @click.option("--dev", "dev_mode", is_flag=True, default=None, help="Allow unsafe defaults (local development).")
+@log_level_option
 def serve(
     config_file: Path | None,
     setting: str | None,
@@ -49,18 +49,20 @@ def serve(
     pool_dir: Path | None,
     spec_file: Path | None,
     dev_mode: bool | None,
+    log_level: str | None,
 ) -> None:
     """The environment designer (distributed mode): designs a round per k published weight versions."""
+    configure_logs("designer", log_level)
     from services.designer.settings import DesignerSettings, SpecMismatch
-    from services.designer.startup import StopRequested
     from services.designer.wiring import designer_service
     from services.designer.worker import serve_forever
     from spade.config import ConfigError
     from spade.inference.client import InferenceUnavailable
     from spade.memory.errors import MemoryServiceError
+    from spade.serving import lifecycle
     from spade.serving.run import run_until_signalled, settings_or_exit
+    from spade.serving.startup import StoppedWhileWaiting
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = settings_or_exit(
         DesignerSettings,
         config_file,
@@ -88,6 +90,16 @@ def serve(
 
     async def main(stop: asyncio.Event) -> None:
         async with designer_service(settings, stop=stop) as runtime:
+            source = f"the pool {settings.pool_dir}" if settings.pool_dir is not None else "the model"
+            lifecycle.started(
+                f"designer serving: {settings.setting} envs from {source}, a round at weight version "
+                f"{runtime.initial_version} and then every {settings.regenerate_every} published versions "
+                f"(spec {runtime.spec.spec_id})",
+                settings=settings,
+                setting=settings.setting,
+                spec_id=runtime.spec.spec_id,
+                version=runtime.initial_version,
+            )
             await serve_forever(
                 runtime.designer,
                 runtime.queue,
@@ -98,7 +110,7 @@ def serve(
 
     try:
         run_until_signalled(main)
-    except StopRequested as stopped:
+    except StoppedWhileWaiting as stopped:
         click.echo(f"designer: {stopped}", err=True)
     except SpecMismatch as mismatch:
         click.echo("the designer's settings contradict the run spec:", err=True)

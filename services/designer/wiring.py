@@ -242,7 +242,7 @@ async def designer_service(
 
     Args:
         settings: The service settings.
-        stop: Set on SIGTERM: a wait at start then raises ``StopRequested``.
+        stop: Set on SIGTERM: a wait at start then raises ``StoppedWhileWaiting``.
         memory_factory: Builds the memory client from ``settings.memory.target`` (default: the
             memory service's gRPC client, ``spade.memory.client.MemoryClient``).
 
@@ -250,7 +250,7 @@ async def designer_service(
         SpecMismatch: The settings contradict the stored run spec.
         ConfigError: The spec file is unreadable or not a valid spec.
         RunSpecConflict: The spec file differs from the stored spec.
-        StopRequested: ``stop`` was set while starting.
+        StoppedWhileWaiting: ``stop`` was set while starting.
     """
     from services.designer.adapters import (
         InferencePolicy,
@@ -258,13 +258,14 @@ async def designer_service(
         SandboxServiceValidator,
         parse_weight_version,
     )
-    from services.designer.startup import logged_wait, run_spec_from_memory
+    from services.designer.startup import run_spec_from_memory
     from spade.inference.client import InferenceClient
     from spade.inference.discovery import following
     from spade.inference.models import resolve_model_path
     from spade.memory.runspec import load_spec_file
-    from spade.queues.config import make_queue
+    from spade.queues.factory import make_queue
     from spade.sandbox.client import SandboxClient
+    from spade.serving.startup import logged_wait
 
     given = load_spec_file(settings.spec_file) if settings.spec_file is not None else None
     if memory_factory is None:
@@ -310,6 +311,7 @@ async def designer_service(
                 client.wait_ready(timeout_s=settings.inference_wait_s),
                 stop=stop,
                 every_s=settings.wait_log_s,
+                service="designer",
             )
             infos = await client.model_info()
             initial_version = min((parse_weight_version(i.weight_version) for i in infos), default=0)

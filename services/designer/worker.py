@@ -22,6 +22,7 @@ from typing import Protocol
 
 from services.designer.core.rounds import BatchResult
 from spade.queues.base import WEIGHTS_PUBLISHED, WorkQueue
+from spade.serving import lifecycle
 from spade.v1 import queues_pb2
 
 log = logging.getLogger("spade.designer")
@@ -89,5 +90,5 @@ async def serve_forever(
             last_version = newest
         for delivery in deliveries:
             await queue.ack(WEIGHTS_PUBLISHED, CONSUMER_GROUP, delivery.message_id)
-    log.info("designer stopped after %d rounds", len(results))
+    lifecycle.note_finished(f"designer stopped after {len(results)} rounds", rounds=len(results))
     return results

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,7 @@ class _RunCommand(click.Command):
     """``spade run``, whose help ends with the default run's departures from the paper (computed on demand)."""
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        from services.embedded.presets import departures
+        from services.embedded.departures import departures
         from services.embedded.settings import RunSettings
 
         lines = departures(RunSettings(run_dir=Path("runs/help")))
@@ -59,6 +57,17 @@ class _RunCommand(click.Command):
     default=None,
     help="Design from a directory of designer answers (scored, never trained).",
 )
+@click.option(
+    "--designer-init",
+    type=click.Choice(["base", "warm"]),
+    default=None,
+    help="Start from the warm-started model (default; `spade warmstart`, built once and cached) or the base model.",
+)
+@click.option(
+    "--held-out-eval/--no-held-out-eval",
+    default=None,
+    help="Score held-out envs before the first step and after the last (default: on).",
+)
 @click.option("--no-corpus", is_flag=True, default=False, help="Corpus-free designer (the paper's ablation).")
 @click.option("--no-memory", is_flag=True, default=False, help="Memory-free designer (the paper's ablation).")
 @click.option("--eval-every", type=click.IntRange(min=0), default=None, help="Evaluate every N steps (0: never).")
@@ -85,6 +94,8 @@ def run(
     designer_mode: str | None,
     pool: Path | None,
     designer_pool: Path | None,
+    designer_init: str | None,
+    held_out_eval: bool | None,
     no_corpus: bool,
     no_memory: bool,
     eval_every: int | None,
@@ -102,8 +113,8 @@ def run(
     from pydantic import ValidationError
     from rich.console import Console
     from rich.markup import escape
-    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+    from services.embedded.console import configure_output, progress_bars
     from services.embedded.metrics import console_line
     from services.embedded.runner import RunSetupError
     from services.embedded.runner import run as run_loop
@@ -118,6 +129,8 @@ def run(
         "designer_mode": designer_mode,
         "pool": pool,
         "designer_pool": designer_pool,
+        "designer_init": designer_init,
+        "held_out_eval": held_out_eval,
         "corpus": False if no_corpus else None,
         "memory_examples": False if no_memory else None,
         "eval_every": eval_every,
@@ -129,37 +142,26 @@ def run(
         settings = RunSettings.load(config, **flags)
     except (ValidationError, ConfigError) as exc:
         raise click.UsageError(f"invalid run settings:\n{describe_error(exc, RunSettings)}") from None
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    if not verbose:
-        # Our own bars say what is happening; the libraries' per-load bars would interleave with them.
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
+    configure_output(verbose)
     console = Console()
     console.print(f"[bold]SPADE[/bold] embedded run → {escape(str(settings.run_dir))}")
-    columns = (TextColumn("{task.description:<10}"), BarColumn(), TextColumn("{task.completed:g}/{task.total:g}"))
-    with Progress(*columns, TimeElapsedColumn(), console=console) as bars:
-        tasks: dict[str, TaskID] = {}
-
-        def progress(phase: str, done: float, total: float) -> None:
-            if phase not in tasks:
-                tasks[phase] = bars.add_task(phase, total=total)
-            bars.update(tasks[phase], completed=done, total=total)
+    with progress_bars(console) as (bars, progress):
 
         def on_step(record: dict[str, Any]) -> None:
             if record.get("step"):
                 bars.console.print(escape(console_line(record, settings.steps)))
             else:
-                figures = {k: v for k, v in record.items() if k.endswith("/overall")}
-                bars.console.print(escape(f"eval before training: {figures}"))
+                figures = ", ".join(f"{k} = {v:.3f}" for k, v in record.items() if k.endswith("/overall"))
+                bars.console.print(escape(f"held-out eval before the first step: {figures or 'skipped'}"))
 
         try:
             result = asyncio.run(run_loop(settings, progress, on_step))
         except RunSetupError as exc:
             raise click.ClickException(str(exc)) from None
+    if result.held_out is not None:
+        from services.embedded.metrics import held_out_sentence
+
+        console.print(escape(held_out_sentence(result.held_out)))
     if result.departures:
         console.print(f"departs from the paper in {len(result.departures)} values (listed in the report)")
     console.print(f"run spec: {result.spec_id}\nreport: {result.report}\ncheckpoint: {result.checkpoint}")

@@ -12,13 +12,14 @@ to ``eval/pool.jsonl``) — so the points of the curve are comparable. Each eval
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from services.embedded.runner import EmbeddedParts
     from services.embedded.settings import RunSettings
+    from services.embedded.system import EmbeddedParts
     from services.eval.core.records import Summary
 
 log = logging.getLogger("spade.run")
@@ -56,9 +57,10 @@ class InRunEval:
         self.pool_file = self.directory / "pool.jsonl"
 
     def due(self, step: int) -> bool:
-        """Whether the eval runs after ``step`` (0: before the first step)."""
+        """Whether the eval runs after ``step`` (0: before the first step; the last with ``held_out_eval``)."""
         every = self.settings.eval_every
-        return every > 0 and step % every == 0
+        ends = self.settings.held_out_eval and step in (0, self.settings.steps)
+        return ends or (every > 0 and step % every == 0)
 
     def eval_settings(self) -> Any:
         from services.eval.settings import EvalSettings
@@ -79,12 +81,35 @@ class InRunEval:
         )
 
     async def snapshot_pool(self) -> int:
-        """Fix the ``pool`` suite's envs: the pool as it is now (before the first step)."""
-        from services.embedded.runner import export_pool
+        """Fix the ``pool`` suite's envs before the first step; returns how many are playable.
+
+        The held-out environment families of the run's setting (``spade.envs.families``: never in the
+        seed pool, the warm start or any other training use) at ``eval_difficulties`` each, when the
+        setting has any, so the eval measures transfer to envs the run never trained on; else the
+        pool as it is now.
+        """
+        from services.embedded.system import export_pool
+        from spade.envs.families import held_out_families, spread
 
         self.directory.mkdir(parents=True, exist_ok=True)
-        rows = await export_pool(self.parts.memory, self.pool_file)
-        return sum(1 for row in rows if row["status"] in ("valid", "retired"))
+        held_out = held_out_families(self.settings.setting)
+        if not held_out:
+            rows = await export_pool(self.parts.memory, self.pool_file)
+            return sum(1 for row in rows if row["status"] in ("valid", "retired"))
+        envs = [f.generate(d) for f in held_out for d in spread(self.settings.eval_difficulties)]
+        with self.pool_file.open("w") as fh:
+            for env in envs:
+                row = {
+                    "env_id": env.name,
+                    "setting": env.setting,
+                    "skill": env.skill,
+                    "status": "valid",
+                    "corpus_ref": f"held-out family: {env.family}",
+                    "code": env.code,
+                    "hint": env.hint,
+                }
+                fh.write(json.dumps(row) + "\n")
+        return len(envs)
 
     async def __call__(self, step: int, weight_version: int) -> dict[str, Any]:
         """Evaluate the weights now served; returns the figures (empty, with a log line, when it cannot run)."""
@@ -120,3 +145,30 @@ class InRunEval:
 def eval_dir(run_dir: Path, step: int) -> Path:
     """Where the in-run eval after ``step`` writes its results."""
     return run_dir / "eval" / f"step-{step:04d}"
+
+
+def held_out_difference(run_dir: Path, steps: int) -> dict[str, float] | None:
+    """The held-out eval after the last step minus before the first, paired item by item.
+
+    Returns ``mean``, ``low`` and ``high`` (the paired bootstrap interval), ``n`` (paired items),
+    ``before`` and ``after`` (the mean scores over those items); None when either eval is missing.
+    """
+    from services.eval.core.compare import CompareError, compare
+    from services.eval.core.records import OVERALL
+    from services.eval.store import StoreError, read_run
+
+    try:
+        result = compare(read_run(eval_dir(run_dir, 0)), read_run(eval_dir(run_dir, steps)))
+    except (StoreError, CompareError) as exc:
+        log.warning("no held-out difference: %s", exc)
+        return None
+    interval = result.differences[OVERALL]
+    before, after = result.means[OVERALL]
+    return {
+        "mean": interval.mean,
+        "low": interval.low,
+        "high": interval.high,
+        "n": float(interval.n),
+        "before": before,
+        "after": after,
+    }

@@ -47,8 +47,8 @@ def _mean(values: Sequence[float]) -> float | None:
 
 def play_metrics(plays: Sequence[Play]) -> dict[str, Any]:
     """The agent's figures of one step's plays (see the module docstring)."""
-    unhinted = [p.episode_return for p in plays if not p.hinted]
-    hinted = [p.episode_return for p in plays if p.hinted]
+    unhinted = [signal.counted_return(p) for p in plays if not p.hinted]
+    hinted = [signal.counted_return(p) for p in plays if p.hinted]
     record: dict[str, Any] = {
         "agent/plays": len(unhinted),
         "agent/hinted_plays": len(hinted),
@@ -59,16 +59,10 @@ def play_metrics(plays: Sequence[Play]) -> dict[str, Any]:
     }
     reasons = Counter(p.finish_reason or "unknown" for p in plays)
     record.update({f"agent/finish/{reason}": n for reason, n in sorted(reasons.items())})
-    record["agent/resource_faults"] = sum(n for reason, n in reasons.items() if _is_fault(reason))
+    faults = (n for reason, n in reasons.items() if FinishReason.names_resource_fault(reason))
+    record["agent/resource_faults"] = sum(faults)
     record.update(env_signal(plays))
     return record
-
-
-def _is_fault(reason: str) -> bool:
-    try:
-        return FinishReason(reason).is_resource_fault
-    except ValueError:
-        return False
 
 
 def env_signal(plays: Sequence[Play]) -> dict[str, Any]:
@@ -78,25 +72,25 @@ def env_signal(plays: Sequence[Play]) -> dict[str, Any]:
     counted in ``play/regret_mismatched`` and left out, never given a lenient number); plateau and
     learnable use each env's unhinted win rate over its plays of this step.
     """
-    arms: dict[str, dict[bool, list[tuple[int, float]]]] = defaultdict(lambda: {True: [], False: []})
-    unhinted: dict[str, list[float]] = defaultdict(list)
+    by_env: dict[str, list[Play]] = defaultdict(list)
     for p in plays:
-        if p.window_index == 0:
-            arms[p.env_id][p.hinted].append((p.seed, p.episode_return))
-        if not p.hinted:
-            unhinted[p.env_id].append(p.episode_return)
+        by_env[p.env_id].append(p)
     regrets: list[float] = []
     mismatched = 0
-    for both in arms.values():
-        if not both[True] or not both[False]:
-            continue
-        try:
-            regrets.append(signal.regret(both[True], both[False]))
-        except signal.MismatchedArmsError:
-            mismatched += 1
-    rates = [signal.win_rate(r) for r in unhinted.values() if r]
+    rates: list[float] = []
+    for mine in by_env.values():
+        hinted, unhinted = signal.slot0_arms(mine)
+        if hinted and unhinted:
+            try:
+                regrets.append(signal.regret(hinted, unhinted))
+            except signal.MismatchedArmsError:
+                mismatched += 1
+        returns = signal.window_returns(mine, None)  # every slot this step played
+        if returns:
+            rates.append(signal.win_rate(returns))
+    envs = sum(1 for mine in by_env.values() if any(not p.hinted for p in mine))
     return {
-        "play/envs": len(unhinted),
+        "play/envs": envs,
         "play/regret_envs": len(regrets),
         "play/regret_mismatched": mismatched,
         "play/regret_mean": _mean(regrets),
@@ -233,10 +227,73 @@ def console_line(record: Mapping[str, Any], steps: int) -> str:
                 f"{_pct(record.get('designer/advantage_nonzero_frac'))} with a nonzero advantage)"
             )
     else:
-        learner = "learner did not train (nothing complete was ready)"
+        learner = f"learner did not train: {record.get('learner/why_not_trained') or why_not_trained(record)}"
     return (
         f"step {record['step']}/{steps}: {designer}; {agent}; {learner}; "
-        f"weights v{record.get('inference/weight_version')}; {record.get('elapsed_s')} s"
+        f"weights v{record.get('inference/weight_version')}; {_seconds(record)}"
+    )
+
+
+def _seconds(record: Mapping[str, Any]) -> str:
+    """The step's own wall time beside the run's so far (the latter alone read as the step's)."""
+    phases = ("designer", "rollout", "learner", "stats", "eval")
+    step_s = sum(float(record.get(f"time/{phase}_s") or 0.0) for phase in phases)
+    return f"step {step_s:.0f} s, run {float(record.get('elapsed_s') or 0.0):.0f} s so far"
+
+
+def _count(record: Mapping[str, Any], name: str) -> int:
+    return int(record.get(f"learner/count/{name}") or 0)
+
+
+def why_not_trained(record: Mapping[str, Any]) -> str:
+    """Why a step's learner did not train, in words, from the step's line of ``metrics.jsonl``.
+
+    >>> why_not_trained({"agent/plays": 8, "learner/count/agent_groups_zero_variance": 2})[:40]
+    '2 agent group(s) had zero variance (ever'
+    """
+    reasons = []
+    plays = int(record.get("agent/plays") or 0)
+    if not plays:
+        reasons.append("the agent played nothing (no env was due)")
+    zero = _count(record, "agent_groups_zero_variance")
+    if zero:
+        reasons.append(
+            f"{zero} agent group(s) had zero variance (every play of a group the same return: nothing to compare)"
+        )
+    stale = _count(record, "stale_groups_dropped")
+    if stale:
+        reasons.append(f"{stale} agent group(s) were too stale")
+    if plays and not zero and not stale and not _count(record, "agent_groups"):
+        reasons.append("no agent group was complete")
+    faults = _count(record, "resource_fault_dropped")
+    if faults:
+        reasons.append(f"{faults} play(s) ended in a resource fault and were dropped")
+    scored = int(record.get("designer/scored") or 0)
+    if scored:
+        reasons.append(f"the {scored} scored designer sample(s) all had a zero advantage (equal blends)")
+    elif record.get("designer/ran"):
+        reasons.append("no designer sample was scored this step")
+    else:
+        reasons.append("no designer round")
+    return "; ".join(reasons)
+
+
+def held_out_sentence(held_out: Mapping[str, float]) -> str:
+    """The held-out evaluation's paired difference in words (the report's first line).
+
+    >>> held_out_sentence({"mean": 0.05, "low": -0.01, "high": 0.12, "n": 12, "before": 0.3, "after": 0.35})[-65:]
+    '[-0.010, +0.120], which includes 0: no change shown at this size.'
+    """
+    mean, low, high = held_out["mean"], held_out["low"], held_out["high"]
+    verdict = (
+        "which includes 0: no change shown at this size"
+        if low <= 0.0 <= high
+        else ("above 0: the agent improved" if low > 0 else "below 0: the agent got worse")
+    )
+    return (
+        f"On held-out envs ({int(held_out['n'])} paired items) the mean return went from {held_out['before']:.3f} "
+        f"before the first step to {held_out['after']:.3f} after the last: a paired difference of {mean:+.3f}, "
+        f"95% bootstrap interval [{low:+.3f}, {high:+.3f}], {verdict}."
     )
 
 
@@ -265,7 +322,7 @@ def summary_sentences(
     breakdown = outcome_words({f"designer/outcome/{k}": v for k, v in totals.items()})
     who = "the pool designer (answers from files)" if pool_designer else "the designer"
     if designer_mode == "off":
-        out.append("The designer was off: the agent trained alone on a static pool (the static-pool baseline).")
+        out.append("The designer was off (the fixed-environment baseline): the agent alone played a fixed pool.")
     elif attempts == 0:
         out.append(f"{who.capitalize()} finished no attempt.")
     elif valid == 0:
@@ -274,14 +331,23 @@ def summary_sentences(
         out.append(f"{who.capitalize()} wrote {valid} valid environment(s) in {attempts} attempts ({breakdown}).")
     sources = []
     if seeded:
-        sources.append(f"the seed pool ({seeded} example envs)")
+        sources.append(f"the seed pool ({seeded} envs)")
     if static:
         sources.append(f"the static pool ({static} envs)")
     if valid:
         sources.append(f"{valid} designed env(s)")
-    if sources:
+    trained = [r for r in records if r.get("learner/trained")]
+    agent_steps = sum(1 for r in trained if _count(r, "agent_groups"))
+    designer_steps = sum(1 for r in trained if _count(r, "designer_trained"))
+    if not trained:
+        why = records[-1].get("learner/why_not_trained") or why_not_trained(records[-1])
+        out.append(f"The learner never trained in {len(records)} step(s) (the last: {why}).")
+    elif sources:
         only = " only" if not valid and designer_mode != "off" else ""
-        out.append(f"The agent trained on {' and '.join(sources)}{only}.")
+        out.append(
+            f"The learner trained in {len(trained)} of {len(records)} steps: the agent role in {agent_steps}, on "
+            f"plays of {' and '.join(sources)}{only}; the designer role in {designer_steps}."
+        )
     first = next((r for r in records if r.get("agent/win_rate") is not None), None)
     last = next((r for r in reversed(records) if r.get("agent/win_rate") is not None), None)
     if first is not None and last is not None:
@@ -299,10 +365,18 @@ def summary_sentences(
                 for r in records
                 if r.get("designer/advantage_nonzero_frac") is not None
             ]
-            trained = "never trained on" if designer_mode == "frozen" or pool_designer else "trained on"
+            learned = sum(_count(r, "designer_trained") for r in records if r.get("learner/trained"))
+            if designer_mode == "frozen" or pool_designer:
+                fate = "never trained on: the designer is not the policy's"
+            elif learned:
+                fate = f"{learned} trained on"
+            else:
+                fate = "none trained on"
+            with_signal = sum(1 for frac in nonzero if frac > 0)
             out.append(
-                f"{scored} designer sample(s) were scored when their window closed ({trained}); "
-                f"{_pct(_mean(nonzero))} of them had a nonzero advantage on average."
+                f"{scored} designer sample(s) were scored when their window closed ({fate}); the designer's "
+                f"advantages were nonzero in {with_signal} of {len(nonzero)} scored step(s) (for "
+                f"{_pct(_mean(nonzero))} of a step's samples on average)."
             )
         else:
             out.append("No designer sample was scored: no window closed within the run.")

@@ -145,8 +145,12 @@ async def store_static_pool(
     validate: Validate,
     window_versions: int,
     spec_id: str = "",
+    origin: str = "static pool",
 ) -> StaticPool:
     """Validate each env in the sandbox, store the valid ones and announce them for ``window_versions``.
+
+    ``origin`` (``static pool`` or ``seed pool``) heads each env's ``corpus_ref``, which is how the
+    run's export and report tell where an env came from.
 
     Raises:
         StaticPoolError: No env passed validation.
@@ -159,7 +163,7 @@ async def store_static_pool(
         report = await validate(env.code, env.setting)
         if not report.valid:
             failed = [c.name for c in report.checks if not c.passed]
-            log.warning("static pool: %s failed validation (%s); it is left out", env.name, ", ".join(failed))
+            log.warning("%s: %s failed validation (%s); it is left out", origin, env.name, ", ".join(failed))
             result.rejected.append((env.name, failed))
             continue
         put = await memory.put_environment(
@@ -172,7 +176,7 @@ async def store_static_pool(
                 status=EnvStatus.VALID,
                 weight_version=0,
                 env_class=str(getattr(report, "env_class", "")),
-                corpus_ref=f"static pool: {env.name}",
+                corpus_ref=f"{origin}: {env.name}",
             )
         )
         env_id = put.duplicate_of or put.env_id
@@ -184,9 +188,9 @@ async def store_static_pool(
             window_versions=window_versions,
             spec_id=spec_id,
         )
-        await publish_proto(queue, ENVS_READY, message, key=f"static-{env_id}")
+        await publish_proto(queue, ENVS_READY, message, key=f"{origin.split(maxsplit=1)[0]}-{env_id}")
         result.stored.append(env_id)
     if not result.stored:
         names = "; ".join(f"{name}: {', '.join(checks)}" for name, checks in result.rejected)
-        raise StaticPoolError(f"no env of the static pool {source} passed validation ({names})")
+        raise StaticPoolError(f"no env of the {origin} {source} passed validation ({names})")
     return result

@@ -9,8 +9,9 @@ One definition: :data:`PAPER` holds every value with its source (a section of th
   ``spade run --config`` file) and ``configs/paper-game/`` (``runspec.yaml`` for ``spade runspec set``,
   and ``designer.yaml``, ``learner.yaml``, ``memory.yaml`` for each service's ``--config``), written by
   ``python -m services.embedded.presets configs`` and checked equal to this module by a test;
-- the departures of any run from the paper (:func:`departures`), listed in ``spade run --help``, on
-  the console at start and in the report, so a small run's differences are never silent.
+- the departures of any run from the paper (``services/embedded/departures.py``), listed in
+  ``spade run --help``, on the console at start and in the report, so a small run's differences are
+  never silent.
 """
 
 from __future__ import annotations
@@ -19,12 +20,9 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import yaml
-
-if TYPE_CHECKING:
-    from services.embedded.settings import RunSettings
 
 PresetName = Literal["paper-game", "paper-tool"]
 PRESETS: tuple[PresetName, ...] = ("paper-game", "paper-tool")
@@ -123,6 +121,12 @@ PAPER: tuple[PaperValue, ...] = (
     ),
     PaperValue("seed_pool", False, False, "REFERENCE §6: the pool starts empty; every env is designed"),
     PaperValue(
+        "designer_init",
+        "base",
+        "base",
+        "REFERENCE §6: the policy (Qwen3) writes valid envs from the prompt alone; no supervised warm start",
+    ),
+    PaperValue(
         "designer_attempts",
         5,
         5,
@@ -186,8 +190,8 @@ WHY: Mapping[str, str] = {
     "envs_per_step": "CPU generation: each designer answer takes minutes with the 135M model",
     "skills_per_round": "with 2 envs per round, one skill keeps a pair to centre each designer blend on",
     "designer_attempts": "fewer CPU generations per slot",
-    "designer_max_new_tokens": "CPU generation time (1024 fits the smallest example env, 822 tokens)",
-    "designer_max_prompt_tokens": "SmolLM2-135M's context is 8192 tokens; CPU prefill time",
+    "designer_max_new_tokens": "CPU generation time (640 fits every environment family's answer, 345-540 tokens)",
+    "designer_max_prompt_tokens": "CPU prefill and training time of every designer sample (SmolLM2's context is 8192)",
     "designer.context_tokens": "SmolLM2-135M's context is 8192 tokens",
     "designer.doc_max_words": "the prompt budget of a small context",
     "designer.excerpt_chars": "the prompt budget of a small context",
@@ -197,8 +201,12 @@ WHY: Mapping[str, str] = {
     "agent_max_turns": "CPU generation time (the seed pool's envs end well within 3 turns when played well)",
     "agent_max_tokens_per_turn": "a \\boxed{} action is short; CPU generation time",
     "agent_max_total_tokens": "CPU training cost per sequence",
-    "seed_pool": "the agent has something to play while a small model cannot yet write valid envs",
-    "validity_shaping": "a small model rarely writes a valid env; partial credit for the checks it passes",
+    "seed_pool": "environment families whose graded returns span a 135M agent's ability: signal to learn from "
+    "while a small model cannot yet write valid envs",
+    "designer_init": "SmolLM2-135M writes no valid env from the prompt alone (0 of 12); a supervised warm start on "
+    "validated family answers (spade warmstart, cached) gives the designer valid envs to be rewarded for",
+    "validity_shaping": "a small model rarely writes a valid env; a smaller penalty the more checks it passes, "
+    "never above a valid env's 0",
     "lr": "the paper's 1e-6 moves a 135M model too little in a few steps",
     "designer.criteria_reachable.enabled": "each verdict is one more CPU generation",
 }
@@ -226,68 +234,10 @@ def _put(target: dict[str, Any], path: str, value: Any) -> None:
     target[head] = dict(value) if isinstance(value, dict) else value
 
 
-def _get(source: Any, path: str) -> Any:
-    for part in path.split("."):
-        source = source.get(part) if isinstance(source, dict) else getattr(source, part, None)
-    return source
-
-
-def effective(settings: RunSettings, path: str, roles: Any = None) -> Any:
-    """The value ``settings`` runs with at ``path``: a run field, or a field of the role's settings as
-    the run builds them (its derived values, its section's overrides, the service's defaults).
-
-    Args:
-        settings: The run's settings.
-        path: ``group_size``, ``designer.doc_max_words``, ``learner.loss`` ...
-        roles: The run's ``RoleSettings`` when already built (default: built here).
-    """
-    head, _, tail = path.partition(".")
-    if head in ("designer", "learner") and tail:
-        if roles is None:
-            roles = _roles(settings)
-        return _plain(_get(getattr(roles, head), tail))
-    return getattr(settings, path)
-
-
-def _roles(settings: RunSettings) -> Any:
-    from services.embedded.runner import role_settings
-
-    return role_settings(settings, inference_url="http://127.0.0.1:1", model=Path("model"))
-
-
-def _plain(value: Any) -> Any:
-    dump = getattr(value, "model_dump", None)
-    return dump(mode="json") if dump is not None else value
-
-
-def departures(settings: RunSettings) -> list[str]:
-    """Each value of ``settings`` that differs from the paper's for its setting, one sentence each.
-
-    A default embedded run lists its budget and the seed pool; ``--preset paper-game`` lists nothing.
-    """
-    roles = _roles(settings)
-    lines = []
-    for item in PAPER:
-        paper = item.value(settings.setting)
-        ours = effective(settings, item.path, roles)
-        if _same(ours, paper):
-            continue
-        why = WHY.get(item.path, "set for this run")
-        lines.append(f"{item.path} = {_show(ours)} (paper: {_show(paper)}, {item.source}): {why}")
-    return lines
-
-
-def _same(ours: Any, paper: Any) -> bool:
-    if isinstance(paper, dict):
-        return isinstance(ours, dict) and all(_same(ours.get(k), v) for k, v in paper.items())
-    if isinstance(paper, float) and isinstance(ours, int | float):
-        return abs(float(ours) - paper) <= 1e-12 * max(1.0, abs(paper))
-    return bool(ours == paper)
-
-
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
+    """A paper value as the departures and the config files print it."""
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_show(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k}: {show_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
@@ -317,7 +267,7 @@ def _comments(name: PresetName, service: str | None) -> Iterator[str]:
             if service is not None and not target.startswith(f"{service}."):
                 continue
             field = target.partition(".")[2] if service is not None else target
-            yield f"#   {field} = {_show(item.value(setting))}: {item.source}"
+            yield f"#   {field} = {show_value(item.value(setting))}: {item.source}"
 
 
 def render_files(name: PresetName) -> dict[str, str]:

@@ -96,7 +96,7 @@ SECTIONS: tuple[tuple[str, tuple[Chart, ...]], ...] = (
                 ),
                 empty="no designer sample was scored (a window closes k versions after its env is designed)",
                 note="blend = 0.4 · regret_norm + 0.6 · plateau(window win rate); invalid attempts score 0 "
-                "(or the validity shaping).",
+                "(or, with validity shaping, a penalty of at most 0: never more than a valid env).",
             ),
             Chart(
                 "designer-advantage",
@@ -192,6 +192,7 @@ SECTIONS: tuple[tuple[str, tuple[Chart, ...]], ...] = (
                     Line("pool/hash_distinct", "distinct code"),
                     Line("pool/distinct_documents", "distinct corpus documents"),
                     Line("pool/scored", "scored", True),
+                    Line("pool/audit_retired", "retired by the audit (trivially won)", True),
                 ),
                 empty="the memory reported no pool figure",
             ),
@@ -566,11 +567,13 @@ class ReportContext:
         summary: Plain-language sentences on what happened (top of the page).
         facts: Key facts of the run (run dir, setting, spec id, wall time ...).
         departures: The run's departures from the paper, one sentence each.
+        audit_retired: (env id, why) of each env retired as ``trivially_won`` by the audit plays.
     """
 
     summary: list[str] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
     departures: list[str] = field(default_factory=list)
+    audit_retired: list[tuple[str, str]] = field(default_factory=list)
 
 
 POOL_COLUMNS = ("env_id", "skill", "status", "source", "plays", "win_rate", "solved_fraction", "regret", "failed_check")
@@ -590,6 +593,14 @@ def render_report(records: list[dict[str, Any]], envs: list[dict[str, Any]], con
         )
     else:
         departures_html = "<p>This run uses the paper's values for everything the project can set.</p>"
+    retired = "".join(
+        f"<tr><td>{html.escape(env_id)}</td><td>{html.escape(why)}</td></tr>" for env_id, why in context.audit_retired
+    )
+    audit_html = (
+        f'<table id="audit"><tr><th>env id</th><th>why</th></tr>{retired}</table>'
+        if context.audit_retired
+        else "<p>No env was retired: no trivial policy won any env's audit plays too often.</p>"
+    )
     sections = "".join(
         f'<section><h2>{html.escape(title)}</h2><div class="grid">'
         + "".join(render_chart(chart, records) for chart in charts)
@@ -619,6 +630,11 @@ table{{border-collapse:collapse;font-size:.85rem}} td,th{{border:1px solid #ddd;
 <table id="facts">{facts}</table>
 <div id="departures">{departures_html}</div>
 {sections}
+<section><h2>Retired by the audit plays as trivially won ({len(context.audit_retired)})</h2>
+<p class="note">Audit plays: a constant and a random action on each env's own first rollout seeds, no model
+call, never trained on. An env a trivial policy won too often is retired and its designer sample scored
+invalid.</p>
+{audit_html}</section>
 <section><h2>Environment pool ({len(envs)})</h2>
 <table id="pool"><tr>{header}</tr>{env_rows}</table></section>
 </body></html>

@@ -60,6 +60,14 @@ class ServiceOverrides(BaseModel):
         """
         return {name: getattr(self, name) for name in sorted(self.model_fields_set)}
 
+    def over(self, derived: dict[str, Any]) -> dict[str, Any]:
+        """``derived`` (what the run implies for this service) with these values on top.
+
+        >>> RolloutOverrides(group_size=6).over({"group_size": 4, "block_ms": 50})
+        {'group_size': 6, 'block_ms': 50}
+        """
+        return {**derived, **self.values()}
+
     @model_serializer(mode="plain")
     def _only_set(self) -> dict[str, Any]:
         """A dump (``config.json``) shows what was overridden, not every field of the service."""
@@ -152,14 +160,25 @@ class RunSettings(ServiceSettings):
         2, ge=1, le=32, description="Attempts per slot (two give the per-skill centring a pair to compare)."
     )
     designer_max_new_tokens: int = Field(
-        1024,
+        640,
         ge=32,
         le=262_144,
-        description="Tokens per designer attempt. The smallest example env takes 822 tokens as an answer "
-        "(SmolLM2's tokenizer), so a budget below that cuts every complete answer short; more costs CPU time.",
+        description="Tokens per designer attempt. The environment families' answers (what the warm start teaches) "
+        "take 345-540 tokens with SmolLM2's tokenizer, the contract's example envs 822 or more; a budget below an "
+        "answer's length cuts it short, more costs CPU time.",
     )
     designer_max_prompt_tokens: int = Field(
-        2048, ge=512, le=1_048_576, description="Token budget of a designer prompt (CPU prefill cost grows with it)."
+        1024,
+        ge=512,
+        le=1_048_576,
+        description="Token budget of a designer prompt (CPU prefill and training cost grow with it; the warm start "
+        "trains on prompts of this budget).",
+    )
+    designer_init: Literal["base", "warm"] = Field(
+        "warm",
+        description="The policy the run starts from when model_path is unset: warm (the default model after "
+        "`spade warmstart`, a supervised fine-tune of the designer role on validated environment-family "
+        "answers, built once and cached) or base (the untouched model).",
     )
     designer_mode: DesignerMode = Field(
         "policy",
@@ -190,18 +209,66 @@ class RunSettings(ServiceSettings):
     )
     group_size: int = Field(4, ge=2, le=1024, description="G: seeds per env and weight version (each arm).")
     window_versions: int = Field(1, ge=1, le=1000, description="k: weight versions an environment stays active.")
+    audit_plays: int = Field(
+        4,
+        ge=0,
+        le=64,
+        description="Audit plays per env of each trivial policy (a constant and a random action), on the env's "
+        "first real seeds, before its first real plays; no model call, never trained on (0: no audit; "
+        "the run spec's audit_plays explains the default).",
+    )
+    audit_max_win_rate: float = Field(
+        0.5,
+        ge=0.0,
+        lt=1.0,
+        description="A trivial policy winning an env's audit plays at a higher rate retires the env as "
+        "trivially_won and makes its designer sample invalid.",
+    )
     agent_max_turns: int = Field(3, ge=1, le=1000, description="Model turns per play.")
     agent_max_tokens_per_turn: int = Field(48, ge=1, le=1_000_000, description="Tokens one agent turn may generate.")
     agent_max_total_tokens: int = Field(2048, ge=64, le=10_000_000, description="Length cap of one trajectory.")
     temperature: float = Field(
         0.6, gt=0.0, le=2.0, description="Sampling temperature of both roles (the learner rescales logits by it)."
     )
-    seed_pool: bool = Field(True, description="Start the memory with the contract's example envs (played from step 1).")
+    seed_pool: bool = Field(
+        True,
+        description="Start the memory with the seed pool, played from step 1: the training environment families "
+        "(spade.envs.families) at seed_pool_per_family difficulties each (a setting without families: the "
+        "contract's example envs).",
+    )
+    seed_pool_per_family: int = Field(
+        2, ge=1, le=16, description="Envs of each training family in the seed pool, at difficulties spread over [0, 1]."
+    )
+    pool_envs_per_step: int = Field(
+        3,
+        ge=1,
+        le=10_000,
+        description="Pool envs (seed pool and --pool) played per step beside every designed env, chosen for expected "
+        "signal: win rate in the learnable band first, then envs not played yet, least recently played first.",
+    )
+    pool_retire_after: int = Field(
+        2,
+        ge=1,
+        le=1000,
+        description="A pool env whose groups had no variance in this many of its slots in a row is no longer chosen.",
+    )
+    held_out_eval: bool = Field(
+        True,
+        description="Score the weights on held-out envs (eval_suite; for pool: the held-out environment families, "
+        "never trained on) before the first step and after the last; the paired difference heads the report.",
+    )
+    eval_difficulties: int = Field(
+        3, ge=1, le=16, description="Difficulties of each held-out family in the pool eval (spread over [0, 1])."
+    )
     lr: float = Field(
         1e-5, gt=0, le=1.0, description="Learning rate (the paper's 1e-6 moves a 135M model too little in 3 steps)."
     )
     validity_shaping: float = Field(
-        0.2, ge=0.0, le=1.0, description="Weight of the validity-shaping term for invalid designer envs (small models)."
+        0.2,
+        ge=0.0,
+        le=1.0,
+        description="Validity shaping of invalid designer attempts (small models): "
+        "-w * (1 - fraction of checks passed), a penalty that orders them and never outbids a valid env.",
     )
     eval_every: int = Field(
         0,
@@ -215,7 +282,7 @@ class RunSettings(ServiceSettings):
         description="The in-run eval's suite: pool (held-out seeds of the pool as it was at the start), "
         "reasoning-gym or bfcl-multi-turn.",
     )
-    eval_limit: int = Field(8, ge=1, le=100_000, description="Items of the in-run eval's fixed slice.")
+    eval_limit: int = Field(12, ge=1, le=100_000, description="Items of the in-run eval's fixed slice.")
     eval_seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the in-run eval's items.")
     torch_threads: int | None = Field(None, ge=1, le=256, description="torch threads (default: torch's choice).")
     model_path: Path | None = Field(

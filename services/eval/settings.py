@@ -114,6 +114,12 @@ class EvalSettings(ServiceSettings):
     max_new_tokens: int | None = Field(
         default=None, ge=1, le=1_000_000, description="Tokens one reply may generate (unset: the suite's default)."
     )
+    batch_invariant: bool = Field(
+        default=True,
+        description="Ask the server to compute each reply batch-invariantly, so an item at the same weights and "
+        "seed gets the same reply whatever the concurrency or other traffic (the embedded server honours it per "
+        "request; SGLang only with --enable-deterministic-inference, else the run header says 'unsupported').",
+    )
     bootstrap_resamples: int = Field(
         default=DEFAULT_RESAMPLES, ge=100, le=1_000_000, description="Bootstrap resamples of each interval."
     )

@@ -6,6 +6,9 @@
   way ``spade run`` serves its model; no ``--model`` means the default model.
 - **The suite**: its adapter module, built with the model (and for ``pool`` a sandbox and the
   rollout's episode loop).
+- **Batch invariance**: with ``batch_invariant`` (the default) every request asks for the server's
+  batch-invariant mode; the server's ``/get_server_info`` says whether it can honour it, and the run
+  header's ``sampling.batch_invariant`` records the answer (a warning says so when it cannot).
 - **The run**: the store in the out directory, the loop, the summary.
 """
 
@@ -22,10 +25,10 @@ from typing import Any
 
 from services.eval.core.records import ItemResult, RunHeader, Summary, summarise
 from services.eval.core.runner import Suite, run_items, select
-from services.eval.model import ClientChatModel, Sampling
+from services.eval.model import ClientChatModel, Invariance, Sampling, invariance_of
 from services.eval.settings import SUITES, EvalSettings
 from services.eval.store import RunStore
-from spade.inference.client import InferenceClient
+from spade.inference.client import InferenceClient, InferenceRequestError
 
 log = logging.getLogger("spade.eval")
 
@@ -135,7 +138,11 @@ async def served_model(request: EvalRequest, settings: EvalSettings) -> AsyncIte
             else:
                 path, version = checkpoint_of(Path(request.model))
                 label = request.model
-            overrides: dict[str, Any] = {"model_path": path, "http": {"host": "127.0.0.1", "port": 0}}
+            overrides: dict[str, Any] = {
+                "model_path": path,
+                "http": {"host": "127.0.0.1", "port": 0},
+                "fixed_weights": True,  # an eval serves one version: nothing publishes to it
+            }
             if settings.torch_threads is not None:
                 overrides["torch_threads"] = settings.torch_threads
             if version is not None:
@@ -261,7 +268,10 @@ async def build_suite(
     name = request.suite
     checked = checked if checked is not None else preflight(request, settings)
     temperature, max_new_tokens = settings.sampling_for(name)
-    sampling = Sampling(temperature=temperature, top_p=settings.top_p, max_new_tokens=max_new_tokens)
+    invariance = await batch_invariance(model.client, settings.batch_invariant)
+    sampling = Sampling(
+        temperature=temperature, top_p=settings.top_p, max_new_tokens=max_new_tokens, batch_invariant=invariance
+    )
     chat = ClientChatModel(model.client, sampling, run_key=f"eval:{name}:{request.seed}")
     if name == "reasoning-gym":
         from services.eval.suites.reasoning_gym import ReasoningGymSuite, SuiteConfigError
@@ -289,6 +299,34 @@ async def build_suite(
         yield pool_suite, sampling
 
 
+async def batch_invariance(client: InferenceClient, requested: bool) -> Invariance:
+    """Whether the servers behind ``client`` can make this eval's replies batch-invariant, and how.
+
+    Asked of each worker's ``/get_server_info``; when they cannot honour a request for the mode the
+    eval still runs (and still asks), with a warning that its replies may depend on the concurrency.
+    """
+    if not requested:
+        return Invariance.OFF
+    reason = "its /get_server_info shows neither enable_deterministic_inference nor per-request support"
+    try:
+        infos = await client.server_info()
+    except InferenceRequestError as exc:
+        infos, reason = [], f"its /get_server_info answered HTTP {exc.status}"
+    if any(info is None for info in infos):
+        reason = "it has no /get_server_info"
+    invariance = invariance_of(True, infos)
+    if invariance is Invariance.UNSUPPORTED:
+        log.warning(
+            "the inference server at %s cannot honour batch_invariant (%s): an item's reply may depend on how "
+            "many items run at once; start SGLang with --enable-deterministic-inference (or evaluate a checkpoint "
+            "directory, served by the embedded server), or set SPADE_EVAL_BATCH_INVARIANT=0. The run header "
+            "records sampling.batch_invariant='unsupported'.",
+            ", ".join(client.urls),
+            reason,
+        )
+    return invariance
+
+
 @contextlib.asynccontextmanager
 async def _pool_suite(
     request: EvalRequest,
@@ -313,7 +351,8 @@ async def _pool_suite(
     async with contextlib.AsyncExitStack() as stack:
         sessions = given if given is not None else await stack.enter_async_context(_sessions(settings))
         template = FormatterTemplate(model.client.formatter)
-        runner = EpisodeRunner(sessions, InferenceGenerator(model.client), template, limits)
+        client = model.client.batch_invariant() if sampling.asks_invariance else model.client
+        runner = EpisodeRunner(sessions, InferenceGenerator(client), template, limits)
         yield PoolSuite(runner, template, checked.envs, request.seed, p.seeds_per_env, checked.source, p.retry)
 
 

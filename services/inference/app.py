@@ -2,10 +2,14 @@
 
 Routes and field names follow SGLang 0.5.x (``sglang/srt/entrypoints/http_server.py``):
 ``/generate``, ``/v1/chat/completions`` (with ``tools``), ``/update_weights_from_disk``, ``/health``,
-``/health_generate``, ``/model_info`` (and the deprecated ``/get_model_info``), ``/flush_cache``,
+``/health_generate``, ``/model_info`` (and the deprecated ``/get_model_info``), ``/get_server_info``
+(and ``/server_info``), ``/flush_cache``,
 ``/v1/models``, plus SPADE's own ``/healthz`` and ``/metrics`` (Prometheus). Keys as in SGLang's
 ``--api-key`` (``Authorization: Bearer``): generation and model info need one of ``api_keys`` when
-set; the admin routes (weight updates, cache flush) one of ``admin_keys``; health routes are open. Routes translate wire
+set; the admin routes (weight updates, cache flush) one of ``admin_keys``, and are off (403 for
+everyone) when none is configured; another known key gets 403 there, an unknown one 401. ``/health``,
+``/health_generate`` and ``/healthz`` (the bare word) are open; ``/healthz/details`` and ``/metrics``
+need a key whenever any is configured. Routes translate wire
 objects to engine calls and back; engine errors are domain errors of :data:`ENGINE_ERRORS`, answered
 by the shared handlers of ``spade.serving.http`` in the one REST error shape
 ``{"error": {"code", "message"}}`` (with SGLang's 400 for an invalid request).
@@ -43,15 +47,17 @@ from services.inference.engine import (
     InvalidRequest,
     Overloaded,
 )
-from spade.auth import KeyRing
+from spade.auth import Forbidden, KeyRing, Principal, Role
 from spade.errors import ErrorKind
 from spade.inference.chat import ChatFormatError, ChatFormatter
 from spade.inference.protocol import (
+    SGLANG_VERSION,
     GenerateMetaInfo,
     GenerateRequest,
     GenerateResponse,
     ModelInfo,
     SamplingParams,
+    ServerInfo,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDiskResponse,
 )
@@ -88,8 +94,9 @@ class _EngineCollector(Collector):
             ("prompt_tokens", work.prompt_tokens, "Prompt tokens computed by prefills."),
             ("cached_tokens", work.cached_tokens, "Prompt tokens reused from the prefix cache."),
             ("generated_tokens", work.generated_tokens, "Tokens generated."),
-            ("decode_steps", work.decode_steps, "Batched decode forward passes."),
+            ("decode_steps", work.decode_steps, "Decode forward passes (the batch's; each batch-invariant row's)."),
             ("decode_rows", work.decode_rows, "Sequences summed over decode steps (over decode_steps: mean batch)."),
+            ("invariant_prefills", work.invariant_prefills, "Prompts prefilled in the batch-invariant mode."),
         ):
             yield CounterMetricFamily(f"spade_inference_{name}", doc, value=value)
 
@@ -113,13 +120,23 @@ def generate_response(outcome: GenerationOutcome, return_logprob: bool) -> Gener
     return GenerateResponse(text=outcome.text, output_ids=outcome.output_ids, meta_info=meta)
 
 
+ADMIN_OFF = (
+    "the admin routes are off on this server: no admin key is configured; set SPADE_INFERENCE_ADMIN_KEYS to the "
+    "learner's key and restart (docs/inference.md)"
+)
+
+
+def admin_off() -> None:
+    """The dependency of the admin routes on a server without admin keys: 403, whoever asks."""
+    raise Forbidden(ADMIN_OFF)
+
+
 def create_app(
     engine: BatchEngine,
     *,
     served_model_name: str | None = None,
     health_timeout_s: float = 20.0,
-    api_keys: KeyRing[str] | None = None,
-    admin_keys: KeyRing[str] | None = None,
+    keys: KeyRing[Principal] | None = None,
 ) -> FastAPI:
     """The HTTP app over a started ``engine`` (the caller owns the engine's lifecycle).
 
@@ -127,16 +144,19 @@ def create_app(
         engine: The batching engine.
         served_model_name: Model name in ``/model_info`` and ``/v1`` responses.
         health_timeout_s: How long ``/health_generate`` waits for a one-token generation.
-        api_keys: Who may generate and read model info (``Authorization: Bearer``); ``None``: anyone.
-        admin_keys: Who may update weights and flush the cache; ``None``: anyone (loopback only:
-            ``InferenceSettings`` refuses it on any other host outside dev mode).
-
-    The health routes (``/health``, ``/health_generate``, ``/healthz``, ``/metrics``) are always open.
+        keys: Every configured key (``InferenceSettings.keyring``): ``write`` keys generate, ``admin``
+            keys also update weights and flush the cache. Generation is open unless some key is
+            ``write``; the admin routes are off (403) unless some key is ``admin``. ``None``: no keys.
     """
     app = FastAPI(title="SPADE embedded inference (SGLang-compatible)", version="1")
     install_error_handlers(app, service="inference", errors=ENGINE_ERRORS, invalid_status=400)
-    user = [Depends(bearer_auth(api_keys))] if api_keys is not None else []
-    admin = [Depends(bearer_auth(admin_keys))] if admin_keys is not None else []
+    roles = {p.role for p in keys.principals} if keys is not None else set()
+    user = [Depends(bearer_auth(keys, role=Role.WRITE, action="generating"))] if keys and Role.WRITE in roles else []
+    if keys is not None and Role.ADMIN in roles:
+        admin = [Depends(bearer_auth(keys, role=Role.ADMIN, action="changing the server"))]
+    else:
+        admin = [Depends(admin_off)]
+    ops = bearer_auth(keys, role=Role.READ, action="reading the metrics") if keys is not None else None
     registry = CollectorRegistry()
     registry.register(_EngineCollector(engine))
 
@@ -144,7 +164,7 @@ def create_app(
         status = "ok" if engine.running else "unavailable"
         return engine.running, {"status": status, "weight_version": str(engine.weight_version)}
 
-    app.include_router(ops_router(health=healthz, registry=registry))
+    app.include_router(ops_router(health=healthz, registry=registry, guard=ops))
     app.add_middleware(HttpMetrics, service="inference", registry=registry)
     formatter = ChatFormatter(engine.tokenizer)
     model_name = served_model_name or engine.model_path.name
@@ -203,6 +223,19 @@ def create_app(
 
     app.get("/model_info", dependencies=user)(model_info)
     app.get("/get_model_info", dependencies=user)(model_info)
+
+    def server_info() -> dict[str, Any]:
+        # SGLang answers with its ServerArgs flattened; these are the ones that mean something here.
+        return ServerInfo(
+            model_path=str(engine.model_path),
+            enable_deterministic_inference=engine.batch_invariant,
+            disable_radix_cache=engine.prefix_cache.max_tokens <= 0,
+            version=f"spade-embedded (SGLang {SGLANG_VERSION} API)",
+            batch_invariant_requests=True,
+        ).model_dump(mode="json")
+
+    app.get("/get_server_info", dependencies=user)(server_info)
+    app.get("/server_info", dependencies=user)(server_info)
 
     @app.get("/flush_cache", dependencies=admin, operation_id="flush_cache_get")
     @app.post("/flush_cache", dependencies=admin)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from spade.serving.run import config_option
+from spade.serving.run import config_option, configure_logs, log_level_option
 
 
 @click.command()
@@ -22,16 +22,27 @@ from spade.serving.run import config_option
 @click.option("--host", default=None, help="Interface to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="TCP port (default 30000).")
 @click.option("--weight-version", default=None, help="Weight version reported before any update.")
+@click.option(
+    "--enable-deterministic-inference",
+    "deterministic",
+    is_flag=True,
+    default=None,
+    help="Batch-invariant mode for every request (SGLang's flag of the same name).",
+)
 @click.option("--dev", "dev_mode", is_flag=True, default=None, help="Dev mode: allow an exposed host.")
+@log_level_option
 def serve(
     config_file: Path | None,
     model_path: Path | None,
     host: str | None,
     port: int | None,
     weight_version: str | None,
+    deterministic: bool | None,
     dev_mode: bool | None,
+    log_level: str | None,
 ) -> None:
     """Serve SGLang's /generate, /v1/chat/completions, /update_weights_from_disk, ... on CPU, until SIGTERM/SIGINT."""
+    configure_logs("inference", log_level)
     from services.inference.settings import InferenceSettings
     from services.inference.wiring import serve_forever
     from spade.inference.models import ModelError
@@ -44,6 +55,7 @@ def serve(
         model_path=model_path,
         http=bind or None,
         weight_version=weight_version,
+        enable_deterministic_inference=deterministic,
         dev_mode=dev_mode,
     )
     try:

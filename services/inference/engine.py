@@ -20,6 +20,12 @@ grammar matcher. Prefix reuse across requests is the radix cache's job
 prompt KV and, when a sequence finishes, its generated tokens' KV are added to it, so the next turn
 of a conversation prefills only what is new.
 
+Batch-invariant mode (``batch_invariant`` for every request, or ``custom_params.batch_invariant``
+per request): the request's prompt is prefilled in canonical chunks with a cache of its own and each
+of its sequences decodes in a forward pass of its own (a lane of one row), so its logits do not depend
+on what else is in flight (:mod:`services.inference.invariance` says why that holds). Other requests
+keep sharing the batched lane.
+
 Weight updates (:meth:`BatchEngine.update_weights`): the new checkpoint is loaded from disk *while
 the old weights keep serving*. Then admission stops, the requests already in the batch finish on the
 old weights (or are aborted, with ``abort_all_requests``), the model is swapped and
@@ -45,6 +51,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from services.inference.grammar import Constraint, GrammarCompiler, GrammarError
+from services.inference.invariance import CHUNK_TOKENS, canonical_prefill
 from services.inference.kv import KVBatch
 from services.inference.prefix_cache import RadixPrefixCache
 from services.inference.sampling import (
@@ -81,9 +88,11 @@ class EngineWork:
     """Prompt tokens reused from the prefix cache."""
     generated_tokens: int = 0
     decode_steps: int = 0
-    """Batched forward passes of one token per running sequence."""
+    """Decode forward passes of one token per sequence of a lane (the batch, or one batch-invariant row)."""
     decode_rows: int = 0
     """Sequences summed over decode steps (``decode_rows / decode_steps``: the mean batch size)."""
+    invariant_prefills: int = 0
+    """Prompts prefilled in the batch-invariant mode (also counted in ``prefills``)."""
 
 
 class EngineError(RuntimeError):
@@ -209,6 +218,32 @@ class _Row:
 
 
 @dataclass
+class _Lane:
+    """Sequences decoded together, one forward pass per step, with their KV batch.
+
+    The engine has one shared lane (continuous batching) and one lane per sequence of a
+    batch-invariant request, which therefore never shares a forward pass.
+    """
+
+    kv: KVBatch = field(default_factory=KVBatch)
+    rows: list[_Row] = field(default_factory=list)
+    next_tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+
+    def add(self, row: _Row, next_token: int, position: int) -> None:
+        self.rows.append(row)
+        self.next_tokens.append(next_token)
+        self.positions.append(position)
+
+    def keep(self, keep: list[int]) -> None:
+        """Keep only the rows at ``keep`` (in that order)."""
+        self.rows = [self.rows[i] for i in keep]
+        self.next_tokens = [self.next_tokens[i] for i in keep]
+        self.positions = [self.positions[i] for i in keep]
+        self.kv.keep_rows(keep)
+
+
+@dataclass
 class _Swap:
     model: Any
     path: Path
@@ -255,6 +290,10 @@ class BatchEngine:
         torch_threads: intra-op threads of the scheduler thread (which does all model compute);
             ``None``: torch's default. Set only for that thread, so the rest of the process keeps its own.
         prefix_cache_tokens: tokens whose KV the radix cache keeps for reuse (:mod:`.prefix_cache`); 0: off.
+            The batch-invariant mode's cache of canonical chunks has a budget of its own of the same size.
+        batch_invariant: compute every request batch-invariantly (SGLang's
+            ``--enable-deterministic-inference``); otherwise only requests that ask for it.
+        invariant_chunk_tokens: prefill chunk of the batch-invariant mode (:mod:`.invariance`).
     """
 
     def __init__(
@@ -269,6 +308,8 @@ class BatchEngine:
         dtype: torch.dtype = torch.float32,
         torch_threads: int | None = None,
         prefix_cache_tokens: int = 8192,
+        batch_invariant: bool = False,
+        invariant_chunk_tokens: int = CHUNK_TOKENS,
     ) -> None:
         self.model_path = resolve_model_path(model_path)
         self.tokenizer_path = self.model_path
@@ -279,6 +320,10 @@ class BatchEngine:
         self.dtype = dtype
         self.torch_threads = torch_threads
         self.prefix_cache = RadixPrefixCache(prefix_cache_tokens)
+        self.batch_invariant = batch_invariant
+        self.invariant_chunk_tokens = invariant_chunk_tokens
+        #: Only KV of whole canonical chunks (:mod:`.invariance`), so reuse equals recomputing.
+        self.invariant_cache = RadixPrefixCache(prefix_cache_tokens, min_match=invariant_chunk_tokens)
         self.tokenizer = load_tokenizer(self.model_path)
         self.model = load_model(self.model_path, dtype)
         self.config = self.model.config
@@ -293,10 +338,8 @@ class BatchEngine:
         self._waiting: collections.deque[_Pending] = collections.deque()
         self._swap: _Swap | None = None
         self._stopping = False
-        self._rows: list[_Row] = []
-        self._batch = KVBatch()
-        self._next_tokens: list[int] = []
-        self._positions: list[int] = []
+        self._shared = _Lane()
+        self._solo: list[_Lane] = []  # one lane per sequence of a batch-invariant request
         self._update_locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         self._thread: threading.Thread | None = None
         self.last_progress = time.monotonic()
@@ -328,9 +371,15 @@ class BatchEngine:
         """Whether the scheduler thread is serving."""
         return self._thread is not None and self._thread.is_alive() and not self._stopping
 
+    def _lanes(self) -> list[_Lane]:
+        return [self._shared, *self._solo]
+
+    def _all_rows(self) -> list[_Row]:
+        return [row for lane in self._lanes() for row in lane.rows]
+
     @property
     def num_running(self) -> int:
-        return len(self._rows)
+        return sum(len(lane.rows) for lane in self._lanes())
 
     @property
     def num_waiting(self) -> int:
@@ -476,9 +525,10 @@ class BatchEngine:
 
     def flush_cache(self) -> bool:
         """Drop the prefix cache if the server is idle (SGLang refuses while requests run)."""
-        if self._rows or self._waiting:
+        if self.num_running or self._waiting:
             return False
         self.prefix_cache.clear()
+        self.invariant_cache.clear()
         return True
 
     # -- scheduler thread ----------------------------------------------------------------------------
@@ -489,7 +539,7 @@ class BatchEngine:
             torch.set_num_threads(self.torch_threads)  # OpenMP: this thread only
         while True:
             with self._cond:
-                while not (self._stopping or self._waiting or self._rows or self._swap):
+                while not (self._stopping or self._waiting or self.num_running or self._swap):
                     self._cond.wait()
                 if self._stopping:
                     break
@@ -500,8 +550,7 @@ class BatchEngine:
                     self._apply_swap_if_drained()
                     self._admit(admitted)
                     prefilled = time.perf_counter()
-                    if self._rows:
-                        self._decode_step()
+                    self._decode_step()
                     self._retire()
                 self.work.prefill_s += prefilled - start
                 self.work.decode_s += time.perf_counter() - prefilled
@@ -517,7 +566,7 @@ class BatchEngine:
             return []
         taken: list[_Pending] = []
         budget = self.max_prefill_tokens
-        rows = len(self._rows)
+        rows = self.num_running
         while self._waiting:
             head = self._waiting[0]
             if head.cancelled:
@@ -535,18 +584,20 @@ class BatchEngine:
         swap = self._swap
         if swap is None:
             return
+        rows = self._all_rows()
         if swap.paused is None:
-            swap.paused = len(self._rows)
-        if swap.abort_all and self._rows:
-            for row in self._rows:
+            swap.paused = len(rows)
+        if swap.abort_all and rows:
+            for row in rows:
                 row.finish = {"type": "abort", "message": "aborted by a weight update", "status_code": 503}
             self._retire()
-        if self._rows:
+        if self.num_running:
             return  # drain: in-flight requests finish on the old weights
         old = self.model
         self.model, self.model_path, self.weight_version = swap.model, swap.path, swap.version
         self.config = swap.model.config
         self.prefix_cache.clear()  # the cached KV was computed by the old weights
+        self.invariant_cache.clear()
         del old
         with self._cond:
             self._swap = None
@@ -559,23 +610,25 @@ class BatchEngine:
         return out.logits
 
     def _admit(self, admitted: list[_Pending]) -> None:
-        caches: list[DynamicCache] = []
+        shared: list[DynamicCache] = []
         for pending in admitted:
             job = pending.job
             if pending.cancelled:
                 continue
-            cache = DynamicCache(config=self.config)
+            invariant = self.batch_invariant or job.params.batch_invariant
             want_inputs = job.return_logprob and job.logprob_start_len >= 0
-            reused, prefix = (0, None) if want_inputs else self.prefix_cache.match(job.input_ids)
-            for layer_index, (keys, values) in enumerate(prefix or []):
-                cache.update(keys, values, layer_index)
-            logits = self._forward(
-                input_ids=torch.tensor([job.input_ids[reused:]], dtype=torch.long),
-                cache=cache,
-                position_ids=torch.arange(reused, len(job.input_ids)).unsqueeze(0),
-                logits_to_keep=0 if want_inputs else 1,
-            )[0]
-            self.prefix_cache.insert(job.input_ids, [_layer_kv(layer) for layer in cache.layers])
+            if invariant:
+                reused, cache, logits = canonical_prefill(
+                    self._forward,
+                    self.config,
+                    job.input_ids,
+                    self.invariant_cache,
+                    chunk=self.invariant_chunk_tokens,
+                    all_logits=want_inputs,
+                )
+                self.work.invariant_prefills += 1
+            else:
+                reused, cache, logits = self._prefill(job.input_ids, want_inputs)
             self.work.prefills += 1
             self.work.prompt_tokens += len(job.input_ids) - reused
             self.work.cached_tokens += reused
@@ -591,19 +644,38 @@ class BatchEngine:
                 row = _Row(pending, index, rule, generator, self.weight_version, constraint)
                 row.cached_tokens = reused
                 row.input_logprobs = input_logprobs
+                lane = _Lane() if invariant else self._shared
                 if budget <= 0:
                     row.finish = {"type": "length", "length": 0}
-                    self._rows.append(row)  # retired at once
-                    self._next_tokens.append(-1)
-                    self._positions.append(-1)
-                    caches.append(cache)
-                    continue
-                self._append_token(row, logits[-1])
-                self._rows.append(row)
-                self._next_tokens.append(row.output_ids[-1])
-                self._positions.append(len(job.input_ids))
-                caches.append(cache)
-        self._batch.add_rows(caches)
+                    lane.add(row, -1, -1)  # retired at once
+                else:
+                    self._append_token(row, logits[-1])
+                    lane.add(row, row.output_ids[-1], len(job.input_ids))
+                if invariant:
+                    lane.kv.add_rows([cache])
+                    self._solo.append(lane)
+                else:
+                    shared.append(cache)
+        self._shared.kv.add_rows(shared)
+
+    def _prefill(self, ids: list[int], all_logits: bool) -> tuple[int, DynamicCache, torch.Tensor]:
+        """Prefill ``ids`` alone in one pass after the longest cached prefix; the prompt's KV goes to the cache.
+
+        Returns ``(tokens reused, KV cache, logits)`` (every position's with ``all_logits``, which skips
+        the cache: cached positions have no logits).
+        """
+        cache = DynamicCache(config=self.config)
+        reused, prefix = (0, None) if all_logits else self.prefix_cache.match(ids)
+        for layer_index, (keys, values) in enumerate(prefix or []):
+            cache.update(keys, values, layer_index)
+        logits = self._forward(
+            input_ids=torch.tensor([ids[reused:]], dtype=torch.long),
+            cache=cache,
+            position_ids=torch.arange(reused, len(ids)).unsqueeze(0),
+            logits_to_keep=0 if all_logits else 1,
+        )[0]
+        self.prefix_cache.insert(ids, [_layer_kv(layer) for layer in cache.layers])
+        return reused, cache, logits
 
     @staticmethod
     def _input_logprobs(logits: torch.Tensor, ids: list[int], start: int) -> list[tuple[float | None, int]]:
@@ -638,53 +710,62 @@ class BatchEngine:
                 row.finish = {"type": "stop", "matched": matched}
 
     def _decode_step(self) -> None:
-        live = [i for i, row in enumerate(self._rows) if row.finish is None and not row.pending.cancelled]
+        """One token for every running sequence: one forward pass per lane."""
+        for lane in self._lanes():
+            self._decode_lane(lane)
+
+    def _decode_lane(self, lane: _Lane) -> None:
+        live = [i for i, row in enumerate(lane.rows) if row.finish is None and not row.pending.cancelled]
         if not live:
             return
-        if len(live) != len(self._rows):
+        if len(live) != len(lane.rows):
             self._retire()
-            live = list(range(len(self._rows)))
-        mask = self._batch.step_mask()
+        mask = lane.kv.step_mask()
         logits = self._forward(
-            input_ids=torch.tensor(self._next_tokens, dtype=torch.long).unsqueeze(1),
-            position_ids=torch.tensor(self._positions, dtype=torch.long).unsqueeze(1),
+            input_ids=torch.tensor(lane.next_tokens, dtype=torch.long).unsqueeze(1),
+            position_ids=torch.tensor(lane.positions, dtype=torch.long).unsqueeze(1),
             attention_mask=mask,
-            cache=self._batch.cache,
+            cache=lane.kv.cache,
         )[:, -1, :]
-        self.peak_batch_rows = max(self.peak_batch_rows, len(self._rows))
+        self.peak_batch_rows = max(self.peak_batch_rows, len(lane.rows))
         self.work.decode_steps += 1
-        self.work.decode_rows += len(self._rows)
-        for i, row in enumerate(self._rows):
+        self.work.decode_rows += len(lane.rows)
+        for i, row in enumerate(lane.rows):
             self._append_token(row, logits[i])
-            self._next_tokens[i] = row.output_ids[-1]
-            self._positions[i] += 1
+            lane.next_tokens[i] = row.output_ids[-1]
+            lane.positions[i] += 1
         self.last_progress = time.monotonic()
 
     def _retire(self) -> None:
-        """Deliver finished and drop cancelled rows; compact the batch."""
+        """Deliver finished and drop cancelled rows of every lane; compact the lanes."""
+        done = self._retire_lane(self._shared, cache_outputs=True)
+        for lane in self._solo:
+            # A batch-invariant sequence's decode KV is not canonical (see .invariance): not cached.
+            done += self._retire_lane(lane, cache_outputs=False)
+        self._solo = [lane for lane in self._solo if lane.rows]
+        for row in done:
+            self._deliver(row)
+
+    def _retire_lane(self, lane: _Lane, *, cache_outputs: bool) -> list[_Row]:
+        """Drop the lane's finished and cancelled rows; returns the finished ones, to deliver."""
         keep: list[int] = []
         done: list[_Row] = []
-        for i, row in enumerate(self._rows):
+        for i, row in enumerate(lane.rows):
             if row.pending.cancelled:
                 continue
             if row.finish is None:
                 keep.append(i)
-            else:
-                done.append(row)
-        for i, row in enumerate(self._rows):
-            if row.finish is not None and not row.pending.cancelled and row.output_ids:
+                continue
+            done.append(row)
+            if cache_outputs and row.output_ids:
                 # Keep the finished sequence's KV (prompt + all but the last token, which was sampled
                 # but never fed back) so a next turn that resends this conversation reuses it.
                 ids = row.pending.job.input_ids + row.output_ids[:-1]
-                self.prefix_cache.insert(ids, self._batch.row_kv(i))
-        if len(keep) != len(self._rows):
+                self.prefix_cache.insert(ids, lane.kv.row_kv(i))
+        if len(keep) != len(lane.rows):
             # Compact before delivering, so a caller that sees its answer never sees its row running.
-            self._rows = [self._rows[i] for i in keep]
-            self._next_tokens = [self._next_tokens[i] for i in keep]
-            self._positions = [self._positions[i] for i in keep]
-            self._batch.keep_rows(keep)
-        for row in done:
-            self._deliver(row)
+            lane.keep(keep)
+        return done
 
     def _deliver(self, row: _Row) -> None:
         job, finish = row.pending.job, row.finish or {"type": "abort", "message": "unfinished"}
@@ -711,11 +792,10 @@ class BatchEngine:
             _resolve(pending.loop, pending.future, list(pending.results))
 
     def _fail_all(self, admitted: list[_Pending], error: Exception) -> None:
-        for pending in {id(p): p for p in [*admitted, *(row.pending for row in self._rows)]}.values():
+        for pending in {id(p): p for p in [*admitted, *(row.pending for row in self._all_rows())]}.values():
             _resolve(pending.loop, pending.future, error)
             pending.emit(error)
-        self._rows, self._next_tokens, self._positions = [], [], []
-        self._batch = KVBatch()
+        self._shared, self._solo = _Lane(), []
 
     def _shutdown(self) -> None:
         error = EngineClosed("the inference engine shut down")

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from spade.auth import ApiKey, KeyRing, check_unique_keys
+from spade.auth import ApiKey, KeyRing, Principal, Role, check_unique_keys
 from spade.config import ServiceSettings
 from spade.serving.settings import ServerAddress
 
@@ -57,25 +57,39 @@ class InferenceSettings(ServiceSettings):
         le=10_000_000,
         description="Tokens (prompts and finished turns) whose KV the radix prefix cache keeps for reuse; 0 disables.",
     )
+    enable_deterministic_inference: bool = Field(
+        default=False,
+        description="Compute every request batch-invariantly: its logits do not depend on what else is in flight "
+        "(SGLang's --enable-deterministic-inference; each sequence decodes alone, prompts prefill in fixed chunks). "
+        "Off: only requests with sampling_params.custom_params.batch_invariant=true are (docs/inference.md).",
+    )
     health_timeout_s: float = Field(
         default=20.0, gt=0, le=600, description="How long /health_generate waits for a one-token generation."
     )
     api_keys: list[ApiKey] = Field(
         default_factory=list,
         max_length=1000,
-        description="Tenants that may generate (/generate, /v1/chat/completions, /model_info, /v1/models), by "
-        "key SHA-256 (the rollout's, the designer's). Empty: those routes are open (loopback, or trusted_network).",
+        description="Tenants that may generate (/generate, /v1/chat/completions, /model_info, /v1/models) and read "
+        "/healthz/details and /metrics, by key SHA-256 (the rollout's, the designer's). Empty: the generation "
+        "routes are open (loopback, or trusted_network).",
     )
     admin_keys: list[ApiKey] = Field(
         default_factory=list,
         max_length=100,
         description="Tenants that may change the server (/update_weights_from_disk, /flush_cache): the learner. "
-        "Required unless the server is on loopback; an admin key may also generate.",
+        "Empty: those routes are off (403 for every caller, whatever the host), and the server serves the weights "
+        "it started with. An admin key may also generate.",
+    )
+    fixed_weights: bool = Field(
+        False,
+        description="The server serves the weights it starts with for its whole life by design (an evaluation's or "
+        "the warm start's own server): nothing will publish to it, so a start without admin keys is not warned "
+        "about. Its admin routes are off all the same.",
     )
     trusted_network: bool = Field(
         default=False,
         description="Only a private network (compose/Kubernetes) reaches the port: generation may run without "
-        "api_keys on any host. The admin routes still require admin_keys.",
+        "api_keys on any host. The admin routes still need admin_keys (off without).",
     )
 
     @model_validator(mode="after")
@@ -87,13 +101,6 @@ class InferenceSettings(ServiceSettings):
         if self.http.loopback:
             return []
         problems = []
-        if not self.admin_keys:
-            problems.append(
-                f"http.host={self.http.host!r} exposes /update_weights_from_disk without a key (anyone reaching it "
-                f"can swap the weights): set {self.env_name('admin_keys')} to the learner's key "
-                f'[{{"tenant": "learner", "key_sha256": ...}}] (`spade sandbox keygen` makes one), or keep '
-                f"{self.env_name('http', 'host')}=127.0.0.1"
-            )
         if not self.api_keys and not self.trusted_network:
             problems.append(
                 f"http.host={self.http.host!r} exposes generation without a key: set {self.env_name('api_keys')} "
@@ -102,12 +109,20 @@ class InferenceSettings(ServiceSettings):
             )
         return problems
 
-    def admin_ring(self) -> KeyRing[str] | None:
-        """Who may call the admin routes; ``None``: anyone (loopback or dev mode without admin keys)."""
-        return KeyRing({k.key_sha256: k.tenant for k in self.admin_keys}) if self.admin_keys else None
-
-    def api_ring(self) -> KeyRing[str] | None:
-        """Who may generate (api and admin keys); ``None``: anyone (no api keys configured)."""
-        if not self.api_keys:
+    def admin_off_warning(self) -> str | None:
+        """What a start without admin keys says (the admin routes are off), else ``None``."""
+        if self.admin_keys or self.fixed_weights:
             return None
-        return KeyRing({k.key_sha256: k.tenant for k in [*self.api_keys, *self.admin_keys]})
+        return (
+            "inference admin routes are off: /update_weights_from_disk and /flush_cache answer 403 to every caller "
+            "because no admin key is configured, so the served weights stay the ones loaded at start. To let the "
+            f'learner publish, set {self.env_name("admin_keys")}=\'[{{"tenant": "learner", "key_sha256": '
+            '"<sha256 of the key>"}]\' (`spade sandbox keygen` makes a key and its sha256) and give the learner '
+            "that key (SPADE_LEARNER_INFERENCE__API_KEY)"
+        )
+
+    def keyring(self) -> KeyRing[Principal] | None:
+        """Every configured key: ``api_keys`` as ``write`` (generate), ``admin_keys`` as ``admin``; ``None``: none."""
+        keys = {k.key_sha256: Principal(k.tenant, Role.WRITE) for k in self.api_keys}
+        keys.update({k.key_sha256: Principal(k.tenant, Role.ADMIN) for k in self.admin_keys})
+        return KeyRing(keys) if keys else None

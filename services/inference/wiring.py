@@ -16,6 +16,7 @@ from services.inference.app import create_app
 from services.inference.engine import BatchEngine
 from services.inference.settings import InferenceSettings
 from spade.inference.published import published_model
+from spade.serving import lifecycle
 from spade.serving.http import http_server
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def build_engine(settings: InferenceSettings) -> BatchEngine:
         context_length=settings.context_length,
         torch_threads=settings.torch_threads,
         prefix_cache_tokens=settings.prefix_cache_tokens,
+        batch_invariant=settings.enable_deterministic_inference,
     )
 
 
@@ -58,9 +60,11 @@ def build_app(settings: InferenceSettings, engine: BatchEngine | None = None) ->
         engine,
         served_model_name=settings.served_model_name,
         health_timeout_s=settings.health_timeout_s,
-        api_keys=settings.api_ring(),
-        admin_keys=settings.admin_ring(),
+        keys=settings.keyring(),
     )
+    warning = settings.admin_off_warning()
+    if warning is not None:
+        logger.warning(warning)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -98,7 +102,12 @@ async def serve_forever(settings: InferenceSettings, stop: asyncio.Event) -> Non
     app = build_app(settings)
     async with http_server(app, settings.http, service="inference", log_level="info", lifespan="on") as running:
         scheme = "https" if settings.http.tls is not None else "http"
-        logger.warning("inference serving on %s://%s:%d", scheme, settings.http.host, running.port)
+        lifecycle.started(
+            f"inference serving on {scheme}://{settings.http.host}:{running.port}",
+            settings=settings,
+            port=running.port,
+            model=str(settings.model_path) if settings.model_path else None,
+        )
         await stop.wait()
 
 

@@ -7,7 +7,6 @@ Single process: ``spade serve learner``. Sharded over GPUs/nodes with FSDP2:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sys
 from pathlib import Path
@@ -17,7 +16,8 @@ import click
 
 from services.learner.settings import LearnerSettings
 from spade.config import ConfigError
-from spade.serving.run import config_option, run_until_signalled, settings_or_exit
+from spade.serving import lifecycle
+from spade.serving.run import config_option, configure_logs, log_level_option, run_until_signalled, settings_or_exit
 
 logger = logging.getLogger("services.learner")
 
@@ -35,7 +35,6 @@ async def _serve(settings: LearnerSettings, max_steps: int | None, stop: asyncio
 async def _serve_with(settings: LearnerSettings, memory: Any, max_steps: int | None, stop: asyncio.Event) -> None:
     from services.learner.learner import ResumeError
     from services.learner.wiring import (
-        StoppedWhileWaiting,
         build_learner,
         close_learner,
         describe,
@@ -43,6 +42,7 @@ async def _serve_with(settings: LearnerSettings, memory: Any, max_steps: int | N
         run_spec_from_memory,
     )
     from spade.memory.errors import RunSpecConflict
+    from spade.serving.startup import StoppedWhileWaiting
 
     try:
         spec = await run_spec_from_memory(settings, memory, stop)
@@ -58,12 +58,15 @@ async def _serve_with(settings: LearnerSettings, memory: Any, max_steps: int | N
     if not learner.world.is_main:
         await asyncio.to_thread(learner.follow)
         return
-    logger.info(
-        "learner starting at weight version %d under run spec %s: %s",
-        learner.version,
-        spec.spec_id,
-        json.dumps(describe(settings)),
-        extra={"event": "start", "spec_id": spec.spec_id, "version": learner.version},
+    lifecycle.started(
+        f"learner starting at weight version {learner.version} under run spec {spec.spec_id}: "
+        f"{settings.agent_groups_per_step} groups of G={spec.group_size} per step, publishing every "
+        f"{settings.publish_every}, checkpoints in {settings.checkpoint_dir}, weights in {settings.weights_dir}",
+        settings=describe(settings),
+        spec_id=spec.spec_id,
+        version=learner.version,
+        groups_per_step=settings.agent_groups_per_step,
+        group_size=spec.group_size,
     )
     from spade.inference.discovery import following
 
@@ -73,7 +76,11 @@ async def _serve_with(settings: LearnerSettings, memory: Any, max_steps: int | N
             await learner.run(max_steps=max_steps, stop=stop)
     finally:
         await close_learner(learner)
-    logger.info("learner stopped at weight version %d", learner.version, extra={"event": "stop"})
+    lifecycle.note_finished(
+        f"learner stopped at weight version {learner.version}",
+        version=learner.version,
+        checkpointed=learner.checkpointed_version,
+    )
 
 
 class Refused(Exception):
@@ -86,8 +93,8 @@ class Refused(Exception):
 @click.option(
     "--dev", is_flag=True, default=None, help="Dev mode: allow the embedded default model (SPADE_LEARNER_DEV_MODE)."
 )
-@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
-def serve(config_file: Path | None, max_steps: int | None, dev: bool | None, log_level: str) -> None:
+@log_level_option
+def serve(config_file: Path | None, max_steps: int | None, dev: bool | None, log_level: str | None) -> None:
     """The learner: SPADE rewards, GRPO for both roles, checkpoints, weight publishing.
 
     Configured through SPADE_LEARNER_* environment variables (nested with __) or --config, e.g.
@@ -97,7 +104,7 @@ def serve(config_file: Path | None, max_steps: int | None, dev: bool | None, log
     temperature and the reward constants come from it). SIGTERM: the step being filled is abandoned,
     the state checkpointed, and the learner exits.
     """
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logs("learner", log_level)
     settings = settings_or_exit(LearnerSettings, config_file, dev_mode=dev)
     if settings.queue.kind == "inprocess" and not settings.dev_mode:
         raise click.UsageError(

@@ -2,12 +2,14 @@
 
 One ``run_step`` call:
 
-1. drains ``samples.agent`` and ``samples.designer``. Each poll's messages are appended to the
+1. drains ``envs.audited``, ``samples.designer`` and ``samples.agent``. Each poll's messages are appended to the
    sample journal and fsynced, then acknowledged at once (``journal.py``): the queue re-delivers
    only what never reached the journal, i.e. only after a crash. Samples of another run spec are
    refused (acknowledged, counted as ``refused_spec``, logged with the reason). Every play goes into
    its env's window accumulator by slot and, unless hinted, into its advantage group (one env, one
-   window slot, one arm); designer samples wait in the window;
+   window slot, one arm); designer samples wait in the window, and so do the rollout's audit
+   verdicts: an attempt is never scored before its env's verdict when the run audits its envs, and
+   an env trivially won makes its attempt invalid (``core/window.py``);
 2. stops when ``agent_groups_per_step`` groups are complete or ``fill_timeout_s`` has passed; a stop
    request (SIGTERM) abandons the fill — nothing is lost, the samples stay buffered;
 3. scores the designer rounds whose windows are done (``core/window.py``), drops stale and
@@ -41,6 +43,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from services.learner.buffer import ANNOUNCED_FILE, LearnerBuffer, read_announced, write_buffer
 from services.learner.checkpoint import CheckpointManager, copy_weights, write_json_atomic, write_weights
 from services.learner.core.batching import (
     AgentPlaySample,
@@ -52,7 +55,7 @@ from services.learner.core.batching import (
     staleness,
     trainable_members,
 )
-from services.learner.core.window import DesignerWindow, ScoredAttempt
+from services.learner.core.window import Audit, DesignerWindow, ScoredAttempt
 from services.learner.journal import JournalRecord, SampleJournal
 from services.learner.latest import check_unpublished
 from services.learner.publisher import PublishResult, WeightPublisher
@@ -66,9 +69,10 @@ from services.learner.samples import (
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import StepMetrics, Trainer
 from spade.inference.published import published_version
-from spade.queues.base import SAMPLES_AGENT, SAMPLES_DESIGNER, WorkQueue
+from spade.queues.base import ENVS_AUDITED, SAMPLES_AGENT, SAMPLES_DESIGNER, WorkQueue
 from spade.runspec import RunSpec
-from spade.signal import DesignerRewardConfig, SkillBaselines, group_zscores
+from spade.serving import lifecycle
+from spade.signal import DesignerRewardConfig, SkillBaselines, group_has_signal
 from spade.v1 import queues_pb2
 
 logger = logging.getLogger(__name__)
@@ -76,9 +80,6 @@ logger = logging.getLogger(__name__)
 RewardCallback = Callable[[ScoredAttempt], Awaitable[None] | None]
 """Receives every designer attempt whose window closed (e.g. to store its components in the memory);
 a coroutine function is awaited."""
-
-ANNOUNCED = "published.json"
-"""``<checkpoint_dir>/published.json``: the newest version whose publication completed (workers + announcement)."""
 
 
 class ResumeError(RuntimeError):
@@ -217,6 +218,7 @@ class Learner:
             group_size=self.spec.group_size,
             grace=self.settings.window_grace_versions,
             first_play_grace=self.settings.first_play_grace_versions,
+            await_audit=self.spec.audit_plays > 0,
         )
 
     # ------------------------------------------------------------------ state and resume
@@ -269,12 +271,24 @@ class Learner:
             self._checkpointed = restored.step
             journal_from = int(restored.state.get("journal_from", 0))
             pending = restored.state.get("publish_pending")
-            logger.info("resumed from %s at weight version %d", restored.path, self.version)
         if self.world.is_main:
             self._check_published()
-            self._replay(journal_from)
+            replayed = self._replay(journal_from)
+            if restored is not None or replayed:
+                where = str(restored.path) if restored is not None else "the journal alone (no checkpoint yet)"
+                lifecycle.resumed(
+                    f"resumed from {where} at weight version {self.version}, {replayed} journal messages "
+                    "received after it replayed",
+                    checkpoint=None if restored is None else str(restored.path),
+                    version=self.version,
+                    journal_from=journal_from,
+                    journal_messages=replayed,
+                    replayed=dict(self._step_counts),
+                )
             if pending is not None and int(pending) == self.version and self._announced() < self.version:
                 self._pending_publish = self.version
+        elif restored is not None:
+            logger.info("resumed from %s at weight version %d", restored.path, self.version)
         return None if restored is None else restored.step
 
     def start_fresh(self) -> None:
@@ -299,10 +313,10 @@ class Learner:
             )
 
     def _announced(self) -> int:
-        path = self.settings.checkpoint_dir / ANNOUNCED
-        return int(json.loads(path.read_text())["version"]) if path.is_file() else 0
+        return read_announced(self.settings.checkpoint_dir)
 
-    def _replay(self, journal_from: int) -> None:
+    def _replay(self, journal_from: int) -> int:
+        """Accept the journal's messages from segment ``journal_from`` on; returns how many."""
         assert self.journal is not None
         self._step_counts = Counter()
         replayed = 0
@@ -317,6 +331,12 @@ class Learner:
                 dict(self._step_counts),
             )
         self.totals.update(self._step_counts)
+        return replayed
+
+    @property
+    def checkpointed_version(self) -> int | None:
+        """The version of the newest checkpoint this learner wrote or resumed from (``None``: none yet)."""
+        return self._checkpointed
 
     def _held_ids(self) -> set[str]:
         return {p.sample.sample_id for v in self.groups.values() for p in v} | set(self.window.pending)
@@ -350,11 +370,26 @@ class Learner:
                 dmsg = queues_pb2.DesignerSample.FromString(payload)
                 if self._same_spec(dmsg.spec_id, dmsg.sample_id, "designer"):
                     self._accept_designer(dmsg)
+            elif stream == ENVS_AUDITED:
+                amsg = queues_pb2.EnvAudit.FromString(payload)
+                if self._same_spec(amsg.spec_id, f"{amsg.env_id}@audit", "audit"):
+                    self._accept_audit(amsg)
             else:
                 raise ValueError(f"the learner does not consume stream {stream!r}")
         except (BatchError, ValueError, DecodeError) as exc:  # malformed: count it, never block on it
             counts["malformed"] += 1
             logger.error("dropping a malformed message on %s: %s", stream, exc)
+
+    def _accept_audit(self, msg: queues_pb2.EnvAudit) -> None:
+        if not msg.env_id:
+            raise ValueError("an audit verdict without env_id: the rollout names the env it audited")
+        audit = Audit(msg.env_id, bool(msg.trivially_won), msg.reason, int(msg.window_start))
+        if not self.window.record_audit(audit):
+            self._step_counts["duplicates"] += 1
+            return
+        self._step_counts["audits_received"] += 1
+        if audit.trivially_won:
+            self._step_counts["audits_trivially_won"] += 1
 
     def _accept_designer(self, msg: queues_pb2.DesignerSample) -> None:
         if msg.sample_id in self._seen or not self.window.add_attempt(designer_attempt(msg)):
@@ -384,7 +419,7 @@ class Learner:
     async def _poll(self, block_ms: int) -> int:
         assert self.queue is not None and self.journal is not None
         got = 0
-        for stream in (SAMPLES_DESIGNER, SAMPLES_AGENT):
+        for stream in (ENVS_AUDITED, SAMPLES_DESIGNER, SAMPLES_AGENT):
             deliveries = await self.queue.consume(
                 stream,
                 self.settings.consumer_group,
@@ -403,7 +438,28 @@ class Learner:
                 self._to_ack.append((d.stream, d.message_id))
             await self._flush_acks()
             got += len(deliveries)
+        if got:
+            self._report_buffer()
         return got
+
+    def _report_buffer(self) -> None:
+        """Write the buffer record ``spade cluster status`` shows (``buffer.py``); a failure is only logged."""
+        try:
+            write_buffer(
+                self.settings.checkpoint_dir,
+                LearnerBuffer(
+                    version=self.version,
+                    spec_id=self.spec.spec_id,
+                    plays_buffered=sum(len(v) for v in self.groups.values()),
+                    groups_complete=len(self._complete_groups()),
+                    groups_per_step=self.settings.agent_groups_per_step,
+                    group_size=self.spec.group_size,
+                    designer_waiting=len(self.window.pending),
+                    updated_at=time.time(),
+                ),
+            )
+        except OSError as exc:
+            logger.warning("could not write the buffer record: %s", exc)
 
     async def _flush_acks(self) -> None:
         assert self.queue is not None
@@ -441,7 +497,7 @@ class Learner:
 
     def _has_signal(self, key: str) -> bool:
         kept = trainable_members(self.groups[key], self.settings.resource_fault_policy)
-        return bool(kept) and group_zscores([r for _, r in kept]) is not None
+        return group_has_signal([r for _, r in kept])
 
     def _take_groups(self) -> list[AgentPlaySample]:
         ready = self._complete_groups()
@@ -488,6 +544,14 @@ class Learner:
             counts[f"designer_{s.outcome.value}"] += 1
             if not s.attempt.trainable:
                 counts["designer_untrainable"] += 1
+            if s.trivially_won:
+                counts["designer_trivially_won"] += 1
+                logger.warning(
+                    "designer sample %s is rescored invalid: %s",
+                    s.attempt.sample_id,
+                    s.reason,
+                    extra={"event": "designer_trivially_won", "env_id": s.attempt.env_id, "spec_id": self.spec.spec_id},
+                )
         for s in designer.unscorable:
             code = s.reason_code.value if s.reason_code is not None else "unknown"
             counts[f"designer_unscored/{code}"] += 1
@@ -552,7 +616,7 @@ class Learner:
         if self.publisher is None:
             return None
         result = await self.publisher.publish(version, weights, resuming=resuming)
-        write_json_atomic(self.settings.checkpoint_dir / ANNOUNCED, {"version": version})
+        write_json_atomic(self.settings.checkpoint_dir / ANNOUNCED_FILE, {"version": version})
         return result
 
     async def _finish_pending_publish(self) -> None:
@@ -628,6 +692,7 @@ class Learner:
             publish = await self._publish(publish_version, weights)
             timings["publish"] = time.perf_counter() - published
         write_json_atomic(self.settings.checkpoint_dir / "learner_state.json", state)
+        self._report_buffer()
         report = StepReport(
             self.version,
             trained,

@@ -60,7 +60,8 @@ class RewardOverrides(BaseModel):
         default=None,
         ge=0.0,
         le=1.0,
-        description="Reward per fraction of checks passed for invalid attempts (0: off); unset: the run spec's.",
+        description="Validity shaping of invalid attempts, -w * (1 - fraction of checks passed) (0: off); unset: "
+        "the run spec's.",
     )
 
 

@@ -24,8 +24,9 @@ from services.learner.trainer import OptimConfig, Trainer, shard_model
 from spade.memory.records import StatsUpdate
 from spade.memory.runspec import RunSpecStore, fetch_run_spec, load_spec_file
 from spade.queues.base import WorkQueue
-from spade.queues.config import make_queue
+from spade.queues.factory import make_queue
 from spade.runspec import RunSpec
+from spade.serving.startup import logged_wait
 
 logger = logging.getLogger("services.learner")
 
@@ -70,10 +71,6 @@ def memory_reward_sink(memory: StatsWriter) -> Callable[[ScoredAttempt], Awaitab
     return sink
 
 
-class StoppedWhileWaiting(Exception):
-    """A stop request (SIGTERM) arrived while the learner waited for its run spec."""
-
-
 async def run_spec_from_memory(
     settings: LearnerSettings, memory: RunSpecStore, stop: asyncio.Event | None = None
 ) -> RunSpec:
@@ -88,34 +85,15 @@ async def run_spec_from_memory(
         StoppedWhileWaiting: ``stop`` was set before a spec was stored.
     """
     given = load_spec_file(settings.run_spec_file) if settings.run_spec_file is not None else None
-    fetch = asyncio.ensure_future(
-        fetch_run_spec(memory, given=given, service="learner", poll_s=1.0, log_every_s=float("inf"))
+    fetch = fetch_run_spec(memory, given=given, service="learner", poll_s=1.0, log_every_s=float("inf"))
+    spec = await logged_wait(
+        f"a run spec in the memory at {settings.memory.target} (store one with `spade runspec set FILE`)",
+        fetch,
+        stop=stop,
+        every_s=settings.spec_wait_log_s,
+        service="learner",
+        logger=logger,
     )
-    stopper = asyncio.ensure_future(stop.wait()) if stop is not None else None
-    started = asyncio.get_running_loop().time()
-    try:
-        while True:
-            waiting = {fetch} | ({stopper} if stopper is not None else set())
-            done, _ = await asyncio.wait(waiting, timeout=settings.spec_wait_log_s, return_when="FIRST_COMPLETED")
-            if fetch in done:
-                spec = fetch.result()
-                break
-            if stopper is not None and stopper in done:
-                raise StoppedWhileWaiting("stopped while waiting for a run spec in the memory")
-            waited = asyncio.get_running_loop().time() - started
-            logger.warning(
-                "learner waiting for a run spec in the memory at %s (store one with `spade runspec set FILE`): "
-                "%.0f s so far",
-                settings.memory.target,
-                waited,
-                extra={"event": "waiting", "for": "run_spec", "waited_s": round(waited)},
-            )
-    finally:
-        if stopper is not None:
-            stopper.cancel()
-        if not fetch.done():
-            fetch.cancel()
-            await asyncio.gather(fetch, return_exceptions=True)
     settings.check_spec(spec)
     return spec
 

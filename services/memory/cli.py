@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from spade.memory.errors import MemoryServiceError
 from spade.memory.records import EnvFilter, EnvStatus
-from spade.serving.run import config_option
+from spade.serving.run import config_option, configure_logs, log_level_option
 
 DEFAULT_DB = "sqlite:///spade-memory.db"
 
@@ -26,11 +26,13 @@ DEFAULT_DB = "sqlite:///spade-memory.db"
 @click.command()
 @config_option
 @click.option("--dev", "dev_mode", is_flag=True, default=None, help="Dev mode: an open REST API without keys.")
-def serve(config_file: Path | None, dev_mode: bool | None) -> None:
+@log_level_option
+def serve(config_file: Path | None, dev_mode: bool | None, log_level: str | None) -> None:
     """Run the memory service: gRPC (spade.v1.Memory) and the REST API + web page, until SIGTERM/SIGINT.
 
     Configured by SPADE_MEMORY_* environment variables or --config (see services/memory/settings.py).
     """
+    configure_logs("memory", log_level)
     from services.memory.settings import MemorySettings
     from services.memory.wiring import serve_forever
     from spade.serving.run import run_until_signalled, settings_or_exit
@@ -232,8 +234,18 @@ def export(database_url: str, output: str | None, **kw: Any) -> None:
 @envs.command("hash-token")
 @click.option("--token", help="The token to hash (prompted, hidden, when omitted).")
 @click.option("--generate", is_flag=True, help="Generate a new random token and print it with its hash.")
-def hash_token_cmd(token: str | None, generate: bool) -> None:
+@click.option("--tenant", help="With --generate: also print the SPADE_MEMORY_API_KEYS entry for this tenant.")
+@click.option(
+    "--role",
+    type=click.Choice(["read", "write", "admin"]),
+    default="write",
+    show_default=True,
+    help="The entry's role: read (the web page, REST), write (a service that stores), admin (sets the run spec).",
+)
+def hash_token_cmd(token: str | None, generate: bool, tenant: str | None, role: str) -> None:
     """Print the SHA-256 of an API key, for ``key_sha256`` in SPADE_MEMORY_API_KEYS or SPADE_SANDBOX_API_KEYS."""
+    import json
+
     from spade.auth import generate_key, hash_key
 
     if generate:
@@ -242,6 +254,8 @@ def hash_token_cmd(token: str | None, generate: bool) -> None:
     elif token is None:
         token = click.prompt("token", hide_input=True)
     click.echo(f"sha256: {hash_key(token or '')}" if generate else hash_key(token or ""))
+    if generate and tenant:
+        click.echo("entry:  " + json.dumps({"tenant": tenant, "key_sha256": hash_key(token or ""), "role": role}))
 
 
 @envs.command("seed")
@@ -287,18 +301,39 @@ def seed(
     except ValidationError as exc:
         raise click.UsageError(f"--queue is not a valid queue configuration: {exc}") from None
     from services.memory.seed_pool import SeedPoolError
-    from spade.auth import Unauthenticated
+    from spade.auth import Forbidden, Unauthenticated
     from spade.sandbox import SandboxFault, SandboxRefused
 
+    new: list[str] = []
     try:
         ids = asyncio.run(
-            _seed(setting, memory_target, memory_key, queue_config, window, sandbox_target, sandbox_key, names)
+            _seed(setting, memory_target, memory_key, queue_config, window, sandbox_target, sandbox_key, names, new)
         )
-    except (SeedPoolError, SandboxFault, SandboxRefused, MemoryServiceError, Unauthenticated) as exc:
+    except (SeedPoolError, SandboxFault, SandboxRefused, MemoryServiceError, Unauthenticated, Forbidden) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"seed pool: {len(ids)} {setting} environments stored and announced")
+    click.echo(seed_summary(setting, ids, new))
     for env_id in ids:
         click.echo(env_id)
+
+
+def seed_summary(setting: str, ids: list[str], new: list[str]) -> str:
+    """The first line ``spade envs seed`` prints: what this call stored, and what was there already.
+
+    >>> seed_summary("game", ["a"], ["a"])
+    'seed pool: 1 game environment stored and announced on envs.ready'
+    >>> seed_summary("game", ["a", "b"], [])
+    'seed pool: 2 game environments already stored and announced; nothing new'
+    """
+
+    def envs(n: int) -> str:
+        return f"{n} {setting} environment{'' if n == 1 else 's'}"
+
+    old = len(ids) - len(new)
+    if not old:
+        return f"seed pool: {envs(len(new))} stored and announced on envs.ready"
+    if not new:
+        return f"seed pool: {envs(old)} already stored and announced; nothing new"
+    return f"seed pool: {envs(len(new))} stored and announced on envs.ready, {old} already stored"
 
 
 async def _seed(
@@ -310,10 +345,11 @@ async def _seed(
     sandbox_target: str | None,
     key: str | None,
     names: tuple[str, ...],
+    new: list[str],
 ) -> list[str]:
     from services.memory.seed_pool import seed_pool
     from spade.memory.client import MemoryClient
-    from spade.queues.config import make_queue
+    from spade.queues.factory import make_queue
     from spade.sandbox.client import SandboxClient
 
     memory = MemoryClient(memory_target, api_key=memory_key)
@@ -321,7 +357,7 @@ async def _seed(
     sandbox = SandboxClient(sandbox_target, key) if sandbox_target else None
     try:
         validate = sandbox.validate if sandbox is not None else None
-        return await seed_pool(setting, memory, queue, window_versions=window, validate=validate, names=names)
+        return await seed_pool(setting, memory, queue, window_versions=window, validate=validate, names=names, new=new)
     finally:
         await memory.close()
         await queue.close()
@@ -367,11 +403,11 @@ async def _with_client(target: str, key: str | None, call: Any) -> Any:
 
 
 def _run_memory_call(target: str, key: str | None, call: Any) -> Any:
-    from spade.auth import Unauthenticated
+    from spade.auth import Forbidden, Unauthenticated
 
     try:
         return asyncio.run(_with_client(target, key, call))
-    except (MemoryServiceError, Unauthenticated) as exc:
+    except (MemoryServiceError, Unauthenticated, Forbidden) as exc:
         raise click.ClickException(str(exc)) from None
 
 

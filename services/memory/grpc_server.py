@@ -1,7 +1,8 @@
 """The ``spade.v1.Memory`` gRPC servicer (grpc.aio): wire messages in, ``MemoryService`` calls, wire out.
 
 Domain errors map to gRPC status codes in the shared interceptor (``spade.serving.grpc``), which also
-logs internal failures and answers them ``INTERNAL`` without details (no tracebacks cross the wire).
+logs internal failures and answers them ``INTERNAL`` without details (no tracebacks cross the wire),
+and refuses a call whose key's role is below the method's in :data:`METHOD_ROLES` (``PERMISSION_DENIED``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import grpc
 from pydantic import ValidationError
 
 from services.memory.service import MemoryService
+from spade.auth import Role
 from spade.memory import wire
 from spade.memory.errors import InvalidArgument
 from spade.runspec import RunSpec
@@ -19,6 +21,21 @@ from spade.v1 import memory_pb2_grpc as pb_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Memory"].full_name
 MAX_EXAMPLES = 100
+
+METHOD_ROLES: dict[str, Role] = {
+    "GetEnvironment": Role.READ,
+    "ListEnvironments": Role.READ,
+    "SampleExamples": Role.READ,
+    "GetRunSpec": Role.READ,
+    "PutEnvironment": Role.WRITE,
+    "RecordPlays": Role.WRITE,
+    "UpdateStats": Role.WRITE,
+    "SetWindow": Role.WRITE,
+    "RecordAttempts": Role.WRITE,
+    "RecordProbe": Role.WRITE,
+    "SetRunSpec": Role.ADMIN,  # the run's contract: the operator's `spade runspec set`, never a worker's key
+}
+"""The role each ``spade.v1.Memory`` method needs (a method missing here needs admin)."""
 
 
 class MemoryServicer(pb_grpc.MemoryServicer):
@@ -105,4 +122,6 @@ class MemoryServicer(pb_grpc.MemoryServicer):
 def grpc_service(service: MemoryService) -> GrpcService:
     """The memory servicer, for ``spade.serving.grpc.grpc_server``."""
     servicer = MemoryServicer(service)
-    return GrpcService(SERVICE_NAME, lambda server: pb_grpc.add_MemoryServicer_to_server(servicer, server))
+    return GrpcService(
+        SERVICE_NAME, lambda server: pb_grpc.add_MemoryServicer_to_server(servicer, server), roles=METHOD_ROLES
+    )

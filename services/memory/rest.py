@@ -1,12 +1,14 @@
 """The read-only REST inspection API and the small web page, on FastAPI.
 
-Every ``/v1`` route and the page need a key (``Authorization: Bearer <key>``) or a web session:
-``POST /login`` checks a key and sets the ``spade_memory_session`` cookie to a random session id
-whose SHA-256 the database keeps (never the key itself; ``HttpOnly``, ``SameSite=Strict``, ``Secure``
-when served over HTTPS); ``POST /logout`` ends the session. ``/healthz``, ``/metrics`` and ``/docs``
-are open. Errors, ``/healthz`` and ``/metrics`` are the shared ones of ``spade.serving.http``: every
-error answers ``{"error": {"code", "message"}}`` — bad filters and cursors 422 with a message naming
-the rule, unknown ids 404, a missing key or session 401.
+Every ``/v1`` route and the page need a key of any role (``read`` is enough: nothing here writes;
+``Authorization: Bearer <key>``) or a web session: ``POST /login`` checks a key and sets the
+``spade_memory_session`` cookie to a random session id whose SHA-256 the database keeps (never the
+key itself; ``HttpOnly``, ``SameSite=Strict``, ``Secure`` when served over HTTPS); a session reads,
+whatever the role of the key that opened it. ``POST /logout`` ends the session. ``/healthz`` (the
+bare word) and ``/docs`` are open; ``/healthz/details`` and ``/metrics`` need a key or a session too.
+Errors, ``/healthz`` and ``/metrics`` are the shared ones of ``spade.serving.http``: every error
+answers ``{"error": {"code", "message"}}`` — bad filters and cursors 422 with a message naming the
+rule, unknown ids 404, a missing key or session 401.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pygments.lexers import PythonLexer
 
 from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings
-from spade.auth import Unauthenticated
+from spade.auth import Principal, Role, Unauthenticated, authorize
 from spade.memory.records import DesignerAttempt, EnvFilter, Environment, EnvStatus, MemoryStats, Play, Setting
 from spade.runspec import RunSpec
 from spade.serving.http import HttpMetrics, install_error_handlers, ops_router
@@ -182,7 +184,7 @@ class FilterParams(BaseModel):
 
     setting: Setting | None = Field(default=None, description="game or tool")
     skill: str | None = Field(default=None, max_length=100)
-    status: EnvStatus | None = Field(default=None, description="valid, invalid or retired")
+    status: EnvStatus | None = Field(default=None, description="valid, invalid, retired or trivially_won")
     min_regret: float | None = Field(default=None, ge=-1.0, le=1.0, allow_inf_nan=False)
     max_win_rate: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
     q: str | None = Field(default=None, min_length=1, max_length=200, description="Text in the code or hint")
@@ -256,15 +258,20 @@ def create_app(service: MemoryService, settings: MemorySettings) -> FastAPI:
         session_id = request.cookies.get(COOKIE, "")
         return await asyncio.to_thread(store.session_tenant, session_id) if session_id else None
 
-    async def caller(request: Request) -> str:
-        """A key in ``Authorization: Bearer``, else a live web session; 401 otherwise."""
+    async def caller(request: Request) -> Principal:
+        """A key in ``Authorization: Bearer``, else a live web session (which reads); 401 otherwise."""
         header = request.headers.get("authorization")
         if header or keyring.open:
-            return str(keyring.authenticate(header))
-        tenant = await session_tenant(request)
-        if tenant is None:
-            raise Unauthenticated("missing API key: send the header 'Authorization: Bearer <key>' or log in at /login")
-        return tenant
+            principal = keyring.authenticate(header)
+        else:
+            tenant = await session_tenant(request)
+            if tenant is None:
+                raise Unauthenticated(
+                    "missing API key: send the header 'Authorization: Bearer <key>' or log in at /login"
+                )
+            principal = Principal(tenant, Role.READ)
+        authorize(principal, Role.READ, "reading the memory")
+        return principal
 
     auth = [Depends(caller)]
     install_error_handlers(app, service="memory")
@@ -276,7 +283,7 @@ def create_app(service: MemoryService, settings: MemorySettings) -> FastAPI:
             return False, {"status": "unavailable", "database": "unreachable"}
         return True, {"status": "ok"}
 
-    app.include_router(ops_router(health=health, registry=registry))
+    app.include_router(ops_router(health=health, registry=registry, guard=None if keyring.open else caller))
     app.add_middleware(HttpMetrics, service="memory", registry=registry)
 
     @app.get("/v1/environments", response_model=EnvPage, dependencies=auth, tags=["environments"])
@@ -359,12 +366,12 @@ def create_app(service: MemoryService, settings: MemorySettings) -> FastAPI:
         # A one-field urlencoded form; parsed here to avoid a multipart dependency for it.
         form = parse_qs((await request.body()).decode(errors="replace"))
         token = (form.get("token") or [""])[0]
-        tenant = keyring.verify(token)
-        if tenant is None:
+        principal = keyring.verify(token)
+        if principal is None:
             return TEMPLATES.TemplateResponse(
                 request, "login.html", {"error": "invalid token", "login_page": True}, status_code=401
             )
-        session_id = await asyncio.to_thread(store.create_session, str(tenant), settings.session_ttl_s)
+        session_id = await asyncio.to_thread(store.create_session, principal.tenant, settings.session_ttl_s)
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(
             COOKIE,

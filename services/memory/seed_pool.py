@@ -35,6 +35,7 @@ async def seed_pool(
     window_versions: int = 0,
     validate: Validate | None = None,
     names: Sequence[str] | None = None,
+    new: list[str] | None = None,
 ) -> list[str]:
     """Store every example env of ``setting`` and announce it on ``envs.ready``; returns the env ids.
 
@@ -48,6 +49,8 @@ async def seed_pool(
         window_versions: Weight versions the seed envs stay active (0: the rollout's own k).
         validate: When given, each example is validated first and its report stored with it.
         names: Only these examples (default: every example of ``setting``).
+        new: When given, receives the ids this call stored (the others were stored already, and
+            announcing them again changes nothing).
 
     Raises:
         SeedPoolError: An example failed validation (names the env and its failing checks).
@@ -84,6 +87,8 @@ async def seed_pool(
             )
         )
         env_id = put.duplicate_of or put.env_id
+        if new is not None and not put.duplicate_of:
+            new.append(env_id)
         message = queues_pb2.EnvReady(
             env_id=env_id, setting=setting, skill=example.skill, weight_version=0, window_versions=window_versions
         )

@@ -1,10 +1,12 @@
 """Settings of the memory service (environment variables prefixed ``SPADE_MEMORY_``).
 
 Built once in the entry point (``cli.py``) and passed down. API keys are stored as SHA-256 digests
-only, per tenant: ``SPADE_MEMORY_API_KEYS='[{"tenant": "ops", "key_sha256": "<hex>"}]'`` (make a key
-and its digest with ``spade envs hash-token --generate``). They guard the gRPC API (every other
-service's calls) and the REST API + web page alike. Outside dev mode the service refuses to start
-without at least one.
+only, per tenant, each with a role: ``SPADE_MEMORY_API_KEYS='[{"tenant": "web", "key_sha256": "<hex>",
+"role": "read"}]'`` (make a key and its digest with ``spade envs hash-token --generate``). They guard
+the gRPC API (every other service's calls) and the REST API + web page alike: ``read`` may look (the
+REST API, the web page, reads over gRPC), ``write`` may also store (environments, plays, stats,
+windows, attempts, probes), ``admin`` may also set the run spec; a key naming no role is ``write``
+(:data:`spade.auth.DEFAULT_ROLE`). Outside dev mode the service refuses to start without at least one.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.memory.core.policy import PolicyConfig
-from spade.auth import ApiKey, KeyRing, check_unique_keys
+from spade.auth import KeyRing, Principal, Role, RoleKey, check_unique_keys
 from spade.config import ServiceSettings
 from spade.endpoints import SandboxEndpoint
 from spade.pool_metrics import DEFAULT_WINDOW
@@ -43,9 +45,11 @@ class MemorySettings(ServiceSettings):
     http: ServerAddress = Field(
         default=ServerAddress(host="127.0.0.1", port=8082), description="Where the REST API and web page listen."
     )
-    api_keys: list[ApiKey] = Field(
+    api_keys: list[RoleKey] = Field(
         default_factory=list,
-        description="Tenants allowed to call the gRPC API and to read the REST API and the web page.",
+        description="Tenants allowed to call the gRPC API and to read the REST API and the web page, each with "
+        "a role: read (REST API, web page, gRPC reads), write (also store envs, plays, stats, attempts: the "
+        "designer's, rollout's and learner's keys; the default) or admin (also set the run spec: the operator's).",
     )
     run_spec_file: Path | None = Field(
         default=None,
@@ -107,7 +111,7 @@ class MemorySettings(ServiceSettings):
 
     @field_validator("api_keys")
     @classmethod
-    def _unique_keys(cls, keys: list[ApiKey]) -> list[ApiKey]:
+    def _unique_keys(cls, keys: list[RoleKey]) -> list[RoleKey]:
         check_unique_keys(keys)
         return keys
 
@@ -133,6 +137,7 @@ class MemorySettings(ServiceSettings):
         """k per setting for envs whose window was never set, where configured."""
         return {k.removeprefix("window_versions_"): v for k, v in self.spec_overlap().items() if v is not None}
 
-    def keyring(self) -> KeyRing[str]:
-        """The tenants by key digest; in dev mode without keys the API is open (as ``dev``)."""
-        return KeyRing({k.key_sha256: k.tenant for k in self.api_keys}, anonymous="dev" if self.dev_mode else None)
+    def keyring(self) -> KeyRing[Principal]:
+        """The tenants and their roles by key digest; in dev mode without keys the API is open (as ``dev``, admin)."""
+        dev = Principal("dev", Role.ADMIN) if self.dev_mode else None
+        return KeyRing({k.key_sha256: k.principal() for k in self.api_keys}, anonymous=dev)

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import FastAPI
+from sqlalchemy.engine import make_url
 
 from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings
@@ -19,6 +20,7 @@ from spade.memory.runspec import load_spec_file
 from spade.memory.wire import GRPC_OPTIONS
 from spade.pool_metrics import Executor
 from spade.runspec import RunSpec
+from spade.serving import lifecycle
 from spade.serving.grpc import RunningGrpc, grpc_server
 from spade.serving.http import RunningHttp, http_server
 
@@ -151,12 +153,13 @@ async def serve_forever(settings: MemorySettings, stop: asyncio.Event) -> None:
     """Entry point of ``spade serve memory``: serve until ``stop`` is set (SIGTERM/SIGINT)."""
     async with contextlib.AsyncExitStack() as stack:
         running = await stack.enter_async_context(serving(settings))
-        log.warning(
-            "memory serving: gRPC %s:%d, REST http://%s:%d (OpenAPI at /docs)",
-            settings.grpc.host,
-            running.grpc.port,
-            settings.http.host,
-            running.http.port,
+        lifecycle.started(
+            f"memory serving: gRPC {settings.grpc.host}:{running.grpc.port}, "
+            f"REST http://{settings.http.host}:{running.http.port} (OpenAPI at /docs)",
+            settings=settings,
+            grpc_port=running.grpc.port,
+            http_port=running.http.port,
+            database=make_url(settings.database_url).render_as_string(hide_password=True),
         )
         if settings.vendi:
             # Load the embedding model now, not in the first /v1/stats request. A daemon thread: a

@@ -15,30 +15,30 @@ import click
 
 from services.rollout.settings import RolloutSettings
 from spade.config import ConfigError
-from spade.serving.run import config_option, run_until_signalled, settings_or_exit
+from spade.serving import lifecycle
+from spade.serving.run import config_option, configure_logs, log_level_option, run_until_signalled, settings_or_exit
 
 log = logging.getLogger("spade.rollout")
 
 
 async def _serve(settings: RolloutSettings, stop: asyncio.Event) -> None:
-    from services.rollout.wiring import StoppedWhileWaiting, rollout_worker
+    from services.rollout.wiring import rollout_worker
     from spade.memory.errors import RunSpecConflict
+    from spade.serving.startup import StoppedWhileWaiting
 
     try:
         async with rollout_worker(settings, stop=stop) as worker:
             spec = worker.spec
-            log.info(
-                "rollout worker %s serving (group %s, spec %s: G=%d, k=%d/%d game/tool, %d turns)",
-                settings.consumer_name,
-                settings.consumer_group,
-                spec.spec_id,
-                spec.group_size,
-                spec.window_versions_game,
-                spec.window_versions_tool,
-                spec.agent_max_turns,
-                extra={"event": "serving", "consumer": settings.consumer_name, "spec_id": spec.spec_id},
+            lifecycle.started(
+                f"rollout worker {settings.consumer_name} serving (group {settings.consumer_group}, spec "
+                f"{spec.spec_id}: G={spec.group_size}, k={spec.window_versions_game}/{spec.window_versions_tool} "
+                f"game/tool, {spec.agent_max_turns} turns)",
+                settings=settings,
+                consumer=settings.consumer_name,
+                spec_id=spec.spec_id,
             )
             await worker.run(stop)
+            lifecycle.note_finished(f"rollout worker {settings.consumer_name} stopped")
     except StoppedWhileWaiting as exc:
         log.info("rollout worker %s %s", settings.consumer_name, exc)
     except (ConfigError, RunSpecConflict) as exc:
@@ -50,10 +50,10 @@ async def _serve(settings: RolloutSettings, stop: asyncio.Event) -> None:
 @click.command()
 @config_option
 @click.option("--dev", "dev_mode", is_flag=True, default=None, help="Allow unsafe defaults (local development).")
-@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
-def serve(config_file: Path | None, dev_mode: bool | None, log_level: str) -> None:
+@log_level_option
+def serve(config_file: Path | None, dev_mode: bool | None, log_level: str | None) -> None:
     """The rollout workers (the reasoning agent): play envs from envs.ready, publish samples."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logs("rollout", log_level)
     settings = settings_or_exit(RolloutSettings, config_file, dev_mode=dev_mode)
     # Dependencies are waited for while building the worker (SIGTERM ends the wait): the queue, the
     # state database and the memory first, then the run spec is checked, then the sandbox and inference.

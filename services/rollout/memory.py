@@ -87,6 +87,7 @@ class MemoryServicePlays:
             ]
         )
 
-    async def retire_environment(self, env_id: str, last_version: int) -> None:
-        """Move the env to ``retired``: its window closed and its designer sample can be scored."""
-        await self._memory.update_stats(env_id, StatsUpdate(status=EnvStatus.RETIRED))
+    async def retire_environment(self, env_id: str, last_version: int, *, trivially_won: bool = False) -> None:
+        """Move the env to ``retired`` (its window closed), or to ``trivially_won`` (its audit retired it)."""
+        status = EnvStatus.TRIVIALLY_WON if trivially_won else EnvStatus.RETIRED
+        await self._memory.update_stats(env_id, StatsUpdate(status=status))

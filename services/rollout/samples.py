@@ -1,4 +1,5 @@
-"""Plays to wire messages: ``AgentSample`` for the learner, ``PlayRecord`` for the memory.
+"""Plays to wire messages: ``AgentSample`` for the learner, ``PlayRecord`` for the memory, and the
+audit verdict as ``EnvAudit`` (audit plays themselves are never a sample nor a recorded play).
 
 A play belongs to one slot of its env's window (WAVE2 §3). Ids are deterministic (env, slot, arm,
 seed), so a play that is re-run after a crash or a lease takeover publishes under the same
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.rollout.core.audit import AuditVerdict
 from services.rollout.core.episode import Play
 from services.rollout.core.ports import EnvSpec, PlayRecord
 from spade.v1 import queues_pb2
@@ -98,4 +100,29 @@ def to_play_record(play: Play, slot: SlotRef) -> PlayRecord:
         window_start=slot.window_start,
         window_index=slot.window_index,
         spec_id=slot.spec_id,
+    )
+
+
+def audit_key(env_id: str) -> str:
+    """The idempotency key of an env's audit verdict (one per env: its window is audited once).
+
+    >>> audit_key("env-1")
+    'env-1@audit'
+    """
+    return f"{env_id}@audit"
+
+
+def to_env_audit(verdict: AuditVerdict, designer_sample_id: str, ref: SlotRef) -> queues_pb2.EnvAudit:
+    """The audit verdict on ``envs.audited`` (for the learner: it scores no designer sample before it)."""
+    return queues_pb2.EnvAudit(
+        env_id=verdict.env_id,
+        designer_sample_id=designer_sample_id,
+        spec_id=ref.spec_id,
+        trivially_won=verdict.trivially_won,
+        reason=verdict.reason,
+        policies=[
+            queues_pb2.AuditPolicyPlays(policy=r.policy.value, seeds=list(r.seeds), returns=list(r.returns))
+            for r in verdict.results
+        ],
+        window_start=ref.window_start,
     )

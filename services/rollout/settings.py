@@ -192,6 +192,13 @@ class RolloutSettings(ServiceSettings):
         description="On SIGTERM, how long slots in flight may finish before they are cancelled (finished plays "
         "are kept, leases handed back at once).",
     )
+    zero_variance_extensions: int = Field(
+        default=1,
+        ge=0,
+        le=16,
+        description="When a slot's unhinted returns are all equal (no signal to train on), play G fresh seeds "
+        "of the same slot (both arms at slot 0), at most this many times (0: never extend).",
+    )
     poll_s: float = Field(default=1.0, gt=0, le=3600, description="Idle wait between looks for due slots.")
     block_ms: int = Field(default=1000, ge=1, le=60_000, description="How long a queue read blocks.")
 

@@ -8,7 +8,9 @@ Postgres (distributed mode; every rollout worker shares it):
   their reasons;
 - ``rollout_plays``: the sample id of every play that is published and recorded, so a slot that is
   resumed (after a crash, a takeover or SIGTERM) plays only what is missing;
-- ``rollout_meta``: the latest weight version seen.
+- ``rollout_meta``: the latest weight version seen;
+- ``rollout_audits``: each env's audit verdict (``core/audit.py``), first writer wins, so a slot 0
+  resumed after the audit does not play it again, and the env retires with the verdict's status.
 
 Leases follow liveness: a worker claims an env's due slot for ``lease_s`` seconds (compare-and-set
 on the row) and renews it while the plays run. A worker restarted under the same name takes its own
@@ -21,7 +23,6 @@ All calls are synchronous SQL on a small pool, run in a thread so the event loop
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable, Collection
@@ -30,9 +31,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from services.rollout.core.audit import AuditVerdict
 from services.rollout.core.schedule import ActiveEnv, EnvStatus, due_slot
 from spade.dependencies import DEFAULT_WAIT
 from spade.retry import RetryPolicy
+from spade.sql import insert_new
 
 log = logging.getLogger("spade.rollout")
 
@@ -75,17 +78,52 @@ rollout_meta = sa.Table(
     sa.Column("value", sa.BigInteger, nullable=False),
 )
 
+rollout_audits = sa.Table(
+    "rollout_audits",
+    _metadata,
+    sa.Column("env_id", sa.String(200), primary_key=True),
+    sa.Column("trivially_won", sa.Boolean, nullable=False),
+    sa.Column("verdict", sa.Text, nullable=False),
+)
+
 _LATEST = "latest_weight_version"
 
 
 @dataclass(frozen=True)
 class Claim:
-    """A leased slot: the env, the slot to play, and how many times it has been claimed (this one included)."""
+    """A leased slot: the env, the slot to play, and how many times it has been claimed (this one included).
+
+    ``previous_owner`` and ``previous_until`` are the lease this claim replaced, as the claim read it:
+    another worker's that had lapsed (a takeover), the claimant's own (a worker restarted under its
+    name), or ``None`` (a free slot).
+    """
 
     env: ActiveEnv
     slot: int
     attempts: int
     last_error: str | None = None
+    previous_owner: str | None = None
+    previous_until: float | None = None
+
+
+@dataclass(frozen=True)
+class HeldSlot:
+    """A slot under a worker's lease, as ``spade cluster status`` shows each worker's current work.
+
+    Attributes:
+        owner: The worker holding the lease (its consumer name).
+        env_id: The env.
+        slot: The window slot it is playing (the env's next slot).
+        expires_in_s: Seconds until the lease lapses unless renewed (the database's clock); negative:
+            it has lapsed and any worker may take it over.
+        attempts: Claims of this slot so far (this one included).
+    """
+
+    owner: str
+    env_id: str
+    slot: int
+    expires_in_s: float
+    attempts: int
 
 
 @dataclass(frozen=True)
@@ -120,13 +158,21 @@ class RolloutStateStore:
         clock: Wall clock for leases (tests inject one); default: the database's own clock.
         wait: How long to keep trying to create the tables while the database does not answer (a
             worker started as Postgres restarts waits for it instead of exiting).
+        create: Create the tables when missing (False: a reader that must not change the database).
     """
 
     def __init__(
-        self, engine: sa.Engine, *, clock: Callable[[], float] | None = None, wait: RetryPolicy = DEFAULT_WAIT
+        self,
+        engine: sa.Engine,
+        *,
+        clock: Callable[[], float] | None = None,
+        wait: RetryPolicy = DEFAULT_WAIT,
+        create: bool = True,
     ) -> None:
         self._engine = engine
         self._clock = clock
+        if not create:  # a reader (``spade cluster status``): no DDL against the rollout's database
+            return
         what = "creating the rollout's state tables"
         for attempt in wait.retrying(sa.exc.OperationalError, logger=log, what=what):
             with attempt:
@@ -167,11 +213,10 @@ class RolloutStateStore:
         existing = self._get(env.env_id)
         if existing is not None:
             return existing
-        # Own transaction: on Postgres a failed insert poisons its transaction.
-        with contextlib.suppress(sa.exc.IntegrityError), self._engine.begin() as conn:
+        with self._engine.begin() as conn:
             now = self._now_value(conn)
             conn.execute(
-                rollout_windows.insert().values(
+                insert_new(rollout_windows, conn.dialect.name).values(
                     env_id=env.env_id,
                     setting=env.setting,
                     skill=env.skill,
@@ -234,6 +279,43 @@ class RolloutStateStore:
             ).first()
         return (None, None) if row is None else (row[0], row[1])
 
+    # ---- audits -----------------------------------------------------------------------------------
+
+    async def record_audit(self, verdict: AuditVerdict) -> AuditVerdict:
+        """Keep ``verdict`` unless the env has one already; return the stored one (the first wins)."""
+        return await asyncio.to_thread(self._record_audit, verdict)
+
+    def _record_audit(self, verdict: AuditVerdict) -> AuditVerdict:
+        with self._engine.begin() as conn:
+            conn.execute(
+                insert_new(rollout_audits, conn.dialect.name).values(
+                    env_id=verdict.env_id, trivially_won=verdict.trivially_won, verdict=verdict.to_json()
+                )
+            )
+        stored = self._audit(verdict.env_id)
+        assert stored is not None
+        return stored
+
+    async def audit(self, env_id: str) -> AuditVerdict | None:
+        """The env's audit verdict, or None before its audit."""
+        return await asyncio.to_thread(self._audit, env_id)
+
+    def _audit(self, env_id: str) -> AuditVerdict | None:
+        with self._engine.connect() as conn:
+            raw = conn.execute(sa.select(rollout_audits.c.verdict).where(rollout_audits.c.env_id == env_id)).scalar()
+        return None if raw is None else AuditVerdict.from_json(raw)
+
+    async def audits(self, *, trivially_won: bool | None = None) -> list[AuditVerdict]:
+        """Every stored verdict (optionally only those that did or did not retire the env), by env id."""
+        return await asyncio.to_thread(self._audits, trivially_won)
+
+    def _audits(self, trivially_won: bool | None) -> list[AuditVerdict]:
+        query = sa.select(rollout_audits.c.verdict).order_by(rollout_audits.c.env_id)
+        if trivially_won is not None:
+            query = query.where(rollout_audits.c.trivially_won == trivially_won)
+        with self._engine.connect() as conn:
+            return [AuditVerdict.from_json(raw) for raw in conn.execute(query).scalars()]
+
     # ---- weight versions ---------------------------------------------------------------------------
 
     async def observe_version(self, version: int) -> int:
@@ -249,8 +331,8 @@ class RolloutStateStore:
         with self._engine.begin() as conn:
             conn.execute(raise_latest)
         if self._latest() is None:
-            with contextlib.suppress(sa.exc.IntegrityError), self._engine.begin() as conn:
-                conn.execute(rollout_meta.insert().values(key=_LATEST, value=version))
+            with self._engine.begin() as conn:
+                conn.execute(insert_new(rollout_meta, conn.dialect.name).values(key=_LATEST, value=version))
             with self._engine.begin() as conn:  # a concurrent first insert may have been lower
                 conn.execute(raise_latest)
         latest = self._latest()
@@ -316,8 +398,36 @@ class RolloutStateStore:
                         sa.select(c.attempts, c.last_error).where(c.env_id == env.env_id)
                     ).one()
             if won:
-                return Claim(env, slot, int(attempts), error)
+                m = row._mapping
+                until = None if m["lease_until"] is None else float(m["lease_until"])
+                return Claim(env, slot, int(attempts), error, m["lease_owner"], until)
         return None
+
+    def held_slots(self) -> list[HeldSlot]:
+        """Every slot under a lease now, lapsed or not, by owner (synchronous: an operator's report)."""
+        c = rollout_windows.c
+        with self._engine.connect() as conn:
+            now = self._now_value(conn)
+            rows = conn.execute(
+                sa.select(rollout_windows)
+                .where(c.lease_owner.is_not(None), c.status == EnvStatus.ACTIVE.value)
+                .order_by(c.lease_owner, c.env_id)
+            ).all()
+        out = []
+        for row in rows:
+            env = _to_env(row)
+            slot = 0 if env.window_start is None else env.slots_done
+            until = row._mapping["lease_until"]
+            out.append(
+                HeldSlot(
+                    owner=str(row._mapping["lease_owner"]),
+                    env_id=env.env_id,
+                    slot=slot,
+                    expires_in_s=round(float(until) - now, 1) if until is not None else 0.0,
+                    attempts=int(row._mapping["attempts"]),
+                )
+            )
+        return out
 
     async def extend(self, env_id: str, owner: str, lease_s: float) -> bool:
         """Renew ``owner``'s lease on ``env_id`` for ``lease_s`` more; False when it was lost."""
@@ -399,8 +509,10 @@ class RolloutStateStore:
         await asyncio.to_thread(self._mark_play_done, sample_id, env_id, slot)
 
     def _mark_play_done(self, sample_id: str, env_id: str, slot: int) -> None:
-        with contextlib.suppress(sa.exc.IntegrityError), self._engine.begin() as conn:
-            conn.execute(rollout_plays.insert().values(sample_id=sample_id, env_id=env_id, slot=slot))
+        with self._engine.begin() as conn:
+            conn.execute(
+                insert_new(rollout_plays, conn.dialect.name).values(sample_id=sample_id, env_id=env_id, slot=slot)
+            )
 
     async def complete_slot(self, env_id: str, slot: int) -> ActiveEnv:
         """Record that slot ``slot`` is durable, free the lease, and close the window after its last slot.

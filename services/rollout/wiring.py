@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import TypeVar, cast
@@ -32,9 +31,10 @@ from spade.inference.client import InferenceClient
 from spade.inference.discovery import following
 from spade.memory.runspec import RunSpecStore, fetch_run_spec, load_spec_file
 from spade.queues.base import WorkQueue
-from spade.queues.config import make_queue
+from spade.queues.factory import make_queue
 from spade.runspec import RunSpec
 from spade.sandbox.client import SandboxClient
+from spade.serving.startup import logged_wait
 
 log = logging.getLogger("spade.rollout")
 
@@ -42,10 +42,6 @@ T = TypeVar("T")
 
 WAIT_LOG_EVERY_S = 30.0
 """While the rollout waits at start (run spec, inference), a line says what for and how long so far."""
-
-
-class StoppedWhileWaiting(Exception):
-    """SIGTERM arrived while the rollout was still waiting for something it needs to start."""
 
 
 def worker_config(settings: RolloutSettings, spec: RunSpec) -> WorkerConfig:
@@ -65,37 +61,17 @@ def worker_config(settings: RolloutSettings, spec: RunSpec) -> WorkerConfig:
         publish_hinted=settings.publish_hinted,
         drop_mixed_versions=settings.drop_mixed_version_plays,
         sampling_run=settings.sampling_run,
+        zero_variance_extensions=settings.zero_variance_extensions,
     )
 
 
 async def waiting(what: str, work: Awaitable[T], stop: asyncio.Event | None) -> T:
-    """Await ``work``, logging every ``WAIT_LOG_EVERY_S`` what it waits for and for how long.
+    """Await ``work`` as every service's start waits (``spade.serving.startup.logged_wait``).
 
     Raises:
         StoppedWhileWaiting: ``stop`` was set first (``work`` is cancelled).
     """
-    task = asyncio.ensure_future(work)
-    stopper = asyncio.ensure_future(stop.wait() if stop is not None else asyncio.Event().wait())
-    start = time.monotonic()
-    try:
-        while True:
-            done, _ = await asyncio.wait({task, stopper}, timeout=WAIT_LOG_EVERY_S, return_when="FIRST_COMPLETED")
-            if task in done:
-                return task.result()
-            if stopper in done:
-                raise StoppedWhileWaiting(f"stopped while waiting for {what}")
-            log.warning(
-                "rollout waiting for %s: %.0fs so far",
-                what,
-                time.monotonic() - start,
-                extra={"event": "waiting", "for": what, "waited_s": round(time.monotonic() - start)},
-            )
-    finally:
-        stopper.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+    return await logged_wait(what, work, stop=stop, every_s=WAIT_LOG_EVERY_S, service="rollout", logger=log)
 
 
 async def wait_ready(deps: list[Dependency | None], stop: asyncio.Event | None) -> None:

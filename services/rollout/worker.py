@@ -12,6 +12,11 @@ Several workers share one consumer group and one state store (horizontal scaling
   the same seeds; slots ``1..k-1`` play fresh seeds without the hint, late if their version passed.
   Each play is published, recorded in the memory and marked done on its own, so a slot resumed after
   a crash, a takeover or SIGTERM plays only what is missing; then the slot is marked complete.
+- audit plays (``core/audit.py``): at slot 0, before the real plays, each trivial policy (a constant
+  and a random action) plays ``audit_plays`` of the slot's own seeds with no model call. The verdict
+  is published on ``envs.audited`` (the learner waits for it) and kept in the state store; an env a
+  trivial policy won too often closes unplayed and retires as ``trivially_won``. Audit plays are
+  never published as samples nor recorded as plays.
 - closed windows are reported to the memory (retried until it answers), then the env retires.
 - a slot that fails is held back for ``lease_s`` and tried again; after ``max_attempts`` failed
   claims it is given up (poison work). A failure while a service the plays need was unreachable
@@ -27,48 +32,69 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.exceptions
 import sqlalchemy.exc
 
+from services.rollout.core.audit import (
+    AuditPlay,
+    AuditPlayer,
+    AuditPolicy,
+    AuditVerdict,
+    audit_seeds,
+    decide,
+)
 from services.rollout.core.episode import EpisodeRunner, Play, TurnSeeds
 from services.rollout.core.ports import EnvNotFound, EnvSpec, RolloutMemory
 from services.rollout.core.schedule import ActiveEnv, EnvStatus, current_version, is_late
 from services.rollout.core.seeds import play_seeds
-from services.rollout.samples import SlotRef, arm, sample_id, to_agent_sample, to_play_record
+from services.rollout.samples import (
+    SlotRef,
+    arm,
+    audit_key,
+    sample_id,
+    to_agent_sample,
+    to_env_audit,
+    to_play_record,
+)
 from services.rollout.state_store import Claim, RolloutStateStore
 from spade.dependencies import Dependency
+from spade.errors import Unavailable
 from spade.inference import derive_sampling_seed
-from spade.inference.client import InferenceUnavailable
-from spade.memory.errors import MemoryUnavailable
-from spade.queues.base import ENVS_READY, SAMPLES_AGENT, WEIGHTS_PUBLISHED, QueueFull, WorkQueue
+from spade.memory.records import EnvStatus as MemoryEnvStatus
+from spade.queues.base import ENVS_AUDITED, ENVS_READY, SAMPLES_AGENT, WEIGHTS_PUBLISHED, QueueFull, WorkQueue
 from spade.queues.messages import decode, publish_proto
 from spade.retry import RetryPolicy
 from spade.runspec import RunSpec
 from spade.sandbox.errors import SandboxFault
+from spade.serving import lifecycle
+from spade.signal import group_has_signal
 from spade.v1 import queues_pb2
 
 log = logging.getLogger("spade.rollout")
+
+_T = TypeVar("_T")
 
 PLAY_RETRY = RetryPolicy(attempts=3, initial_s=0.0, max_s=0.0, jitter_s=0.0)
 """Default tries of a play after a sandbox fault (a service configures its own: ``RolloutSettings.retry``)."""
 
 
 UNREACHABLE: tuple[type[BaseException], ...] = (
-    ConnectionError,  # includes spade.dependencies.DependencyUnavailable
-    InferenceUnavailable,
-    MemoryUnavailable,
+    Unavailable,
+    ConnectionError,
     QueueFull,
     sqlalchemy.exc.OperationalError,
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
 )
-"""Failures that say a service was unreachable or behind (the inference server, the memory, the state
-store, the queue), never that the env is bad. ``SandboxFault`` is not among them: an env can be the
-cause of one, so a sandbox fault counts unless the sandbox is unreachable right after it."""
+"""``spade.errors.Unavailable`` (which every client raises for an unreachable dependency: the inference
+servers, the memory, a dependency waited for), then the failures of libraries the rollout calls
+directly that say a store was unreachable or behind (the state store, the queue), never that the env
+is bad. ``SandboxFault`` is not among them: an env can be the cause of one, so a sandbox fault counts
+unless the sandbox is unreachable right after it."""
 
 
 async def outage(exc: BaseException, dependencies: Sequence[Dependency] = ()) -> str | None:
@@ -127,6 +153,7 @@ class WorkerConfig:
     drop_mixed_versions: bool = False
     publish_timeout_s: float | None = None
     sampling_run: str | None = None
+    zero_variance_extensions: int = 0
 
     @property
     def run_id(self) -> str:
@@ -139,9 +166,13 @@ class WorkerCounts:
     """What this worker did (for tests and the service's log)."""
 
     plays: int = 0
+    audit_plays: int = 0
+    audited_envs: int = 0
+    audit_retired: int = 0
     slots: int = 0
     late_slots: int = 0
     skipped_slots: int = 0
+    extended_groups: int = 0
     refused_envs: int = 0
     lost_leases: int = 0
     released_on_stop: int = 0
@@ -177,6 +208,7 @@ class RolloutWorker:
         self.dependencies = tuple(dependencies)
         self.counts = WorkerCounts()
         self._plays = asyncio.Semaphore(config.max_concurrent_plays)
+        self._auditor = AuditPlayer(runner.sessions, runner.limits.max_turns)
         self._jobs: dict[str, asyncio.Task[None]] = {}
 
     @property
@@ -250,6 +282,7 @@ class RolloutWorker:
         stopped, on whichever worker claims it next.
         """
         jobs = list(self._jobs.values())
+        lifecycle.note_finished(slots_in_flight=len(jobs))
         if not jobs:
             return
         event("rollout_stopping", in_flight=len(jobs), grace_s=self.config.shutdown_grace_s)
@@ -258,6 +291,7 @@ class RolloutWorker:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self.counts.released_on_stop += len(pending)
+        lifecycle.note_finished(slots_finished=len(jobs) - len(pending), slots_handed_back=len(pending))
         if pending:
             event("rollout_stopped", level=logging.WARNING, cancelled_slots=len(pending))
 
@@ -333,18 +367,46 @@ class RolloutWorker:
 
     # ---- slots -------------------------------------------------------------------------------------
 
-    async def step_window(self) -> int:
-        """Retire closed windows and play one due slot, if any (first plays included); return the work done."""
+    async def step_window(self, skip: Collection[str] = ()) -> int:
+        """Retire closed windows and play one due slot, if any (first plays included); return the work done.
+
+        Args:
+            skip: Envs whose due slots are left for later (the embedded run plays a chosen part of its
+                pool each step); they stay due and are played late under their own slot index.
+        """
         done = await self._retire_closed()
-        claim = await self.store.claim(self.config.consumer, self.config.lease_s, self._jobs.keys())
+        claim = await self.store.claim(self.config.consumer, self.config.lease_s, {*self._jobs.keys(), *skip})
         if claim is None:
             return done
         await self._run_claim(claim)
         return done + 1 + await self._retire_closed()
 
+    def _say_whose(self, claim: Claim) -> None:
+        """The lifecycle line of a claim that replaced a lease: another worker's (lapsed) or this one's own."""
+        env_id = claim.env.env_id
+        previous = claim.previous_owner
+        if previous == self.config.consumer:
+            lifecycle.resumed(
+                f"resumed my own slot {claim.slot} of {env_id} (held before a restart)",
+                env_id=env_id,
+                slot=claim.slot,
+                consumer=previous,
+            )
+        elif previous is not None:
+            lifecycle.took_over(
+                f"took over slot {claim.slot} of {env_id} from {previous}: its lease lapsed unrenewed",
+                env_id=env_id,
+                slot=claim.slot,
+                from_owner=previous,
+                reason="lease lapsed",
+                lease_until=claim.previous_until,
+                attempt=claim.attempts,
+            )
+
     async def _run_claim(self, claim: Claim) -> None:
         """Play a claimed slot under its lease; on failure or cancellation hand the lease back."""
         env_id, owner = claim.env.env_id, self.config.consumer
+        self._say_whose(claim)
         lost = asyncio.Event()
         work = asyncio.create_task(self._work(claim))
         beat = asyncio.create_task(self._keep_lease(env_id, work, lost))
@@ -414,6 +476,22 @@ class RolloutWorker:
             env = await self._fix_window(env)
         latest = await self.store.latest_version()
         ref = SlotRef(window_start=env.slot_version(0), window_index=slot, spec_id=self.spec.spec_id)
+        if slot == 0:
+            verdict = await self.audit(env, spec, ref)
+            if verdict is not None and verdict.trivially_won:
+                await self.store.close_unplayed(
+                    env.env_id, f"retired as {MemoryEnvStatus.TRIVIALLY_WON.value}: {verdict.reason}"
+                )
+                self.counts.audit_retired += 1
+                event(
+                    "env_trivially_won",
+                    level=logging.WARNING,
+                    env_id=env.env_id,
+                    designer_sample_id=env.designer_sample_id,
+                    reason=verdict.reason,
+                    spec_id=ref.spec_id,
+                )
+                return
         late = is_late(env, slot, latest)
         self.counts.late_slots += late
         await self.play_slot(spec, ref, late=late)
@@ -461,14 +539,88 @@ class RolloutWorker:
         self.counts.skipped_slots += 1
         event("slot_skipped", level=logging.ERROR, env_id=env.env_id, slot=slot, reason=reason)
 
+    async def audit(self, env: ActiveEnv, spec: EnvSpec, ref: SlotRef) -> AuditVerdict | None:
+        """The env's audit verdict: played now at its first slot, or the one stored (None: no audit in this run).
+
+        Each trivial policy plays the run spec's ``audit_plays`` first seeds of slot 0 (the real plays'
+        own seeds). The verdict is kept in the state store first (first writer wins), then published on
+        ``envs.audited`` (idempotent by env): whatever crash comes between, the learner and the rollout
+        hold the same verdict, and a resumed slot 0 plays no audit twice and publishes the one it kept.
+        """
+        plays = self.spec.audit_plays
+        if plays == 0:
+            return None
+        verdict = await self.store.audit(env.env_id)
+        if verdict is None:
+            seeds = audit_seeds(env.env_id, plays)
+            done = await _all_or_none([self._audit_one(spec, seed, policy) for policy in AuditPolicy for seed in seeds])
+            verdict = decide(env.env_id, done, self.spec.audit_max_win_rate)
+            self.counts.audited_envs += 1
+            event(
+                "env_audited",
+                env_id=env.env_id,
+                trivially_won=verdict.trivially_won,
+                win_rates={r.policy.value: round(r.win_rate, 3) for r in verdict.results},
+                seeds=seeds,
+                max_win_rate=verdict.max_win_rate,
+                spec_id=ref.spec_id,
+            )
+            verdict = await self.store.record_audit(verdict)  # another worker's, if it stored one first
+        message = to_env_audit(verdict, env.designer_sample_id, ref)
+        c = self.config
+        await publish_proto(self.queue, ENVS_AUDITED, message, key=audit_key(env.env_id), timeout_s=c.publish_timeout_s)
+        return verdict
+
+    async def _audit_one(self, spec: EnvSpec, seed: int, policy: AuditPolicy) -> AuditPlay:
+        """One audit play, replayed from the start after a sandbox fault (no model, nothing published)."""
+        what = f"auditing {spec.env_id} seed {seed} with the {policy} policy"
+        play: AuditPlay | None = None
+        async for attempt in self.config.play_retry.async_retrying(SandboxFault, logger=log, what=what):
+            with attempt:
+                async with self._plays:
+                    play = await self._auditor.play(spec, seed, policy)
+        assert play is not None, "the retryer re-raises the last failure"
+        self.counts.audit_plays += 1
+        return play
+
     async def play_slot(self, spec: EnvSpec, ref: SlotRef, *, late: bool = False) -> list[Play]:
         """Play the missing plays of one slot: G seeds, both arms at slot 0 (same seeds), else unhinted.
 
-        Plays already published and recorded (an earlier, interrupted run of this slot) are not
-        played again. Hinted and unhinted plays of a seed start together so their shared prompt
-        prefix is prefilled once (the inference server's radix cache).
+        A group without signal is extended: when the unhinted returns of the slot are all equal
+        (``spade.signal.group_has_signal``: nothing the learner could train on), G fresh seeds of the
+        same slot are played, in both arms at slot 0 so the regret's arms keep identical seeds, up to
+        ``zero_variance_extensions`` times. The seeds are the slot's seed list continued
+        (``play_seeds`` is prefix-stable), so every worker and restart extends with the same seeds.
+        The decision is taken on the plays this call played: a slot resumed after an interruption,
+        whose earlier plays are done, decides on what it plays itself.
         """
-        seeds = play_seeds(spec.env_id, ref.window_index, self.spec.group_size)
+        group = self.spec.group_size
+        seeds = play_seeds(spec.env_id, ref.window_index, group)
+        plays = await self._play_seeds(spec, ref, seeds, late)
+        for extension in range(1, self.config.zero_variance_extensions + 1):
+            returns = [p.episode_return for p in plays if not p.hinted and not p.finish_reason.is_resource_fault]
+            if len(returns) < 2 or group_has_signal(returns):
+                break
+            seeds = play_seeds(spec.env_id, ref.window_index, group * (extension + 1))[group * extension :]
+            self.counts.extended_groups += 1
+            event(
+                "group_extended",
+                env_id=spec.env_id,
+                window_index=ref.window_index,
+                version=ref.version,
+                extension=extension,
+                returns=sorted(set(returns)),
+                fresh_seeds=len(seeds),
+            )
+            plays += await self._play_seeds(spec, ref, seeds, late)
+        return plays
+
+    async def _play_seeds(self, spec: EnvSpec, ref: SlotRef, seeds: Sequence[int], late: bool) -> list[Play]:
+        """Play ``seeds`` of one slot (both arms at slot 0), skipping plays already done.
+
+        Hinted and unhinted plays of a seed start together so their shared prompt prefix is
+        prefilled once (the inference server's radix cache).
+        """
         arms = (False, True) if ref.window_index == 0 else (False,)
         done = await self.store.done_plays(spec.env_id, ref.window_index)
         todo = [
@@ -477,15 +629,7 @@ class RolloutWorker:
             for hinted in arms
             if sample_id(spec.env_id, ref.window_index, seed, hinted=hinted) not in done
         ]
-        tasks = [asyncio.create_task(self._play_one(spec, ref, seed, hinted, late)) for seed, hinted in todo]
-        try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:
-            # One failed play fails the slot: stop its siblings instead of leaving them running.
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        return await _all_or_none([self._play_one(spec, ref, seed, hinted, late) for seed, hinted in todo])
 
     def turn_seeds(self, env_id: str, ref: SlotRef, seed: int, hinted: bool) -> TurnSeeds:
         """The ``sampling_seed`` of each turn of one play: (run, env, slot version, seed, arm, turn)."""
@@ -549,11 +693,31 @@ class RolloutWorker:
         closed = await self.store.envs(EnvStatus.CLOSED)
         for env in closed:
             last = env.slot_version(env.window - 1) if env.window_start is not None else env.design_version
-            await self._memory.retire_environment(env.env_id, last)
+            verdict = await self.store.audit(env.env_id)
+            trivial = verdict is not None and verdict.trivially_won
+            await self._memory.retire_environment(env.env_id, last, trivially_won=trivial)
             await self.store.mark_retired(env.env_id)
             skipped = await self.store.skipped(env.env_id)
-            event("env_retired", env_id=env.env_id, last_version=last, skipped_slots=[s.slot for s in skipped])
+            event(
+                "env_retired",
+                env_id=env.env_id,
+                last_version=last,
+                retired_as=MemoryEnvStatus.TRIVIALLY_WON.value if trivial else "window_closed",
+                skipped_slots=[s.slot for s in skipped],
+            )
         return len(closed)
+
+
+async def _all_or_none(work: Sequence[Coroutine[Any, Any, _T]]) -> list[_T]:
+    """Run ``work`` concurrently; one failure fails them all: its siblings are stopped, not left running."""
+    tasks = [asyncio.create_task(w) for w in work]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

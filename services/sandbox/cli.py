@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from spade.serving.run import config_option
+from spade.serving.run import config_option, configure_logs, log_level_option
 
 
 def _settings(config: Path | None, **overrides: Any) -> Any:
@@ -26,10 +26,17 @@ def _settings(config: Path | None, **overrides: Any) -> Any:
 @click.option("--grpc-port", type=int, default=None, help="gRPC port (default 50051).")
 @click.option("--http-port", type=int, default=None, help="REST port (default 8081).")
 @click.option("--dev", "dev_mode", is_flag=True, default=None, help="Dev mode: anonymous access allowed.")
+@log_level_option
 def serve(
-    config_file: Path | None, host: str | None, grpc_port: int | None, http_port: int | None, dev_mode: bool | None
+    config_file: Path | None,
+    host: str | None,
+    grpc_port: int | None,
+    http_port: int | None,
+    dev_mode: bool | None,
+    log_level: str | None,
 ) -> None:
     """Serve the sandbox over gRPC and REST until SIGTERM/SIGINT (then drain and stop)."""
+    configure_logs("sandbox", log_level)
     from services.sandbox.isolation import SandboxUnavailable
     from services.sandbox.isolation.cgroups import CgroupUnavailable
     from services.sandbox.wiring import serve_forever

@@ -1,6 +1,9 @@
 """REST adapter (FastAPI): translates HTTP to ``SandboxService`` calls.
 
-Errors, authentication, ``/healthz`` and ``/metrics`` are the shared ones of ``spade.serving.http``.
+Errors, authentication, ``/healthz`` and ``/metrics`` are the shared ones of ``spade.serving.http``:
+``/healthz`` answers ``ok`` to anyone, ``/healthz/details`` (pools, cgroups, versions) and ``/metrics``
+(which name tenants) need a key (``read`` is enough). The ``/v1`` routes need a ``write`` key
+(``SandboxService`` decides, for gRPC alike).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from services.sandbox.core.auth import Tenant
 from services.sandbox.core.errors import InvalidRequest
 from services.sandbox.core.requests import MAX_TURN_BUDGET
 from services.sandbox.service import SandboxService
+from spade.auth import Role
 from spade.envs import StepOutcome, ValidationReport
+from spade.errors import require_text
 from spade.serving.docs import install_offline_docs
 from spade.serving.http import HttpMetrics, bearer_auth, error_response, install_error_handlers, ops_router
 
@@ -77,6 +82,7 @@ def report_json(report: ValidationReport) -> dict[str, Any]:
 
 
 def _decode(value: str, encoding: str, what: str) -> bytes:
+    require_text(value, what, InvalidRequest)
     if encoding == "utf-8":
         return value.encode("utf-8")
     try:
@@ -185,7 +191,13 @@ def create_app(service: SandboxService, *, max_request_bytes: int) -> FastAPI:
     async def health() -> tuple[bool, dict[str, Any]]:
         return True, service.health()
 
-    app.include_router(ops_router(health=health, registry=service.metrics.registry))
+    keys = service.authenticator
+    ops = (
+        None
+        if keys.open
+        else bearer_auth(keys, role=Role.READ, action="reading the sandbox's health details and metrics")
+    )
+    app.include_router(ops_router(health=health, registry=service.metrics.registry, guard=ops))
     app.add_middleware(HttpMetrics, service="sandbox", registry=service.metrics.registry)
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     return app

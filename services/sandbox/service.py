@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from services.sandbox.core.auth import KeyRing, Tenant
-from services.sandbox.core.errors import SandboxServiceError
 from services.sandbox.core.quotas import LocalQuotas, QuotaStore
 from services.sandbox.core.requests import (
     RequestLimits,
@@ -27,7 +26,9 @@ from services.sandbox.core.requests import (
 )
 from services.sandbox.core.sessions import LiveSession, SessionManager
 from services.sandbox.metrics import SandboxMetrics
+from spade.auth import Role, authorize
 from spade.envs import CheckConfig, StepOutcome, ValidationReport
+from spade.errors import ServiceError
 
 log = logging.getLogger("spade.sandbox")
 
@@ -85,7 +86,7 @@ class SandboxService:
         code = "ok"
         try:
             yield
-        except SandboxServiceError as exc:
+        except ServiceError as exc:  # the sandbox's own errors and spade.auth's Forbidden
             code = exc.code
             raise
         except Exception:
@@ -100,6 +101,7 @@ class SandboxService:
         self, tenant: Tenant, code: object, setting: object, agent_max_turns: object = 0
     ) -> ValidationReport:
         with self._observe("validate"):
+            authorize(tenant, Role.WRITE, "running code")
             code_s = check_code(code, self.limits)
             setting_s = check_setting(setting)
             checks = self.checks_for(check_turn_budget(agent_max_turns))
@@ -121,6 +123,7 @@ class SandboxService:
         memory_mb: int = 0,
     ) -> Any:
         with self._observe("execute"):
+            authorize(tenant, Role.WRITE, "running code")
             code_s = check_code(code, self.limits)
             files = files or {}
             check_execution(stdin, files, timeout_s, memory_mb, self.limits)
@@ -135,6 +138,7 @@ class SandboxService:
         self, tenant: Tenant, code: object, setting: object, seed: object, agent_max_turns: object = 0
     ) -> tuple[str, StepOutcome]:
         with self._observe("open_session"):
+            authorize(tenant, Role.WRITE, "running code")
             code_s = check_code(code, self.limits)
             setting_s = check_setting(setting)
             seed_i = check_seed(seed)
@@ -148,6 +152,7 @@ class SandboxService:
 
     async def step(self, tenant: Tenant, session_id: str, action: object) -> StepOutcome:
         with self._observe("step"):
+            authorize(tenant, Role.WRITE, "running code")
             action_s = check_action(action, self.limits)
             outcome: StepOutcome = await self.sessions.step(tenant, session_id, action_s)
             self._count(outcome)
@@ -155,6 +160,7 @@ class SandboxService:
 
     async def close_session(self, tenant: Tenant, session_id: str) -> None:
         with self._observe("close_session"):
+            authorize(tenant, Role.WRITE, "running code")
             await self.sessions.close(tenant, session_id)
 
     def _count(self, outcome: StepOutcome) -> None:

@@ -2,7 +2,9 @@
 
 Environment variables use the prefix ``SPADE_SANDBOX_`` and ``__`` for nesting, e.g.
 ``SPADE_SANDBOX_HTTP__PORT=8081``, ``SPADE_SANDBOX_ISOLATION__CPU_SECONDS=10``,
-``SPADE_SANDBOX_API_KEYS='[{"tenant": "rl", "key_sha256": "<hex>"}]'``. A YAML/JSON file can be
+``SPADE_SANDBOX_API_KEYS='[{"tenant": "rl", "key_sha256": "<hex>"}]'`` (a key's ``role`` is ``write``,
+running code, unless it says ``"role": "read"``: a monitoring key, for ``/healthz/details`` and
+``/metrics`` only). A YAML/JSON file can be
 given with ``spade serve sandbox --config FILE``; values from the file win over the environment.
 """
 
@@ -15,19 +17,26 @@ from pydantic_settings import SettingsConfigDict
 
 from services.sandbox.core.requests import RequestLimits
 from services.sandbox.isolation import IsolationSettings
-from spade.auth import ApiKey, check_unique_keys
+from spade.auth import RoleKey, check_unique_keys
 from spade.config import ServiceSettings
 from spade.envs import CheckConfig
 from spade.retry import RetryPolicy
 from spade.serving.settings import ServerAddress
 
 
-class SandboxApiKey(ApiKey):
-    """One tenant's key (stored as a SHA-256 hex digest, never in clear) and its quotas."""
+class SandboxApiKey(RoleKey):
+    """One tenant's key (stored as a SHA-256 hex digest, never in clear), its role and its quotas.
+
+    ``role``: ``write`` (the default) validates, executes and plays; ``read`` only reads
+    ``/healthz/details`` and ``/metrics`` (a monitoring key); ``admin`` is ``write`` here.
+    """
 
     max_sessions: int = Field(16, ge=1, le=10_000, description="Concurrent sessions this tenant may hold.")
     executions_per_minute: int = Field(
-        120, ge=1, le=1_000_000, description="Executions and validations per rolling minute."
+        120,
+        ge=1,
+        le=1_000_000,
+        description="Runs (executions, validations and session opens; steps are not counted) per rolling minute.",
     )
 
 
@@ -99,7 +108,10 @@ class SandboxSettings(ServiceSettings):
         'e.g. SPADE_SANDBOX_QUOTAS=\'{"kind": "redis", "url": "redis://redis:6379/0"}\'.',
     )
     isolation: IsolationSettings = Field(default_factory=IsolationSettings, description="Isolation layers and limits.")
-    checks: CheckConfig = Field(default_factory=CheckConfig, description="Validation seeds, counts, thresholds.")
+    checks: CheckConfig = Field(
+        default_factory=CheckConfig,
+        description="Validation seed count (the seeds are drawn in secret per run), counts, thresholds.",
+    )
 
     @field_validator("api_keys")
     @classmethod

@@ -15,6 +15,7 @@ from services.sandbox.isolation import SandboxPool
 from services.sandbox.rest import create_app
 from services.sandbox.service import SandboxService
 from services.sandbox.settings import LocalQuotaSettings, RedisQuotaSettings, SandboxSettings
+from spade.serving import lifecycle
 from spade.serving.grpc import RunningGrpc, grpc_server
 from spade.serving.http import RunningHttp, http_server
 
@@ -24,7 +25,9 @@ log = logging.getLogger("spade.sandbox")
 def build_authenticator(settings: SandboxSettings) -> KeyRing[Tenant]:
     """The tenants' keys (dev mode without keys: open, as the dev tenant)."""
     keys = {
-        k.key_sha256: Tenant(name=k.tenant, max_sessions=k.max_sessions, executions_per_minute=k.executions_per_minute)
+        k.key_sha256: Tenant(
+            name=k.tenant, max_sessions=k.max_sessions, executions_per_minute=k.executions_per_minute, role=k.role
+        )
         for k in settings.api_keys
     }
     return tenant_keyring(keys, dev_mode=settings.dev_mode)
@@ -115,11 +118,12 @@ async def serving(settings: SandboxSettings) -> AsyncIterator[RunningServers]:
 async def serve_forever(settings: SandboxSettings, stop: asyncio.Event) -> None:
     """Entry point of ``spade serve sandbox``: serve until ``stop`` is set (SIGTERM/SIGINT)."""
     async with serving(settings) as running:
-        log.warning(
-            "sandbox serving: gRPC %s:%d, REST http://%s:%d (OpenAPI at /docs)",
-            settings.grpc.host,
-            running.grpc_port,
-            settings.http.host,
-            running.http_port,
+        lifecycle.started(
+            f"sandbox serving: gRPC {settings.grpc.host}:{running.grpc_port}, "
+            f"REST http://{settings.http.host}:{running.http_port} (OpenAPI at /docs)",
+            settings=settings,
+            grpc_port=running.grpc_port,
+            http_port=running.http_port,
+            max_sessions=settings.max_sessions,
         )
         await stop.wait()

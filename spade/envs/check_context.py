@@ -9,13 +9,20 @@ checker (``spade.envs.checker``) owns the registry and the order; checks never s
 results.
 
 Where the env's code runs is the context's ``runtime``: ``InProcessRuntime`` loads it into this
-process (trusted code, tests); ``spade.envs.remote.RemoteRuntime`` loads it into a separate host
-process and hands the checks a proxy class, so the checker never shares a process with the code it
-judges (the sandbox's validation). Standard library only.
+process (trusted code, tests); ``spade.envs.remote.RemoteRuntime`` plays every episode in a session
+of its own, the very sessions a rollout plays (the sandbox's validation), so the checker never
+shares a process with the code it judges and the env cannot tell a check from a play.
+
+The seeds every check plays are drawn afresh for each validation, in secret, from the play seed
+distribution (``spade.envs.seeds``): ``seeds`` for the seed-wise checks, ``random_seeds`` for the
+random policy's episodes, and ``rng`` (seeded from ``os.urandom``) for the random policy's actions.
+Reports name them afterwards. Standard library only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import time
 from collections.abc import Callable
@@ -27,6 +34,7 @@ from spade.envs.findings import CheckFailed, short
 from spade.envs.limits import CallTimeout, describe_exception, guarded
 from spade.envs.loader import LoadResult, load_env_class
 from spade.envs.policy import RandomPolicy
+from spade.envs.seeds import secret_seeds
 from spade.envs.session import EnvSession
 from spade.envs.types import CheckConfig, Outcome, Setting, StepOutcome
 
@@ -40,6 +48,19 @@ class EnvRuntime(Protocol):
         Raises:
             CallTimeout: Running the module took longer than ``config.call_time_limit_s``.
         """
+        ...
+
+    def session(self, env_class: Any, setting: Setting, seed: int, config: CheckConfig) -> EnvSession:
+        """A fresh session of the loaded env class on ``seed``, not yet reset."""
+        ...
+
+    @property
+    def shares_process(self) -> bool:
+        """Whether env code runs in the checker's own process (its global state then needs restoring)."""
+        ...
+
+    def guard(self, seconds: float) -> contextlib.AbstractContextManager[Any]:
+        """The time limit and output capture of one env call made from the checker."""
         ...
 
     def seed_global(self, n: int) -> None:
@@ -62,6 +83,14 @@ class InProcessRuntime:
         with guarded(config.call_time_limit_s):
             return load_env_class(code, setting)
 
+    def session(self, env_class: Any, setting: Setting, seed: int, config: CheckConfig) -> EnvSession:
+        return EnvSession.from_class(env_class, setting, seed, config)
+
+    shares_process = True
+
+    def guard(self, seconds: float) -> contextlib.AbstractContextManager[Any]:
+        return guarded(seconds)
+
     def seed_global(self, n: int) -> None:
         random.seed(n)
 
@@ -83,6 +112,10 @@ class CheckContext:
         runtime: Where the env's code runs (``InProcessRuntime`` by default).
 
     Attributes:
+        seeds: The ``config.seed_count`` seeds of this validation's seed-wise checks (secret, see
+            the module docstring).
+        random_seeds: The seeds of the random policy's ``config.random_policy_episodes`` episodes.
+        rng: The checker's own RNG (the random policy's actions), seeded in secret.
         env_class: The env class, once the ``structure`` check has loaded it (``None`` before).
         solutions: Seed -> the env's solution on that seed (game: action strings; tool: one list of
             ``ToolCall`` per instruction), recorded the first time a check asks for it.
@@ -101,6 +134,10 @@ class CheckContext:
         self.setting = setting
         self.config = config
         self.repairs = list(repairs)
+        drawn = secret_seeds(config.seed_count + config.random_policy_episodes)
+        self.seeds: tuple[int, ...] = tuple(drawn[: config.seed_count])
+        self.random_seeds: tuple[int, ...] = tuple(drawn[config.seed_count :])
+        self.rng = random.Random(os.urandom(16))
         self.env_class: Any = None
         self.solutions: dict[int, Any] = {}
         self._deadline = time.monotonic() + config.total_time_limit_s
@@ -122,7 +159,7 @@ class CheckContext:
                 f"validation ran past its budget of {self.config.total_time_limit_s:g} s in total; "
                 "make reset()/step() cheaper"
             )
-        return EnvSession.from_class(self.env_class, self.setting, seed, self.config)
+        return self.runtime.session(self.env_class, self.setting, seed, self.config)
 
     def guarded(self, fn: Callable[[], Any], what: str) -> Any:
         """``fn()`` under the per-call time limit; a timeout or any exception becomes a finding.
@@ -131,7 +168,7 @@ class CheckContext:
         ``reset``/``step`` return where the env runs, before the value can cross to the checker).
         """
         try:
-            with guarded(self.config.call_time_limit_s):
+            with self.runtime.guard(self.config.call_time_limit_s):
                 return fn()
         except ContractError:
             raise
@@ -165,6 +202,13 @@ class CheckContext:
             )
         self.solutions.setdefault(seed, list(actions))
         return list(actions)
+
+    def solution_of(self, seed: int) -> Any:
+        """The solution of ``seed`` as recorded by an earlier check, else computed on a fresh instance
+        of its own; either way never on the instance the caller then plays."""
+        if seed in self.solutions:
+            return self.solutions[seed]
+        return self.solution(self.reset(seed)[0], seed)
 
     def check_turns(self, session: EnvSession, seed: int, needed: int) -> None:
         """Refuse a solution of ``needed`` turns that ``session`` cannot play out.

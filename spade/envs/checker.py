@@ -5,8 +5,13 @@ returns a ``ValidationReport`` with one ``CheckResult`` per name in ``CHECK_NAME
 the rule, what was seen and the fix. Checks that cannot run because an earlier one failed are
 reported as not passed, naming the check that blocked them. Standard library only. Where the env's
 code runs is the ``runtime`` (``spade.envs.check_context``): in this process for trusted code
-(tests), in a separate host process in the sandbox, so that env code never shares a process with
-the checker that judges it (``spade.envs.remote``).
+(tests); in the sandbox, every episode a check plays is a real session of its own, as a rollout's
+play is (``spade.envs.remote``), so env code never shares a process with the checker that judges it
+and cannot tell a check from a play.
+
+Validation is indistinguishable from play: the seeds are drawn in secret for each run from the play
+seed distribution (``CheckContext.seeds``), and ``solution()`` is computed on one instance and
+replayed on a fresh instance of the same seed that never had ``solution()`` called.
 
 Each check is a function over the public ``CheckContext`` (``spade.envs.check_context``), listed
 by name in the registry ``CHECKS`` with the check it needs; the tool-only checks live in
@@ -18,14 +23,12 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping
-from functools import partial
 from types import MappingProxyType
 from typing import Any
 
 from spade.envs import tool_checks
-from spade.envs.actions import ToolCall, normalize_game_action
+from spade.envs.actions import ToolCall
 from spade.envs.check_context import CheckContext, EnvCheck, EnvRuntime
-from spade.envs.contract import ContractError, unpack_reset, unpack_step
 from spade.envs.findings import CheckFailed, short
 from spade.envs.limits import CallTimeout, describe_exception
 from spade.envs.parsing import parse
@@ -33,10 +36,9 @@ from spade.envs.policy import noop_action
 from spade.envs.repair import repair_code
 from spade.envs.schema import example_value
 from spade.envs.session import EnvFault, EnvSession
-from spade.envs.types import CHECK_NAMES, CheckConfig, CheckResult, Outcome, Setting, ValidationReport
+from spade.envs.types import CHECK_NAMES, CheckConfig, CheckResult, Outcome, Setting, StepOutcome, ValidationReport
 
 GAME_PROBES = ("\\boxed{1}", "\\boxed{test}", "hello")
-RANDOM_POLICY_SEED_BASE = 10_000
 Progress = Callable[[str, "dict[str, Any] | None"], None]
 """Called with ``(check_name, None)`` when a check starts and ``(check_name, result.to_dict())`` when
 it ends (the sandbox streams these)."""
@@ -72,57 +74,64 @@ def check_structure(ctx: CheckContext) -> str:
     return f"one env class {ctx.env_class.__name__} with reset/step/solution"
 
 
+def _failed_call(outcome: StepOutcome, what: str, ctx: CheckContext) -> CheckFailed:
+    """The finding for a call whose session ended in a fault (timeout, error, a resource limit)."""
+    if outcome.outcome is Outcome.TIMEOUT:
+        return CheckFailed(
+            f"{what} took longer than the {ctx.config.call_time_limit_s:g} s per-call limit "
+            f"({short(outcome.observation)}); make it cheaper (no unbounded loops or huge searches)"
+        )
+    return CheckFailed(f"{what}: {outcome.observation}")
+
+
+def _smoke_checked(ctx: CheckContext, session: EnvSession, outcome: StepOutcome, what: str) -> None:
+    """Refuse a call whose answer is malformed, over the caps or out of range (what the env returned,
+    before the session cut and clamped it)."""
+    if outcome.outcome not in (Outcome.OK, Outcome.LIMIT):
+        raise _failed_call(outcome, what, ctx)
+    reward, chars = session.raw.get("reward", 0.0), session.raw.get("chars", 0)
+    if not 0.0 <= reward <= 1.0:
+        raise CheckFailed(
+            f"{what} returned reward {reward}; rewards must lie in [0, 1] "
+            "(1.0 for a win, 0 otherwise or partial credit)"
+        )
+    if chars > ctx.config.observation_cap:
+        raise CheckFailed(f"{what} observation is {chars} chars, over the {ctx.config.observation_cap} cap")
+
+
 def check_smoke(ctx: CheckContext) -> str:
     assert ctx.env_class is not None
     cls = ctx.env_class
-    cap = ctx.config.observation_cap
-    seed = ctx.config.seeds[0]
-    env = ctx.guarded(cls, f"{cls.__name__}()")
-    try:
-        observation, info = unpack_reset(ctx.guarded(partial(env.reset, seed=seed), f"reset(seed={seed})"))
-    except ContractError as exc:
-        raise CheckFailed(f"{exc}; return (observation, info) from reset()") from None
-    if not observation.strip():
+    seed = ctx.seeds[0]
+    session = ctx.session(seed)
+    first = session.reset()
+    _smoke_checked(ctx, session, first, f"reset(seed={seed})")
+    if not first.observation.strip():
         raise CheckFailed(f"reset(seed={seed}) returned an empty observation; describe the task")
-    if len(observation) > cap:
-        raise CheckFailed(f"reset(seed={seed}) observation is {len(observation)} chars, over the {cap} cap")
-    if ctx.setting is Setting.TOOL and not info.get("tools"):
+    if ctx.setting is Setting.TOOL and not first.info.get("tools"):
         raise CheckFailed("reset() info has no 'tools'; let ToolEnv.reset() build it")
     if ctx.setting is Setting.GAME:
-        try:
-            first = ctx.guarded(env.solution, f"solution() on seed {seed}")
-        except CheckFailed:  # solution_replay reports it
-            first = None
+        # The solution's first action, from another instance: solution() is never called on an
+        # instance that is played.
+        solution = ctx.try_solution(ctx.reset(seed)[0], seed)
         probes = [*GAME_PROBES]
-        if isinstance(first, list | tuple) and first and isinstance(first[0], str):
-            probes.insert(0, first[0])
+        if isinstance(solution, list) and solution:
+            probes.insert(0, solution[0])
     else:
         tools = cls.tool_schemas()
         probes = ["<tool_call>{not json</tool_call>", "Hello, how can I help?"]
         probes += [ToolCall(n, example_value(t["parameters"])).to_text() for n, t in sorted(tools.items())]
         probes.append(ToolCall("no_such_tool", {}).to_text())
     steps = 0
+    outcome = first
     for probe in probes:
-        action = normalize_game_action(probe) if ctx.setting is Setting.GAME else probe
-        try:
-            raw = ctx.guarded(partial(env.step, action), f"step({short(action, 60)}) on seed {seed}")
-            observation, reward, terminated, truncated, _ = unpack_step(raw)
-        except ContractError as exc:
-            raise CheckFailed(f"step({short(action, 60)}): {exc}") from None
-        if not 0.0 <= reward <= 1.0:
-            raise CheckFailed(
-                f"step({short(action, 60)}) returned reward {reward}; rewards must lie in [0, 1] "
-                "(1.0 for a win, 0 otherwise or partial credit)"
-            )
-        if len(observation) > cap:
-            raise CheckFailed(f"step() observation is {len(observation)} chars, over the {cap} cap")
+        if outcome.done:
+            session = ctx.session(seed)
+            outcome = session.reset()
+            _smoke_checked(ctx, session, outcome, f"reset(seed={seed})")
+        outcome = session.step(probe)
+        _smoke_checked(ctx, session, outcome, f"step({short(probe, 60)}) on seed {seed}")
         steps += 1
-        if terminated or truncated:
-            env = ctx.guarded(cls, f"{cls.__name__}()")
-            try:
-                ctx.guarded(partial(env.reset, seed=seed), f"reset(seed={seed})")
-            except ContractError as exc:
-                raise CheckFailed(f"{exc}; return (observation, info) from reset()") from None
     return f"reset(seed={seed}) and {steps} probe steps returned well-formed values within the time limit"
 
 
@@ -147,16 +156,17 @@ def _trace(ctx: CheckContext, seed: int, actions: list[str], global_seed: int) -
 
 def check_determinism(ctx: CheckContext) -> str:
     compared = 0
-    state = random.getstate()
+    state = random.getstate() if ctx.runtime.shares_process else None
     try:
-        for seed in ctx.config.seeds[:2]:
+        for seed in ctx.seeds[:2]:
             session, _ = ctx.reset(seed)
             solution = ctx.try_solution(session, seed)
             actions = ctx.as_actions(solution)
-            policy = ctx.policy(random.Random(ctx.config.random_policy_seed + seed))
+            policy = ctx.policy(random.Random(ctx.rng.getrandbits(64)))
             actions = [*actions[:-1], *(policy.action("") for _ in range(3)), *actions[-1:]]
-            first, touched_a = _trace(ctx, seed, actions, global_seed=1)
-            second, touched_b = _trace(ctx, seed, actions, global_seed=2)
+            global_a = ctx.rng.getrandbits(32)
+            first, touched_a = _trace(ctx, seed, actions, global_seed=global_a)
+            second, touched_b = _trace(ctx, seed, actions, global_seed=global_a ^ (1 + ctx.rng.getrandbits(31)))
             if touched_a or touched_b:
                 raise CheckFailed(
                     f"on seed {seed}, reset()/step() used the global random module (its state changed); "
@@ -178,24 +188,26 @@ def check_determinism(ctx: CheckContext) -> str:
             if repr(again) != repr(solution):
                 raise CheckFailed(f"solution() differs between two reset(seed={seed}) calls; derive it from the seed")
     finally:
-        random.setstate(state)
-    seeds = list(ctx.config.seeds[:2])
+        if state is not None:
+            random.setstate(state)
+    seeds = list(ctx.seeds[:2])
     return f"seeds {seeds}: {compared} identical steps across fresh instances; global RNG untouched"
 
 
 def check_seed_variety(ctx: CheckContext) -> str:
     signatures: dict[int, list[Any]] = {}
-    for seed in ctx.config.seeds:
+    for seed in ctx.seeds:
         session, first = ctx.reset(seed)
         solution = ctx.try_solution(session, seed)
         signatures[seed] = [first.observation, repr(solution)]
         if ctx.setting is Setting.TOOL:
             signatures[seed].append(repr(session.env.state))
     # Hidden state shows in how each instance answers the same probe actions.
-    policy = ctx.policy(random.Random(0))
-    for seed in ctx.config.seeds:
+    probe_seed = ctx.rng.getrandbits(64)
+    policy = ctx.policy(random.Random(probe_seed))
+    for seed in ctx.seeds:
         session, outcome = ctx.reset(seed)
-        policy.rng = random.Random(ctx.config.random_policy_seed)
+        policy.rng = random.Random(probe_seed)
         for _ in range(3):
             if outcome.done:
                 break
@@ -206,36 +218,38 @@ def check_seed_variety(ctx: CheckContext) -> str:
         if all(s[1] == "None" for s in signatures.values()):
             return "inconclusive: solution() failed (see solution_replay) and observations match across seeds"
         raise CheckFailed(
-            f"all {len(ctx.config.seeds)} seeds {list(ctx.config.seeds)} gave the same instance (same "
+            f"all {len(ctx.seeds)} seeds {list(ctx.seeds)} gave the same instance (same "
             "observation, solution and answers to probe actions): a memorisable instance. "
             "Build it from random.Random(seed)"
         )
-    return f"{distinct} distinct instances across seeds {list(ctx.config.seeds)}"
+    return f"{distinct} distinct instances across seeds {list(ctx.seeds)}"
 
 
 def check_solution_replay(ctx: CheckContext) -> str:
     turns = []
-    for seed in ctx.config.seeds:
-        session, _ = ctx.reset(seed)
+    for seed in ctx.seeds:
         if ctx.setting is Setting.TOOL:
-            turns.append(tool_checks.replay_tool_solution(ctx, session, seed))
+            turns.append(tool_checks.replay_tool_solution(ctx, seed))
         else:
-            turns.append(_replay_game(ctx, session, seed))
+            turns.append(_replay_game(ctx, seed))
     return (
-        f"solution() wins on every seed {list(ctx.config.seeds)} in {min(turns)}-{max(turns)} turns "
-        f"(the agent's budget is {ctx.config.max_turns_cap})"
+        f"solution() wins on every seed {list(ctx.seeds)} in {min(turns)}-{max(turns)} turns, replayed on "
+        f"fresh instances (the agent's budget is {ctx.config.max_turns_cap})"
     )
 
 
-def _replay_game(ctx: CheckContext, session: EnvSession, seed: int) -> int:
-    actions = ctx.solution(session, seed)
-    outcome = session.last
-    assert outcome is not None
+FRESH = "on a fresh instance that never had solution() called"
+"""How every solution_replay finding says where the solution was replayed."""
+
+
+def _replay_game(ctx: CheckContext, seed: int) -> int:
+    actions = list(ctx.solution_of(seed))  # computed on one instance ...
+    session, outcome = ctx.reset(seed)  # ... and replayed on another, as an agent would play it
     ctx.check_turns(session, seed, len(actions))
     for i, action in enumerate(actions):
         outcome = session.step(action)
-        if outcome.outcome in (Outcome.ENV_ERROR, Outcome.TIMEOUT):
-            raise CheckFailed(f"replaying solution() on seed {seed}, action {i + 1}: {outcome.observation}")
+        if outcome.outcome not in (Outcome.OK, Outcome.LIMIT):
+            raise CheckFailed(f"replaying solution() {FRESH} of seed {seed}, action {i + 1}: {outcome.observation}")
         if outcome.done:
             break
     if outcome.terminated and outcome.reward >= ctx.config.win_threshold:
@@ -243,28 +257,28 @@ def _replay_game(ctx: CheckContext, session: EnvSession, seed: int) -> int:
     if outcome.done:
         how = "terminated" if outcome.terminated else f"truncated at turn {outcome.turn}/{session.max_turns}"
         raise CheckFailed(
-            f"replaying solution() on seed {seed} did not win: {how} with reward {outcome.reward} "
-            f"(last observation {short(outcome.observation)}); solution() must return the winning actions"
+            f"replaying solution() {FRESH} of seed {seed} did not win: {how} with reward {outcome.reward} "
+            f"(last observation {short(outcome.observation)}); solution() must return the winning actions, "
+            "and they must win on any instance of that seed"
         )
     raise CheckFailed(
-        f"replaying all {len(actions)} solution() actions on seed {seed} did not end the episode "
+        f"replaying all {len(actions)} solution() actions {FRESH} of seed {seed} did not end the episode "
         f"(last observation {short(outcome.observation)}); solution() must return the winning actions"
     )
 
 
 def check_random_policy(ctx: CheckContext) -> str:
-    rng = random.Random(ctx.config.random_policy_seed)
+    rng = ctx.rng
     episodes = ctx.config.random_policy_episodes
     wins = 0
-    for episode in range(episodes):
-        seed = RANDOM_POLICY_SEED_BASE + episode
+    for episode, seed in enumerate(ctx.random_seeds):
         session, outcome = ctx.reset(seed)
         policy = ctx.policy(rng, exclude_seed=seed)
         noop = noop_action(ctx.setting)
         while not outcome.done:
             action = noop if episode == 0 else policy.action(outcome.observation)
             outcome = session.step(action)
-            if outcome.outcome in (Outcome.ENV_ERROR, Outcome.TIMEOUT):
+            if outcome.outcome not in (Outcome.OK, Outcome.LIMIT):
                 raise CheckFailed(
                     f"random play on seed {seed} broke the env after {short(action, 60)}: {outcome.observation}"
                 )
@@ -280,10 +294,11 @@ def check_random_policy(ctx: CheckContext) -> str:
 
 
 def check_termination(ctx: CheckContext) -> str:
-    assert ctx.env_class is not None
-    cls = ctx.env_class
-    env = ctx.guarded(cls, f"{cls.__name__}()")
-    declared = getattr(env, "max_turns", None)
+    session, _ = ctx.reset(ctx.seeds[0])
+    try:
+        declared = session.guarded_call(lambda: session.env.max_turns)
+    except EnvFault:
+        declared = None
     cap = ctx.config.max_turns_cap
     if declared is None:
         return f"declares no max_turns; sessions truncate at {ctx.config.effective_max_turns(None)} turns"
@@ -294,22 +309,16 @@ def check_termination(ctx: CheckContext) -> str:
             f"declares max_turns={declared}, more than the agent's budget of {cap} turns: clamped to {cap} "
             "(sessions truncate at that turn)"
         )
-    for seed in ctx.config.seeds[:2]:
+    for seed in ctx.seeds[:2]:
         for policy_name in ("no-op", "random"):
-            env = ctx.guarded(cls, f"{cls.__name__}()")
-            observation, _ = unpack_reset(ctx.guarded(partial(env.reset, seed=seed), f"reset(seed={seed})"))
-            policy = ctx.policy(random.Random(seed), exclude_seed=seed)
-            ended = False
-            for _ in range(declared):
-                action = noop_action(ctx.setting) if policy_name == "no-op" else policy.action(observation)
-                if ctx.setting is Setting.GAME:
-                    action = normalize_game_action(action)
-                raw = ctx.guarded(partial(env.step, action), f"step() on seed {seed}")
-                observation, _, terminated, truncated, _ = unpack_step(raw)
-                if terminated or truncated:
-                    ended = True
-                    break
-            if not ended:
+            session, outcome = ctx.reset(seed)
+            policy = ctx.policy(random.Random(ctx.rng.getrandbits(64)), exclude_seed=seed)
+            while not outcome.done:
+                action = noop_action(ctx.setting) if policy_name == "no-op" else policy.action(outcome.observation)
+                outcome = session.step(action)
+                if outcome.outcome not in (Outcome.OK, Outcome.LIMIT):
+                    raise _failed_call(outcome, f"step() on seed {seed}", ctx)
+            if outcome.outcome is Outcome.LIMIT:  # the framework cut it: the env itself did not end it
                 raise CheckFailed(
                     f"after max_turns={declared} steps of {policy_name} play on seed {seed} the env neither "
                     "terminated nor truncated; return truncated=True once the turn count reaches max_turns"
@@ -414,11 +423,14 @@ def check_env_source(
         raise TypeError(f"code must be a str, got {type(code).__name__}")
     repaired, repairs = repair_code(code)
     ctx = CheckContext(repaired, parsed, config, repairs, runtime)
-    rng_state = random.getstate()
-    try:
+    if not ctx.runtime.shares_process:
         results = run_checks(ctx, progress)
-    finally:  # Env code (or the determinism probe) may have used the global RNG: leave it as found.
-        random.setstate(rng_state)
+    else:
+        rng_state = random.getstate()
+        try:
+            results = run_checks(ctx, progress)
+        finally:  # Env code (or the determinism probe) used this process's global RNG: leave it as found.
+            random.setstate(rng_state)
     return ValidationReport(
         valid=all(r.passed for r in results),
         setting=parsed.value,

@@ -37,22 +37,9 @@ class _CappedWriter(io.StringIO):
         return len(s)
 
 
-_timers = {"enabled": True}
-
-
-def disable_timers() -> None:
-    """Never arm SIGALRM in this process from now on.
-
-    For a process that runs no env code itself (the sandbox's checker, which drives env code in
-    another process and times it there): a signal handler would make it receive signals that
-    processes of the env may send.
-    """
-    _timers["enabled"] = False
-
-
 def timers_available() -> bool:
     """Whether per-call time limits can be enforced here (main thread, SIGALRM available)."""
-    return _timers["enabled"] and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
 
 
 @contextlib.contextmanager

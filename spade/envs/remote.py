@@ -1,282 +1,303 @@
-"""Env code in one process, the checker in another: the env host and the checker's proxies.
+"""An env played in another process: the one host every session's env process runs, and the
+checker's view of such a session.
 
-The checker must never share a process with the code it judges: env code could patch the checker's
-modules or write its own verdict. So in the sandbox the checker drives the env from a separate
-process, through a small request/response protocol of JSON-safe messages:
+Validation must be indistinguishable from play (DESIGN §4): an env that could tell the checker from
+an agent could play honestly for the one and hand out wins to the other. So the sandbox has one
+way to run env code turn by turn, a session, and the checker plays through real sessions too:
 
-- ``EnvHost`` runs where the env code runs. It loads the code, keeps the env instances and answers
-  ``load``, ``new``, ``call``, ``get`` and ``seed`` requests; every reply echoes its request's
-  ``id`` and says whether the call touched the process's global ``random`` state. Nothing it
-  answers is trusted: an answer is only ever judged as the env's behaviour, and a frame that is not
-  the reply to the request in flight ends the host as a protocol breach.
-- ``RemoteRuntime`` runs in the checker's process. Its ``load`` returns a proxy class that the
-  checker and ``EnvSession`` use exactly like a loaded env class; each method call and attribute
-  read is one request over a ``Link``. A link that times out or whose process dies is dropped and
-  the next instance made starts a fresh host (the code is loaded again).
+- ``SessionHost`` is what an env's process runs, for a rollout's play and for every episode a
+  validation plays alike (``services/sandbox/runtime/worker.py``). Its first request loads the code
+  and resets an ``EnvSession`` on the request's seed; then one outcome per ``step``. The checker
+  may also ask the live instance for ``solution()``, ``solution_calls()``, ``criterion_holds(i)``
+  and a few attributes (``ASKS``); a play never does, and nothing the env can see before it is
+  asked differs. Every reply says whether the request changed the process's global ``random``
+  state (``rng``) and what the env returned before the framework clamped and cut it (``raw``);
+  the first also describes the env class (``env``).
+- ``RemoteRuntime`` is the checker's runtime (``spade.envs.check_context.EnvRuntime``) over such
+  sessions: every episode a check plays is a fresh session, so a fresh process in which no other
+  episode ran and ``solution()`` was never called unless this episode asked for it.
 
-How a ``Link`` reaches its host (a forked process, a socket) is the runtime's business
-(``services/sandbox/runtime``); ``LoopbackLink`` answers in-process, through the same JSON round trip,
-for tests. Standard library only.
+How a ``Transport`` reaches a session's process is the sandbox's business
+(``services/sandbox/isolation/validation.py``); ``LoopbackTransport`` runs a ``SessionHost`` in this
+very process, through the same JSON round trip, for tests. Standard library only.
 """
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import json
 import random
-from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from spade.envs.actions import ToolCall
-from spade.envs.contract import ContractError, unpack_reset, unpack_step
 from spade.envs.limits import CallTimeout, describe_exception, guarded
-from spade.envs.loader import LoadResult, load_env_class
-from spade.envs.session import jsonable
+from spade.envs.loader import LoadResult, compile_env, load_env_class
+from spade.envs.seeds import secret_seeds
+from spade.envs.session import EnvFault, EnvLoadError, EnvSession, SessionError, jsonable
 from spade.envs.tool_env import ToolEnv, as_tool_call
-from spade.envs.types import CheckConfig, Setting
+from spade.envs.types import CheckConfig, Outcome, Setting, StepOutcome
 
-MAX_INSTANCES = 64
-"""Env instances a host keeps (least recently used first out); the checker needs a handful at once."""
-CALL_GRACE_S = 2.0
-"""How much longer than the per-call limit the checker waits for a host's answer before stopping it."""
-METHODS = frozenset({"reset", "step", "solution", "solution_calls", "criterion_holds"})
-"""The env methods a checker may call through a host."""
+T = TypeVar("T")
+
+ASKS = frozenset({"solution", "solution_calls", "criterion_holds", "get"})
+"""What the checker may ask a session's live instance besides ``step``."""
 ATTRIBUTES = frozenset({"max_turns", "current", "instructions", "criterion_errors", "state", "turn"})
-"""The env attributes a checker may read through a host (as JSON-safe values)."""
+"""The env attributes a checker may read through ``get`` (as JSON-safe values)."""
 
 
-class HostTimeout(Exception):
-    """The host did not answer within the time it was given (the link has stopped it)."""
+# -- the host: what every session's env process runs ------------------------------------------------
 
 
-class HostGone(Exception):
-    """The host's process ended or broke the protocol; the message says how (a signal, memory, ...)."""
+def load_session(request: dict[str, Any]) -> EnvSession:
+    """An ``EnvSession`` for a session request's code, repaired only where it needs it.
+
+    The service sends code it has already repaired (``repaired``: true), or code its cheap test
+    (``spade.envs.repair.needs_repair``) found nothing to repair in; that code is compiled as it is
+    and goes through the full repairs only if it does not compile, which gives what ``repair_code``
+    gives at the cost of one compile.
+
+    Raises:
+        EnvLoadError: The code does not load or defines no valid env class.
+    """
+    code, setting, seed = str(request["code"]), str(request["setting"]), int(request["seed"])
+    config = CheckConfig.from_dict(dict(request["config"]))
+    compiled = None
+    try:
+        compiled = compile_env(code)
+    except (SyntaxError, ValueError):
+        if not request.get("repaired"):
+            return EnvSession(code, setting, seed, config)
+    try:
+        with guarded(config.call_time_limit_s):
+            loaded = load_env_class(code, setting, compiled)
+    except CallTimeout:
+        raise EnvLoadError(f"loading the env code took longer than {config.call_time_limit_s:g} s") from None
+    if not loaded.ok or loaded.env_class is None:
+        error = EnvLoadError("; ".join(loaded.problems))
+        error.env_class = loaded.env_class
+        raise error
+    return EnvSession.from_class(loaded.env_class, setting, seed, config)
 
 
-class Link(Protocol):
-    """One host, as the checker reaches it."""
+class SessionHost:
+    """One env session in the process that runs its code (see the module docstring).
 
-    def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """Send one request and return the host's reply.
-
-        Raises:
-            HostTimeout: No reply within ``timeout_s`` (the host was stopped).
-            HostGone: The host's process ended or answered something that is not a reply.
-        """
-        ...
-
-    def close(self) -> None:
-        """Stop the host (idempotent)."""
-        ...
-
-
-# -- the host: where env code runs ----------------------------------------------------------------
-
-
-def _error(kind: str, exc: BaseException | None = None, message: str = "") -> dict[str, Any]:
-    """A failed reply: ``type`` and ``message`` read like the env's exception (without its traceback)."""
-    name = "Error"
-    if exc is not None:
-        name = type(exc).__name__
-        text = describe_exception(exc)
-        message = text[len(name) + 2 :] if text.startswith(name + ": ") else ("" if text == name else text)
-    return {"ok": False, "kind": kind, "type": name, "message": message}
-
-
-class EnvHost:
-    """Answers a checker's requests about one env's code (see the module docstring).
-
-    The ``fatal`` flag of a reply tells the process serving the host to exit after sending it
-    (a ``MemoryError`` leaves the interpreter in no state to go on).
+    ``handle`` takes one request and returns its one reply; a reply whose ``fatal`` is true is the
+    last (the process exits after sending it).
     """
 
     def __init__(self) -> None:
-        self.env_class: type | None = None
-        self.setting = Setting.GAME
-        self.call_time_limit_s = CheckConfig().call_time_limit_s
-        self.instances: OrderedDict[int, Any] = OrderedDict()
+        self.session: EnvSession | None = None
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
-        """One request in, one JSON-safe reply out; never raises."""
-        before = random.getstate()
-        try:
-            reply = self._dispatch(message)
-        except CallTimeout:
-            reply = _error("timeout", message=f"the call took longer than {self.call_time_limit_s:g} s")
-        except MemoryError:
-            self.instances.clear()
-            reply = _error("memory", message="the env's process ran out of its memory limit")
-            reply["fatal"] = True
-        except ContractError as exc:
-            reply = _error("contract", message=str(exc))
-        except BaseException as exc:  # env code's failure is an answer, never the host's end
-            reply = _error("raised", exc)
-        reply["rng"] = message.get("op") != "seed" and random.getstate() != before
-        if "id" in message:
-            reply["id"] = message["id"]
-        return reply
-
-    def _dispatch(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The reply to ``message``: an ``outcome``, a ``value``, ``raised`` or ``env_error``."""
+        if self.session is None:
+            return self._open(message)
         op = message.get("op")
-        if op == "load":
-            return self._load(message)
-        if op == "seed":
-            random.seed(int(message["n"]))
-            return {"ok": True}
-        if self.env_class is None:
-            raise RuntimeError("no env code is loaded in this host: send 'load' first")
-        if op == "new":
-            with guarded(self.call_time_limit_s):
-                instance = self.env_class()
-            self.instances[int(message["h"])] = instance
-            while len(self.instances) > MAX_INSTANCES:
-                self.instances.popitem(last=False)
-            return {"ok": True}
-        instance = self._instance(int(message["h"]))
-        if op == "call":
-            return {"ok": True, "value": self._call(instance, str(message["method"]), list(message.get("args") or []))}
-        if op == "get":
-            return {"ok": True, "value": self._get(instance, str(message["name"]))}
-        raise RuntimeError(f"unknown host request {op!r}")
-
-    def _instance(self, handle: int) -> Any:
-        try:
-            instance = self.instances[handle]
-        except KeyError:
-            raise RuntimeError(f"env instance {handle} is gone (the host keeps {MAX_INSTANCES})") from None
-        self.instances.move_to_end(handle)
-        return instance
-
-    def _load(self, message: dict[str, Any]) -> dict[str, Any]:
-        self.setting = Setting.parse(str(message["setting"]))
-        self.call_time_limit_s = float(message.get("call_time_limit_s") or self.call_time_limit_s)
-        self.env_class = None
-        self.instances.clear()
-        with guarded(self.call_time_limit_s):
-            loaded = load_env_class(str(message["code"]), self.setting)
-        cls = loaded.env_class
-        reply: dict[str, Any] = {"ok": True, "problems": [str(p) for p in loaded.problems], "class": None}
-        if cls is None:
+        before = random.getstate()
+        if op == "step":
+            outcome = self.session.step(str(message["action"]))
+            return self._outcome(outcome, before)
+        if op in ASKS:
+            reply = self._ask(self.session, message)
+            reply["rng"] = random.getstate() != before
             return reply
-        self.env_class = cls
-        reply["class"] = str(cls.__name__)
-        reply["max_turns"] = jsonable(getattr(cls, "max_turns", None))
-        if isinstance(cls, type) and issubclass(cls, ToolEnv):
-            try:
-                reply["tools"] = jsonable(cls.tool_schemas())
-            except Exception as exc:
-                reply["problems"].append(f"{cls.__name__}: its tools cannot be read: {describe_exception(exc)}")
+        return {"op": "fault", "error": f"unknown session op {str(op)[:40]!r}"}
+
+    def _open(self, request: dict[str, Any]) -> dict[str, Any]:
+        try:
+            self.session = load_session(request)
+        except MemoryError:
+            raise  # the process serving the host exits as out of memory
+        except Exception as exc:
+            reply: dict[str, Any] = {"op": "env_error", "error": describe_exception(exc, 500)}
+            found = getattr(exc, "env_class", None)
+            if isinstance(found, type):  # the class the problems are about
+                reply["env"] = {"class": str(found.__name__), "loaded": False}
+            return reply
+        before = random.getstate()
+        reply = self._outcome(self.session.reset(), before)
+        reply["env"] = describe_class(self.session.env_class)
         return reply
 
-    def _call(self, instance: Any, method: str, args: list[Any]) -> Any:
-        if method not in METHODS:
-            raise RuntimeError(f"method {method!r} may not be called through a host")
-        fn = getattr(instance, method)
-        with guarded(self.call_time_limit_s):
-            if method == "reset":
-                result: Any = fn(seed=args[0] if args else None)
+    def _outcome(self, outcome: StepOutcome, before: Any) -> dict[str, Any]:
+        assert self.session is not None
+        return {
+            "op": "outcome",
+            "outcome": outcome.to_dict(),
+            "rng": random.getstate() != before,
+            "raw": dict(self.session.raw),
+            "fatal": outcome.outcome is Outcome.MEMORY_LIMIT,
+        }
+
+    @staticmethod
+    def _ask(session: EnvSession, message: dict[str, Any]) -> dict[str, Any]:
+        env = session.env
+        op = str(message["op"])
+        try:
+            if env is None:
+                raise SessionError("the env's reset() failed: there is no instance to ask")
+            if op == "solution":
+                result = session.guarded_call(env.solution)
+                if not (isinstance(result, list | tuple) and all(isinstance(a, str) for a in result)):
+                    return {"op": "value", "value": {"not_a_list_of_strings": repr(result)[:200]}}
+                value: Any = [str(a) for a in result]
+            elif op == "solution_calls":
+                blocks = session.guarded_call(env.solution_calls)
+                value = [[call.to_dict() for call in block] for block in blocks]
+            elif op == "criterion_holds":
+                value = bool(session.guarded_call(env.criterion_holds, int(message["index"])))
             else:
-                result = fn(*args)
-        if method == "reset":
-            observation, info = unpack_reset(result)
-            return [observation, jsonable(info)]
-        if method == "step":
-            observation, reward, terminated, truncated, info = unpack_step(result)
-            return [observation, reward, terminated, truncated, jsonable(info)]
-        if method == "solution_calls":
-            return [[call.to_dict() for call in block] for block in result]
-        if method == "criterion_holds":
-            return bool(result)
-        if method == "solution" and not (isinstance(result, list | tuple) and all(isinstance(a, str) for a in result)):
-            return {"not_a_list_of_strings": repr(result)[:200]}
-        return jsonable(result)
-
-    def _get(self, instance: Any, name: str) -> Any:
-        if name not in ATTRIBUTES:
-            raise RuntimeError(f"attribute {name!r} may not be read through a host")
-        value = getattr(instance, name)
-        if name == "criterion_errors" and isinstance(value, dict):
-            return [[k, str(v)] for k, v in value.items() if isinstance(k, int)]
-        return jsonable(value)
+                name = str(message["name"])
+                if name not in ATTRIBUTES:
+                    raise SessionError(f"attribute {name!r} may not be read through a session")
+                read = session.guarded_call(getattr, env, name)
+                if name == "criterion_errors" and isinstance(read, dict):
+                    value = [[k, str(v)] for k, v in read.items() if isinstance(k, int)]
+                else:
+                    value = jsonable(read)
+        except EnvFault as fault:
+            return {
+                "op": "raised",
+                "outcome": fault.outcome.value,
+                "error": fault.message,
+                "fatal": fault.outcome is Outcome.MEMORY_LIMIT,
+            }
+        except Exception as exc:  # the env's answer could not be carried (a bad solution call, ...)
+            return {"op": "raised", "outcome": Outcome.ENV_ERROR.value, "error": describe_exception(exc)}
+        return {"op": "value", "value": jsonable(value)}
 
 
-class LoopbackLink:
-    """A link to an ``EnvHost`` in this very process (tests; no isolation, same JSON round trip)."""
+def describe_class(env_class: type) -> dict[str, Any]:
+    """What the checker learns of a loaded env class: its name, ``max_turns`` and tool schemas."""
+    described: dict[str, Any] = {
+        "class": str(env_class.__name__),
+        "loaded": True,
+        "max_turns": jsonable(getattr(env_class, "max_turns", None)),
+    }
+    if isinstance(env_class, type) and issubclass(env_class, ToolEnv):
+        try:
+            described["tools"] = jsonable(env_class.tool_schemas())
+        except Exception as exc:
+            described["problems"] = [f"{env_class.__name__}: its tools cannot be read: {describe_exception(exc)}"]
+    return described
 
-    def __init__(self, host: EnvHost | None = None) -> None:
-        self.host = host or EnvHost()
-        self.closed = False
 
-    def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        if self.closed:
-            raise HostGone("the host was stopped")
-        reply = self.host.handle(json.loads(json.dumps(message)))
-        if reply.get("fatal"):
-            self.closed = True
-        return dict(json.loads(json.dumps(reply)))
+# -- the checker's side -----------------------------------------------------------------------------
+
+
+class Transport(Protocol):
+    """One session's process, as the checker reaches it.
+
+    Replies are ``SessionHost`` replies; when the process ended or misbehaved, the transport
+    answers an ``outcome`` that says how (``env_error``, ``timeout``, ``cpu_limit``, ...), as a
+    play's session would, and every later request gets the same.
+    """
+
+    def open(self, seed: int) -> dict[str, Any]:
+        """Start the session's process on ``seed``: the reply to its load and reset."""
+        ...
+
+    def send(self, message: dict[str, Any]) -> dict[str, Any]:
+        """One request on the open session and its reply."""
+        ...
 
     def close(self) -> None:
-        self.closed = True
+        """End the session's process (idempotent)."""
+        ...
 
 
-# -- the checker's side ---------------------------------------------------------------------------
+class LoopbackTransport:
+    """A ``SessionHost`` in this very process (tests: no isolation, the same JSON round trip)."""
 
+    def __init__(self, code: str, setting: Setting, config: CheckConfig) -> None:
+        self.request = {"code": code, "repaired": True, "setting": setting.value, "config": config.to_dict()}
+        self.host = SessionHost()
+        self.ended: dict[str, Any] | None = None
 
-def remote_exception(type_name: str, message: str) -> Exception:
-    """An exception that reads like the one the env raised (``describe_exception`` shows its name)."""
-    name = type_name if type_name.isidentifier() else "EnvError"
-    return type(name, (EnvRaised,), {})(message)
+    def open(self, seed: int) -> dict[str, Any]:
+        random.seed()  # as a fresh process's global random is, at its start (from os.urandom)
+        return self.send({**self.request, "seed": seed})
+
+    def send(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self.ended is not None:
+            return self.ended
+        reply = dict(json.loads(json.dumps(self.host.handle(json.loads(json.dumps(message))))))
+        if reply.get("fatal"):
+            self.ended = {"op": "env_error", "error": "the env's process ended (out of memory)"}
+        return reply
+
+    def close(self) -> None:
+        self.ended = self.ended or {"op": "env_error", "error": "the session was closed"}
 
 
 class EnvRaised(Exception):
-    """Base of the exceptions the env raised in its host, re-raised in the checker's process."""
+    """Base of the exceptions the env raised in its process, re-raised in the checker's."""
+
+
+def remote_exception(message: str) -> Exception:
+    """An exception that reads like the one the env raised (``describe_exception`` shows its name)."""
+    name, sep, rest = message.partition(": ")
+    if sep and name.isidentifier():
+        return type(name, (EnvRaised,), {})(rest)
+    return type("EnvError", (EnvRaised,), {})(message)
 
 
 class RemoteRuntime:
-    """Loads env code into a host process and hands the checker a proxy of its env class.
+    """The checker's runtime over sessions: each episode a check plays is a fresh session.
 
     Args:
-        connect: Starts a fresh host and returns the link to it.
+        connect: ``connect(code, setting, config)`` returns a transport to a new, not yet opened
+            session of that code.
     """
 
-    def __init__(self, connect: Callable[[], Link]) -> None:
+    def __init__(self, connect: Callable[[str, Setting, CheckConfig], Transport]) -> None:
         self._connect = connect
-        self._link: Link | None = None
-        self._load: dict[str, Any] | None = None
-        self._handles = itertools.count(1)
-        self._ids = itertools.count(1)
-        self.generation = 0
+        self._code = ""
+        self._live: list[RemoteSession] = []
         self.touched = 0
-        self.call_time_limit_s = CheckConfig().call_time_limit_s
-        self.hosts_started = 0
+        self.sessions_started = 0
 
     # -- the runtime interface the checker uses ----------------------------------------------------
     def load(self, code: str, setting: Setting, config: CheckConfig) -> LoadResult:
-        """Load ``code`` in a fresh host; the result's ``env_class`` is a proxy class."""
-        self.call_time_limit_s = config.call_time_limit_s
-        self._load = {
-            "op": "load",
-            "code": code,
-            "setting": setting.value,
-            "call_time_limit_s": config.call_time_limit_s,
-        }
-        self._drop()
-        reply = self._start()
-        problems = [str(p) for p in reply.get("problems") or []]
-        name = reply.get("class")
-        if not isinstance(name, str) or not name:
-            return LoadResult(None, problems or ["the env's code defines no env class"])
-        tools = reply.get("tools")
-        attrs: dict[str, Any] = {"_runtime": self, "_tools": tools if isinstance(tools, dict) else {}}
-        if reply.get("max_turns") is not None:
-            attrs["max_turns"] = reply["max_turns"]
-        proxy = type(name if name.isidentifier() else "Env", (RemoteEnv,), attrs)
-        return LoadResult(proxy, problems)
+        """Open one session of ``code`` (on a secret seed): its env class, as a stand-in class."""
+        self._code = code
+        transport = self._open_transport(setting, config)
+        try:
+            reply = transport.open(secret_seeds(1)[0])
+        finally:
+            transport.close()
+        described = reply.get("env")
+        if not isinstance(described, dict) or not described.get("class"):
+            return LoadResult(None, [_load_problem(reply)])
+        name = str(described["class"])
+        tools = described.get("tools")
+        attrs: dict[str, Any] = {"_tools": tools if isinstance(tools, dict) else {}}
+        if described.get("max_turns") is not None:
+            attrs["max_turns"] = described["max_turns"]
+        stand_in = type(name if name.isidentifier() else "Env", (RemoteEnvClass,), attrs)
+        problems = [str(p) for p in described.get("problems") or []]
+        if described.get("loaded") is not True:
+            problems.append(_load_problem(reply))
+        return LoadResult(stand_in, problems)
+
+    def session(self, env_class: Any, setting: Setting, seed: int, config: CheckConfig) -> EnvSession:
+        """A fresh session of the loaded code on ``seed`` (its process starts at ``reset()``)."""
+        session = RemoteSession(self, env_class, setting, seed, config)
+        self._live.append(session)
+        while len(self._live) > LIVE_SESSIONS:
+            self._live.pop(0).close()
+        return session
+
+    shares_process = False
+    """Env code never runs in this process: its calls need no time limit or output capture here."""
+
+    def guard(self, seconds: float) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
 
     def seed_global(self, n: int) -> None:
-        """Seed the host's global ``random`` module."""
-        self.request({"op": "seed", "n": int(n)})
+        """Nothing to do: every session is a fresh process, its global ``random`` seeded at its start."""
 
     def rng_mark(self) -> Any:
         return self.touched
@@ -285,122 +306,160 @@ class RemoteRuntime:
         return self.touched > int(mark)
 
     def close(self) -> None:
-        self._drop()
+        while self._live:
+            self._live.pop().close()
 
     # -- plumbing ----------------------------------------------------------------------------------
-    def _drop(self) -> None:
-        if self._link is not None:
-            self._link.close()
-            self._link = None
+    def _open_transport(self, setting: Setting, config: CheckConfig) -> Transport:
+        self.sessions_started += 1
+        return self._connect(self._code, setting, config)
 
-    def _start(self) -> dict[str, Any]:
-        assert self._load is not None
-        self._link = self._connect()
-        self.hosts_started += 1
-        self.generation += 1
-        return self._checked(self._send(self._load))
-
-    def _send(self, message: dict[str, Any]) -> dict[str, Any]:
-        if self._link is None:
-            raise remote_exception("EnvProcessDied", "the env's process was stopped after an earlier failure")
-        message = {**message, "id": next(self._ids)}
-        try:
-            reply = self._link.request(message, self.call_time_limit_s + CALL_GRACE_S)
-        except HostTimeout:
-            self._drop()
-            raise CallTimeout(f"the env took longer than {self.call_time_limit_s:g} s to answer") from None
-        except HostGone as exc:
-            self._drop()
-            raise remote_exception("EnvProcessDied", str(exc)) from None
-        if not isinstance(reply, dict) or reply.get("id") != message["id"] or not isinstance(reply.get("ok"), bool):
-            self._drop()
-            what = f"op {str(reply.get('op'))[:40]!r}" if isinstance(reply, dict) and "op" in reply else "a frame"
-            raise remote_exception(
-                "EnvProtocolError",
-                f"the env's process answered {what} that is not the reply to request {message['id']} "
-                "(env code wrote on its host's channel)",
-            )
+    def _note(self, reply: dict[str, Any]) -> dict[str, Any]:
         if reply.get("rng") is True:
             self.touched += 1
-        if reply.get("fatal"):
-            self._drop()
         return reply
 
-    @staticmethod
-    def _checked(reply: dict[str, Any]) -> dict[str, Any]:
-        if reply.get("ok") is True:
-            return reply
-        kind, message = reply.get("kind"), str(reply.get("message", ""))[:1000]
-        if kind == "timeout":
-            raise CallTimeout(message)
-        if kind == "contract":
-            raise ContractError(message)
-        if kind == "memory":
-            raise remote_exception("MemoryError", message)
-        raise remote_exception(str(reply.get("type", "EnvError")), message)
 
-    def request(self, message: dict[str, Any]) -> Any:
-        """Send ``message`` to the current host (starting one if needed); its value, or the env's error."""
-        if self._link is None:
-            self._start()
-        return self._checked(self._send(message)).get("value")
-
-    def new_instance(self) -> tuple[int, int]:
-        """Make a fresh env instance in the host (a new host if the last one failed)."""
-        handle = next(self._handles)
-        self.request({"op": "new", "h": handle})
-        return self.generation, handle
-
-    def on_instance(self, generation: int, message: dict[str, Any]) -> Any:
-        if generation != self.generation or self._link is None:
-            raise remote_exception("EnvProcessDied", "the env's process was stopped after an earlier failure")
-        return self._checked(self._send(message)).get("value")
+LIVE_SESSIONS = 4
+"""Sessions a validation keeps open at once (the oldest is closed first); a check needs two at most."""
 
 
-class RemoteEnv:
-    """An env instance living in a host; subclasses made by ``RemoteRuntime.load`` carry the class's
-    name, ``max_turns`` and tool schemas."""
+def _load_problem(reply: dict[str, Any]) -> str:
+    """The load failure a session's first reply reports, without the framework's prefixes."""
+    if reply.get("op") == "outcome":
+        text = str(dict(reply.get("outcome") or {}).get("observation", ""))
+    else:
+        text = str(reply.get("error", ""))
+    for prefix in ("env error: ", "EnvLoadError: "):
+        text = text.removeprefix(prefix)
+    return text or "the env's process ended before it loaded the code"
 
-    _runtime: ClassVar[RemoteRuntime]
+
+class RemoteEnvClass:
+    """Stand-in for an env class that lives in sessions' processes: its name, ``max_turns`` and
+    tool schemas (made by ``RemoteRuntime.load``)."""
+
     _tools: ClassVar[dict[str, Any]] = {}
-
-    def __init__(self) -> None:
-        generation, handle = self._runtime.new_instance()
-        object.__setattr__(self, "_where", (generation, handle))
-
-    def _call(self, method: str, *args: Any) -> Any:
-        generation, handle = self._where
-        return self._runtime.on_instance(generation, {"op": "call", "h": handle, "method": method, "args": list(args)})
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name not in ATTRIBUTES:
-            raise AttributeError(name)
-        generation, handle = self.__dict__["_where"]
-        value = self._runtime.on_instance(generation, {"op": "get", "h": handle, "name": name})
-        if name == "criterion_errors":
-            return {int(k): str(v) for k, v in value or []}
-        return value
 
     @classmethod
     def tool_schemas(cls) -> dict[str, dict[str, Any]]:
         return dict(cls._tools)
 
-    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
-        observation, info = self._call("reset", seed)
-        return str(observation), dict(info)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        observation, reward, terminated, truncated, info = self._call("step", action)
-        return str(observation), float(reward), bool(terminated), bool(truncated), dict(info)
+class RemoteSession(EnvSession):
+    """An ``EnvSession`` whose env lives in a session's own process (made by ``RemoteRuntime``).
+
+    ``reset()`` starts the process; ``env`` is a ``RemoteInstance`` that asks the live instance.
+    A session is one episode: a second ``reset()`` raises ``SessionError`` (ask the runtime for a
+    fresh session instead).
+    """
+
+    def __init__(self, runtime: RemoteRuntime, env_class: Any, setting: Setting, seed: int, config: CheckConfig):
+        self._init(env_class, setting, seed, config)
+        self._runtime = runtime
+        self._transport: Transport | None = None
+        self.raw: dict[str, Any] = {}
+
+    def reset(self, seed: int | None = None) -> StepOutcome:
+        if self._transport is not None:
+            raise SessionError("a remote session plays one episode: ask for a fresh session")
+        if seed is not None:
+            self.seed = seed
+        assert self.seed is not None
+        self._transport = self._runtime._open_transport(self.setting, self.config)
+        reply = self._runtime._note(self._transport.open(self.seed))
+        if reply.get("op") != "outcome":
+            self.last = self._ended(Outcome.ENV_ERROR, f"Environment error in loading: {_load_problem(reply)}")
+            return self.last
+        outcome = self._take(reply)
+        self.env = RemoteInstance(self)
+        return outcome
+
+    def step(self, action: str) -> StepOutcome:
+        self._check_step(action)
+        assert self._transport is not None
+        self.turn += 1
+        reply = self._runtime._note(self._transport.send({"op": "step", "action": action}))
+        if reply.get("op") != "outcome":
+            self.last = self._ended(Outcome.ENV_ERROR, f"Environment error in step(): {reply.get('error')}")
+            return self.last
+        return self._take(reply)
+
+    def ask(self, message: dict[str, Any]) -> Any:
+        """The live instance's answer to ``message`` (one of ``ASKS``).
+
+        Raises:
+            EnvRaised: The env raised, timed out, or its process is gone (the message says which).
+        """
+        if self._transport is None:
+            raise SessionError("ask() before reset(); call reset() first")
+        reply = self._runtime._note(self._transport.send(message))
+        op = reply.get("op")
+        if op == "value":
+            return reply.get("value")
+        if op == "raised":
+            if reply.get("outcome") == Outcome.TIMEOUT.value:
+                raise CallTimeout(str(reply.get("error", "")))
+            raise remote_exception(str(reply.get("error", "")))
+        if op == "outcome":  # the process ended: the transport says how
+            ended = StepOutcome.from_dict(dict(reply.get("outcome") or {}))
+            if ended.outcome is Outcome.TIMEOUT:
+                raise CallTimeout(ended.observation)
+            raise type("EnvProcessDied", (EnvRaised,), {})(ended.observation)
+        raise remote_exception(str(reply.get("error", f"the env's process answered {str(op)[:40]!r}")))
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def guarded_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Call an ask (``fn``); the env's failures become ``EnvFault`` as in ``EnvSession``."""
+        try:
+            return fn(*args)
+        except CallTimeout as exc:
+            raise EnvFault(Outcome.TIMEOUT, str(exc) or "the env took too long to answer") from None
+        except EnvRaised as exc:
+            raise EnvFault(Outcome.ENV_ERROR, describe_exception(exc)) from None
+
+    def _take(self, reply: dict[str, Any]) -> StepOutcome:
+        outcome = StepOutcome.from_dict(dict(reply.get("outcome") or {}))
+        self.raw = dict(reply.get("raw") or {}) if outcome.outcome is Outcome.OK else {}
+        self.turn = outcome.turn
+        self.max_turns = outcome.max_turns or self.max_turns
+        self.last = outcome
+        return outcome
+
+    def _ended(self, outcome: Outcome, message: str) -> StepOutcome:
+        return StepOutcome(message, 0.0, False, True, {}, self.turn, self.max_turns, outcome)
+
+
+class RemoteInstance:
+    """The live env instance of a ``RemoteSession``: its methods and attributes are asks."""
+
+    def __init__(self, session: RemoteSession) -> None:
+        object.__setattr__(self, "_session", session)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in ATTRIBUTES:
+            raise AttributeError(name)
+        value = self._session.ask({"op": "get", "name": name})
+        if name == "criterion_errors":
+            return {int(k): str(v) for k, v in value or []}
+        return value
 
     def solution(self) -> Any:
-        value = self._call("solution")
+        value = self._session.ask({"op": "solution"})
         if isinstance(value, dict) and "not_a_list_of_strings" in value:
             return value["not_a_list_of_strings"]
         return value
 
     def solution_calls(self) -> list[list[ToolCall]]:
-        return [[as_tool_call(call) for call in block] for block in self._call("solution_calls")]
+        return [[as_tool_call(call) for call in block] for block in self._session.ask({"op": "solution_calls"})]
 
     def criterion_holds(self, index: int) -> bool:
-        return bool(self._call("criterion_holds", index))
+        return bool(self._session.ask({"op": "criterion_holds", "index": int(index)}))
+
+
+def loopback_runtime() -> RemoteRuntime:
+    """A ``RemoteRuntime`` whose sessions are ``LoopbackTransport``s (tests)."""
+    return RemoteRuntime(LoopbackTransport)

@@ -35,7 +35,13 @@ T = TypeVar("T")
 
 
 class EnvLoadError(ValueError):
-    """The code does not define a loadable env; the message lists the findings."""
+    """The code does not define a loadable env; the message lists the findings.
+
+    Attributes:
+        env_class: The env class the findings are about, when one was found.
+    """
+
+    env_class: type | None = None
 
 
 class SessionError(RuntimeError):
@@ -118,6 +124,9 @@ class EnvSession:
         self.turn = 0
         self.max_turns = config.effective_max_turns(getattr(env_class, "max_turns", None))
         self.last: StepOutcome | None = None
+        self.raw: dict[str, Any] = {}
+        """What the env's last call returned before the framework cut and clamped it: ``reward``
+        and the observation's length in ``chars`` (empty after a fault)."""
 
     # --- state ---------------------------------------------------------------------------
     @property
@@ -162,6 +171,7 @@ class EnvSession:
 
     # --- play ----------------------------------------------------------------------------
     def _fault(self, where: str, fault: EnvFault) -> StepOutcome:
+        self.raw = {}
         prefix = {Outcome.TIMEOUT: "Environment timeout", Outcome.MEMORY_LIMIT: "Environment out of memory"}.get(
             fault.outcome, "Environment error"
         )
@@ -192,6 +202,7 @@ class EnvSession:
             return self._fault("reset()", fault)
         except ContractError as exc:
             return self._fault("reset()", EnvFault(Outcome.ENV_ERROR, str(exc)))
+        self.raw = {"reward": 0.0, "chars": len(observation)}
         self.last = StepOutcome(
             observation=cap_text(observation, self.config.observation_cap),
             reward=0.0,
@@ -204,13 +215,8 @@ class EnvSession:
         )
         return self.last
 
-    def step(self, action: str) -> StepOutcome:
-        """Play one turn.
-
-        Raises:
-            SessionError: before ``reset()`` or after the episode ended.
-            TypeError: when ``action`` is not a str.
-        """
+    def _check_step(self, action: object) -> None:
+        """Refuse a step before ``reset()``, after the episode ended, or with an action that is not a str."""
         if self.last is None:
             raise SessionError("step() called before reset(); call reset() first")
         if self.last.done:
@@ -220,6 +226,15 @@ class EnvSession:
             )
         if not isinstance(action, str):
             raise TypeError(f"action must be a str, got {type(action).__name__}")
+
+    def step(self, action: str) -> StepOutcome:
+        """Play one turn.
+
+        Raises:
+            SessionError: before ``reset()`` or after the episode ended.
+            TypeError: when ``action`` is not a str.
+        """
+        self._check_step(action)
         if self.setting is Setting.GAME:
             action = normalize_game_action(action)
         self.turn += 1
@@ -230,6 +245,7 @@ class EnvSession:
             return self._fault("step()", fault)
         except ContractError as exc:
             return self._fault("step()", EnvFault(Outcome.ENV_ERROR, str(exc)))
+        self.raw = {"reward": reward, "chars": len(observation)}
         outcome = Outcome.OK
         if not terminated and not truncated and self.turn >= self.max_turns:
             truncated, outcome = True, Outcome.LIMIT

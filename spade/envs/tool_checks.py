@@ -8,12 +8,17 @@ from spade.envs.actions import ToolCall
 from spade.envs.check_context import CheckContext
 from spade.envs.findings import CheckFailed, short
 from spade.envs.schema import example_value
-from spade.envs.session import EnvSession
 from spade.envs.types import Outcome
 
 
-def replay_tool_solution(ctx: CheckContext, session: EnvSession, seed: int) -> int:
-    blocks = ctx.solution(session, seed)
+def replay_tool_solution(ctx: CheckContext, seed: int) -> int:
+    """Compute ``solution_calls()`` on one instance of ``seed``; replay it on a fresh one, in order.
+
+    Returns:
+        The turns the replay took.
+    """
+    blocks = ctx.solution_of(seed)
+    session, _ = ctx.reset(seed)
     env = session.env
     ctx.check_turns(session, seed, sum(len(b) for b in blocks))
     outcome = session.last
@@ -48,12 +53,15 @@ def replay_tool_solution(ctx: CheckContext, session: EnvSession, seed: int) -> i
                 + "; make solution() and the criterion agree"
             )
     if not (outcome.terminated and outcome.reward >= ctx.config.win_threshold):
-        raise CheckFailed(f"seed {seed}: all instructions completed but the episode did not end with reward 1.0")
+        raise CheckFailed(
+            f"seed {seed}: all instructions completed on a fresh instance (that never had solution() called) "
+            "but the episode did not end with reward 1.0"
+        )
     return outcome.turn
 
 
 def check_reset_gate(ctx: CheckContext) -> str:
-    for seed in ctx.config.seeds:
+    for seed in ctx.seeds:
         session, _ = ctx.reset(seed)
         env = session.env
         for i, instruction in enumerate(env.instructions):
@@ -62,7 +70,7 @@ def check_reset_gate(ctx: CheckContext) -> str:
                     f"seed {seed}: the criterion of instruction {i + 1} ({short(instruction, 80)}) is already "
                     "true right after reset(); it must be false until the agent's calls make it true"
                 )
-    return f"every criterion is false right after reset() on seeds {list(ctx.config.seeds)}"
+    return f"every criterion is false right after reset() on seeds {list(ctx.seeds)}"
 
 
 def _advance_after(
@@ -93,7 +101,7 @@ def check_irrelevant_action(ctx: CheckContext) -> str:
     assert ctx.env_class is not None
     tools = ctx.env_class.tool_schemas()
     probes_run = 0
-    for seed in ctx.config.seeds[:2]:
+    for seed in ctx.seeds[:2]:
         blocks: list[list[ToolCall]] = ctx.solutions[seed]
         for i, block in enumerate(blocks):
             prefix = [c for b in blocks[:i] for c in b]

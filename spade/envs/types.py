@@ -93,6 +93,19 @@ class FinishReason(StrEnum):
         return self.value.startswith("fault_")
 
     @classmethod
+    def names_resource_fault(cls, finish_reason: str) -> bool:
+        """Whether a stored or received finish reason is a resource fault; unknown or empty ones
+        (older producers) are not.
+
+        >>> FinishReason.names_resource_fault("fault_memory"), FinishReason.names_resource_fault("")
+        (True, False)
+        """
+        try:
+            return cls(finish_reason).is_resource_fault
+        except ValueError:
+            return False
+
+    @classmethod
     def for_outcome(cls, outcome: Outcome) -> FinishReason:
         """The play's finish reason when a call ended with a failing ``outcome``.
 
@@ -226,7 +239,9 @@ class CheckConfig:
     """Limits and thresholds shared by the checker and ``EnvSession``.
 
     Attributes:
-        seeds: seeds every seed-wise check tries (at least 2, distinct). Default ``(0, 1, 2, 3)``.
+        seed_count: how many seeds every seed-wise check tries (2..64). Each validation draws them
+            afresh and in secret from the play seed distribution (``spade.envs.seeds``), so no env
+            can know them; the report names them afterwards. Default 4.
         call_time_limit_s: wall-clock limit of one ``reset()``/``step()``/``solution()`` call, in
             seconds (0 < x <= 60). Default 2.0.
         max_turns_cap: the agent's turn budget (the run spec's ``agent_max_turns``; see
@@ -237,7 +252,7 @@ class CheckConfig:
         random_policy_episodes: episodes the random/no-op policy plays (1..1000). Default 20.
         random_policy_max_win_rate: highest win rate a random/no-op policy may reach before the env
             counts as trivial or hackable (0..1). Default 0.15, as the reference's offline check.
-        random_policy_seed: seed of the checker's own RNG for the random policy. Default 1234.
+        (The random policy's own actions and its episodes' seeds are drawn in secret too.)
         observation_cap: longest observation, in characters, a session passes on (longer ones are
             cut) and the smoke check accepts (100..1_000_000). Default 8000.
         win_threshold: a terminal reward at or above this counts as a win (0 < x <= 1). Default 1.0.
@@ -247,23 +262,21 @@ class CheckConfig:
             checks still to run when it is spent fail saying so. Default 60.
     """
 
-    seeds: tuple[int, ...] = (0, 1, 2, 3)
+    seed_count: int = 4
     call_time_limit_s: float = 2.0
     max_turns_cap: int = 25
     default_max_turns: int = 25
     random_policy_episodes: int = 20
     random_policy_max_win_rate: float = 0.15
-    random_policy_seed: int = 1234
     observation_cap: int = 8000
     win_threshold: float = 1.0
     max_irrelevant_probes: int = 24
     total_time_limit_s: float = 60.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
         problems = []
-        if len(self.seeds) < 2 or len(set(self.seeds)) != len(self.seeds):
-            problems.append(f"seeds must be at least 2 distinct ints, got {self.seeds!r}")
+        if isinstance(self.seed_count, bool) or not isinstance(self.seed_count, int) or not 2 <= self.seed_count <= 64:
+            problems.append(f"seed_count must be an int in [2, 64], got {self.seed_count!r}")
         if not (0 < self.call_time_limit_s <= 60):
             problems.append(f"call_time_limit_s must be in (0, 60], got {self.call_time_limit_s!r}")
         if not (1 <= self.max_turns_cap <= 1000):
@@ -307,20 +320,21 @@ class CheckConfig:
         return min(declared, self.max_turns_cap)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["seeds"] = list(self.seeds)
-        return data
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CheckConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown CheckConfig fields {unknown}; known fields are {sorted(known)}")
-        kwargs = dict(data)
-        if "seeds" in kwargs:
-            kwargs["seeds"] = tuple(kwargs["seeds"])
-        return cls(**kwargs)
+            secret = [name for name in ("seeds", "random_policy_seed") if name in unknown]
+            why = (
+                f" ({', '.join(secret)}: validation draws its seeds in secret for each run; set seed_count)"
+                if secret
+                else ""
+            )
+            raise ValueError(f"unknown CheckConfig fields {unknown}{why}; known fields are {sorted(known)}")
+        return cls(**data)
 
 
 @dataclass

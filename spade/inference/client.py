@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import copy
 import enum
 import itertools
 import logging
@@ -34,12 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from spade.errors import Unavailable
 from spade.inference.chat import ChatFormatter, Message
 from spade.inference.protocol import (
     GenerateRequest,
     GenerateResponse,
     ModelInfo,
     SamplingParams,
+    ServerInfo,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDiskResponse,
 )
@@ -72,7 +75,7 @@ class InferenceRequestError(InferenceError):
         self.url, self.status, self.detail = url, status, detail
 
 
-class InferenceUnavailable(InferenceError):
+class InferenceUnavailable(InferenceError, Unavailable):
     """No server answered successfully within the retry budget."""
 
 
@@ -210,6 +213,22 @@ class InferenceClient:
         self._formatter: ChatFormatter | None = (
             ChatFormatter.from_pretrained(tokenizer_path) if tokenizer_path is not None else None
         )
+        self._batch_invariant = False
+
+    def batch_invariant(self) -> InferenceClient:
+        """A view of this client whose every generation asks for the batch-invariant mode.
+
+        Each request it sends carries ``sampling_params.custom_params.batch_invariant = true``, which
+        the embedded server honours per request (the reply does not depend on what else is in
+        flight; docs/inference.md) and SGLang accepts and ignores (there, only the server's
+        ``--enable-deterministic-inference`` makes replies batch-invariant; :meth:`server_info`
+        tells). The view shares this client's workers, connections, concurrency bound and
+        tokenizer: closing either closes both. For code that builds its own :class:`SamplingParams`
+        (the rollout's episode loop) but should ask for the mode (the eval).
+        """
+        view = copy.copy(self)
+        view._batch_invariant = True
+        return view
 
     @property
     def urls(self) -> list[str]:
@@ -227,8 +246,9 @@ class InferenceClient:
         if not wanted:
             return
         known = {w.url: w for w in self._workers}
-        self._retired += [w for u, w in known.items() if u not in wanted]
-        self._workers = [known.get(u) or _Worker(url=u, http=self._http(u)) for u in wanted]
+        # In place: a batch_invariant() view shares these lists.
+        self._retired.extend(w for u, w in known.items() if u not in wanted)
+        self._workers[:] = [known.get(u) or _Worker(url=u, http=self._http(u)) for u in wanted]
 
     def _http(self, url: str, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
         """The HTTP client of one worker: its base URL, the timeouts, the key and the TLS settings."""
@@ -380,6 +400,8 @@ class InferenceClient:
     async def _generate(
         self, input_ids: Sequence[int], sampling: SamplingParams, return_logprob: bool, rid: str | None
     ) -> list[Generation]:
+        if self._batch_invariant and not sampling.batch_invariant:
+            sampling = sampling.with_batch_invariance()
         request = GenerateRequest(
             input_ids=[int(t) for t in input_ids],
             sampling_params=sampling,
@@ -463,6 +485,24 @@ class InferenceClient:
             except InferenceError as exc:
                 return WeightUpdateResult(w.url, False, str(exc))
             return WeightUpdateResult(w.url, parsed.success, parsed.message, parsed.num_paused_requests)
+
+        return list(await asyncio.gather(*(one(w) for w in self._workers)))
+
+    async def server_info(self) -> list[ServerInfo | None]:
+        """``/get_server_info`` of every worker (SGLang's server arguments), ``None`` where there is none.
+
+        A worker that answers 404 is not an SGLang-compatible server of a version with that route;
+        any other failure raises as for any request.
+        """
+
+        async def one(w: _Worker) -> ServerInfo | None:
+            try:
+                _, response = await self._request("GET", "/get_server_info", worker=w)
+            except InferenceRequestError as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            return ServerInfo.model_validate(response.json())
 
         return list(await asyncio.gather(*(one(w) for w in self._workers)))
 

@@ -41,6 +41,10 @@ MAX_PARALLEL_SAMPLES = 256
 #: SGLang's structured-output parameters (``sampling_params.py``); at most one per request.
 ConstraintKind = Literal["json_schema", "regex", "ebnf"]
 
+#: The key of ``sampling_params.custom_params`` that asks the embedded server to compute one request
+#: batch-invariantly (SPADE's per-request form of SGLang's ``--enable-deterministic-inference``).
+BATCH_INVARIANT = "batch_invariant"
+
 
 class SamplingParams(BaseModel):
     """SGLang's ``sampling_params`` (the subset SPADE uses; unknown keys are ignored like SGLang).
@@ -76,6 +80,32 @@ class SamplingParams(BaseModel):
     regex: str | None = Field(default=None, description="Constrain the output to match this regular expression.")
     ebnf: str | None = Field(default=None, description="Constrain the output to this EBNF grammar (rule 'root').")
     json_schema: str | None = Field(default=None, description="Constrain the output to JSON valid for this schema.")
+    custom_params: dict[str, Any] | None = Field(
+        default=None,
+        description="SGLang's free-form per-request parameters (for a custom logit processor; ignored otherwise). "
+        "The embedded server reads one: batch_invariant (bool), compute this request's logits independently of "
+        "what else is in flight (docs/inference.md, Batch-invariant mode).",
+    )
+
+    @field_validator("custom_params")
+    @classmethod
+    def _custom_params(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and BATCH_INVARIANT in value and not isinstance(value[BATCH_INVARIANT], bool):
+            raise ValueError(f"custom_params.{BATCH_INVARIANT} must be true or false, got {value[BATCH_INVARIANT]!r}")
+        return value
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether this request asks for the batch-invariant mode (``custom_params.batch_invariant``)."""
+        return bool(self.custom_params and self.custom_params.get(BATCH_INVARIANT) is True)
+
+    def with_batch_invariance(self) -> SamplingParams:
+        """A copy that asks for the batch-invariant mode (other ``custom_params`` kept).
+
+        >>> SamplingParams().with_batch_invariance().batch_invariant
+        True
+        """
+        return self.model_copy(update={"custom_params": {**(self.custom_params or {}), BATCH_INVARIANT: True}})
 
     @field_validator("top_k")
     @classmethod
@@ -188,6 +218,26 @@ class UpdateWeightsFromDiskResponse(BaseModel):
     success: bool
     message: str
     num_paused_requests: int = 0
+
+
+class ServerInfo(BaseModel):
+    """``GET /get_server_info`` (SGLang: its ``ServerArgs`` flattened, plus ``version``), the fields SPADE reads.
+
+    ``batch_invariant_requests`` is SPADE's own: the embedded server honours
+    ``sampling_params.custom_params.batch_invariant`` per request; SGLang has only the server-wide flag.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    model_path: str | None = None
+    enable_deterministic_inference: bool = Field(
+        default=False, description="Every request is computed batch-invariantly (SGLang's server flag)."
+    )
+    disable_radix_cache: bool = False
+    version: str | None = None
+    batch_invariant_requests: bool = Field(
+        default=False, description="SPADE's embedded server: custom_params.batch_invariant is honoured per request."
+    )
 
 
 class ModelInfo(BaseModel):

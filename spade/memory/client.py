@@ -2,7 +2,8 @@
 
 It returns the same records as ``MemoryService`` and raises the same domain errors
 (``EnvironmentNotFound``, ``InvalidArgument``, ``RunSpecNotSet``, ``RunSpecConflict``, and
-``spade.auth.Unauthenticated`` for a missing or wrong key), so callers do not care which one they
+``spade.auth.Unauthenticated`` for a missing or wrong key, ``spade.auth.Forbidden`` for a key whose
+role does not allow the call), so callers do not care which one they
 hold. It sends its tenant key as ``authorization: Bearer <key>`` on every call (the memory's gRPC
 API requires one outside dev mode); build it from a service's ``memory`` settings section with
 :meth:`MemoryClient.from_endpoint`.
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from spade.auth import Unauthenticated
+from spade.auth import Forbidden, Unauthenticated
 from spade.grpc_channels import client_options
 from spade.memory import wire
 from spade.memory.errors import (
@@ -93,6 +94,11 @@ class MemoryClient:
                 raise Unauthenticated(
                     f"the memory refused this service's key ({details}): set the memory section's api_key "
                     "to a key whose SHA-256 is in the memory's SPADE_MEMORY_API_KEYS"
+                ) from None
+            if code == grpc.StatusCode.PERMISSION_DENIED:
+                raise Forbidden(
+                    f"the memory refused this call to this service's key ({details}): give the key that role in "
+                    "the memory's SPADE_MEMORY_API_KEYS"
                 ) from None
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise MemoryUnavailable(f"memory RPC failed: {code.name}: {details}") from exc

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spade.errors import ErrorKind, ServiceError
+from spade.errors import ErrorKind, ServiceError, Unavailable
 
 
 class MemoryServiceError(ServiceError):
@@ -27,7 +27,7 @@ class InvalidArgument(MemoryServiceError):
     code = "invalid_request"
 
 
-class MemoryUnavailable(MemoryServiceError):
+class MemoryUnavailable(MemoryServiceError, Unavailable):
     """The memory could not be reached (not started yet, restarting, its name not resolvable yet, a
     call past its deadline): a caller that waits for the memory anyway may try again."""
 

@@ -12,12 +12,16 @@ class EnvStatus(enum.StrEnum):
     """Where an environment is in its life.
 
     ``VALID`` passed every validation check and is in the pool; ``INVALID`` failed one (kept with its
-    report for inspection and the designer's reward); ``RETIRED`` was valid and its window closed.
+    report for inspection and the designer's reward); ``RETIRED`` was valid and its window closed;
+    ``TRIVIALLY_WON`` passed validation but a trivial policy (a constant or random action) won it too
+    often in the rollout's audit plays on real seeds: retired before its real plays, out of the pool,
+    its designer sample scored invalid.
     """
 
     VALID = "valid"
     INVALID = "invalid"
     RETIRED = "retired"
+    TRIVIALLY_WON = "trivially_won"
 
 
 class Setting(enum.StrEnum):
@@ -388,7 +392,8 @@ class AttemptStats:
 class PoolMetrics:
     """The pool's process metrics (issue 11), each computed with ``spade.pool_metrics`` / ``spade.signal``.
 
-    The pool is every environment that passed validation (``valid`` or ``retired``).
+    The pool is every environment that passed validation (``valid`` or ``retired``), less those its
+    audit plays retired as ``trivially_won`` (counted in ``audit_retired``).
 
     Attributes:
         envs: Environments in the pool.
@@ -410,6 +415,8 @@ class PoolMetrics:
         hidden_state_size_mean: Mean attributes of hidden state ``reset`` sets, over probed envs.
         hidden_state_bytes_mean: Mean bytes of that state's ``repr``.
         leakage_share: Share of probed game envs whose first observation leaks the answer or formula.
+        audit_retired: Envs that passed validation but were retired as ``trivially_won`` by the
+            rollout's audit plays (a trivial policy won them on real rollout seeds).
     """
 
     envs: int = 0
@@ -430,6 +437,7 @@ class PoolMetrics:
     hidden_state_size_mean: float | None = None
     hidden_state_bytes_mean: float | None = None
     leakage_share: float | None = None
+    audit_retired: int = 0
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ Many messages at once: ``await publish_protos(queue, SAMPLES_AGENT, [(key, sampl
 """
 
 from spade.queues.base import (
+    ENVS_AUDITED,
     ENVS_READY,
     SAMPLES_AGENT,
     SAMPLES_DESIGNER,
@@ -27,11 +28,12 @@ from spade.queues.config import (
     QueueConfig,
     QueueConfigAdapter,
     RedisQueueConfig,
-    make_queue,
 )
+from spade.queues.factory import make_queue
 from spade.queues.messages import decode, message_type, publish_proto, publish_protos
 
 __all__ = [
+    "ENVS_AUDITED",
     "ENVS_READY",
     "SAMPLES_AGENT",
     "SAMPLES_DESIGNER",

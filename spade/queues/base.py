@@ -30,12 +30,14 @@ ENVS_READY = "envs.ready"
 SAMPLES_AGENT = "samples.agent"
 SAMPLES_DESIGNER = "samples.designer"
 WEIGHTS_PUBLISHED = "weights.published"
+ENVS_AUDITED = "envs.audited"
 
 STREAMS: dict[str, type[ProtoMessage]] = {
     ENVS_READY: queues_pb2.EnvReady,
     SAMPLES_AGENT: queues_pb2.AgentSample,
     SAMPLES_DESIGNER: queues_pb2.DesignerSample,
     WEIGHTS_PUBLISHED: queues_pb2.WeightsPublished,
+    ENVS_AUDITED: queues_pb2.EnvAudit,
 }
 
 

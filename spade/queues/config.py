@@ -1,7 +1,7 @@
-"""Queue backends as a discriminated union, and the one factory that builds a queue from it.
+"""Queue backends' settings as a discriminated union (``spade.queues.factory.make_queue`` builds one).
 
 Every service's settings hold one ``queue: QueueConfig`` field (``SPADE_<SERVICE>_QUEUE__URL=...``);
-``make_queue`` turns it into a ``WorkQueue``. The backend is chosen once, here, by the ``kind`` tag —
+``make_queue`` turns it into a ``WorkQueue``. The backend is chosen once, by the ``kind`` tag —
 nothing else in a service knows which one runs. Without a ``kind`` the queue is Redis (the
 distributed default; the embedded run passes ``kind: inprocess``).
 
@@ -14,12 +14,10 @@ distributed default; the embedded run passes ``kind: inprocess``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 
-from spade.queues.base import WorkQueue
 from spade.retry import RetryPolicy
 
 DEFAULT_REDIS_RETRY = RetryPolicy(attempts=9, initial_s=0.05, multiplier=2.0, max_s=2.0, jitter_s=0.05)
@@ -100,36 +98,3 @@ QueueConfig = Annotated[
 
 QueueConfigAdapter: TypeAdapter[RedisQueueConfig | InProcessQueueConfig] = TypeAdapter(QueueConfig)
 """Validates a plain mapping (from YAML, env, CLI) into a ``QueueConfig`` variant."""
-
-
-def _make_redis(config: RedisQueueConfig | InProcessQueueConfig) -> WorkQueue:
-    from spade.queues.redis_streams import RedisStreamQueue
-
-    assert isinstance(config, RedisQueueConfig)
-    return RedisStreamQueue(config)
-
-
-def _make_inprocess(config: RedisQueueConfig | InProcessQueueConfig) -> WorkQueue:
-    from spade.queues.inprocess import InProcessQueue
-
-    assert isinstance(config, InProcessQueueConfig)
-    return InProcessQueue(config)
-
-
-_REGISTRY: dict[str, Callable[[RedisQueueConfig | InProcessQueueConfig], WorkQueue]] = {
-    "redis": _make_redis,
-    "inprocess": _make_inprocess,
-}
-
-
-def make_queue(config: RedisQueueConfig | InProcessQueueConfig) -> WorkQueue:
-    """Build the queue a config describes.
-
-    Args:
-        config: A ``RedisQueueConfig`` or ``InProcessQueueConfig`` (validate raw data with
-            ``QueueConfigAdapter`` first).
-
-    Returns:
-        A ``WorkQueue``; close it with ``await queue.close()``.
-    """
-    return _REGISTRY[config.kind](config)

@@ -32,7 +32,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 import tenacity
@@ -42,6 +41,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from spade.queues.base import Delivery, QueueError, QueueFull
 from spade.queues.config import RedisQueueConfig
+from spade.redact import redact
 
 T = TypeVar("T")
 
@@ -113,13 +113,17 @@ BATCH = 256
 """Most messages one script call publishes or acknowledges (a script blocks Redis while it runs)."""
 
 
-def _redacted(url: str) -> str:
-    """``url`` without its password (errors end up in logs)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
+def stream_key(prefix: str, stream: str) -> str:
+    """The Redis key of ``stream`` under ``prefix``, braces included (a hash tag).
+
+    ``redis-cli`` needs it quoted, braces and all: ``redis-cli xlen 'spade:{samples.agent}'``.
+
+    >>> stream_key("spade:", "samples.agent")
+    'spade:{samples.agent}'
+    """
+    if not stream:
+        raise ValueError("stream name must be non-empty")
+    return f"{prefix}{{{stream}}}"
 
 
 class RedisStreamQueue:
@@ -148,9 +152,7 @@ class RedisStreamQueue:
         self._groups: set[tuple[str, str]] = set()
 
     def _stream_key(self, stream: str) -> str:
-        if not stream:
-            raise ValueError("stream name must be non-empty")
-        return f"{self._config.prefix}{{{stream}}}"
+        return stream_key(self._config.prefix, stream)
 
     async def _call(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
         """Run one operation (redis-py retries it); a connection still failing becomes ``QueueError``."""
@@ -158,7 +160,7 @@ class RedisStreamQueue:
             return await op()
         except (RedisConnectionError, RedisTimeoutError) as exc:
             raise QueueError(
-                f"{what} failed: Redis at {_redacted(self._config.url)} unreachable after "
+                f"{what} failed: Redis at {redact(self._config.url)} unreachable after "
                 f"{self._config.retry.attempts} attempts ({exc}); check the server or raise retry.attempts"
             ) from exc
 

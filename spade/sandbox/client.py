@@ -29,6 +29,7 @@ from spade.retry import RetryPolicy
 from spade.sandbox.errors import SandboxFault, SandboxRefused
 from spade.sandbox.execution import ExecutionResult
 from spade.sandbox.wire import execution_from_message, report_from_message, state_outcome
+from spade.serving.errors import ERROR_CODE_TRAILER
 from spade.serving.tls import ClientTls, secure_channel
 from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
 
@@ -57,12 +58,23 @@ DEFAULT_RETRY = RetryPolicy(attempts=3, initial_s=0.05, multiplier=2.0, max_s=1.
 """Tries of one call on transient statuses before ``SandboxFault`` (quick: a healthy replica answers at once)."""
 
 
-def domain_error(code: grpc.StatusCode, details: str | None, what: str) -> SandboxFault | SandboxRefused:
-    """The domain error for a failed call: a fault when transient, else a refusal naming the fix."""
-    if code in TRANSIENT:
+def domain_error(exc: grpc.RpcError, what: str) -> SandboxFault | SandboxRefused:
+    """The domain error for a failed call: a fault when transient, else a refusal naming the fix.
+
+    RESOURCE_EXHAUSTED is a quota (retried, later) only with a ``retry-after`` trailer; without one it
+    is a request over a size limit (the ``error-code`` trailer says ``payload_too_large``, or gRPC's own
+    message-size limit refused it): sending it again cannot help.
+    """
+    code: grpc.StatusCode = exc.code()
+    details = exc.details()
+    pairs: Any = exc.trailing_metadata() or ()  # (key, value) pairs (the stubs type them otherwise)
+    trailers = {str(key): value for key, value in pairs}
+    over_a_limit = code == grpc.StatusCode.RESOURCE_EXHAUSTED and "retry-after" not in trailers
+    if code in TRANSIENT and not over_a_limit:
         return SandboxFault(f"sandbox gRPC {code.name} during {what}: {details}")
+    refusal = f" {trailers[ERROR_CODE_TRAILER]}" if ERROR_CODE_TRAILER in trailers else ""
     return SandboxRefused(
-        f"the sandbox refused the {what} ({code.name}: {details}); check this caller's sandbox API key "
+        f"the sandbox refused the {what} ({code.name}{refusal}: {details}); check this caller's sandbox API key "
         "and the sandbox's limits"
     )
 
@@ -111,7 +123,7 @@ class SandboxSession:
         try:
             response = await self._call.read()
         except grpc.aio.AioRpcError as exc:
-            raise domain_error(exc.code(), exc.details(), "session") from exc
+            raise domain_error(exc, "session") from exc
         if response is _EOF:
             raise SandboxFault("the sandbox closed the Play stream mid-session")
         return state_outcome(response.state)
@@ -186,7 +198,7 @@ class SandboxClient:
                 try:
                     return await method(request, metadata=self._metadata, timeout=self._timeout_s)
                 except grpc.aio.AioRpcError as exc:
-                    raise domain_error(exc.code(), exc.details(), what) from exc
+                    raise domain_error(exc, what) from exc
         raise AssertionError("unreachable: the retryer re-raises the last failure")
 
     async def validate(self, code: str, setting: str, *, agent_max_turns: int = 0) -> ValidationReport:
@@ -270,7 +282,7 @@ class SandboxClient:
             raise SandboxFault(f"the sandbox did not open a session within {self._open_timeout_s}s") from exc
         except grpc.aio.AioRpcError as exc:
             await _end(call, outbox)
-            raise domain_error(exc.code(), exc.details(), "session") from exc
+            raise domain_error(exc, "session") from exc
         if response is _EOF:
             await _end(call, outbox)
             raise SandboxFault("the sandbox closed the Play stream before the session opened")

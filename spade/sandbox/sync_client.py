@@ -75,7 +75,7 @@ class SyncSandboxSession:
         except StopIteration:
             raise SandboxFault("the sandbox closed the Play stream mid-session") from None
         except grpc.RpcError as exc:
-            raise domain_error(exc.code(), exc.details(), "session") from exc
+            raise domain_error(exc, "session") from exc
         return state_outcome(response.state)
 
     def close(self) -> None:
@@ -132,7 +132,7 @@ class SyncSandboxClient:
                 try:
                     return method(request, metadata=self._metadata, timeout=self._timeout_s)
                 except grpc.RpcError as exc:
-                    raise domain_error(exc.code(), exc.details(), what) from exc
+                    raise domain_error(exc, what) from exc
         raise AssertionError("unreachable: the retryer re-raises the last failure")
 
     def validate(self, code: str, setting: str, *, agent_max_turns: int = 0) -> ValidationReport:
@@ -183,6 +183,6 @@ class SyncSandboxClient:
                 except grpc.RpcError as exc:
                     outbox.put(None)
                     call.cancel()
-                    raise domain_error(exc.code(), exc.details(), "session") from exc
+                    raise domain_error(exc, "session") from exc
                 return SyncSandboxSession(call, outbox, state_outcome(response.state))
         raise AssertionError("unreachable: the retryer re-raises the last failure")

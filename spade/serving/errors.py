@@ -39,6 +39,11 @@ GRPC_STATUS: Mapping[ErrorKind, grpc.StatusCode] = {
 }
 """gRPC status of each kind."""
 
+ERROR_CODE_TRAILER = "error-code"
+"""gRPC trailing metadata key of a refusal's stable code (the REST body's ``error.code``): it tells
+apart refusals that share a status, such as ``payload_too_large`` and ``quota_exceeded`` (both
+RESOURCE_EXHAUSTED; only a quota's also carries ``retry-after``)."""
+
 ErrorKinds = Mapping[type[BaseException], tuple[ErrorKind, str]]
 """Errors a service raises that are not ``ServiceError`` subclasses (a library's, say): their kind and code."""
 

@@ -3,13 +3,17 @@
 :func:`grpc_server` starts a ``grpc.aio`` server with the given servicers and, around every call of
 theirs, one interceptor that:
 
-- **authenticates** the caller from the ``authorization`` metadata (when the service has keys) and
+- **authenticates** the caller from the ``authorization`` metadata (when the service has keys),
+  **authorizes** the call against the role its service declares for the method
+  (:attr:`GrpcService.roles`, decided by :func:`spade.auth.authorize`: ``PERMISSION_DENIED``) and
   makes the principal available to the servicer through :func:`caller`; a client-streaming call is
   authenticated once its first message is in (an abort before the client has sent anything reaches
   grpc.aio clients as INTERNAL instead of the real status);
+- **refuses a malformed request message** (bytes that are not the method's protobuf message) with
+  INVALID_ARGUMENT (``spade.errors.InvalidInput``), where grpc.aio itself would answer UNKNOWN;
 - **maps errors to statuses** in one place: a :class:`spade.errors.ServiceError` aborts with its
-  kind's status and its message, anything else is logged with its traceback and answered INTERNAL
-  without details;
+  kind's status and its message (its stable code in the ``error-code`` trailer), anything else is
+  logged with its traceback and answered INTERNAL without details;
 - **tags each call with a request id**: the caller's ``x-request-id`` metadata when sane, else a new
   one; it is sent back in the trailing metadata (success or failure) and is on every log line of the
   call, with the service, the tenant and whatever the servicer adds (``spade.serving.logs.annotate``);
@@ -31,8 +35,8 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -41,7 +45,9 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from spade.serving.errors import GRPC_STATUS, ErrorKinds, classify
+from spade.auth import Role, authorize
+from spade.errors import InvalidInput
+from spade.serving.errors import ERROR_CODE_TRAILER, GRPC_STATUS, ErrorKinds, classify
 from spade.serving.logs import REQUEST_ID_HEADER, accept_request_id, annotate, enter_context, tenant_name
 from spade.serving.settings import ServerAddress
 
@@ -66,10 +72,14 @@ class GrpcService:
     Attributes:
         name: The service's full proto name (``spade.v1.Sandbox``), for reflection and health.
         add: Adds the servicer to a server (``lambda s: add_SandboxServicer_to_server(servicer, s)``).
+        roles: The role each method needs, by method name (``{"SetRunSpec": Role.ADMIN}``), checked
+            on an authenticated server once the caller is known; a method missing from a non-empty
+            table needs ``admin``. Empty: any authenticated caller may call every method.
     """
 
     name: str
     add: Callable[[grpc.aio.Server], None]
+    roles: Mapping[str, Role] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         authenticate: Maps the ``authorization`` metadata to a principal; ``None``: no authentication.
         registry: Where the call metrics go (the registry the service's ``/metrics`` exposes).
         errors: Extra exception types that are domain errors (with their kind and code).
+        roles: The role each method needs, by service full name then method name (``GrpcService.roles``).
     """
 
     def __init__(
@@ -113,9 +124,11 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         authenticate: Authenticate | None = None,
         registry: CollectorRegistry | None = None,
         errors: ErrorKinds | None = None,
+        roles: Mapping[str, Mapping[str, Role]] | None = None,
     ) -> None:
         self._service = service
         self._authenticate = authenticate
+        self._roles = {name: table for name, table in (roles or {}).items() if table}
         self._errors = errors
         self._metrics = _Instruments(service, registry) if registry is not None else None
         self._log = logging.getLogger(f"spade.{service}.grpc")
@@ -130,7 +143,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or method.startswith(_OPEN_METHODS):
             return handler
         wrap: dict[str, Any] = {
-            "request_deserializer": handler.request_deserializer,
+            "request_deserializer": _tolerant(handler.request_deserializer),
             "response_serializer": handler.response_serializer,
         }
         if handler.unary_unary is not None:
@@ -144,12 +157,16 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
 
     # ---- the pieces ---------------------------------------------------------------------------------
 
-    def _principal(self, context: grpc.aio.ServicerContext) -> Any:
+    def _principal(self, method: str, context: grpc.aio.ServicerContext) -> Any:
         if self._authenticate is None:
             return None
         value = dict(context.invocation_metadata() or ()).get("authorization")
         principal = self._authenticate(value if isinstance(value, str) else None)
         annotate(tenant=tenant_name(principal))
+        service, _, name = method.lstrip("/").partition("/")
+        table = self._roles.get(service)
+        if table is not None:
+            authorize(principal, table.get(name, Role.ADMIN), f"{service}/{name}")
         return principal
 
     async def _fail(self, method: str, exc: BaseException, context: grpc.aio.ServicerContext, request_id: str) -> None:
@@ -168,6 +185,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             kind, code = found
             status = GRPC_STATUS[kind]
             fields = {"method": method, "status": status.name, "code": code}
+            trailer += ((ERROR_CODE_TRAILER, code),)
             self._log.info("%s refused (%s): %s", method, kind.value, exc, extra=fields)
             retry_after = getattr(exc, "retry_after_s", None)  # a quota's refusal says when to retry
             if isinstance(retry_after, int | float):
@@ -188,16 +206,22 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             self._metrics.latency.labels(name).observe(elapsed)
         self._log.debug("%s %s in %.1f ms", method, code, elapsed * 1000)
 
-    async def _enter(self, request: Any, context: grpc.aio.ServicerContext, client_streams: bool) -> Any:
-        """Authenticate the call (a client stream once its first message is in); the request to pass on."""
+    async def _enter(self, method: str, request: Any, context: grpc.aio.ServicerContext, client_streams: bool) -> Any:
+        """Authenticate the call (a client stream once its first message is in); the request to pass on.
+
+        A request that did not parse is refused here (unary) or where the servicer reads it (stream),
+        as ``InvalidInput``: INVALID_ARGUMENT, after authentication.
+        """
         if client_streams:
             iterator = request.__aiter__()
             try:
                 head = [await iterator.__anext__()]
             except StopAsyncIteration:
                 head = []
-            request = _chain(head, iterator)
-        _CALLER.set(self._principal(context))
+            request = _chain(method, head, iterator)
+        _CALLER.set(self._principal(method, context))
+        if isinstance(request, _Malformed):
+            raise request.refusal(method)
         return request
 
     # ---- wrappers -------------------------------------------------------------------------------------
@@ -227,7 +251,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     def _unary(self, method: str, inner: Callable[..., Any], client_streams: bool = False) -> Callable[..., Any]:
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
             async with self._guard(method, context):
-                result = inner(await self._enter(request, context, client_streams), context)
+                result = inner(await self._enter(method, request, context, client_streams), context)
                 if inspect.isawaitable(result):
                     result = await result
                 return result
@@ -237,7 +261,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     def _streaming(self, method: str, inner: Callable[..., Any], client_streams: bool) -> Callable[..., Any]:
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             async with self._guard(method, context):
-                responses = inner(await self._enter(request, context, client_streams), context)
+                responses = inner(await self._enter(method, request, context, client_streams), context)
                 if inspect.isawaitable(responses):  # a handler that answers with context.write()
                     await responses
                 else:
@@ -247,11 +271,43 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         return behavior
 
 
-async def _chain(head: list[Any], rest: Any) -> AsyncIterator[Any]:
+async def _chain(method: str, head: list[Any], rest: Any) -> AsyncIterator[Any]:
+    """The stream's messages, the first already read; one that did not parse is refused where it is read."""
     for item in head:
+        if isinstance(item, _Malformed):
+            raise item.refusal(method)
         yield item
     async for item in rest:
+        if isinstance(item, _Malformed):
+            raise item.refusal(method)
         yield item
+
+
+@dataclass(frozen=True)
+class _Malformed:
+    """A request message that did not parse (in place of the message: grpc.aio answers UNKNOWN to a
+    deserializer that raises, so the interceptor's deserializer never does)."""
+
+    problem: str
+
+    def refusal(self, method: str) -> InvalidInput:
+        return InvalidInput(
+            f"the {method.rsplit('/', 1)[-1]} request is not a valid protobuf message of its type "
+            f"({self.problem}): send the message the method's .proto declares"
+        )
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # DecodeError, or a string field that is not UTF-8
+            return _Malformed(f"{type(exc).__name__}: {str(exc)[:120]}")
+
+    return parse
 
 
 @contextlib.asynccontextmanager
@@ -274,7 +330,7 @@ async def grpc_server(
         bind: Interface and port (port 0 picks a free one; see ``RunningGrpc.port``).
         service: The service's name in logs, errors and metric names.
         authenticate: Maps ``authorization`` metadata to a principal (see :func:`caller`); ``None``
-            serves without authentication.
+            serves without authentication (and without the services' roles).
         registry: Prometheus registry for the call metrics (``None``: not counted).
         errors: Extra exception types that are domain errors (with their kind and code).
         max_receive_bytes: Largest request message accepted.
@@ -284,7 +340,13 @@ async def grpc_server(
     Raises:
         OSError: The address could not be bound.
     """
-    interceptor = ServiceInterceptor(service, authenticate=authenticate, registry=registry, errors=errors)
+    interceptor = ServiceInterceptor(
+        service,
+        authenticate=authenticate,
+        registry=registry,
+        errors=errors,
+        roles={s.name: s.roles for s in services},
+    )
     server = grpc.aio.server(
         interceptors=[interceptor],
         options=[

@@ -13,8 +13,11 @@
   request (with the service and, once authenticated, the tenant); each error is logged once (a
   refusal at INFO with its status and code, an internal failure at ERROR with its traceback).
 - :func:`bearer_auth`: the FastAPI dependency checking ``Authorization: Bearer <key>`` against the
-  service's :class:`spade.auth.KeyRing`.
-- :func:`ops_router`: ``GET /healthz`` and ``GET /metrics`` (Prometheus), the same for every service.
+  service's :class:`spade.auth.KeyRing` (401), and the key's role when the route needs one
+  (:func:`spade.auth.authorize`, 403).
+- :func:`ops_router`: ``GET /healthz`` (open: the bare word ``ok``, 200, or ``unavailable``, 503),
+  ``GET /healthz/details`` and ``GET /metrics`` (Prometheus), behind the service's key, the same for
+  every service.
 - :class:`HttpMetrics`: request counts by route and status, and latency by route.
 """
 
@@ -33,13 +36,13 @@ from typing import Any, Literal, TypeVar
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from spade.auth import KeyRing
+from spade.auth import KeyRing, Role, authorize
 from spade.errors import ErrorKind, ServiceError
 from spade.serving.errors import HTTP_STATUS, ErrorKinds, classify
 from spade.serving.logs import REQUEST_ID_HEADER, accept_request_id, annotate, log_context, tenant_name
@@ -246,12 +249,17 @@ def declare_error_shape(app: FastAPI, *, invalid_status: int = 422) -> None:
 _BEARER = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
 
 
-def bearer_auth(keyring: KeyRing[P], *, cookie: str | None = None) -> Callable[..., P]:
-    """A FastAPI dependency answering the caller's principal, or 401 in the one error shape.
+def bearer_auth(
+    keyring: KeyRing[P], *, cookie: str | None = None, role: Role | None = None, action: str = "this call"
+) -> Callable[..., P]:
+    """A FastAPI dependency answering the caller's principal, or 401/403 in the one error shape.
 
     Args:
         keyring: The service's keys.
         cookie: A cookie that may carry the key instead of the header (a web page's login).
+        role: The role the route needs (``spade.auth.authorize``: a known key below it gets 403);
+            ``None``: any known key.
+        action: What the route does, for the 403's message ("replacing the run spec").
     """
 
     def authenticated(request: Request, _: HTTPAuthorizationCredentials | None = Depends(_BEARER)) -> P:
@@ -262,6 +270,8 @@ def bearer_auth(keyring: KeyRing[P], *, cookie: str | None = None) -> Callable[.
         tenant = tenant_name(principal)
         annotate(tenant=tenant)  # the request's log lines name the tenant from here on
         request.state.tenant = tenant  # and HttpMetrics its latency
+        if role is not None:
+            authorize(principal, role, action)
         return principal
 
     return authenticated
@@ -270,16 +280,40 @@ def bearer_auth(keyring: KeyRing[P], *, cookie: str | None = None) -> Callable[.
 # -- health and metrics -------------------------------------------------------------------------------
 
 
-def ops_router(*, health: Health, registry: CollectorRegistry) -> APIRouter:
-    """``GET /healthz`` (200 or 503 with ``health``'s body) and ``GET /metrics`` (Prometheus text)."""
-    router = APIRouter(tags=["ops"])
+HEALTH_WORDS = {True: "ok", False: "unavailable"}
+"""The whole body of an unauthenticated ``GET /healthz``: it tells whether, never what or where."""
 
-    @router.get("/healthz")
-    async def healthz() -> JSONResponse:
+
+def ops_router(*, health: Health, registry: CollectorRegistry, guard: Callable[..., Any] | None) -> APIRouter:
+    """The operations routes every service serves the same way.
+
+    - ``GET /healthz``: open (probes send no key): 200 ``ok`` or 503 ``unavailable``, as plain text,
+      and nothing else (no paths, pids, versions or tenants for whoever reaches the port);
+    - ``GET /healthz/details``: ``health``'s body (JSON, 200 or 503), behind ``guard``;
+    - ``GET /metrics``: Prometheus text, behind ``guard`` (the series name tenants and routes).
+
+    Args:
+        health: Answers ``(healthy, details)``.
+        registry: What ``/metrics`` exposes.
+        guard: The dependency a caller must pass for the details and the metrics (the service's
+            ``bearer_auth(keyring, role=Role.READ)``); ``None``: open, for a service without keys
+            (dev mode, loopback), where everything else is open too.
+    """
+    router = APIRouter(tags=["ops"])
+    guarded = [Depends(guard)] if guard is not None else []
+
+    @router.get("/healthz", response_class=PlainTextResponse, responses={503: {"content": {"text/plain": {}}}})
+    async def healthz() -> PlainTextResponse:
+        """``ok`` (200) or ``unavailable`` (503); the details are at ``/healthz/details``, with a key."""
+        healthy, _ = await health()
+        return PlainTextResponse(HEALTH_WORDS[healthy], status_code=200 if healthy else 503)
+
+    @router.get("/healthz/details", dependencies=guarded)
+    async def healthz_details() -> JSONResponse:
         healthy, body = await health()
         return JSONResponse(status_code=200 if healthy else 503, content=body)
 
-    @router.get("/metrics")
+    @router.get("/metrics", dependencies=guarded)
     async def metrics() -> Response:
         body = await asyncio.to_thread(generate_latest, registry)
         return Response(content=body, media_type=CONTENT_TYPE_LATEST)

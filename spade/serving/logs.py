@@ -161,8 +161,11 @@ def tenant_name(principal: Any) -> str | None:
 # -- events -------------------------------------------------------------------------------------------
 
 
-def log_event(logger: logging.Logger, event: str, /, *, level: int = logging.INFO, **fields: Any) -> None:
-    """One structured line: ``event`` is the message and a field; ``fields`` become JSON keys.
+def log_event(
+    logger: logging.Logger, event: str, text: str | None = None, /, *, level: int = logging.INFO, **fields: Any
+) -> None:
+    """One structured line: ``event`` is a field and the message (``text`` instead, when given); ``fields``
+    become JSON keys.
 
     A field named like a ``LogRecord`` attribute (``name``, ``args``, ``message``, ...) is written with
     a trailing underscore (``name_``) instead of breaking the call.
@@ -176,7 +179,7 @@ def log_event(logger: logging.Logger, event: str, /, *, level: int = logging.INF
         return
     extra = {(f"{k}_" if k in _RECORD_FIELDS else k): v for k, v in fields.items()}
     extra["event"] = event
-    logger.log(level, event, extra=extra, stacklevel=2)
+    logger.log(level, event if text is None else text, extra=extra, stacklevel=2)
 
 
 # -- formatting ---------------------------------------------------------------------------------------
@@ -297,8 +300,10 @@ def configure(
         logging.getLogger(name).setLevel(quiet)
 
 
-def configure_from_env(service: str, environ: Mapping[str, str] | None = None) -> None:
+def configure_from_env(service: str, environ: Mapping[str, str] | None = None, *, level: str | None = None) -> None:
     """:func:`configure` with ``SPADE_LOG_FORMAT`` (``json``/``text``) and ``SPADE_LOG_LEVEL``.
+
+    ``level`` (a command's ``--log-level``), when given, wins over ``SPADE_LOG_LEVEL``.
 
     Raises:
         ValueError: A value is not one of the allowed ones (the message names the variable).
@@ -307,7 +312,7 @@ def configure_from_env(service: str, environ: Mapping[str, str] | None = None) -
     fmt = env.get(LOG_FORMAT_ENV, "json").strip().lower() or "json"
     if fmt not in ("json", "text"):
         raise ValueError(f"{LOG_FORMAT_ENV}={fmt!r} is not a log format; set it to json or text")
-    configure(service, json=fmt == "json", level=env.get(LOG_LEVEL_ENV, "INFO") or "INFO")
+    configure(service, json=fmt == "json", level=level or env.get(LOG_LEVEL_ENV, "INFO") or "INFO")
 
 
 def reset() -> None:

@@ -185,7 +185,7 @@ class StoredEnvironment(_message.Message):
     hint: _builtins.str
     validation_report_json: _builtins.str
     status: _builtins.str
-    """"valid", "invalid" or "retired"."""
+    """"valid", "invalid", "retired" or "trivially_won" (retired by the rollout's audit plays)."""
     weight_version: _builtins.int
     designer_sample_id: _builtins.str
     env_class: _builtins.str
@@ -764,7 +764,7 @@ class UpdateStatsRequest(_message.Message):
     env_id: _builtins.str
     learnable: _builtins.bool
     status: _builtins.str
-    """"valid", "invalid" or "retired"; unchanged when empty."""
+    """"valid", "invalid", "retired" or "trivially_won"; unchanged when empty."""
     @_builtins.property
     def reward_components(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Merged into the stored components (regret_norm, plateau, blend, ...)."""

@@ -4,7 +4,7 @@ isort:skip_file
 Messages carried by the work queues (Redis Streams or the in-process queue).
 
 Streams: envs.ready (EnvReady), samples.agent (AgentSample),
-samples.designer (DesignerSample), weights.published (WeightsPublished).
+samples.designer (DesignerSample), weights.published (WeightsPublished), envs.audited (EnvAudit).
 """
 
 from collections import abc as _abc
@@ -274,3 +274,85 @@ class WeightsPublished(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WeightsPublished: _TypeAlias = WeightsPublished  # noqa: Y015
+
+@_typing.final
+class AuditPolicyPlays(_message.Message):
+    """One trivial policy's audit plays of an env (no model call; never trained on)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    SEEDS_FIELD_NUMBER: _builtins.int
+    RETURNS_FIELD_NUMBER: _builtins.int
+    policy: _builtins.str
+    """"noop" (a constant action) or "random" (a random action in the env's stated format)."""
+    @_builtins.property
+    def seeds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The real rollout seeds played (the env's first window slot's own seeds)."""
+
+    @_builtins.property
+    def returns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Each play's return (a resource fault counts 0), in seed order.
+        their mean is the policy's win rate (spade.signal.win_rate)
+        """
+
+    def __init__(
+        self,
+        *,
+        policy: _builtins.str = ...,
+        seeds: _abc.Iterable[_builtins.int] | None = ...,
+        returns: _abc.Iterable[_builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "returns", b"returns", "seeds", b"seeds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuditPolicyPlays: _TypeAlias = AuditPolicyPlays  # noqa: Y015
+
+@_typing.final
+class EnvAudit(_message.Message):
+    """The audit verdict on an env, published by the rollout once per env before its first real plays.
+    The learner scores no designer sample of an audited run before its env's verdict; an env
+    trivially won is retired and its designer sample scored invalid.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENV_ID_FIELD_NUMBER: _builtins.int
+    DESIGNER_SAMPLE_ID_FIELD_NUMBER: _builtins.int
+    SPEC_ID_FIELD_NUMBER: _builtins.int
+    TRIVIALLY_WON_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    POLICIES_FIELD_NUMBER: _builtins.int
+    WINDOW_START_FIELD_NUMBER: _builtins.int
+    env_id: _builtins.str
+    designer_sample_id: _builtins.str
+    spec_id: _builtins.str
+    trivially_won: _builtins.bool
+    """A trivial policy's win rate exceeded the run spec's audit_max_win_rate."""
+    reason: _builtins.str
+    """One sentence naming the policy, its wins and the threshold (empty when passed)."""
+    window_start: _builtins.int
+    """The env's window start (the version of the slot whose seeds were played)."""
+    @_builtins.property
+    def policies(self) -> _containers.RepeatedCompositeFieldContainer[Global___AuditPolicyPlays]: ...
+    def __init__(
+        self,
+        *,
+        env_id: _builtins.str = ...,
+        designer_sample_id: _builtins.str = ...,
+        spec_id: _builtins.str = ...,
+        trivially_won: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        policies: _abc.Iterable[Global___AuditPolicyPlays] | None = ...,
+        window_start: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["designer_sample_id", b"designer_sample_id", "env_id", b"env_id", "policies", b"policies", "reason", b"reason", "spec_id", b"spec_id", "trivially_won", b"trivially_won", "window_start", b"window_start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnvAudit: _TypeAlias = EnvAudit  # noqa: Y015

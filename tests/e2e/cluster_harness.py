@@ -30,6 +30,8 @@ from services.cluster.runner import Cluster
 from spade.queues.base import SAMPLES_DESIGNER, WEIGHTS_PUBLISHED
 from spade.queues.config import RedisQueueConfig
 from spade.queues.redis_streams import RedisStreamQueue
+from spade.runspec import RunSpec
+from spade.v1 import queues_pb2
 from tests.conftest import REDIS_URL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,6 +66,47 @@ def next_message(stream: str, cluster: RunnerCluster, timeout_s: float) -> bytes
         if payload is not None:
             return payload
         assert time.monotonic() < deadline, f"nothing arrived on {stream} within {timeout_s} s\n{cluster.logs()}"
+
+
+def spec_and_pool(tmp_path: Path, spec: RunSpec) -> tuple[Path, Path]:
+    """Write ``spec`` as the run-spec file and a designer-pool directory holding one valid answer (a
+    short number-hunt game with graded returns); returns both paths, for ``SPADE_CLUSTER_RUN_SPEC``
+    and ``SPADE_DESIGNER_POOL_DIR``."""
+    spec_file = tmp_path / "runspec.json"
+    spec_file.write_text(spec.to_json())
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    answer = ROOT / "tests" / "fixtures" / "designer_pool" / "game" / "valid-number_hunt.md"
+    (pool / answer.name).write_text(answer.read_text())
+    return spec_file, pool
+
+
+def warmup_group(spec_id: str) -> list[queues_pb2.AgentSample]:
+    """Four plays of a made-up env with varying returns: a learner step's worth, so it publishes v1."""
+    out = []
+    for seed, ret in enumerate([1.0, 0.0, 0.5, 0.0]):
+        tokens = [1, 5, 9, 13, 17, 21, 25, 29]
+        out.append(
+            queues_pb2.AgentSample(
+                sample_id=f"warmup@s0/plain/{seed}",
+                env_id="warmup",
+                setting="game",
+                skill="Optimization",
+                seed=seed,
+                group_id="warmup@s0",
+                token_ids=tokens,
+                logprobs=[0.0, 0.0, 0.0, -2.0, -2.5, -3.0, -1.5, -2.0],
+                loss_mask=[False, False, False, True, True, True, True, True],
+                episode_return=ret,
+                turns=1,
+                weight_version=0,
+                finish_reason="terminated",
+                spec_id=spec_id,
+                window_start=0,
+                window_index=0,
+            )
+        )
+    return out
 
 
 class RunnerCluster:

@@ -73,10 +73,10 @@ class Stack:
             "SPADE_POSTGRES_PASSWORD": secrets.token_hex(12),
             "SPADE_MEMORY_API_KEYS": json.dumps(
                 [
-                    {"tenant": "e2e", "key_sha256": _sha256(self.token)},
-                    {"tenant": "designer", "key_sha256": _sha256(self.designer_memory_key)},
-                    {"tenant": "rollout", "key_sha256": _sha256(self.rollout_memory_key)},
-                    {"tenant": "learner", "key_sha256": _sha256(self.learner_memory_key)},
+                    {"tenant": "e2e", "key_sha256": _sha256(self.token), "role": "admin"},
+                    {"tenant": "designer", "key_sha256": _sha256(self.designer_memory_key), "role": "write"},
+                    {"tenant": "rollout", "key_sha256": _sha256(self.rollout_memory_key), "role": "write"},
+                    {"tenant": "learner", "key_sha256": _sha256(self.learner_memory_key), "role": "write"},
                 ]
             ),
             "SPADE_DESIGNER_MEMORY_KEY": self.designer_memory_key,
@@ -182,6 +182,14 @@ def _wait(what: str, probe: Any, stack: Stack, timeout_s: float, every_s: float 
     raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})\n{stack.logs()}")
 
 
+def _http_text(url: str) -> str:
+    """The body of an open GET (``/healthz``: the bare word ``ok``)."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body: str = response.read().decode()
+    assert body == "ok", body
+    return body
+
+
 def _http_json(url: str, token: str | None = None) -> Any:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -240,8 +248,8 @@ def test_the_compose_stack_runs_a_learner_step(stack: Stack) -> None:
         return max(1.0, healthy_deadline - time.monotonic())
 
     _wait("the migrate one-shot", migrated, stack, left())
-    _wait("sandbox /healthz", lambda: _http_json(f"http://127.0.0.1:{stack.sandbox_port}/healthz"), stack, left())
-    _wait("memory /healthz", lambda: _http_json(f"http://127.0.0.1:{stack.memory_port}/healthz"), stack, left())
+    _wait("sandbox /healthz", lambda: _http_text(f"http://127.0.0.1:{stack.sandbox_port}/healthz"), stack, left())
+    _wait("memory /healthz", lambda: _http_text(f"http://127.0.0.1:{stack.memory_port}/healthz"), stack, left())
     assert "SERVING" in stack.exec("designer", "python", "-c", GRPC_HEALTH, "sandbox:50051", "memory:50052")
     health = "import urllib.request; print(urllib.request.urlopen('http://inference:30000/health', timeout=5).status)"
     _wait("inference /health", lambda: "200" in stack.exec("designer", "python", "-c", health), stack, left(), 5)
@@ -253,7 +261,7 @@ def test_the_compose_stack_runs_a_learner_step(stack: Stack) -> None:
         "--queue", json.dumps({"kind": "redis", "url": "redis://redis:6379/0"}),
         "--sandbox", "sandbox:50051", "--sandbox-key", stack.seed_key, "--example", "number_hunt",
     )  # fmt: skip
-    assert "seed pool: 1 game environments" in seeded, seeded
+    assert "seed pool: 1 game environment stored" in seeded, seeded
     env_id = seeded.split()[-1]
 
     # The designer's samples reach the learner: its consumer group has read from samples.designer.

@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 
 from services.sandbox.isolation import IsolationSettings, SandboxPool
+from tests.conftest import needs
 
 SANDBOX_UID = 65534
 SECRET = "spade-escape-" + secrets.token_hex(8)
@@ -79,6 +80,7 @@ def planted() -> Iterator[dict[str, Path]]:
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
+@needs("sandbox")
 async def pool(planted: dict[str, Path]) -> AsyncIterator[SandboxPool]:
     os.environ["SPADE_ESCAPE_SECRET"] = SECRET
     before = set(sandbox_pids())

@@ -45,7 +45,7 @@ from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import negative_data_rejection, response_schema_conformance
 from starlette.types import ASGIApp
 
-from spade.auth import KeyRing, hash_key
+from spade.auth import hash_key
 from spade.serving.http import http_server
 from spade.serving.settings import ServerAddress
 
@@ -55,11 +55,12 @@ USER_KEY = "fuzz-user-key-0123456789"
 ADMIN_KEY = "fuzz-admin-key-0123456789"
 AUTH = {"Authorization": f"Bearer {USER_KEY}"}
 
-OPEN_PATHS = {"/healthz", "/metrics", "/health", "/health_generate"}
-"""Routes every service leaves open (health and metrics); every other route needs a key."""
+OPEN_PATHS = {"/healthz", "/health", "/health_generate"}
+"""Routes every service leaves open (health, without details); every other route needs a key
+(``/healthz/details`` and ``/metrics`` included)."""
 
 ADMIN_PATHS = {"/flush_cache", "/update_weights_from_disk"}
-"""Inference routes that take the admin key, not the user key."""
+"""Inference routes that take the admin key: the user key, known but without the role, gets 403."""
 
 SGLANG_BODIES = {
     ("POST", "/update_weights_from_disk"): 400,
@@ -196,6 +197,7 @@ def memory_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
 def inference_url() -> Iterator[str]:
     from services.inference.app import create_app
     from services.inference.engine import BatchEngine
+    from services.inference.settings import InferenceSettings
     from spade.inference.models import ensure_default_model
 
     # One intra-op thread: see tests/integration/inference/conftest.py.
@@ -204,11 +206,11 @@ def inference_url() -> Iterator[str]:
 
     @contextlib.asynccontextmanager
     async def make_app() -> AsyncIterator[ASGIApp]:
-        yield create_app(
-            engine,
-            api_keys=KeyRing({hash_key(USER_KEY): "fuzz"}),
-            admin_keys=KeyRing({hash_key(ADMIN_KEY): "fuzz-admin"}),
+        settings = InferenceSettings(
+            api_keys=[{"tenant": "fuzz", "key_sha256": hash_key(USER_KEY)}],
+            admin_keys=[{"tenant": "fuzz-admin", "key_sha256": hash_key(ADMIN_KEY)}],
         )
+        yield create_app(engine, keys=settings.keyring())
 
     try:
         with served(make_app, "inference") as url:
@@ -363,11 +365,17 @@ def fuzz_operation(
 
 
 def check_unauthenticated(api: Api, url: str, operations: list[Any]) -> None:
-    """Every operation that needs a key answers 401 in the error shape without one, or with a bad one."""
+    """Every operation that needs a key answers 401 in the error shape without one, or with a bad one;
+    an admin route answers 403 to a known key without the role."""
     for operation in operations:
         if operation.path in OPEN_PATHS:
             continue
         path = operation.path.replace("{", "").replace("}", "")  # any value: auth comes first
+        if operation.path in ADMIN_PATHS:
+            response = requests.request(operation.method.upper(), url + path, headers=AUTH, timeout=60)
+            CALLS[api.name] += 1
+            if response.status_code != 403:
+                api.failures.append(f"{operation.label} with the user key: {response.status_code}, not 403")
         for headers in ({}, {"Authorization": "Bearer not-a-key"}, {"Authorization": "Basic Zm9vOmJhcg=="}):
             response = requests.request(operation.method.upper(), url + path, headers=headers, timeout=60)
             CALLS[api.name] += 1
@@ -437,5 +445,6 @@ def test_memory_api(memory_url: tuple[str, dict[str, str]]) -> None:
     fuzz(Api("memory", examples=25, known=known), url)
 
 
+@pytest.mark.model
 def test_inference_api(inference_url: str) -> None:
     fuzz(Api("inference", examples=6, adjust=client_shaped), inference_url)

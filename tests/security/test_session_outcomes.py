@@ -71,7 +71,7 @@ def env_process(instance: str) -> int:
     """Host pid of the one session env process of the pool ``instance``.
 
     It is pid 2 of its jail, like the waiters of the spare jails; it alone has the env channel
-    (fds 0-3; a waiter holds only its handoff socket and marker pipe).
+    (fds 0-3; a waiter holds only its handoff socket).
     """
     found = []
     for entry in Path("/proc").iterdir():

@@ -41,3 +41,19 @@ def test_settings_hold_digests_never_keys() -> None:
         ApiKey(tenant="a", key_sha256="plaintext-key")
     with pytest.raises(ValueError, match="share one API key"):
         check_unique_keys([key, ApiKey(tenant="b", key_sha256=hash_key("k"))])
+
+
+def test_roles_rank_and_a_key_without_a_role_writes() -> None:
+    from spade.auth import DEFAULT_ROLE, Forbidden, Principal, Role, RoleKey, authorize
+
+    assert [r.value for r in sorted(Role, key=lambda r: r.rank)] == ["read", "write", "admin"]
+    assert RoleKey(tenant="svc", key_sha256=hash_key("k")).role is DEFAULT_ROLE is Role.WRITE
+    assert RoleKey.model_validate({"tenant": "web", "key_sha256": hash_key("w"), "role": "read"}).role is Role.READ
+    with pytest.raises(ValidationError, match="role"):
+        RoleKey.model_validate({"tenant": "x", "key_sha256": hash_key("x"), "role": "root"})
+    authorize(Principal("ops", Role.ADMIN), Role.WRITE, "storing plays")
+    with pytest.raises(Forbidden, match="'web' has the read role; storing plays needs write") as refused:
+        authorize(Principal("web", Role.READ), Role.WRITE, "storing plays")
+    assert refused.value.kind.value == "forbidden"  # 403 / PERMISSION_DENIED, never 401
+    with pytest.raises(Forbidden, match="has no role"):  # a principal without a role is never trusted with one
+        authorize("alice", Role.READ, "reading")

@@ -93,3 +93,24 @@ def test_unsafe_defaults_are_refused_when_built_and_allowed_in_dev_mode(service:
     with pytest.raises(ValueError, match="unsafe settings outside dev mode"):
         cls()
     assert cls(dev_mode=True).dev_mode
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_log_level_sets_the_level_of_every_serve_command(service: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from spade.serving import logs
+
+    monkeypatch.setenv(settings_class(service).env_name("dev_mode"), "perhaps")  # stop right after logging is set
+    monkeypatch.setenv("SPADE_LOG_LEVEL", "WARNING")
+    root = logging.getLogger()
+    before = root.level
+    try:
+        result = CliRunner().invoke(main, ["serve", service, "--log-level", "debug"])
+        assert result.exit_code == 2, result.output
+        assert root.level == logging.DEBUG  # the flag wins over SPADE_LOG_LEVEL (it was a no-op before)
+        result = CliRunner().invoke(main, ["serve", service, "--log-level", "loud"])
+        assert result.exit_code == 2 and "'loud' is not one of DEBUG, INFO" in result.output, result.output
+    finally:
+        logs.reset()
+        root.setLevel(before)

@@ -30,17 +30,18 @@ import json
 import logging
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 log = logging.getLogger(__name__)
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 GAME_PACKAGES = ("sympy", "scipy", "numpy", "networkx")
 MIN_WORDS = 30
 
@@ -177,11 +178,20 @@ def _doc_of(obj: object) -> str:
     return inspect.cleandoc(doc) if isinstance(doc, str) else ""
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
+
+
 def _signature(obj: object) -> str:
+    """``obj``'s signature, without the memory addresses of default values (``<function f at 0x7f..>``).
+
+    The corpus must come out the same on every build: the warm start's cache key hashes it, and a
+    designer prompt must not depend on where a process happened to put an object.
+    """
     try:
-        return str(inspect.signature(obj))  # type: ignore[arg-type]
+        text = str(inspect.signature(obj))  # type: ignore[arg-type]
     except Exception:  # signatures of C callables may fail in many ways
         return ""
+    return _ADDRESS.sub(">", text)
 
 
 def _members(module: ModuleType) -> Iterator[tuple[str, object]]:
@@ -219,6 +229,20 @@ def collect(packages: Iterable[str], *, min_words: int = MIN_WORDS) -> list[DocE
         entries.append(DocEntry(name=qualified, package=package, text=f"{title}\n\n{doc}"))
 
     keep: list[object] = []  # keep objects alive so id() stays unique while collecting
+    with _quiet():
+        # Reading every public name of numpy, scipy, ... touches their deprecated aliases, and each
+        # warns: hundreds of lines about code this project does not use, on a newcomer's first screen.
+        _collect_into(packages, seen_objects, keep, add)
+    entries.sort(key=lambda e: e.name)
+    return entries
+
+
+def _collect_into(
+    packages: Iterable[str],
+    seen_objects: set[int],
+    keep: list[object],
+    add: Callable[[str, str, object, str], None],
+) -> None:
     for package in packages:
         for module in iter_modules(package):
             module_doc = _doc_of(module)
@@ -243,8 +267,6 @@ def collect(packages: Iterable[str], *, min_words: int = MIN_WORDS) -> list[DocE
                         seen_objects.add(id(target))
                         keep.append(target)
                         add(f"{qualified}.{attr}", package, target, _doc_of(target))
-    entries.sort(key=lambda e: e.name)
-    return entries
 
 
 def write_corpus(entries: list[DocEntry], path: Path, *, meta: dict[str, object]) -> None:
@@ -339,12 +361,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--setting", choices=["game", "tool", "all"], default="all")
     parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument(
+        "--force", action="store_true", help="Rebuild even when the cached corpus is current (same packages)."
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     settings = ["game", "tool"] if args.setting == "all" else [args.setting]
     for setting in settings:
-        path = build_corpus(setting, args.cache_dir)
-        print(path)
+        # A current corpus is kept as it is: a rebuild would change nothing but the file's age, and a
+        # re-install (make, after pyproject.toml changes) must not invalidate what hashes it.
+        current = not args.force and is_current(setting, args.cache_dir or default_cache_dir())
+        path = (args.cache_dir or default_cache_dir()) / f"{setting}.jsonl" if current else None
+        print(path or build_corpus(setting, args.cache_dir))
     return 0
 
 

@@ -18,7 +18,8 @@ from typing import Literal
 
 import torch
 
-from services.learner.core.window import ScoredAttempt, ScoreOutcome, is_resource_fault
+from services.learner.core.window import ScoredAttempt, ScoreOutcome
+from spade.envs.types import FinishReason
 from spade.signal import SkillBaselines, group_zscores
 from spade.signal import designer_advantages as centre_round
 
@@ -89,7 +90,7 @@ class AgentPlaySample:
     @property
     def resource_fault(self) -> bool:
         """Whether the play ended because the env hit a resource limit."""
-        return is_resource_fault(self.finish_reason)
+        return FinishReason.names_resource_fault(self.finish_reason)
 
 
 def trainable_members(

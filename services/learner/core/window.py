@@ -9,9 +9,14 @@ generate them, so a learner that published between the design and the first play
 - window win rate: ``spade.signal.win_rate`` of every unhinted play of slots ``0..k-1``;
 - blend: ``spade.signal.designer_blend`` (invalid attempts: 0, or the optional validity shaping).
 
-A play that ended in a resource fault counts as return 0 (the env failed the agent), as in the
-memory's statistics. Everything here is plain data, serialisable to JSON, so the learner persists it
-with each checkpoint and a restart resumes with the same pending work.
+When the run audits its envs (the run spec's ``audit_plays``), an attempt also waits for its env's
+audit verdict (``envs.audited``): a trivial policy that won the env too often on real rollout seeds
+makes the attempt invalid, whatever its validation said, before anything is trained on it.
+
+Which plays count, and with what return (a resource fault counts 0: the env failed the agent), is
+``spade.signal``'s selection (``slot0_arms``, ``window_returns``), as in the memory's statistics.
+Everything here is plain data, serialisable to JSON, so the learner persists it with each checkpoint
+and a restart resumes with the same pending work.
 """
 
 from __future__ import annotations
@@ -29,22 +34,10 @@ from spade.signal import (
     SignalError,
     designer_blend,
     regret,
+    slot0_arms,
     win_rate,
+    window_returns,
 )
-
-
-def is_resource_fault(finish_reason: str) -> bool:
-    """Whether a play's finish reason is a resource fault (``FinishReason.is_resource_fault``).
-
-    Unknown or empty reasons (older producers) are not.
-
-    >>> is_resource_fault("fault_memory"), is_resource_fault("truncated"), is_resource_fault("")
-    (True, False, False)
-    """
-    try:
-        return FinishReason(finish_reason).is_resource_fault
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -69,10 +62,21 @@ class Play:
     window_index: int = 0
     finish_reason: str = FinishReason.TERMINATED.value
 
-    @property
-    def counted_return(self) -> float:
-        """The return the window counts: 0 for a resource fault (the env failed the agent)."""
-        return 0.0 if is_resource_fault(self.finish_reason) else self.episode_return
+
+@dataclass(frozen=True)
+class Audit:
+    """The rollout's audit verdict on one env (``services/rollout/core/audit.py``).
+
+    Attributes:
+        trivially_won: A trivial policy won it too often: the env is retired, its attempt invalid.
+        reason: The rollout's sentence (policy, wins, threshold); "" when it passed.
+        window_start: The env's window start (pruning only).
+    """
+
+    env_id: str
+    trivially_won: bool
+    reason: str = ""
+    window_start: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,8 @@ class UnscoredReason(enum.Enum):
     """Slot 0's arms were not played on the same seeds the same number of times."""
     BAD_RETURNS = "bad_returns"
     """A return broke a rule of the signal (outside [0, 1], not finite)."""
+    NO_AUDIT = "no_audit"
+    """The run audits its envs and this env's audit verdict never arrived."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,8 @@ class ScoredAttempt:
 
     ``components`` is ``None`` exactly when ``outcome`` is ``UNSCORABLE`` (``reason_code`` and
     ``reason`` say why); such an attempt is not trained on and is counted in the metrics.
+    ``trivially_won``: the attempt passed validation but its env's audit retired it, so it is scored
+    ``INVALID`` (``reason`` has the audit's sentence).
     """
 
     attempt: DesignerAttempt
@@ -148,6 +156,7 @@ class ScoredAttempt:
     components: DesignerRewardComponents | None
     reason: str = ""
     reason_code: UnscoredReason | None = None
+    trivially_won: bool = False
 
 
 @dataclass
@@ -162,12 +171,18 @@ class DesignerWindow:
     Invalid attempts need no plays. The attempts of one round (``batch_id``) are due together, since
     their advantages are centred per skill within the round.
 
+    With ``await_audit`` (the run audits its envs), a valid env's attempt is never scored before its
+    audit verdict: a ``trivially_won`` verdict makes it due at once and scores it invalid, at the
+    lowest reward an invalid attempt can get (validity fraction 0: it gamed validation); without a
+    verdict by the deadline it is unscorable (``no_audit``), never scored on unaudited plays.
+
     Args:
         windows: ``k`` per setting (``{"game": 4, "tool": 8}``: the run spec's).
         config: The designer reward configuration (the run spec's constants).
         group_size: G, the plays per slot and arm.
         grace: Versions past the window's end an incomplete window waits for late plays.
         first_play_grace: Further versions an env waits for its first play.
+        await_audit: Wait for each env's audit verdict before scoring its attempt.
     """
 
     windows: Mapping[str, int]
@@ -175,8 +190,10 @@ class DesignerWindow:
     group_size: int = 1
     grace: int = 0
     first_play_grace: int = 0
+    await_audit: bool = False
     plays: dict[str, dict[str, Play]] = field(default_factory=dict)
     pending: dict[str, DesignerAttempt] = field(default_factory=dict)
+    audits: dict[str, Audit] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for setting, k in self.windows.items():
@@ -202,6 +219,13 @@ class DesignerWindow:
         if play.sample_id in env:
             return False
         env[play.sample_id] = play
+        return True
+
+    def record_audit(self, audit: Audit) -> bool:
+        """Keep an env's audit verdict; ``False`` when it already has one (the first wins, as in the rollout)."""
+        if audit.env_id in self.audits:
+            return False
+        self.audits[audit.env_id] = audit
         return True
 
     def add_attempt(self, attempt: DesignerAttempt) -> bool:
@@ -242,6 +266,11 @@ class DesignerWindow:
     def _ready(self, attempt: DesignerAttempt, learner_version: int) -> bool:
         if not attempt.scorable_env:
             return True
+        audit = self.audits.get(attempt.env_id)
+        if audit is not None and audit.trivially_won:
+            return True
+        if self.await_audit and audit is None:
+            return learner_version >= self.deadline(attempt)
         return self.window_complete(attempt) or learner_version >= self.deadline(attempt)
 
     def _due_attempts(self, learner_version: int) -> list[DesignerAttempt]:
@@ -271,6 +300,7 @@ class DesignerWindow:
             del self.pending[a.sample_id]
             if a.env_id and not any(p.env_id == a.env_id for p in self.pending.values()):
                 self.plays.pop(a.env_id, None)
+                self.audits.pop(a.env_id, None)
         return out
 
     def prune(self, learner_version: int, keep_versions: int) -> int:
@@ -289,20 +319,36 @@ class DesignerWindow:
         ]
         for env_id in stale:
             del self.plays[env_id]
+        old_audits = [
+            env_id
+            for env_id, audit in self.audits.items()
+            if env_id not in waiting
+            and env_id not in self.plays
+            and audit.window_start < learner_version - keep_versions
+        ]
+        for env_id in old_audits:
+            del self.audits[env_id]
         return len(stale)
 
     def _score(self, attempt: DesignerAttempt) -> ScoredAttempt:
         if not attempt.scorable_env:
             components = designer_blend(None, None, False, self.config, attempt.validity_fraction)
             return ScoredAttempt(attempt, ScoreOutcome.INVALID, components)
-        k = self.k_for(attempt.setting)
-        plays = list(self.plays.get(attempt.env_id, {}).values())
-        window = [p.counted_return for p in plays if not p.hinted and 0 <= p.window_index < k]
-        hinted = [(p.seed, p.counted_return) for p in plays if p.hinted and p.window_index == 0]
-        unhinted = [(p.seed, p.counted_return) for p in plays if not p.hinted and p.window_index == 0]
+        audit = self.audits.get(attempt.env_id)
+        if audit is not None and audit.trivially_won:
+            components = designer_blend(None, None, False, self.config, 0.0)
+            why = f"env {attempt.env_id} retired as trivially_won by its audit plays: {audit.reason}"
+            return ScoredAttempt(attempt, ScoreOutcome.INVALID, components, why, trivially_won=True)
 
         def unscored(code: UnscoredReason, why: str) -> ScoredAttempt:
             return ScoredAttempt(attempt, ScoreOutcome.UNSCORABLE, None, f"env {attempt.env_id}: {why}", code)
+
+        if self.await_audit and audit is None:
+            return unscored(UnscoredReason.NO_AUDIT, "the run audits its envs and no audit verdict arrived in time")
+        k = self.k_for(attempt.setting)
+        plays = list(self.plays.get(attempt.env_id, {}).values())
+        window = window_returns(plays, k)
+        hinted, unhinted = slot0_arms(plays)
 
         if not window:
             return unscored(UnscoredReason.NO_PLAYS, f"no unhinted play of its {k} window slots arrived in time")
@@ -325,6 +371,7 @@ class DesignerWindow:
         return {
             "plays": {env: [asdict(p) for p in plays.values()] for env, plays in self.plays.items()},
             "pending": [asdict(a) for a in self.pending.values()],
+            "audits": [asdict(a) for a in self.audits.values()],
         }
 
     @classmethod
@@ -337,9 +384,12 @@ class DesignerWindow:
         group_size: int = 1,
         grace: int = 0,
         first_play_grace: int = 0,
+        await_audit: bool = False,
     ) -> DesignerWindow:
         """Restore a snapshot written by ``to_json`` (the windows and constants come from the run spec)."""
-        window = cls(windows, config, group_size, grace, first_play_grace)
+        window = cls(windows, config, group_size, grace, first_play_grace, await_audit)
+        for a in data.get("audits", []):  # absent in snapshots written before audits
+            window.audits[a["env_id"]] = Audit(**a)
         for env, plays in data["plays"].items():
             window.plays[env] = {p["sample_id"]: Play(**p) for p in plays}
         for a in data["pending"]:

@@ -1,15 +1,16 @@
 """Per-environment statistics from its plays (pure; the store calls it after recording plays).
 
-Every quantity is ``spade.signal``'s (DESIGN §5, WAVE2 §1); this module only decides which plays
-feed it, by the env's own window slots (WAVE2 §3), never by the weight version that generated them:
+Every quantity is ``spade.signal``'s (DESIGN §5, WAVE2 §1), and so is the choice of the plays that
+feed it (``slot0_arms``, ``window_returns``): by the env's own window slots (WAVE2 §3), never by the
+weight version that generated them:
 
 - the **window win rate** is ``signal.win_rate`` of the unhinted plays of slots ``0..k-1``;
 - the **regret** is ``signal.regret`` of slot 0's hinted and unhinted arms. It is strict: when the
   arms were not played on the same seeds the same number of times, no regret is stored and
   ``regret_note`` records why (``signal.MismatchedArmsError``'s message) — never a lenient number;
 - **learnable** is ``signal.learnable`` of the window win rate, unless the learner set it;
-- a play that ended in a **resource fault** (``FinishReason.is_resource_fault``) counts as return 0:
-  the env failed the agent.
+- a play that ended in a **resource fault** counts as return 0 (``signal.counted_return``): the env
+  failed the agent.
 
 >>> ps = [Play("e", s, h, r, 3, 0, f"{s}{h}") for s, h, r in [(1, False, 0.0), (1, True, 1.0),
 ...       (2, False, 1.0), (2, True, 0.5)]]
@@ -45,32 +46,8 @@ class EnvShape:
     turns_mean: float | None
 
 
-def is_resource_fault(finish_reason: str) -> bool:
-    """Whether a play's finish reason is a resource fault (unknown or empty reasons are not)."""
-    try:
-        return FinishReason(finish_reason).is_resource_fault
-    except ValueError:
-        return False
-
-
-def effective_return(play: Play) -> float:
-    """The return a play counts with in the env's statistics: 0 for a resource fault."""
-    return 0.0 if is_resource_fault(play.finish_reason) else play.episode_return
-
-
-def in_window(play: Play, window_versions: int | None) -> bool:
-    """Whether an unhinted play counts toward the window win rate (slot in ``0..k-1``).
-
-    ``window_versions`` ``None`` (no window known for the env) counts every slot.
-    """
-    if play.hinted or play.window_index < 0:
-        return False
-    return window_versions is None or play.window_index < window_versions
-
-
 def _regret(plays: list[Play]) -> tuple[float | None, str]:
-    hinted = [(p.seed, effective_return(p)) for p in plays if p.hinted and p.window_index == 0]
-    unhinted = [(p.seed, effective_return(p)) for p in plays if not p.hinted and p.window_index == 0]
+    hinted, unhinted = signal.slot0_arms(plays)
     if not hinted and not unhinted:
         return None, ""
     if not hinted or not unhinted:
@@ -93,7 +70,7 @@ def score(plays: Iterable[Play], window_versions: int | None, previous: EnvStats
         Fresh ``EnvStats``.
     """
     plays = list(plays)
-    window = [effective_return(p) for p in plays if in_window(p, window_versions)]
+    window = signal.window_returns(plays, window_versions)
     win_rate = signal.win_rate(window) if window else None
     regret, note = _regret(plays)
     components = dict(previous.reward_components) if previous else {}
@@ -114,5 +91,5 @@ def score(plays: Iterable[Play], window_versions: int | None, previous: EnvStats
 def shape(plays: Iterable[Play]) -> EnvShape:
     """The env's reward levels and mean turns over its plays (``spade.pool_metrics``)."""
     plays = list(plays)
-    rewards = [p.episode_return for p in plays if not is_resource_fault(p.finish_reason)]
+    rewards = [p.episode_return for p in plays if not FinishReason.names_resource_fault(p.finish_reason)]
     return EnvShape(reward_levels=reward_levels(rewards), turns_mean=interaction_turns(p.turns for p in plays))

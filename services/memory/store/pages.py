@@ -10,10 +10,7 @@ import base64
 import binascii
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
-
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from typing import TypeVar
 
 from spade.memory.errors import InvalidArgument
 
@@ -66,12 +63,12 @@ def as_utc(t: datetime) -> datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
-def fresh_by_key(session: Session, column: Any, items: Sequence[T], key: Callable[[T], str]) -> dict[str, T]:
-    """The items whose key is not stored in ``column`` yet, first of each key only: what an
-    idempotent insert adds (the rest are duplicates)."""
-    seen = set(session.scalars(select(column).where(column.in_({key(i) for i in items}))))
-    fresh: dict[str, T] = {}
+def first_of_each(items: Sequence[T], key: Callable[[T], str]) -> list[T]:
+    """The first item of each key, in order: the rows one idempotent insert offers (the rest repeat them)."""
+    seen: set[str] = set()
+    first: list[T] = []
     for item in items:
         if key(item) not in seen:
-            fresh.setdefault(key(item), item)
-    return fresh
+            seen.add(key(item))
+            first.append(item)
+    return first

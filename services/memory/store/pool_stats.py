@@ -13,12 +13,12 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, true
 from sqlalchemy.orm import Session
 
-from services.memory.core.scoring import is_resource_fault
 from services.memory.store.models import (
     DesignerAttemptRow,
     EnvEmbeddingRow,
@@ -29,12 +29,13 @@ from services.memory.store.models import (
     RunSpecRow,
 )
 from spade import pool_metrics, signal
+from spade.envs.types import FinishReason
 from spade.memory.records import ATTEMPT_VALID, AttemptStats, EnvStatus, MemoryStats, PoolMetrics
 
 log = logging.getLogger("spade.memory.stats")
 
 POOL_STATUSES = (EnvStatus.VALID.value, EnvStatus.RETIRED.value)
-"""Environments that passed validation: the pool the process metrics describe."""
+"""Environments that passed validation and their audit: the pool the process metrics describe."""
 
 ROUNDS_SHOWN = 50
 """How many of the most recent designer rounds ``AttemptStats.by_round`` lists."""
@@ -57,18 +58,26 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def attempt_stats(s: Session) -> AttemptStats:
-    """Every recorded designer attempt by outcome, and the most recent rounds' breakdowns."""
+def attempt_stats(s: Session, since: datetime | None = None) -> AttemptStats:
+    """Every recorded designer attempt by outcome, and the most recent rounds' breakdowns.
+
+    Args:
+        s: A session on the memory's database.
+        since: Count only the attempts made at or after this time (``spade cluster status``'s last N
+            minutes); default: every attempt.
+    """
+    made = DesignerAttemptRow.created_at >= since if since is not None else true()
     by_outcome = {
         str(k): int(v)
         for k, v in s.execute(
-            select(DesignerAttemptRow.outcome, func.count()).group_by(DesignerAttemptRow.outcome)
+            select(DesignerAttemptRow.outcome, func.count()).where(made).group_by(DesignerAttemptRow.outcome)
         ).all()
     }
     recent = [
         str(b)
         for b, _ in s.execute(
             select(DesignerAttemptRow.batch_id, func.max(DesignerAttemptRow.seq).label("last"))
+            .where(made)
             .group_by(DesignerAttemptRow.batch_id)
             .order_by(func.max(DesignerAttemptRow.seq).desc())
             .limit(ROUNDS_SHOWN)
@@ -78,7 +87,7 @@ def attempt_stats(s: Session) -> AttemptStats:
     if recent:
         rows = s.execute(
             select(DesignerAttemptRow.batch_id, DesignerAttemptRow.outcome, func.count())
-            .where(DesignerAttemptRow.batch_id.in_(recent))
+            .where(DesignerAttemptRow.batch_id.in_(recent), made)
             .group_by(DesignerAttemptRow.batch_id, DesignerAttemptRow.outcome)
         ).all()
         for batch, outcome, n in rows:
@@ -191,6 +200,7 @@ def pool_stats(s: Session, window: int, embedder: Any, model_name: str) -> PoolM
         )
     ]
     vendi, note = _vendi(s, recent, embedder, model_name)
+    audit_retired = s.scalar(select(func.count()).where(EnvironmentRow.status == EnvStatus.TRIVIALLY_WON.value))
     return PoolMetrics(
         envs=int(envs or 0),
         scored=len(scored_rates),
@@ -210,6 +220,7 @@ def pool_stats(s: Session, window: int, embedder: Any, model_name: str) -> PoolM
         hidden_state_size_mean=float(hidden_size) if hidden_size is not None else None,
         hidden_state_bytes_mean=float(hidden_bytes) if hidden_bytes is not None else None,
         leakage_share=pool_metrics.leakage_share(verdicts),
+        audit_retired=int(audit_retired or 0),
     )
 
 
@@ -242,7 +253,7 @@ def memory_stats(s: Session, window: int, embedder: Any, model_name: str) -> Mem
         mean_regret=float(mean_regret) if mean_regret is not None else None,
         validity_rate=attempts.validity_rate,
         plays=sum(finish.values()),
-        resource_fault_plays=sum(n for k, n in finish.items() if is_resource_fault(k)),
+        resource_fault_plays=sum(n for k, n in finish.items() if FinishReason.names_resource_fault(k)),
         plays_by_finish_reason=finish,
         attempts=attempts,
         pool=pool_stats(s, window, embedder, model_name),

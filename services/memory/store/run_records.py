@@ -14,13 +14,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.memory.store.models import DesignerAttemptRow, EnvironmentRow, EnvProbeRow, RunSpecRow
-from services.memory.store.pages import as_utc, check_limit, fresh_by_key, utc_now
+from services.memory.store.pages import as_utc, check_limit, first_of_each, utc_now
 from services.memory.store.pool_stats import POOL_STATUSES
 from spade import pool_metrics
 from spade.memory.errors import EnvironmentNotFound, InvalidArgument, RunSpecConflict, RunSpecNotSet
 from spade.memory.records import DesignerAttempt, EnvProbe, RecordResult, RunSpecRecord
 from spade.memory.runspec import conflict_message
 from spade.runspec import RunSpec
+from spade.sql import insert_new
 
 
 class RunRecords:
@@ -46,32 +47,28 @@ class RunRecords:
                 raise InvalidArgument(
                     f"designer attempt {a.sample_id!r}: setting {a.setting!r} is not 'game' or 'tool'"
                 )
-        for _attempt in range(3):
-            try:
-                return self._attempts_once(attempts)
-            except IntegrityError:
-                continue  # a concurrent writer recorded some of these; re-check and retry
-        return self._attempts_once(attempts)
-
-    def _attempts_once(self, attempts: Sequence[DesignerAttempt]) -> RecordResult:
         now = utc_now()
+        rows = [
+            {
+                "sample_id": a.sample_id,
+                "setting": a.setting,
+                "skill": a.skill,
+                "batch_id": a.batch_id,
+                "weight_version": a.weight_version,
+                "outcome": a.outcome,
+                "env_id": a.env_id,
+                "spec_id": a.spec_id,
+                "created_at": a.created_at or now,
+            }
+            for a in first_of_each(attempts, lambda a: a.sample_id)
+        ]
+        if not rows:
+            return RecordResult(recorded=0, duplicates=0)
+        table = DesignerAttemptRow.__table__
         with self._sessions.begin() as s:
-            fresh = fresh_by_key(s, DesignerAttemptRow.sample_id, attempts, lambda a: a.sample_id)
-            s.add_all(
-                DesignerAttemptRow(
-                    sample_id=a.sample_id,
-                    setting=a.setting,
-                    skill=a.skill,
-                    batch_id=a.batch_id,
-                    weight_version=a.weight_version,
-                    outcome=a.outcome,
-                    env_id=a.env_id,
-                    spec_id=a.spec_id,
-                    created_at=a.created_at or now,
-                )
-                for a in fresh.values()
-            )
-        return RecordResult(recorded=len(fresh), duplicates=len(attempts) - len(fresh))
+            stmt = insert_new(table, s.get_bind().dialect.name).values(rows).returning(table.c.sample_id)
+            recorded = len(s.execute(stmt).scalars().all())
+        return RecordResult(recorded=recorded, duplicates=len(attempts) - recorded)
 
     def attempts(self, batch_id: str | None = None, limit: int = 200) -> list[DesignerAttempt]:
         """Recorded attempts, newest first (of one round when ``batch_id`` is given)."""

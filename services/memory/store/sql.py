@@ -32,7 +32,7 @@ from services.memory.store.models import (
     PlayRow,
     RunSpecRow,
 )
-from services.memory.store.pages import as_utc, check_limit, decode_cursor, encode_cursor, fresh_by_key, utc_now
+from services.memory.store.pages import as_utc, check_limit, decode_cursor, encode_cursor, first_of_each, utc_now
 from services.memory.store.pool_stats import fingerprint, memory_stats
 from services.memory.store.run_records import RunRecords
 from services.memory.store.web_sessions import WebSessions
@@ -54,6 +54,7 @@ from spade.memory.records import (
 )
 from spade.pool_metrics import program_length
 from spade.runspec import RunSpec
+from spade.sql import insert_new
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 MAX_WINDOW_VERSIONS = 1_000_000
@@ -382,43 +383,38 @@ class SqlStore(RunRecords, WebSessions):
                     f"play {p.trajectory_id!r} has window slot {p.window_index} of a window starting at "
                     f"{p.window_start}; both must be >= 0 (slot 0 is the env's first window version)"
                 )
-        for _attempt in range(3):
-            try:
-                return self._record_once(plays)
-            except IntegrityError:
-                continue  # a concurrent writer recorded some of these; re-check and retry
-        return self._record_once(plays)
-
-    def _record_once(self, plays: Sequence[Play]) -> RecordResult:
         now = utc_now()
+        rows = [
+            {
+                "env_id": p.env_id,
+                "seed": p.seed,
+                "hinted": p.hinted,
+                "episode_return": p.episode_return,
+                "turns": p.turns,
+                "weight_version": p.weight_version,
+                "trajectory_id": p.trajectory_id,
+                "finish_reason": p.finish_reason,
+                "played_at": p.played_at or now,
+                "window_start": p.window_start,
+                "window_index": p.window_index,
+                "spec_id": p.spec_id,
+            }
+            for p in first_of_each(plays, lambda p: p.trajectory_id)
+        ]
+        if not rows:
+            return RecordResult(recorded=0, duplicates=0)
+        table = PlayRow.__table__
         with self._sessions.begin() as s:
             env_ids = {p.env_id for p in plays}
             known = set(s.scalars(select(EnvironmentRow.id).where(EnvironmentRow.id.in_(env_ids))))
             missing = sorted(env_ids - known)
             if missing:
                 raise EnvironmentNotFound(missing[0])
-            fresh = fresh_by_key(s, PlayRow.trajectory_id, plays, lambda p: p.trajectory_id)
-            s.add_all(
-                PlayRow(
-                    env_id=p.env_id,
-                    seed=p.seed,
-                    hinted=p.hinted,
-                    episode_return=p.episode_return,
-                    turns=p.turns,
-                    weight_version=p.weight_version,
-                    trajectory_id=p.trajectory_id,
-                    finish_reason=p.finish_reason,
-                    played_at=p.played_at or now,
-                    window_start=p.window_start,
-                    window_index=p.window_index,
-                    spec_id=p.spec_id,
-                )
-                for p in fresh.values()
-            )
-            s.flush()
-            for env_id in sorted({p.env_id for p in fresh.values()}):
+            stmt = insert_new(table, s.get_bind().dialect.name).values(rows).returning(table.c.env_id)
+            recorded = s.execute(stmt).scalars().all()
+            for env_id in sorted(set(recorded)):
                 self._rescore(s, env_id, now)
-        return RecordResult(recorded=len(fresh), duplicates=len(plays) - len(fresh))
+        return RecordResult(recorded=len(recorded), duplicates=len(plays) - len(recorded))
 
     def _window_versions(self, s: Session, env: EnvironmentRow) -> int | None:
         """The env's k: its stored window, else the configured or the run spec's k for its setting."""

@@ -154,6 +154,11 @@ class EpisodeRunner:
         self._template = template
         self.limits = limits
 
+    @property
+    def sessions(self) -> SessionOpener:
+        """The sandbox sessions the plays run in (the audit plays use the same)."""
+        return self._sessions
+
     async def play(self, env: EnvSpec, seed: int, *, hinted: bool, turn_seeds: TurnSeeds | None = None) -> Play:
         """Play ``env`` from ``reset(seed)`` until it ends or a limit is hit.
 
@@ -224,14 +229,18 @@ class EpisodeRunner:
         self, session: EnvSession, reply: str
     ) -> tuple[FinishReason | None, float, list[dict[str, Any]]]:
         result = await session.step(normalize_game_action(reply))
-        return _ending(result, self.limits.max_turns) or (None, 0.0, [{"role": "user", "content": result.observation}])
+        return step_ending(result, self.limits.max_turns) or (
+            None,
+            0.0,
+            [{"role": "user", "content": result.observation}],
+        )
 
     async def _tool_turn(
         self, session: EnvSession, reply: str
     ) -> tuple[FinishReason | None, float, list[dict[str, Any]]]:
         # The tool env parses and runs every call of the reply itself (it owns step()).
         result = await session.step(reply)
-        ending = _ending(result, self.limits.max_turns)
+        ending = step_ending(result, self.limits.max_turns)
         if ending is not None:
             return ending
         return None, 0.0, tool_turn_messages(result)
@@ -260,7 +269,12 @@ def tool_turn_messages(result: StepResult) -> list[dict[str, Any]]:
     return messages
 
 
-def _ending(result: StepResult, turn_budget: int) -> tuple[FinishReason, float, list[dict[str, Any]]] | None:
+def step_ending(result: StepResult, turn_budget: int) -> tuple[FinishReason, float, list[dict[str, Any]]] | None:
+    """How a step's answer ends the play: (reason, return, no messages), or None when it goes on.
+
+    Raises:
+        SandboxFault: The sandbox itself failed (see :func:`finish_for`).
+    """
     failure = finish_for(result, turn_budget)
     if failure is not None:
         return failure, 0.0, []

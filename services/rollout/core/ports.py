@@ -190,8 +190,9 @@ class PlayLog(Protocol):
         """Store plays; re-recording a ``sample_id`` must not duplicate it."""
         ...
 
-    async def retire_environment(self, env_id: str, last_version: int) -> None:
-        """Mark the env's window closed (its designer sample can be scored)."""
+    async def retire_environment(self, env_id: str, last_version: int, *, trivially_won: bool = False) -> None:
+        """Mark the env's window closed (its designer sample can be scored); ``trivially_won``: its audit
+        plays retired it (``core/audit.py``)."""
         ...
 
 

@@ -4,7 +4,9 @@ The reference implementation played every unhinted episode on one instance (the 
 seeded hinted plays with Python's ``hash()``, which changes per process. Here a seed is a pure
 function of ``(env_id, slot, index)`` through SHA-256, so every worker, restart and arm agrees on
 it, the hinted and unhinted arms of slot 0 share the same list, and every later slot of the window
-gets fresh seeds (whatever version it is played at: a late slot keeps its own seeds).
+gets fresh seeds (whatever version it is played at: a late slot keeps its own seeds). The seed
+distribution itself (uniform in ``[0, SEED_BOUND)``) is ``spade.envs.seeds``'s, shared with the
+sandbox's validation, which draws its seeds from it in secret.
 
 >>> play_seeds("env-1", 0, 2) == play_seeds("env-1", 0, 2)
 True
@@ -16,8 +18,9 @@ from __future__ import annotations
 
 import hashlib
 
-SEED_BOUND = 2**31
-"""Seeds lie in ``[0, 2**31)``: every env's ``random.Random(seed)`` and numpy accept them."""
+from spade.envs.seeds import SEED_BOUND, seed_from_bytes
+
+__all__ = ["SEED_BOUND", "play_seeds"]
 
 
 def play_seeds(env_id: str, slot: int, count: int) -> list[int]:
@@ -42,7 +45,7 @@ def play_seeds(env_id: str, slot: int, count: int) -> list[int]:
     index = 0
     while len(seeds) < count:
         digest = hashlib.sha256(f"spade-seed\x00{env_id}\x00slot{slot}\x00{index}".encode()).digest()
-        seed = int.from_bytes(digest[:8], "big") % SEED_BOUND
+        seed = seed_from_bytes(digest)
         index += 1
         if seed not in seen:  # a collision among G seeds is astronomically rare, but never repeat
             seen.add(seed)

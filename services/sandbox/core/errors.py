@@ -7,8 +7,8 @@ the rule, the offending value and the fix, and never contains the caller's code 
 
 from __future__ import annotations
 
-from spade.auth import Unauthenticated
-from spade.errors import ErrorKind, ServiceError
+from spade.auth import Forbidden, Unauthenticated
+from spade.errors import ErrorKind, InvalidInput, ServiceError
 
 __all__ = [
     "Forbidden",
@@ -27,7 +27,9 @@ class SandboxServiceError(ServiceError):
     """Base class: ``code`` is a stable machine-readable identifier, the message is for humans."""
 
 
-class InvalidRequest(SandboxServiceError):
+class InvalidRequest(SandboxServiceError, InvalidInput):
+    """A request value breaks a rule (``spade.errors.InvalidInput``: REST 422, gRPC INVALID_ARGUMENT)."""
+
     kind = ErrorKind.INVALID
     code = "invalid_request"
 
@@ -35,11 +37,6 @@ class InvalidRequest(SandboxServiceError):
 class PayloadTooLarge(SandboxServiceError):
     kind = ErrorKind.TOO_LARGE
     code = "payload_too_large"
-
-
-class Forbidden(SandboxServiceError):
-    kind = ErrorKind.FORBIDDEN
-    code = "forbidden"
 
 
 class QuotaExceeded(SandboxServiceError):

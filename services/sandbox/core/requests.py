@@ -6,6 +6,7 @@ import posixpath
 from dataclasses import dataclass
 
 from services.sandbox.core.errors import InvalidRequest, PayloadTooLarge
+from spade.errors import require_text
 
 SETTINGS = ("game", "tool")
 SEED_MIN, SEED_MAX = 0, 2**63 - 1
@@ -36,12 +37,8 @@ def check_code(code: object, limits: RequestLimits) -> str:
     if not code.strip():
         raise InvalidRequest("'code' is empty: send the Python source to run")
     if "\x00" in code:
-        raise InvalidRequest("'code' contains a NUL byte: send plain UTF-8 Python source")
-    try:
-        code.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidRequest("'code' is not valid UTF-8 (lone surrogate): send UTF-8 text") from exc
-    return code
+        raise InvalidRequest("'code' contains a NUL byte: send plain UTF-8 Python source", field="code")
+    return require_text(code, "code", InvalidRequest)
 
 
 def check_setting(setting: object) -> str:
@@ -75,7 +72,8 @@ def check_action(action: object, limits: RequestLimits) -> str:
     size = len(action.encode("utf-8", "surrogatepass"))
     if size > limits.max_action_bytes:
         raise PayloadTooLarge(f"'action' is {size} bytes, the limit is {limits.max_action_bytes}")
-    return action
+    # A surrogate the caller sent is the caller's error, never the env's (it would fail on the env channel).
+    return require_text(action, "action", InvalidRequest)
 
 
 def check_execution(
@@ -98,7 +96,8 @@ def check_execution(
 
 
 def check_file_path(path: str) -> str:
-    """Accept only plain relative paths inside the execution's working directory."""
+    """Accept only plain relative paths inside the execution's working directory, as UTF-8 text."""
+    require_text(path, "files path", InvalidRequest)
     normal = posixpath.normpath(path) if path else ""
     if (
         not path

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from services.sandbox.core.auth import Tenant
-from services.sandbox.core.errors import Forbidden, QuotaExceeded, SessionFinished, SessionNotFound
+from services.sandbox.core.errors import QuotaExceeded, SessionFinished, SessionNotFound
 from services.sandbox.core.quotas import QuotaStore
 
 
@@ -138,14 +138,14 @@ class SessionManager:
         await entry.live.close()
 
     def _get(self, tenant: Tenant, session_id: str) -> _Entry:
+        """The caller's own session; another tenant's is answered exactly like one that does not exist
+        (the same error and message), so an id tells a caller nothing about anyone else's sessions."""
         entry = self._sessions.get(session_id)
-        if entry is None:
+        if entry is None or entry.tenant.name != tenant.name:
             raise SessionNotFound(
                 f"no session {session_id[:64]!r}: it never existed, was closed, or expired after "
                 f"{self._ttl_s:.0f} s idle; open a new one"
             )
-        if entry.tenant.name != tenant.name:
-            raise Forbidden(f"session {session_id[:64]!r} belongs to another tenant")
         return entry
 
     async def step(self, tenant: Tenant, session_id: str, action: str) -> Any:

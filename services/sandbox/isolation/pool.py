@@ -16,7 +16,6 @@ import logging
 import math
 import os
 import socket
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ from services.sandbox.isolation.repairs import Repairs
 from services.sandbox.isolation.session import SandboxSession, ended_outcome
 from services.sandbox.isolation.settings import IsolationSettings
 from services.sandbox.isolation.staging import remove_staging, stage_sources
-from services.sandbox.isolation.validation import stopped_report
+from services.sandbox.isolation.validation import validate_in_sessions
 from services.sandbox.isolation.zygote import Spawned, Zygote, ZygotePlan
 from spade.envs.types import CheckConfig, Outcome, ValidationReport
 from spade.retry import RetryPolicy
@@ -450,64 +449,26 @@ class SandboxPool:
 
     # -- validation ----------------------------------------------------------------------------
     async def validate(self, code: str, setting: str, config: CheckConfig) -> ValidationReport:
-        """Run ``spade.envs.check_env_source`` in a fresh jail, the env's code in processes of its own.
+        """Run ``spade.envs.check_env_source`` on ``code``, every episode it plays a real session.
 
-        The jail's pid 1 is the checker; it loads the env's code only into forked host processes
-        (``services/sandbox/runtime/hosts.py``), so the verdict cannot be written or altered by the
-        code it judges. The report's ``repaired_code`` is what this service made of ``code``, never
-        anything the jail sent. If the checker is stopped (wall clock, CPU, memory, a crash), the
-        report names the check that was running and why it stopped.
+        Validation is indistinguishable from play: each episode a check plays is a session opened
+        by ``open_session``, exactly as a rollout's play is (its own jail, the same env process and
+        host code), on seeds drawn in secret from the play seed distribution; ``solution()`` is
+        computed in one session and replayed in a fresh one (``services.sandbox.isolation.validation``).
+        The checker runs in a worker thread of this process and never runs env code, so the verdict
+        cannot be written or altered by the code it judges. The report's ``repaired_code`` is what
+        this service made of ``code``. Past ``validate_wall_seconds`` the validation is stopped and
+        the report names the check that was running.
+
+        Raises:
+            ValueError: a bad ``setting``.
         """
-        s = self.settings
         repaired = await self.repairs.repaired(code)
-        limits = self._limits(cpu_s=s.validate_wall_seconds, memory_mb=s.memory_mb)
-        start = time.perf_counter()
-        running: str | None = None
-        finished: list[dict[str, Any]] = []
-        async with self._concurrency, self._jail("validate", limits, []) as (spawned, zygote, channel):
-            # A report holds the repaired code and one line per check: bounded, whatever the env does.
-            channel.max_frame = s.observation_bytes + 2 * len(code.encode("utf-8", "surrogatepass")) + (1 << 20)
-            reason: str
-            try:
-                async with asyncio.timeout(s.validate_wall_seconds):
-                    await channel.send({"code": code, "setting": setting, "config": config.to_dict()})
-                    while True:
-                        message = await channel.recv()
-                        if message is None:
-                            break
-                        op = message.get("op")
-                        if op == "progress":
-                            running = str(message.get("check"))
-                            if isinstance(message.get("result"), dict):
-                                finished.append(message["result"])
-                        elif op == "report":
-                            report = ValidationReport.from_dict(message["report"])
-                            return dataclasses.replace(report, repaired_code=repaired)
-                        elif op == "fault":
-                            self.faults += 1
-                            raise SandboxFault(f"sandbox fault during validation: {message.get('error')}")
-                exited = await self._finish_now(zygote, spawned)
-                reason = _death_reason(exited, s.validate_wall_seconds)
-            except TimeoutError:
-                reason = f"the validation ran past its wall-clock limit of {s.validate_wall_seconds:g} s"
-            except SandboxFault:
-                raise
-            except Exception as exc:  # a frame too large, a broken channel
-                reason = f"the checker's process misbehaved ({type(exc).__name__}: {exc})"
-        return stopped_report(setting, repaired, running, finished, reason, (time.perf_counter() - start) * 1000)
-
-
-def _death_reason(exited: dict[str, Any] | None, cpu_limit: float) -> str:
-    import signal as signals
-
-    if exited is None:
-        return "the sandbox lost the checker's process"
-    sig = exited.get("signal")
-    if sig in (signals.SIGXCPU, signals.SIGKILL):
-        return f"the checker's process hit its CPU-time limit of {cpu_limit:g} s or was killed"
-    if sig is not None:
-        return f"the checker's process was killed by signal {sig}"
-    return f"the checker's process exited (code {exited.get('code')}) before reporting"
+        async with self._concurrency:
+            report = await validate_in_sessions(
+                self.open_session, code, setting, config, self.settings.validate_wall_seconds
+            )
+        return dataclasses.replace(report, repaired_code=repaired)
 
 
 __all__ = ["SandboxPool", "SandboxSession"]

@@ -101,6 +101,9 @@ class SandboxSession:
         self.initial: StepOutcome = ended_outcome(Outcome.SANDBOX_FAULT, "session not started", None)
         self.last: StepOutcome | None = None
         self.closed = False
+        self.extras: dict[str, Any] = {}
+        """The last outcome frame's other fields (``spade.envs.remote.SessionHost``: ``rng``, ``raw``,
+        ``env``), as the env's process sent them: what the checker judges as the env's behaviour."""
 
     @classmethod
     def failed(cls, outcome: StepOutcome) -> SandboxSession:
@@ -134,13 +137,35 @@ class SandboxSession:
                 self._channel.send({"op": "step", "action": action}), self._step_seconds, "the step"
             )
 
-    async def _call(self, send: Awaitable[None], timeout_s: float, what: str) -> StepOutcome:
+    async def ask(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A validation's request other than a step (``spade.envs.remote.ASKS``) and the reply of the
+        env's process (``value`` or ``raised``); if the session ends instead, ``{"op": "outcome",
+        "outcome"}`` saying how, as for a step.
+
+        Raises:
+            SessionEnded: the session already ended.
+        """
+        async with self._lock:
+            if self.closed or self._channel is None:
+                raise SessionEnded("this session has ended (closed or failed): open a new session")
+            answer: dict[str, Any] = {}
+            outcome = await self._call(self._channel.send(message), self._step_seconds, "the request", answer)
+            return answer or {"op": "outcome", "outcome": outcome.to_dict()}
+
+    async def _call(
+        self, send: Awaitable[None], timeout_s: float, what: str, answer: dict[str, Any] | None = None
+    ) -> StepOutcome:
+        """One request and its outcome; with ``answer``, a ``value``/``raised`` reply goes there instead."""
         assert self._channel is not None
         outcome: StepOutcome
+        self.extras = {}
         try:
             async with asyncio.timeout(timeout_s):
                 await send
                 message = await self._channel.recv()
+            if answer is not None and message is not None and message.get("op") in ("value", "raised"):
+                answer.update(message)
+                return self.last or self.initial
             outcome = await self._interpret(message)
         except TimeoutError:
             outcome = ended_outcome(
@@ -162,8 +187,13 @@ class SandboxSession:
             outcome = ended_outcome(
                 Outcome.ENV_ERROR, f"the env's process broke the session protocol: {exc}", self.last
             )
-        except ValueError as exc:  # StepOutcome.from_dict refused the reply
-            outcome = ended_outcome(Outcome.ENV_ERROR, f"the env produced an invalid outcome: {exc}", self.last)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+            # A frame of the right shape whose fields are not an outcome (StepOutcome.from_dict refused them).
+            outcome = ended_outcome(
+                Outcome.ENV_ERROR,
+                f"the env produced an invalid outcome: {type(exc).__name__}: {str(exc)[:200]}",
+                self.last,
+            )
         self.last = outcome
         if outcome.outcome is not Outcome.OK:
             await self.close()
@@ -173,10 +203,14 @@ class SandboxSession:
         if message is None:
             return await self._died()
         op = message.get("op")
+        self.extras = {k: v for k, v in message.items() if k not in ("op", "outcome", "error")}
         if op == "outcome":
-            return self._checked(StepOutcome.from_dict(dict(message["outcome"])))
+            body = message.get("outcome")
+            if not isinstance(body, dict):
+                raise TypeError(f"'outcome' must be an object, got {type(body).__name__}")
+            return self._checked(StepOutcome.from_dict(body))
         if op == "env_error":
-            return ended_outcome(Outcome.ENV_ERROR, f"env error: {message.get('error')}", self.last)
+            return ended_outcome(Outcome.ENV_ERROR, f"env error: {str(message.get('error'))[:500]}", self.last)
         return ended_outcome(
             Outcome.ENV_ERROR, f"the env's process sent {str(op)[:40]!r} instead of an outcome", self.last
         )

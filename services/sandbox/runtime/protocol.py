@@ -14,6 +14,7 @@ limit. Standard library only: used inside the sandbox and by the service.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import struct
 from typing import Any
@@ -46,15 +47,72 @@ def encode_frame(message: dict[str, Any]) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
+MAX_DEPTH = 100
+"""Deepest nesting of arrays and objects a frame body may have (the protocol's own messages use a
+few levels, an env's ``info`` seldom more); deeper is a ``ProtocolError``, never a recursion."""
+
+
+def _constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:20]} overflows a float")
+    return value
+
+
+def _check_shape(message: dict[str, Any]) -> None:
+    """Refuse nesting deeper than ``MAX_DEPTH`` and text that is not Unicode (a lone surrogate escape).
+
+    Iterative, so that no body can exhaust the stack of the process that reads it.
+    """
+    stack: list[tuple[Any, int]] = [(message, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ProtocolError("frame body holds a lone surrogate (not Unicode text)") from None
+            continue
+        if isinstance(value, dict):
+            children: Any = [*value.keys(), *value.values()]
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            raise ProtocolError(f"frame body is nested deeper than {MAX_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in children)
+
+
 def decode_body(body: bytes) -> dict[str, Any]:
-    """Parse a frame body; anything but a JSON object is a protocol error."""
+    """Parse a frame body; anything but a JSON object of Unicode text, finite numbers and at most
+    ``MAX_DEPTH`` levels is a protocol error (never any other exception, whatever the bytes)."""
     try:
-        message = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ProtocolError(f"frame body is not UTF-8 JSON ({exc.__class__.__name__})") from None
+        message = json.loads(body.decode("utf-8"), parse_constant=_constant, parse_float=_finite)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"frame body is not UTF-8 JSON ({exc.__class__.__name__}: {str(exc)[:80]})") from None
     if not isinstance(message, dict):
         raise ProtocolError(f"frame body must be a JSON object, got {type(message).__name__}")
+    if _may_be_misshapen(body):
+        _check_shape(message)
     return message
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _may_be_misshapen(body: bytes) -> bool:
+    """Whether ``_check_shape`` could refuse ``body``: a cheap pre-filter for every step's frame, which
+    may say yes for nothing (a ``\\u`` after an escaped backslash) but never no for a body it refuses.
+
+    The body decoded as strict UTF-8, so a lone surrogate can only come from a ``\\uD800``-``\\uDFFF``
+    escape; and no value nests deeper than the body has ``[`` and ``{`` (strings' included).
+    """
+    return body.count(b"[") + body.count(b"{") > MAX_DEPTH or _SURROGATE_ESCAPE.search(body) is not None
 
 
 class FrameDecoder:

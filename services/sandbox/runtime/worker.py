@@ -1,4 +1,4 @@
-"""What pid 1 of a request's namespaces does: lock itself down, then execute, validate or play.
+"""What pid 1 of a request's namespaces does: lock itself down, then execute or play.
 
 The zygote's child, cloned straight into the jail's namespaces; it gets the request's channels
 with the assignment. After ``lock_down`` nothing here has any privilege; every message from pid 1 to the
@@ -10,13 +10,12 @@ init are dropped by the kernel, SIGKILL included, and pid 1 is not dumpable).
   files into the private ``/tmp``, forks the program (fds 0/1/2 bound to the pipes) and reports its
   end: ``{"op": "exit", "code" | "signal", "memory", "cpu_s"}``.
 - ``session`` (fds: control, env channel): forks the env's process, which reads ``{"code",
-  "setting", "seed", "config"}`` on the env channel and runs ``spade.envs.EnvSession``: ``{"op":
-  "outcome", "outcome"}`` after reset and after each ``{"op": "step", "action"}``. Pid 1 reports the
-  env process's end on the control socket, as for an execution.
-- ``validate`` (fds: control): pid 1 runs ``spade.envs.check_env_source`` itself with the env's code
-  in forked hosts (``services/sandbox/runtime/hosts.py``), streaming ``{"op": "progress", "check"}``
-  before each check, then ``{"op": "report", "report"}``. Env code never shares a process or a
-  channel with the checker, so it cannot write or alter the verdict.
+  "setting", "seed", "config"}`` on the env channel and runs ``spade.envs.remote.SessionHost`` (an
+  ``EnvSession``): ``{"op": "outcome", "outcome"}`` after reset and after each ``{"op": "step",
+  "action"}``. Pid 1 reports the env process's end on the control socket, as for an execution. A
+  rollout's play and every episode a validation plays are sessions alike: the service's checker
+  plays through them (``services/sandbox/isolation/validation.py``), so env code cannot tell them
+  apart.
 
 Any failure of the sandbox itself is reported as ``{"op": "fault", "error"}``.
 """
@@ -28,6 +27,7 @@ import contextlib
 import errno
 import io
 import linecache
+import mmap
 import os
 import posixpath
 import signal
@@ -61,8 +61,8 @@ def preload() -> dict[str, Any]:
     regular expressions and lazily built tables are then shared (copy-on-write) by every child.
     """
     try:
-        from spade.envs import CheckConfig, EnvSession, check_env_source  # noqa: F401
-        from spade.envs.remote import EnvHost, RemoteRuntime  # noqa: F401
+        from spade.envs import CheckConfig, EnvSession
+        from spade.envs.remote import SessionHost  # noqa: F401
     except Exception as exc:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     warmed = []
@@ -180,7 +180,7 @@ def run(config: dict[str, Any], program: bytes | None, assignment_fd: int) -> in
         report_fault(CTL, f"applying the request's limits failed: {exc}")
         return 71
     ctl = socket.socket(fileno=CTL)
-    serve = {"exec": run_exec, "session": run_session, "validate": run_validate}[kind]
+    serve = {"exec": run_exec, "session": run_session}[kind]
     try:
         return serve(ctl, waiter, limits)
     except Exception as exc:  # the runtime's own failure: say so rather than vanish
@@ -196,38 +196,36 @@ class Waiter:
     """A child of pid 1, forked while the jail waits for its request, that will run the untrusted
     part of it (an execution's program, a session's env) once handed its channels.
 
-    It keeps only its handoff socket and a marker pipe; everything else of pid 1's is closed before
-    the request arrives. Pid 1 stays the witness of how it ends (``wait``).
+    It keeps only its handoff socket; everything else of pid 1's is closed before the request
+    arrives, and nothing of pid 1's is handed to it but the request's own channels (an execution's
+    program gets its stdin, stdout and stderr: no way to say anything to pid 1 but by how it ends).
+    Pid 1 stays the witness of how it ends (``wait``).
     """
 
-    def __init__(self, pid: int, sock: socket.socket, marker: int) -> None:
+    def __init__(self, pid: int, sock: socket.socket) -> None:
         self.pid = pid
         self.sock = sock
-        self.marker = marker
 
     @classmethod
     def fork(cls) -> Waiter:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        marker_r, marker_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             code = 70
             try:
-                code = _await_work(theirs.fileno(), marker_w)
+                code = _await_work(theirs.fileno())
             except MemoryError:
                 code = MEMORY_EXIT
             finally:
                 os._exit(code)
         theirs.close()
-        os.close(marker_w)
-        return cls(pid, mine, marker_r)
+        return cls(pid, mine)
 
     def keep_fds(self, fds: list[int]) -> None:
-        """``jail.keep_fds(fds)`` in pid 1, keeping this waiter's socket and marker (after ``fds``)."""
+        """``jail.keep_fds(fds)`` in pid 1, keeping this waiter's socket (after ``fds``)."""
         sock = self.sock.detach()
-        jail.keep_fds([*fds, sock, self.marker])
+        jail.keep_fds([*fds, sock])
         self.sock = socket.socket(fileno=len(fds))
-        self.marker = len(fds) + 1
 
     def hand(self, work: dict[str, Any], fds: list[int]) -> None:
         """Give the waiter its work and channels (the caller then closes its copies of ``fds``)."""
@@ -236,32 +234,37 @@ class Waiter:
         if sent < len(data):
             self.sock.sendall(data[sent:])
 
-    def wait(self) -> dict[str, Any]:
-        """Wait for the waiter's end; pid 1's ``exit`` report of it."""
+    def wait(self, memory_bytes: int | None = None) -> dict[str, Any]:
+        """Wait for the waiter's end; pid 1's ``exit`` report of it.
+
+        Args:
+            memory_bytes: An execution's address-space limit. Its program stops itself once it has
+                filled its address space after a ``MemoryError`` (``run_program``); pid 1 then reads
+                the stopped process's size in ``/proc`` itself, and reports ``memory`` only if it was
+                at the limit and then failed. A program can reach that state on purpose (it is then
+                at its limit), never report it without. ``None`` (a session): the env's process exits
+                with ``MEMORY_EXIT`` (an outcome it may claim about itself).
+        """
         self.sock.close()
+        at_limit = False
         while True:
             try:
-                _, status, usage = os.wait4(self.pid, 0)
-                break
+                _, status, usage = os.wait4(self.pid, os.WUNTRACED if memory_bytes is not None else 0)
             except InterruptedError:
                 continue
-        os.set_blocking(self.marker, False)
-        try:
-            marker = os.read(self.marker, 1)
-        except BlockingIOError:
-            marker = b""
-        os.close(self.marker)
-        message: dict[str, Any] = {
-            "op": "exit",
-            "memory": marker == b"M",
-            "file_limit": marker == b"F",
-            "cpu_s": usage.ru_utime + usage.ru_stime,
-        }
+            if not os.WIFSTOPPED(status):
+                break
+            assert memory_bytes is not None
+            at_limit = at_limit or address_space(self.pid) >= memory_bytes - AT_LIMIT_SLACK
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGCONT)
+        message: dict[str, Any] = {"op": "exit", "cpu_s": usage.ru_utime + usage.ru_stime, "memory": False}
         if os.WIFSIGNALED(status):
             message["signal"] = os.WTERMSIG(status)
         else:
-            message["code"] = os.waitstatus_to_exitcode(status)
-            message["memory"] = message["memory"] or message["code"] == MEMORY_EXIT
+            code = message["code"] = os.waitstatus_to_exitcode(status)
+            # A program that stopped at its limit and then exited 0 went on fine: not a failure.
+            message["memory"] = code == MEMORY_EXIT if memory_bytes is None else at_limit and code != 0
         return message
 
     def discard(self) -> None:
@@ -270,21 +273,35 @@ class Waiter:
             self.sock.close()
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
-        with contextlib.suppress(OSError):
-            os.close(self.marker)
 
 
-def _await_work(handoff_fd: int, marker_fd: int) -> int:
-    """The waiter: keep only the handoff socket and the marker, then do the work it is handed."""
-    jail.keep_fds([handoff_fd, marker_fd])  # handoff on 0, marker on 1
+AT_LIMIT_SLACK = 1 << 20
+"""How far under its address-space limit a stopped program may be and still count as at it."""
+
+
+def address_space(pid: int) -> int:
+    """The size of ``pid``'s address space in bytes (``VmSize`` in ``/proc``), 0 if unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"VmSize:"):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _await_work(handoff_fd: int) -> int:
+    """The waiter: keep only the handoff socket, then do the work it is handed."""
+    jail.keep_fds([handoff_fd])  # handoff on 0
     received = _receive_assignment(socket.socket(fileno=0))
     if received is None:
         return 0
     work, fds = received
     jail.apply_rlimits(jail.Limits.from_dict(dict(work["limits"])))
     if work["kind"] == "exec":
-        jail.keep_fds([fds[0], fds[1], fds[2], 1])  # the program's stdio, the marker on 3
-        run_program(str(work["code"]), list(work.get("argv") or [PROGRAM_NAME]), 3)
+        jail.keep_fds([fds[0], fds[1], fds[2]])  # the program's stdio, and nothing else
+        run_program(str(work["code"]), list(work.get("argv") or [PROGRAM_NAME]))
     null = os.open("/dev/null", os.O_RDWR)
     jail.keep_fds([null, null, null, fds[0]])  # the env channel on 3
     return serve_session(socket.socket(fileno=3))
@@ -328,16 +345,22 @@ def run_exec(ctl: socket.socket, waiter: Waiter, limits: dict[str, Any]) -> int:
     for fd in (0, 1, 2):  # the program alone holds its pipes: their end is its end
         os.dup2(null, fd)
     os.close(null)
-    send_frame(ctl, waiter.wait())
+    send_frame(ctl, waiter.wait(memory_bytes=int(limits["memory_bytes"])))
     return 0
 
 
-def run_program(code: str, argv: list[str], marker_fd: int) -> None:
-    """Run ``code`` as ``__main__`` the way ``python main.py`` would, then exit this process."""
+def run_program(code: str, argv: list[str]) -> None:
+    """Run ``code`` as ``__main__`` the way ``python main.py`` would, then exit this process.
+
+    The program holds nothing but its stdio: how it ends is all pid 1 learns from it. Two of its
+    ends are the kernel's to tell: a write past the file-size limit raises SIGXFSZ, which kills it
+    (its default action, left in place), and an uncaught ``MemoryError`` is proven at the
+    address-space limit by ``_stop_at_memory_limit`` for pid 1 to measure.
+    """
     exit_code = 0
-    # The dispositions a fresh interpreter sets up (the zygote's children start from defaults).
+    # The dispositions a fresh interpreter sets up (the zygote's children start from defaults),
+    # but SIGXFSZ: its default action is how a file over the limit ends the program, for pid 1 to see.
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         sys.argv = argv
@@ -357,14 +380,10 @@ def run_program(code: str, argv: list[str], marker_fd: int) -> None:
     except SystemExit as exc:
         exit_code = _exit_code(exc)
     except MemoryError:
-        os.write(marker_fd, b"M")
         exit_code = 1
         _print_exception()
-    except OSError as exc:
-        if exc.errno == errno.EFBIG:  # a write past RLIMIT_FSIZE
-            os.write(marker_fd, b"F")
-        exit_code = 1
-        _print_exception()
+        with contextlib.suppress(BaseException):  # no proof then: pid 1 reports an error
+            _stop_at_memory_limit()
     except BaseException:
         exit_code = 1
         _print_exception()
@@ -378,6 +397,26 @@ def run_program(code: str, argv: list[str], marker_fd: int) -> None:
         with contextlib.suppress(BaseException):
             stream.flush()
     os._exit(exit_code)
+
+
+def _stop_at_memory_limit() -> None:
+    """Fill what is left of the address space with reservations (never touched: no memory is used)
+    until the kernel refuses a page, then stop: pid 1 measures the stopped process (``Waiter.wait``)
+    and continues it. A program can do the same, but then it has reached its limit: that is the fact
+    pid 1 reports, not anything the program says.
+    """
+    held = []
+    size = 1 << 46
+    while size >= mmap.PAGESIZE:
+        try:
+            held.append(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=0))  # PROT_NONE
+        except BaseException:  # ENOMEM (the limit), or no room left for the object itself
+            size //= 2
+    with contextlib.suppress(OSError):
+        os.kill(os.getpid(), signal.SIGSTOP)
+    for block in held:
+        with contextlib.suppress(BaseException):
+            block.close()
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -423,92 +462,28 @@ def run_session(ctl: socket.socket, waiter: Waiter, limits: dict[str, Any]) -> i
 
 
 def serve_session(channel: socket.socket) -> int:
-    """The env's process: load and reset on the first frame, then one outcome per step."""
-    request = recv_frame(channel)
-    if request is None:
-        return 0
-    try:
-        session = _load_session(request)
-        outcome = session.reset()
-    except MemoryError:
-        return MEMORY_EXIT
-    except Exception as exc:
-        send_frame(channel, {"op": "env_error", "error": _describe(exc)})
-        return 0
+    """The env's process: one ``spade.envs.remote.SessionHost`` reply per frame until ``close``.
+
+    The first frame loads the code and resets it on the seed; then one outcome per step (and, for a
+    validation's episodes, the answers to the checker's asks). A rollout's play and every episode a
+    validation plays are served here alike, by the same code in the same kind of process.
+    """
+    from spade.envs.remote import SessionHost
+
+    host = SessionHost()
     while True:
-        send_frame(channel, {"op": "outcome", "outcome": outcome.to_dict()})
-        if outcome.outcome.value == "memory_limit":
-            return MEMORY_EXIT  # the interpreter is in no state to go on
         message = recv_frame(channel)
         if message is None or message.get("op") == "close":
             return 0
-        if message.get("op") != "step":
-            send_frame(channel, {"op": "fault", "error": f"unknown session op {message.get('op')!r}"})
-            return 0
         try:
-            outcome = session.step(str(message["action"]))
+            reply = host.handle(message)
+        except MemoryError:
+            return MEMORY_EXIT
         except Exception as exc:
             send_frame(channel, {"op": "env_error", "error": _describe(exc)})
             return 0
-
-
-def _load_session(request: dict[str, Any]) -> Any:
-    """An ``EnvSession`` for the request's code, repaired only where it needs it.
-
-    The service sends code it has already repaired (``repaired``: true), or code its cheap test
-    (``spade.envs.repair.needs_repair``) found nothing to repair in; that code is compiled as it is
-    and goes through the full repairs only if it does not compile, which gives what ``repair_code``
-    gives at the cost of one compile. The service's cheap test is not run again here: what code a
-    session loads is the service's decision, and the jail takes it as it comes.
-    """
-    from spade.envs import CheckConfig, EnvLoadError, EnvSession
-    from spade.envs.limits import CallTimeout, guarded
-    from spade.envs.loader import compile_env, load_env_class
-
-    code, setting, seed = str(request["code"]), str(request["setting"]), int(request["seed"])
-    config = CheckConfig.from_dict(dict(request["config"]))
-    compiled = None
-    try:
-        compiled = compile_env(code)
-    except (SyntaxError, ValueError):
-        if not request.get("repaired"):
-            return EnvSession(code, setting, seed, config)
-    try:
-        with guarded(config.call_time_limit_s):
-            loaded = load_env_class(code, setting, compiled)
-    except CallTimeout:
-        raise EnvLoadError(f"loading the env code took longer than {config.call_time_limit_s:g} s") from None
-    if not loaded.ok or loaded.env_class is None:
-        raise EnvLoadError("; ".join(loaded.problems))
-    return EnvSession.from_class(loaded.env_class, setting, seed, config)
-
-
-def run_validate(ctl: socket.socket, waiter: Waiter, limits: dict[str, Any]) -> int:
-    """Check the env as pid 1, with its code in forked hosts; stream progress, then the report."""
-    waiter.discard()  # the hosts are forked as the checks need them
-    request = recv_frame(ctl)
-    if request is None:
-        return 0
-    from services.sandbox.runtime.hosts import ForkedHost
-    from spade.envs import CheckConfig, check_env_source
-    from spade.envs.limits import disable_timers
-    from spade.envs.remote import RemoteRuntime
-
-    disable_timers()  # no SIGALRM handler in pid 1: env processes could send it one
-    config = CheckConfig.from_dict(dict(request["config"]))
-
-    def progress(name: str, result: dict[str, Any] | None = None) -> None:
-        message: dict[str, Any] = {"op": "progress", "check": str(name)}
-        if result is not None:
-            message["result"] = result
-        send_frame(ctl, message)
-
-    runtime = RemoteRuntime(ForkedHost)
-    try:
-        report = check_env_source(
-            str(request["code"]), str(request["setting"]), config, progress=progress, runtime=runtime
-        )
-    finally:
-        runtime.close()
-    send_frame(ctl, {"op": "report", "report": report.to_dict(), "hosts": runtime.hosts_started})
-    return 0
+        send_frame(channel, reply)
+        if reply.get("fatal"):
+            return MEMORY_EXIT  # the interpreter is in no state to go on
+        if reply.get("op") in ("env_error", "fault"):
+            return 0

@@ -37,7 +37,7 @@ from services.sandbox.runtime import jail, worker  # noqa: E402
 from services.sandbox.runtime.protocol import FrameDecoder, encode_frame  # noqa: E402
 
 MAX_FDS = 8
-FDS = {"exec": 4, "session": 2, "validate": 1}
+FDS = {"exec": 4, "session": 2}
 """The request kinds, each with the number of channel fds it comes with (see ``worker``)."""
 KINDS = tuple(FDS)
 
@@ -88,13 +88,18 @@ class Zygote:
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGTERM, lambda *_: None)
-        self.replenish()
-        self.send({"op": "ready", "pid": os.getpid(), "uid": os.getuid(), "layers": self.layers})
         sel = selectors.DefaultSelector()
         sel.register(self.ctl, selectors.EVENT_READ, "ctl")
         sel.register(wake_r, selectors.EVENT_READ, "wake")
+        ready = False
         try:
             while True:
+                # Every jail is pre-forked here, from this one line, with no request's data in any
+                # frame: what a jail inherits never says what came before it (a play, a validation).
+                self.replenish()
+                if not ready:
+                    self.send({"op": "ready", "pid": os.getpid(), "uid": os.getuid(), "layers": self.layers})
+                    ready = True
                 for key, _ in sel.select():
                     if key.data == "wake":
                         try:
@@ -135,7 +140,6 @@ class Zygote:
             finally:
                 for fd in fds:
                     os.close(fd)
-            self.replenish()
         elif op == "kill":
             pid = self.by_id.get(int(message["id"]))
             if pid is not None:

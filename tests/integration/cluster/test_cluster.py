@@ -24,7 +24,7 @@ from services.cluster.envfile import read_env_files
 from spade.memory.runspec import load_spec_file
 from tests.conftest import REDIS_URL
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.db, pytest.mark.redis, pytest.mark.sandbox, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[3]
 SPADE = [sys.executable, "-m", "spade.cli"]
@@ -85,6 +85,10 @@ def _status(env: dict[str, str]) -> dict[str, Any]:
 def test_up_kill_up_down_with_generated_keys(overrides: dict[str, str], tmp_path: Path) -> None:
     up = _spade(overrides, "cluster", "up")
     assert "cluster up" in up.stdout, up.stderr
+    spec_id = load_spec_file(ROOT / "deploy" / "runspec.yaml").spec_id
+    (spec_line,) = [line for line in up.stderr.splitlines() if line.startswith(f"cluster: run spec {spec_id}, stored")]
+    assert "G=" in spec_line and "{" not in spec_line, spec_line  # a short line, no JSON cut off
+    assert "cluster: seed pool: 1 game environment stored and announced on envs.ready" in up.stderr
     run_dir = tmp_path / "cluster"
     keys_file = run_dir / "keys.env"
     assert stat.S_IMODE(keys_file.stat().st_mode) == 0o600
@@ -111,14 +115,22 @@ def test_up_kill_up_down_with_generated_keys(overrides: dict[str, str], tmp_path
     # A killed member is started again by `up`; the others keep their process.
     _spade(overrides, "cluster", "kill", "memory")
     assert _status(overrides)["members"]["memory"]["health"] == "down"
-    _spade(overrides, "cluster", "up")
+    again = _spade(overrides, "cluster", "up")
+    assert "cluster: seed pool: 1 game environment already stored and announced; nothing new" in again.stderr
     after = _status(overrides)["members"]
     assert after["sandbox"]["pid"] == members["sandbox"]["pid"]
     assert after["memory"]["health"] == "up" and after["memory"]["pid"] != members["memory"]["pid"]
     assert read_env_files([keys_file], {}) == keys, "keys are generated once"
 
-    # `down` stops every process.
-    _spade(overrides, "cluster", "down")
+    # `down` stops every process, the last started first, each reported as it exits.
+    down = [line for line in _spade(overrides, "cluster", "down").stderr.splitlines() if line.startswith("cluster: ")]
+    assert down == [
+        f"cluster: stopping memory (pid {after['memory']['pid']}): SIGTERM",
+        down[1],
+        f"cluster: stopping sandbox (pid {after['sandbox']['pid']}): SIGTERM",
+        down[3],
+    ], down
+    assert down[1].startswith("cluster: memory stopped (") and down[3].startswith("cluster: sandbox stopped (")
     assert all(m["pid"] is None for m in _status(overrides)["members"].values())
     for pid in (after["sandbox"]["pid"], after["memory"]["pid"]):
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]

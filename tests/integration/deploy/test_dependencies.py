@@ -23,6 +23,8 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])  # closed again when we return: nothing listens there
 
 
+@pytest.mark.redis
+@pytest.mark.db
 def test_real_dependencies_answer() -> None:
     wait_for([postgres("postgresql+psycopg://postgres@127.0.0.1:5432/test"), redis(REDIS_URL)], QUICK)
     assert postgres("sqlite:///x.db") is None
@@ -65,6 +67,7 @@ def test_http_needs_a_2xx_answer_and_a_server_that_comes_up_late_is_waited_for()
         server.shutdown()
 
 
+@pytest.mark.slow
 def test_grpc_channel_ready() -> None:
     server = grpc_lib.server(futures.ThreadPoolExecutor(1))
     port = server.add_insecure_port("127.0.0.1:0")

@@ -153,6 +153,7 @@ def test_slice_urls_keeps_ready_endpoints_on_the_named_port() -> None:
     assert slice_urls(_slice("a", ["fd00::1"]), "http") == {"http://[fd00::1]:30000"}
 
 
+@pytest.mark.slow
 def test_follow_lists_then_watches_and_resyncs_after_gone(api: FakeApiServer) -> None:
     api.slices["inference-a"] = _slice("inference-a", ["10.0.0.1"], ("10.0.0.9",))
     reports: queue.Queue[list[str]] = queue.Queue()
@@ -186,6 +187,7 @@ def test_follow_lists_then_watches_and_resyncs_after_gone(api: FakeApiServer) ->
     assert not follower.is_alive()
 
 
+@pytest.mark.slow
 def test_clients_and_the_publisher_follow_the_slices(api: FakeApiServer, tmp_path: Any) -> None:
     import asyncio
 

@@ -16,6 +16,8 @@ from services.memory.migrate import MIGRATION_LOCK_KEY, migrate_command, migrate
 from spade.dependencies import DependencyUnavailable
 from spade.retry import RetryPolicy
 
+pytestmark = pytest.mark.db
+
 ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 
 

@@ -17,7 +17,7 @@ import pytest
 from services.memory.grpc_server import grpc_service
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
-from spade.auth import KeyRing, hash_key
+from spade.auth import KeyRing, Principal, Role, hash_key
 from spade.memory.client import MemoryClient
 from spade.memory.runspec import fetch_run_spec
 from spade.runspec import RunSpec
@@ -46,7 +46,7 @@ async def test_the_wait_spans_a_memory_that_starts_later(tmp_path: Path) -> None
         service = MemoryService(SqlStore(engine))
         spec = RunSpec(group_size=6)
         await service.set_run_spec(spec)
-        keys = KeyRing({hash_key(KEY): "rollout"})
+        keys = KeyRing({hash_key(KEY): Principal("rollout", Role.WRITE)})
         async with grpc_server(
             [grpc_service(service)], ServerAddress(port=port), service="memory", authenticate=keys.authenticate
         ):

@@ -33,9 +33,10 @@ from spade.queues.base import ENVS_READY, SAMPLES_DESIGNER
 from spade.queues.config import InProcessQueueConfig
 from spade.queues.inprocess import InProcessQueue
 from spade.v1 import queues_pb2
+from tests.conftest import needs
 from tests.unit.designer.conftest import ScriptedPolicy, drain
 
-CHECKS = CheckConfig(seeds=(0, 1, 2), random_policy_episodes=10)
+CHECKS = CheckConfig(seed_count=3, random_policy_episodes=10)
 
 
 def as_answer(code: str, hint: str) -> str:
@@ -43,6 +44,7 @@ def as_answer(code: str, hint: str) -> str:
 
 
 @pytest.fixture
+@needs("sandbox")
 async def pool() -> AsyncIterator[SandboxPool]:
     pool = SandboxPool(IsolationSettings())
     await pool.start()
@@ -119,6 +121,7 @@ async def test_example_envs_pass_and_broken_ones_fail_with_the_check_named(
     await queue.close()
 
 
+@pytest.mark.sandbox
 async def test_the_validator_speaks_to_the_sandbox_service_through_the_shared_client() -> None:
     from services.sandbox.settings import SandboxSettings
     from services.sandbox.wiring import serving
@@ -142,6 +145,7 @@ async def test_the_validator_speaks_to_the_sandbox_service_through_the_shared_cl
         assert not bad.valid and not bad.checks[0].passed and bad.checks[0].name == "syntax"
 
 
+@pytest.mark.model
 @pytest.mark.slow  # loading the real tokenizer takes several seconds on 2 cores
 def test_default_prompts_fit_smollm2_context_with_the_real_tokenizer() -> None:
     from spade.inference.chat import ChatFormatter

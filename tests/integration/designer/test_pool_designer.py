@@ -25,7 +25,7 @@ from spade.v1 import queues_pb2
 from tests.unit.designer.conftest import drain
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "designer_pool"
-CHECKS = CheckConfig(seeds=(0, 1, 2), random_policy_episodes=10)
+CHECKS = CheckConfig(seed_count=3, random_policy_episodes=10)
 
 
 @pytest.fixture
@@ -49,6 +49,7 @@ def expected(name: str) -> str:
 
 
 @pytest.mark.slow  # validates ~20 envs in the real sandbox
+@pytest.mark.sandbox
 @pytest.mark.parametrize("setting", ["game", "tool"])
 async def test_every_answer_file_gets_the_outcome_its_name_says(
     setting: str, pool: SandboxPool, tmp_path: Path

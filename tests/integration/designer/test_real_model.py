@@ -49,7 +49,7 @@ from spade.runspec import RunSpec
 from spade.v1 import queues_pb2
 from tests.conftest import REDIS_URL
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.redis]
 
 
 async def drop_keys(prefix: str) -> None:

@@ -32,7 +32,7 @@ from spade.runspec import RunSpec
 from spade.v1 import queues_pb2
 from tests.conftest import REDIS_URL
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "designer_pool" / "game"
@@ -209,5 +209,6 @@ async def test_waiting_for_the_run_spec_is_logged_and_sigterm_ends_the_wait(tmp_
                     proc.wait(10)
     text = log_path.read_text()
     assert code == 0, text
-    assert "s so far)" in text and "spade runspec set FILE" in text
+    assert "designer waiting for a run spec in the memory" in text and " s so far" in text
+    assert "spade runspec set FILE" in text
     assert "stopped while waiting for a run spec" in text and "Traceback" not in text

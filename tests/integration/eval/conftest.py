@@ -13,9 +13,11 @@ from services.sandbox.isolation import SandboxPool
 from services.sandbox.isolation.settings import IsolationSettings
 from spade.inference.client import InferenceClient
 from spade.inference.models import ensure_default_model
+from tests.conftest import needs
 
 
 @pytest.fixture(scope="session")
+@needs("model")
 def model_dir() -> Path:
     """The default model, converted from the shipped GGUF once (cached across runs)."""
     return ensure_default_model()
@@ -39,6 +41,7 @@ async def client(server: ServerHandle, model_dir: Path) -> AsyncIterator[Inferen
 
 
 @pytest.fixture
+@needs("sandbox")
 async def sandbox() -> AsyncIterator[SandboxPool]:
     pool = SandboxPool(IsolationSettings())
     await pool.start()

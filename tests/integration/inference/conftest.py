@@ -11,10 +11,27 @@ import torch
 
 from services.inference.app import create_app
 from services.inference.engine import BatchEngine
+from services.inference.settings import InferenceSettings
+from spade.auth import KeyRing, Principal, hash_key
 from spade.inference.models import ensure_default_model
+from tests.conftest import needs
+
+ADMIN_KEY = "inference-test-admin-key"
+"""The learner's key in these tests: the admin routes are off on a server without one."""
+
+
+def admin_settings(**values: object) -> InferenceSettings:
+    """Inference settings with :data:`ADMIN_KEY` as the one admin key (generation stays open)."""
+    return InferenceSettings(admin_keys=[{"tenant": "learner", "key_sha256": hash_key(ADMIN_KEY)}], **values)  # type: ignore[arg-type]
+
+
+def admin_ring() -> KeyRing[Principal] | None:
+    """The keys of :func:`admin_settings`, for ``create_app(engine, keys=...)``."""
+    return admin_settings().keyring()
 
 
 @pytest.fixture(scope="session")
+@needs("model")
 def model_dir() -> Path:
     """The default model, converted from the shipped GGUF once (cached across runs)."""
     return ensure_default_model()
@@ -33,9 +50,11 @@ def engine(model_dir: Path) -> Iterator[BatchEngine]:
 
 @pytest.fixture
 async def http(engine: BatchEngine) -> AsyncIterator[httpx.AsyncClient]:
-    """HTTP client to the app over ASGI (the engine is already started)."""
-    app = create_app(engine)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://inference") as client:
+    """HTTP client to the app over ASGI (the engine is already started), sending the admin key."""
+    app = create_app(engine, keys=admin_ring())
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://inference", headers=headers) as client:
         yield client
 
 

@@ -13,12 +13,11 @@ import pytest
 from services.inference.app import create_app
 from services.inference.chat_completions import assistant_message
 from services.inference.engine import BatchEngine
-from services.inference.settings import InferenceSettings
 from services.inference.wiring import serve_in_thread
 from spade.inference import ChatFormatter, FinishReason, InferenceClient, InferenceRequestError, SamplingParams
-from tests.integration.inference.conftest import teacher_forced_logprobs
+from tests.integration.inference.conftest import ADMIN_KEY, admin_settings, teacher_forced_logprobs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.model]
 
 TOOLS = [
     {
@@ -143,12 +142,12 @@ async def test_health_model_info_and_flush(http: httpx.AsyncClient, engine: Batc
 def test_a_real_server_on_port_0(model_dir: Path) -> None:
     """Wiring + uvicorn: the same client over TCP."""
     handle = serve_in_thread(
-        InferenceSettings(model_path=model_dir, http={"port": 0}, weight_version="5", max_batch_size=4, torch_threads=1)
+        admin_settings(model_path=model_dir, http={"port": 0}, weight_version="5", max_batch_size=4, torch_threads=1)
     )
     try:
 
         async def use() -> None:
-            async with InferenceClient([handle.url], tokenizer_path=model_dir) as client:
+            async with InferenceClient([handle.url], tokenizer_path=model_dir, api_key=ADMIN_KEY) as client:
                 await client.wait_ready(timeout_s=60)
                 ids = client.apply_chat_template([{"role": "user", "content": "Hi"}])
                 gen = await client.generate(ids, SamplingParams(max_new_tokens=4, temperature=0))

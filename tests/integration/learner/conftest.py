@@ -24,15 +24,20 @@ from spade.queues.redis_streams import RedisStreamQueue
 from spade.runspec import RunSpec
 from spade.v1 import queues_pb2
 from spade.v1.sandbox_pb2 import CheckResult
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, needs
 
 VOCAB = 64
 
-SPEC = RunSpec(temperature=1.0, group_size=4, window_versions_game=2, window_versions_tool=2)
-"""The run spec of the learner's integration tests: G = 4, k = 2, sampling at temperature 1."""
+SPEC = RunSpec(temperature=1.0, group_size=4, window_versions_game=2, window_versions_tool=2, audit_plays=0)
+"""The run spec of the learner's integration tests: G = 4, k = 2, sampling at temperature 1.
+
+These tests publish the rollout's plays by hand and no audit verdicts, so the run does not audit
+(``audit_plays=0``: the learner waits for none); ``tests/integration/rollout/test_audit.py`` runs
+the audit through the real rollout and learner."""
 
 
 @pytest.fixture
+@needs("model")
 def base_model(tmp_path: Path) -> Path:
     """A randomly initialised tiny Llama saved as a HF safetensors checkpoint (+ a tokenizer file)."""
     torch.manual_seed(0)
@@ -173,6 +178,7 @@ async def inprocess_queue() -> AsyncIterator[InProcessQueue]:
 
 
 @pytest.fixture
+@needs("redis")
 async def redis_queue() -> AsyncIterator[RedisStreamQueue]:
     config = RedisQueueConfig(url=REDIS_URL, prefix=f"test-learner-{uuid.uuid4().hex[:8]}:", claim_idle_ms=200)
     queue = RedisStreamQueue(config)

@@ -7,6 +7,8 @@ only to inject failures an honest server does not produce on demand (500s, hangs
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -27,6 +29,8 @@ from services.inference.wiring import ServerHandle, serve_in_thread
 from services.learner.checkpoint import write_weights
 from services.learner.publisher import PublishError, PublishOutcome, WeightPublisher
 from services.learner.wiring import build_learner, close_learner
+from spade.auth import hash_key
+from spade.endpoints import InferenceEndpoint
 from spade.inference.client import InferenceClient
 from spade.queues.base import WEIGHTS_PUBLISHED
 from spade.queues.inprocess import InProcessQueue
@@ -38,6 +42,11 @@ from .test_learner_loop import put_group
 
 QUICK = RetryPolicy(attempts=3, initial_s=0.01, max_s=0.04, jitter_s=0.0)
 """Three rounds (two retry rounds), quickly."""
+
+ADMIN_KEY = "publisher-test-admin-key"
+"""The learner's admin key: the embedded servers' admin routes are off without one."""
+ADMIN_KEYS = json.dumps([{"tenant": "learner", "key_sha256": hash_key(ADMIN_KEY)}])
+AS_LEARNER = InferenceEndpoint.model_validate({"api_key": ADMIN_KEY})
 
 
 class FakeWorker:
@@ -81,6 +90,7 @@ class SubprocessWorker:
         spade = Path(sys.executable).parent / "spade"
         self.proc = subprocess.Popen(
             [str(spade), "serve", "inference", "--model", str(model), "--port", str(port)],
+            env={**os.environ, "SPADE_INFERENCE_ADMIN_KEYS": ADMIN_KEYS},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -107,7 +117,9 @@ class SubprocessWorker:
 @pytest.fixture
 def server(base_model: Path) -> Iterator[ServerHandle]:
     """One embedded server in this process (its engine is inspectable)."""
-    handle = serve_in_thread(InferenceSettings(http={"port": 0}, model_path=base_model))
+    handle = serve_in_thread(
+        InferenceSettings(http={"port": 0}, model_path=base_model, admin_keys=json.loads(ADMIN_KEYS))
+    )
     yield handle
     handle.stop()
 
@@ -149,7 +161,7 @@ async def _announced(queue: InProcessQueue) -> list[queues_pb2.WeightsPublished]
 async def test_every_embedded_worker_loads_the_new_version(tmp_path, base_model, server, remote):
     queue = InProcessQueue()
     urls = [server.url, remote.url]
-    publisher = WeightPublisher(urls, queue, weights_dir=tmp_path / "w", retry=QUICK)
+    publisher = WeightPublisher(urls, queue, weights_dir=tmp_path / "w", retry=QUICK, inference=AS_LEARNER)
     target = publisher.version_dir(5)
     expected = _changed_weights(base_model, target)
     result = await publisher.publish(5, target)
@@ -169,7 +181,7 @@ async def test_a_failing_worker_is_retried_reported_unhealthy_and_named(tmp_path
     fakes["bad"] = FakeWorker("fail")
     queue = InProcessQueue()
     urls = [server.url, fakes["bad"].url]
-    publisher = WeightPublisher(urls, queue, weights_dir=tmp_path / "w", retry=QUICK)
+    publisher = WeightPublisher(urls, queue, weights_dir=tmp_path / "w", retry=QUICK, inference=AS_LEARNER)
     target = publisher.version_dir(1)
     _changed_weights(base_model, target)
     result = await publisher.publish(1, target)
@@ -180,7 +192,9 @@ async def test_a_failing_worker_is_retried_reported_unhealthy_and_named(tmp_path
     (msg,) = await _announced(queue)
     assert list(msg.workers_failed) == [fakes["bad"].url] and list(msg.workers_ok) == [server.url]
 
-    strict = WeightPublisher(urls, queue, weights_dir=tmp_path / "w", retry=RetryPolicy(attempts=1), require_all=True)
+    strict = WeightPublisher(
+        urls, queue, weights_dir=tmp_path / "w", retry=RetryPolicy(attempts=1), require_all=True, inference=AS_LEARNER
+    )
     with pytest.raises(PublishError, match="not acknowledged"):
         await strict.publish(2, target)
     (msg,) = await _announced(queue)  # even a refused partial update is announced, never silent
@@ -216,7 +230,9 @@ async def test_hanging_and_flaky_workers(tmp_path, base_model, fakes):
 
 async def test_learner_publishes_each_step_to_the_embedded_server(tmp_path, base_model, server):
     queue = InProcessQueue()
-    settings = make_settings(tmp_path, base_model, inference_urls=[server.url], keep_weights=1)
+    settings = make_settings(
+        tmp_path, base_model, inference_urls=[server.url], keep_weights=1, inference={"api_key": ADMIN_KEY}
+    )
     learner = build_learner(settings, spec=SPEC, queue=queue)
     for step in range(2):
         await put_group(queue, f"e{step}", step, [1, 0, 1, 0])
@@ -231,3 +247,38 @@ async def test_learner_publishes_each_step_to_the_embedded_server(tmp_path, base
     assert sorted(p.name for p in settings.weights_dir.iterdir()) == ["latest", "v00000002"]
     assert (settings.weights_dir / "latest").resolve() == (settings.weights_dir / "v00000002").resolve()
     await close_learner(learner)
+
+
+async def test_the_embedded_run_s_learner_publishes_with_the_run_s_own_key(tmp_path, base_model):
+    """`make run`: the server's admin routes are on only for the key the run made, which its learner
+    holds; the designer's and the rollout's settings (no key) are refused there."""
+    from services.embedded.roles import role_settings
+    from services.embedded.settings import RunSettings
+    from services.embedded.system import inference_settings
+    from spade.auth import generate_key
+
+    run = RunSettings(run_dir=tmp_path / "run")
+    key, digest = generate_key()
+    handle = serve_in_thread(inference_settings(run, base_model, digest))
+    try:
+        roles = role_settings(run, inference_url=handle.url, model=base_model, admin_key=key)
+        queue = InProcessQueue()
+        publisher = WeightPublisher(
+            [handle.url], queue, weights_dir=tmp_path / "w", retry=QUICK, inference=roles.learner.inference
+        )
+        target = publisher.version_dir(3)
+        _changed_weights(base_model, target)
+        assert (await publisher.publish(3, target)).outcome is PublishOutcome.ALL_ACKNOWLEDGED
+        assert handle.engine.weight_version == "3"
+        as_rollout = WeightPublisher(
+            [handle.url], queue, weights_dir=tmp_path / "w", retry=QUICK, inference=roles.rollout.inference
+        )
+        refused = await as_rollout.publish(4, target)
+        assert refused.outcome is PublishOutcome.NONE_ACKNOWLEDGED
+        assert "401" in refused.workers_failed[handle.url] or "unauth" in refused.workers_failed[handle.url].lower()
+        assert handle.engine.weight_version == "3"
+        await publisher.close()
+        await as_rollout.close()
+        await queue.close()
+    finally:
+        handle.stop()

@@ -22,11 +22,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from services.learner.buffer import read_buffer
 from services.memory.core.policy import PolicyConfig
 from services.memory.grpc_server import grpc_service
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
-from spade.auth import KeyRing, hash_key
+from spade.auth import KeyRing, Principal, Role, hash_key
 from spade.queues.base import SAMPLES_AGENT, WEIGHTS_PUBLISHED
 from spade.queues.config import RedisQueueConfig
 from spade.queues.redis_streams import RedisStreamQueue
@@ -37,7 +38,7 @@ from tests.conftest import REDIS_URL
 
 from .conftest import SPEC, agent_sample
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[3]
 KEY = "learner-restart-test-key"
@@ -51,7 +52,7 @@ async def memory_target(tmp_path: Path) -> AsyncIterator[str]:
     migrate(engine)
     service = MemoryService(SqlStore(engine), PolicyConfig())
     await service.set_run_spec(SPEC)
-    keys = KeyRing({hash_key(KEY): "learner"})
+    keys = KeyRing({hash_key(KEY): Principal("learner", Role.WRITE)})
     async with grpc_server(
         [grpc_service(service)], ServerAddress(port=0), service="memory", authenticate=keys.authenticate
     ) as running:
@@ -238,6 +239,15 @@ async def test_sigterm_while_waiting_for_samples_exits_within_its_bound_and_keep
         assert first.proc.returncode is None, log[-4000:]
         await asyncio.sleep(0.2)
     await asyncio.sleep(2)  # inside the 600 s fill by now
+    # What `spade cluster status` shows: the two plays wait in the learner (acknowledged, so not pending).
+    buffer = None
+    for _ in range(300):
+        buffer = read_buffer(rig.tmp / "ckpt")
+        if buffer is not None and buffer.plays_buffered == 2:
+            break
+        await asyncio.sleep(0.2)
+    assert buffer is not None and (buffer.plays_buffered, buffer.groups_complete, buffer.version) == (2, 0, 0)
+    assert buffer.plays_per_step == buffer.groups_per_step * buffer.group_size == 4
     assert await stop(first, bound_s=60) == 0  # one poll (<= 1 s) plus a checkpoint, not the fill's 600 s
     assert "learner stopped at weight version 0" in first.text()
 

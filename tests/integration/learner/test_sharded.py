@@ -31,6 +31,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.model
 @pytest.mark.slow
 def test_two_fsdp2_ranks_match_one_process(tmp_path):
     from services.learner.core.losses import build_loss

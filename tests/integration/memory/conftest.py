@@ -18,7 +18,7 @@ from spade.memory.records import NewEnvironment
 from tests.conftest import POSTGRES_URL
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.db)])
 def empty_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     """An engine on an empty database (nothing migrated)."""
     if request.param == "sqlite":

@@ -70,12 +70,26 @@ def test_hash_token() -> None:
     assert out.output.strip() == hash_key("abc")
 
 
+def test_hash_token_prints_an_entry_with_its_role_that_configures_the_memory() -> None:
+    from services.memory.settings import MemorySettings
+    from spade.auth import Role
+
+    out = CliRunner().invoke(envs, ["hash-token", "--generate", "--tenant", "web", "--role", "read"])
+    assert out.exit_code == 0, out.output
+    lines = dict(line.split(":", 1) for line in out.output.splitlines())
+    entry = json.loads(lines["entry"])
+    settings = MemorySettings(api_keys=[entry])
+    assert getattr(settings.keyring().verify(lines["token"].strip()), "role", None) is Role.READ
+    assert CliRunner().invoke(envs, ["hash-token", "--generate", "--role", "root"]).exit_code == 2
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_serve_refuses_to_start_without_a_token(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPADE_MEMORY_")}
     proc = subprocess.run(
@@ -91,12 +105,18 @@ def test_serve_refuses_to_start_without_a_token(tmp_path: Path) -> None:
     assert "SPADE_MEMORY_API_KEYS" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 async def test_serve_runs_grpc_and_rest(tmp_path: Path) -> None:
     rest_port, grpc_port = _free_port(), _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPADE_MEMORY_")}
     env.update(
         SPADE_MEMORY_DATABASE_URL=f"sqlite:///{tmp_path / 'served.db'}",
-        SPADE_MEMORY_API_KEYS=json.dumps([{"tenant": "ops", "key_sha256": hash_key("tok")}]),
+        SPADE_MEMORY_API_KEYS=json.dumps(
+            [
+                {"tenant": "ops", "key_sha256": hash_key("tok"), "role": "admin"},
+                {"tenant": "rollout", "key_sha256": hash_key("svc")},  # no role: write
+            ]
+        ),
         SPADE_MEMORY_HTTP__PORT=str(rest_port),
         SPADE_MEMORY_GRPC__HOST="127.0.0.1",
         SPADE_MEMORY_GRPC__PORT=str(grpc_port),
@@ -139,7 +159,12 @@ def _memory_env(tmp_path: Path, rest_port: int, grpc_port: int, **extra: str) ->
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPADE_MEMORY_")}
     env.update(
         SPADE_MEMORY_DATABASE_URL=f"sqlite:///{tmp_path / 'served.db'}",
-        SPADE_MEMORY_API_KEYS=json.dumps([{"tenant": "ops", "key_sha256": hash_key("tok")}]),
+        SPADE_MEMORY_API_KEYS=json.dumps(
+            [
+                {"tenant": "ops", "key_sha256": hash_key("tok"), "role": "admin"},
+                {"tenant": "rollout", "key_sha256": hash_key("svc")},  # no role: write
+            ]
+        ),
         SPADE_MEMORY_HTTP__PORT=str(rest_port),
         SPADE_MEMORY_GRPC__PORT=str(grpc_port),
         SPADE_MEMORY_VENDI="false",
@@ -148,6 +173,7 @@ def _memory_env(tmp_path: Path, rest_port: int, grpc_port: int, **extra: str) ->
     return env
 
 
+@pytest.mark.slow
 def test_runspec_set_and_show_against_a_served_memory(tmp_path: Path) -> None:
     rest_port, grpc_port = _free_port(), _free_port()
     given = tmp_path / "spec.yaml"
@@ -185,6 +211,11 @@ def test_runspec_set_and_show_against_a_served_memory(tmp_path: Path) -> None:
 
         other = tmp_path / "other.json"
         other.write_text(json.dumps({"group_size": 4, "window_versions_game": 2}))
+        # A service's key reads the spec but cannot set it: 403, one clear line, no traceback.
+        assert runner.invoke(runspec, ["show", *target, "--memory-key", "svc"]).exit_code == 0
+        forbidden = runner.invoke(runspec, ["set", str(other), "--replace", *target, "--memory-key", "svc"])
+        assert forbidden.exit_code == 1 and "'rollout' has the write role" in forbidden.output, forbidden.output
+        assert "needs admin" in forbidden.output and "Traceback" not in forbidden.output
         refused = runner.invoke(runspec, ["set", str(other), *target, "--memory-key", "tok"])
         assert refused.exit_code == 1 and "group_size: stored 8, given 4" in refused.output
         assert "Traceback" not in refused.output
@@ -199,6 +230,7 @@ def test_runspec_set_and_show_against_a_served_memory(tmp_path: Path) -> None:
         proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_spec_its_own_settings_contradict(tmp_path: Path) -> None:
     given = tmp_path / "spec.yaml"
     given.write_text("{}\n")  # the paper's defaults: k = 4 for game envs

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from services.memory.grpc_server import grpc_service
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine
-from spade.auth import KeyRing, hash_key
+from spade.auth import KeyRing, Principal, Role, hash_key
 from spade.errors import ErrorKind
 from spade.memory.client import MemoryClient
 from spade.memory.errors import DatabaseUnavailable, MemoryUnavailable
@@ -43,6 +43,7 @@ def test_a_database_that_does_not_answer_is_unavailable() -> None:
     assert caught.value.kind is ErrorKind.UNAVAILABLE
 
 
+@pytest.mark.db
 def test_a_dropped_connection_is_unavailable_and_the_next_call_reconnects() -> None:
     engine = make_engine(POSTGRES_URL)
     try:
@@ -60,7 +61,7 @@ def test_a_dropped_connection_is_unavailable_and_the_next_call_reconnects() -> N
 
 async def test_a_service_reading_the_run_spec_keeps_waiting_while_the_database_is_down() -> None:
     service = MemoryService(SqlStore(make_engine(_nobody_listening())))
-    keys = KeyRing({hash_key(KEY): "learner"})
+    keys = KeyRing({hash_key(KEY): Principal("learner", Role.WRITE)})
     async with grpc_server(
         [grpc_service(service)], ServerAddress(port=0), service="memory", authenticate=keys.authenticate
     ) as running:

@@ -11,8 +11,9 @@ from sqlalchemy import Engine
 from services.memory.core.policy import PolicyConfig
 from services.memory.grpc_server import grpc_service
 from services.memory.service import MemoryService
+from services.memory.settings import MemorySettings
 from services.memory.store.sql import SqlStore, migrate
-from spade.auth import KeyRing, Unauthenticated, hash_key
+from spade.auth import Unauthenticated, hash_key
 from spade.memory.client import MemoryClient
 from spade.memory.errors import EnvironmentNotFound, InvalidArgument, RunSpecConflict, RunSpecNotSet
 from spade.memory.records import DesignerAttempt, EnvFilter, EnvProbe, EnvStatus, NewEnvironment, Play, StatsUpdate
@@ -23,7 +24,13 @@ from spade.v1 import memory_pb2 as pb
 from tests.integration.memory.conftest import env_code, new_env
 
 KEY = "memory-test-key"
-KEYRING = KeyRing({hash_key(KEY): "rollout"})
+ADMIN_KEY = "memory-test-admin-key"
+KEYRING = MemorySettings(
+    api_keys=[
+        {"tenant": "rollout", "key_sha256": hash_key(KEY)},  # no role given: write
+        {"tenant": "ops", "key_sha256": hash_key(ADMIN_KEY), "role": "admin"},
+    ]
+).keyring()
 
 
 @pytest.fixture
@@ -141,7 +148,7 @@ async def test_every_rpc_refuses_a_caller_without_a_valid_key(served: int) -> No
     await anonymous.close()
 
 
-async def test_windows_attempts_and_the_run_spec_over_grpc(client: MemoryClient) -> None:
+async def test_windows_attempts_and_the_run_spec_over_grpc(client: MemoryClient, served: int) -> None:
     env_id = (await client.put_environment(new_env("Windowed"))).env_id
     env = await client.set_window(env_id, 3, 4)
     assert (env.window_start, env.window_versions, env.code) == (3, 4, "")
@@ -164,12 +171,14 @@ async def test_windows_attempts_and_the_run_spec_over_grpc(client: MemoryClient)
 
     with pytest.raises(RunSpecNotSet):
         await client.get_run_spec()
+    operator = MemoryClient(f"127.0.0.1:{served}", timeout_s=20, api_key=ADMIN_KEY)  # setting the spec is admin's
     spec = RunSpec(group_size=8)
-    assert (await client.set_run_spec(spec)).spec_id == spec.spec_id
+    assert (await operator.set_run_spec(spec)).spec_id == spec.spec_id
     assert RunSpec.from_json((await client.get_run_spec()).spec_json) == spec
     with pytest.raises(RunSpecConflict, match="group_size: stored 8, given 16"):
-        await client.set_run_spec(RunSpec())
-    assert (await client.set_run_spec(RunSpec(), replace=True)).spec_id == RunSpec().spec_id
+        await operator.set_run_spec(RunSpec())
+    assert (await operator.set_run_spec(RunSpec(), replace=True)).spec_id == RunSpec().spec_id
+    await operator.close()
 
 
 async def test_record_probe_over_grpc_refuses_unknown_envs(client: MemoryClient) -> None:

@@ -22,6 +22,7 @@ from spade import pool_metrics as pm
 from spade import signal
 from spade.envs.examples import EXAMPLES
 from spade.memory.records import EnvProbe, EnvStatus, NewEnvironment, Play
+from tests.conftest import needs
 from tests.integration.memory.conftest import new_env
 
 LEAKY_ENV = textwrap.dedent(
@@ -59,6 +60,7 @@ class CountingEmbedder:
 
 
 @pytest.fixture
+@needs("sandbox")
 async def sandbox() -> AsyncIterator[SandboxPool]:
     pool = SandboxPool(IsolationSettings())
     await pool.start()
@@ -68,6 +70,7 @@ async def sandbox() -> AsyncIterator[SandboxPool]:
         await pool.stop()
 
 
+@pytest.mark.model
 @pytest.mark.slow
 async def test_process_metrics_equal_the_shared_definitions(empty_engine: Engine, sandbox: SandboxPool) -> None:
     migrate(empty_engine)

@@ -14,7 +14,7 @@ from services.memory.rest import COOKIE, create_app
 from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings
 from services.memory.store.sql import SqlStore, migrate
-from spade.auth import hash_key
+from spade.auth import Principal, Role, hash_key
 from spade.memory.records import DesignerAttempt, EnvStatus, NewEnvironment, Play
 from spade.runspec import RunSpec
 from tests.integration.memory.conftest import new_env
@@ -67,8 +67,8 @@ async def test_api_needs_a_valid_bearer_token(http: httpx.AsyncClient) -> None:
     r = await http.get("/v1/stats", headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
     assert (await http.get("/v1/environments", headers=AUTH)).status_code == 200
-    assert (await http.get("/healthz")).json() == {"status": "ok"}
-    assert (await http.get("/metrics")).status_code == 200
+    assert (await http.get("/healthz")).text == "ok"  # /healthz/details and /metrics need a key: test_privilege.py
+    assert (await http.get("/metrics", headers=AUTH)).status_code == 200
     schema = (await http.get("/openapi.json")).json()
     assert {"/v1/environments", "/v1/environments/{env_id}/code", "/v1/export", "/v1/stats"} <= set(schema["paths"])
     assert (await http.get("/docs")).status_code == 200
@@ -176,9 +176,9 @@ def test_settings_refuse_unsafe_defaults() -> None:
         MemorySettings()
     with pytest.raises(ValidationError, match="key_sha256"):
         MemorySettings(api_keys=[{"tenant": "ops", "key_sha256": "plaintext-token"}])
-    assert MemorySettings(dev_mode=True).keyring().verify("") == "dev"  # dev mode without keys: open
+    assert MemorySettings(dev_mode=True).keyring().verify("") == Principal("dev", Role.ADMIN)  # dev: open
     closed = MemorySettings(dev_mode=True, api_keys=[{"tenant": "ops", "key_sha256": hash_key("x")}]).keyring()
-    assert closed.verify("") is None and closed.verify("x") == "ops"
+    assert closed.verify("") is None and closed.verify("x") == Principal("ops", Role.WRITE)  # no role: write
 
 
 async def test_page_escapes_designer_output(http: httpx.AsyncClient, service: MemoryService) -> None:

@@ -15,7 +15,7 @@ from tests.conftest import REDIS_URL
 QueueMaker = Callable[..., WorkQueue]
 
 
-@pytest.fixture(params=["redis", "inprocess"])
+@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis), "inprocess"])
 async def make(request: pytest.FixtureRequest) -> AsyncIterator[QueueMaker]:
     """Build queues of one backend that share state (one Redis prefix, or one in-process queue).
 

@@ -12,12 +12,13 @@ import redis.asyncio as aioredis
 from spade.queues import QueueError, RedisQueueConfig
 from spade.queues.redis_streams import RedisStreamQueue
 from spade.retry import RetryPolicy
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, needs
 
 S = "samples.agent"
 
 
 @pytest.fixture
+@needs("redis")
 async def admin() -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(REDIS_URL)
     yield client
@@ -25,6 +26,7 @@ async def admin() -> AsyncIterator[aioredis.Redis]:
 
 
 @pytest.fixture
+@needs("redis")
 async def prefix() -> AsyncIterator[str]:
     p = f"test:{uuid.uuid4().hex}:"
     yield p

@@ -12,10 +12,10 @@ import sqlalchemy as sa
 
 from services.rollout.policy import FormatterTemplate
 from spade.inference.chat import ChatFormatter
-from tests.conftest import POSTGRES_URL
+from tests.conftest import POSTGRES_URL, needs
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.db)])
 def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A database URL for the rollout's state tables, empty, on each backend."""
     if request.param == "sqlite":
@@ -26,6 +26,7 @@ def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
+@needs("db")
 def postgres_url() -> Iterator[str]:
     """A Postgres URL for the rollout's state tables, in a schema of the test's own."""
     with postgres_schema() as url:
@@ -52,6 +53,7 @@ def postgres_schema() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+@needs("model")
 def template() -> FormatterTemplate:
     """The real policy tokenizer and chat template (SmolLM2, converted once, offline)."""
     from spade.inference.models import ensure_default_model

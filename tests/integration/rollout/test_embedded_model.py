@@ -33,7 +33,12 @@ from spade.runspec import RunSpec
 from spade.v1 import queues_pb2
 from tests.integration.rollout.test_sandbox_play import COLOUR_ENV
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a real model or processes on a shared CPU
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.model,
+    pytest.mark.sandbox,
+    pytest.mark.timeout(900),
+]  # a real model or processes on a shared CPU
 
 TEMPERATURE = 0.7
 SPEC = RunSpec(
@@ -74,6 +79,9 @@ async def _first_plays(
             "tokenizer_path": str(model_dir),
             "consumer_name": "w1",
             "block_ms": 50,
+            # This test is about what one slot's plays keep; the extension of a group without variance
+            # (tests/integration/rollout/test_worker.py) would add G seeds whenever every return ties.
+            "zero_variance_extensions": 0,
         }
     )
     mem_engine = make_engine(settings.memory.url)  # type: ignore[union-attr]

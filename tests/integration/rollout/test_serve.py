@@ -21,7 +21,7 @@ from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from spade.runspec import RunSpec
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # three `spade serve rollout` processes
 
 ROOT = Path(__file__).resolve().parents[3]
 

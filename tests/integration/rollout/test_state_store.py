@@ -74,10 +74,15 @@ async def test_a_slot_is_leased_to_one_worker_until_the_lease_expires(state_url:
         await store.register(_env())
         first = await store.claim("w1", 10)
         assert first is not None and first.slot == 0  # the first plays are always due
+        assert first.previous_owner is None  # a free slot
         assert await store.claim("w2", 10) is None  # leased
+        (held,) = store.held_slots()  # the operator's view (spade cluster status)
+        assert (held.owner, held.env_id, held.slot, held.expires_in_s, held.attempts) == ("w1", "e1", 0, 10, 1)
         clock.now += 11  # w1 died mid-play and stopped renewing
+        assert [h.expires_in_s for h in store.held_slots()] == [-1]  # lapsed: anyone may take it over
         stolen = await store.claim("w2", 10)
         assert stolen is not None and (stolen.slot, stolen.attempts) == (0, 2)
+        assert (stolen.previous_owner, stolen.previous_until) == ("w1", clock.now - 1)  # whose, and since when
         assert await store.lease("e1") == ("w2", clock.now + 10)
     finally:
         store.dispose()
@@ -92,7 +97,7 @@ async def test_a_worker_restarted_under_its_own_name_takes_its_lease_back_at_onc
         assert await store.claim("w1", 600, busy={"e1"}) is None  # still playing it: not claimed twice
         assert await store.claim("w2", 600) is None  # another worker waits for the lease
         resumed = await store.claim("w1", 600)  # w1 restarted: nothing in flight, its own lease
-        assert resumed is not None and resumed.slot == 0
+        assert resumed is not None and resumed.slot == 0 and resumed.previous_owner == "w1"
     finally:
         store.dispose()
 

@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import random
 import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -29,6 +30,7 @@ from services.rollout.core.schedule import EnvStatus
 from services.rollout.core.seeds import play_seeds
 from services.rollout.memory import MemoryServicePlays
 from services.rollout.policy import FormatterTemplate, Generation
+from services.rollout.samples import SlotRef, sample_id
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
 from spade.dependencies import Dependency
@@ -36,7 +38,7 @@ from spade.inference import derive_sampling_seed
 from spade.inference.client import InferenceUnavailable
 from spade.memory.records import EnvStatus as MemoryEnvStatus
 from spade.memory.records import NewEnvironment
-from spade.queues.base import ENVS_READY, SAMPLES_AGENT, WEIGHTS_PUBLISHED, WorkQueue
+from spade.queues.base import ENVS_AUDITED, ENVS_READY, SAMPLES_AGENT, WEIGHTS_PUBLISHED, WorkQueue
 from spade.queues.config import InProcessQueueConfig, RedisQueueConfig
 from spade.queues.inprocess import InProcessQueue
 from spade.queues.messages import decode, publish_proto
@@ -45,7 +47,7 @@ from spade.retry import RetryPolicy
 from spade.runspec import RunSpec
 from spade.v1 import queues_pb2
 from tests.conftest import REDIS_URL
-from tests.unit.rollout.envs import CountdownEnv
+from tests.unit.rollout.envs import CountdownEnv, ForgingEnv, VaultEnv
 from tests.unit.rollout.players import LocalSessions, ScriptedPolicy
 
 G = 3
@@ -62,7 +64,7 @@ def memory(tmp_path: Path) -> Iterator[MemoryService]:
     engine.dispose()
 
 
-@pytest.fixture(params=["inprocess", "redis"])
+@pytest.fixture(params=["inprocess", pytest.param("redis", marks=pytest.mark.redis)])
 async def queue(request: pytest.FixtureRequest) -> AsyncIterator[WorkQueue]:
     if request.param == "inprocess":
         q: WorkQueue = InProcessQueue(InProcessQueueConfig(claim_idle_ms=300))
@@ -95,21 +97,27 @@ class Rig:
             self.queue, store, MemoryServicePlays(self.memory), runner, dataclasses.replace(base, **config)
         )
 
-    async def put_env(self, version: int = 0, spec_id: str | None = None, variant: str = "") -> str:
+    async def put_env(
+        self, version: int = 0, spec_id: str | None = None, variant: str = "", *, announce: bool = True
+    ) -> str:
         code = CODE + (f"\nVARIANT = {variant!r}\n" if variant else "")  # the memory stores one env per program
         self.sessions.classes[code] = CountdownEnv
         put = await self.memory.put_environment(
             NewEnvironment(setting="game", skill="Optimization", code=code, hint="Read it.", weight_version=version)
         )
+        if announce:
+            await self.announce(put.env_id, version, spec_id)
+        return put.env_id
+
+    async def announce(self, env_id: str, version: int = 0, spec_id: str | None = None) -> None:
         env = queues_pb2.EnvReady(
-            env_id=put.env_id,
+            env_id=env_id,
             setting="game",
             skill="Optimization",
             weight_version=version,
             spec_id=SPEC.spec_id if spec_id is None else spec_id,
         )
-        await publish_proto(self.queue, ENVS_READY, env, key=put.env_id)
-        return put.env_id
+        await publish_proto(self.queue, ENVS_READY, env, key=env_id)
 
     async def publish_weights(self, version: int) -> None:
         msg = queues_pb2.WeightsPublished(weight_version=version, spec_id=SPEC.spec_id)
@@ -294,7 +302,9 @@ async def _die_mid_play(rig: Rig, env_id: str, answer: int = 1) -> RolloutWorker
     return doomed
 
 
-async def test_a_dead_workers_slot_is_resumed_at_once_under_its_own_name(rig: Rig) -> None:
+async def test_a_dead_workers_slot_is_resumed_at_once_under_its_own_name(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
     env_id = await rig.put_env(version=0)
     doomed = await _die_mid_play(rig, env_id, answer=2 * 2 + 1)  # two plays of two turns finished, the third hangs
     owner, _ = await doomed.store.lease(env_id)
@@ -302,7 +312,10 @@ async def test_a_dead_workers_slot_is_resumed_at_once_under_its_own_name(rig: Ri
     before = len(await rig.samples())
     assert before == 2  # finished plays are published (and recorded) one by one
     restarted = rig.worker("doomed", lease_s=600)  # same name, long lease: it does not wait for it
-    assert await restarted.step_window() == 1
+    with caplog.at_level(logging.INFO, logger="spade.lifecycle"):
+        assert await restarted.step_window() == 1
+    (said,) = [r for r in caplog.records if r.name == "spade.lifecycle"]
+    assert said.event == "resumed" and (said.env_id, said.slot) == (env_id, 0)  # type: ignore[attr-defined]
     samples = await rig.samples()
     assert before + len(samples) == 2 * G  # only the missing plays were played again
     plays, _ = await rig.memory.plays(env_id)
@@ -311,15 +324,21 @@ async def test_a_dead_workers_slot_is_resumed_at_once_under_its_own_name(rig: Ri
     restarted.store.dispose()
 
 
-async def test_a_dead_workers_slot_is_taken_over_by_another_within_one_lease(rig: Rig) -> None:
+async def test_a_dead_workers_slot_is_taken_over_by_another_within_one_lease(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
     env_id = await rig.put_env(version=0)
     doomed = await _die_mid_play(rig, env_id)
     survivor = rig.worker("survivor")
     assert await survivor.step_window() == 0  # the lease (1 s) is still the dead worker's
-    for _ in range(100):
-        if await survivor.step_window():
-            break
-        await asyncio.sleep(0.05)
+    with caplog.at_level(logging.INFO, logger="spade.lifecycle"):
+        for _ in range(100):
+            if await survivor.step_window():
+                break
+            await asyncio.sleep(0.05)
+    (said,) = [r for r in caplog.records if r.name == "spade.lifecycle"]  # whose slot, and why
+    assert said.getMessage() == f"took over slot 0 of {env_id} from doomed: its lease lapsed unrenewed"
+    assert (said.event, said.from_owner, said.reason) == ("took_over", "doomed", "lease lapsed")  # type: ignore[attr-defined]
     samples = await rig.samples()
     assert len(samples) == 2 * G
     assert sorted(s.seed for s in samples if s.hinted) == sorted(s.seed for s in samples if not s.hinted)
@@ -402,7 +421,10 @@ async def test_a_sandbox_fault_is_retried_and_the_play_counted_once(rig: Rig) ->
     await drain(worker)
     samples = await rig.samples()
     assert len(samples) == 2 * G
-    assert [s for _, _, s in rig.sessions.opened].count(seeds[0]) == 3  # faulted once, then both arms
+    # Faulted once (the first session on the seed is the noop policy's audit play), then both audit
+    # policies and both arms: every play counted once.
+    assert [s for _, _, s in rig.sessions.opened].count(seeds[0]) == 1 + 2 + 2
+    assert worker.counts.audit_plays == 2 * SPEC.audit_plays and worker.counts.plays == 2 * G
     plays, _ = await rig.memory.plays(env_id)
     assert len(plays) == 2 * G and "sandbox_fault" not in {p.finish_reason for p in plays}
     worker.store.dispose()
@@ -572,4 +594,209 @@ async def test_one_structured_line_per_play(rig: Rig, caplog: pytest.LogCaptureF
     assert all(fields | {"finish_reason", "spec_id"} <= set(p) for p in plays)
     assert {(p["env_id"], p["window_index"], p["spec_id"]) for p in plays} == {(env_id, 0, SPEC.spec_id)}
     assert sorted(p["arm"] for p in plays) == ["hint"] * G + ["plain"] * G
+    worker.store.dispose()
+
+
+@dataclass
+class TargetOracle(ScriptedPolicy):
+    """Reads CountdownEnv's target from the prompt and says it only when it is in ``wins`` (else 0)."""
+
+    wins: frozenset[int] = frozenset()
+
+    async def generate(self, input_ids: list[int], sampling: TurnSampling) -> Generation:
+        text = self.template.decode(input_ids)
+        target = int(text.rsplit("(it is ", 1)[1].split(")", 1)[0])
+        self.replies = [f"\\boxed{{{target if target in self.wins else 0}}}"]
+        self.calls.clear()
+        return await super().generate(input_ids, sampling)
+
+
+def _target(seed: int) -> int:
+    return random.Random(seed).randint(1, 9)
+
+
+async def _env_whose_extension_differs(rig: Rig) -> tuple[str, frozenset[int]]:
+    """An env and a set of targets the first G seeds of slot 0 never show but the next G do."""
+    for variant in range(50):
+        env_id = await rig.put_env(variant=f"x{variant}", announce=False)
+        seeds = play_seeds(env_id, 0, 2 * G)
+        fresh = {_target(s) for s in seeds[G:]} - {_target(s) for s in seeds[:G]}
+        if fresh:
+            await rig.announce(env_id)
+            return env_id, frozenset(fresh)
+    raise AssertionError("no variant gave the extension a target of its own")
+
+
+async def test_a_group_without_variance_is_extended_with_fresh_seeds_in_both_arms(rig: Rig) -> None:
+    env_id, wins = await _env_whose_extension_differs(rig)
+    policy = TargetOracle(rig.template, ["\\boxed{0}"], weight_version=None, wins=wins)
+    worker = rig.worker("w1", policy, zero_variance_extensions=1)
+    await drain(worker)
+    samples = await rig.samples()
+    seeds = play_seeds(env_id, 0, 2 * G)
+    plain = sorted(s.seed for s in samples if not s.hinted)
+    hinted = sorted(s.seed for s in samples if s.hinted)
+    # The first G plays all lost (returns all 0): G fresh seeds of the same slot were played, both arms.
+    assert plain == hinted == sorted(seeds)
+    returns = {s.seed: s.episode_return for s in samples if not s.hinted}
+    assert {returns[s] for s in seeds[:G]} == {0.0}
+    assert len({returns[s] for s in seeds}) > 1  # the extended group carries signal
+    assert {s.group_id for s in samples} == {f"{env_id}@s0"}  # one group, as the learner groups it
+    assert worker.counts.extended_groups == 1
+    stored = await rig.memory.get_environment(env_id)
+    assert stored.stats.regret is not None  # both arms still on identical seeds
+    worker.store.dispose()
+
+
+async def test_extensions_stop_at_the_cap_and_off_means_never(rig: Rig) -> None:
+    env_id = await rig.put_env()
+    never = ScriptedPolicy(rig.template, ["\\boxed{0}"], weight_version=None)  # every play loses
+    worker = rig.worker("w1", never, zero_variance_extensions=2)
+    await drain(worker)
+    samples = await rig.samples()
+    assert sorted(s.seed for s in samples if not s.hinted) == sorted(play_seeds(env_id, 0, 3 * G))
+    assert worker.counts.extended_groups == 2
+    worker.store.dispose()
+
+    other = await rig.put_env(variant="off")
+    worker = rig.worker("w2", never, zero_variance_extensions=0)
+    await drain(worker)
+    samples = await rig.samples()
+    assert {s.env_id for s in samples} == {other}
+    assert len(samples) == 2 * G and worker.counts.extended_groups == 0
+    worker.store.dispose()
+
+
+async def test_a_group_with_variance_is_not_extended(rig: Rig) -> None:
+    for variant in range(50):
+        env_id = await rig.put_env(variant=f"v{variant}", announce=False)
+        targets = [_target(s) for s in play_seeds(env_id, 0, G)]
+        if len(set(targets)) > 1:
+            await rig.announce(env_id)
+            break
+    policy = TargetOracle(rig.template, ["\\boxed{0}"], weight_version=None, wins=frozenset(targets[:1]))
+    worker = rig.worker("w1", policy, zero_variance_extensions=3)
+    await drain(worker)
+    samples = await rig.samples()
+    assert {s.env_id for s in samples} == {env_id}
+    assert len(samples) == 2 * G and worker.counts.extended_groups == 0
+    worker.store.dispose()
+
+
+# ---- audit plays ------------------------------------------------------------------------------------
+
+
+async def _put_class(rig: Rig, env_class: type, spec_id: str | None = None) -> str:
+    """Store and announce a trusted test env class (played in-process by ``LocalSessions``)."""
+    code = inspect.getsource(env_class)
+    rig.sessions.classes[code] = env_class
+    put = await rig.memory.put_environment(
+        NewEnvironment(setting="game", skill="Optimization", code=code, hint="Read it.", designer_sample_id="d")
+    )
+    await rig.announce(put.env_id, spec_id=spec_id)
+    return put.env_id
+
+
+async def _audits(rig: Rig) -> list[queues_pb2.EnvAudit]:
+    got = await rig.queue.consume(ENVS_AUDITED, "test-learner", "t", count=100, block_ms=20)
+    return [m for m in (decode(d) for d in got) if isinstance(m, queues_pb2.EnvAudit)]
+
+
+async def test_a_trivially_won_env_is_retired_before_any_real_play_or_model_call(rig: Rig) -> None:
+    env_id = await _put_class(rig, ForgingEnv)
+    policy = ScriptedPolicy(rig.template, ["\\boxed{0}"], weight_version=None)
+    worker = rig.worker("w1", policy)
+    await drain(worker)
+    assert policy.calls == []  # the audit needs no model, and nothing else was played
+    assert await rig.samples() == [] and (await rig.memory.plays(env_id))[0] == []
+    n = SPEC.audit_plays
+    assert (worker.counts.audit_plays, worker.counts.audit_retired, worker.counts.plays) == (2 * n, 1, 0)
+    assert (await rig.memory.get_environment(env_id)).status is MemoryEnvStatus.TRIVIALLY_WON
+    skipped = await worker.store.skipped(env_id)
+    assert [s.slot for s in skipped] == list(range(K))
+    won = f"retired as trivially_won: the noop policy returned 1.00 on average over its {n} audit plays"
+    assert all(s.reason.startswith(won) for s in skipped)
+    (audit,) = await _audits(rig)
+    assert (audit.env_id, audit.trivially_won, audit.spec_id) == (env_id, True, SPEC.spec_id)
+    assert [(p.policy, list(p.seeds), list(p.returns)) for p in audit.policies] == [
+        (policy_name, sorted(play_seeds(env_id, 0, n)), [1.0] * n) for policy_name in ("noop", "random")
+    ]
+    worker.store.dispose()
+
+
+async def test_audit_plays_run_once_per_env_on_its_real_seeds_and_are_never_published_or_recorded(
+    rig: Rig,
+) -> None:
+    env_id = await _put_class(rig, VaultEnv)
+    worker = rig.worker("w1", ScriptedPolicy(rig.template, ["\\boxed{0}"], weight_version=None))
+    await drain(worker)
+    for version in range(1, K):
+        await rig.publish_weights(version)
+        await drain(worker)
+    samples = await rig.samples()
+    real = {sample_id(env_id, 0, s, hinted=h) for s in play_seeds(env_id, 0, G) for h in (False, True)}
+    real |= {sample_id(env_id, slot, s, hinted=False) for slot in range(1, K) for s in play_seeds(env_id, slot, G)}
+    assert {s.sample_id for s in samples} == real and len(samples) == len(real)
+    plays, _ = await rig.memory.plays(env_id)
+    assert {p.trajectory_id for p in plays} == real
+    # Audit plays of both policies (noop, random) on slot 0's first seeds, once for the whole window.
+    opened = [s for _, _, s in rig.sessions.opened]
+    n = SPEC.audit_plays
+    assert worker.counts.audit_plays == 2 * n and len(opened) == len(real) + 2 * n
+    assert opened.count(play_seeds(env_id, 0, 1)[0]) == 2 + 2  # both policies, then both arms
+    (audit,) = await _audits(rig)
+    assert not audit.trivially_won and audit.reason == ""
+    assert (await rig.memory.get_environment(env_id)).status is MemoryEnvStatus.RETIRED
+    worker.store.dispose()
+
+
+async def test_a_resumed_slot_0_keeps_its_verdict_and_publishes_it_once(rig: Rig) -> None:
+    env_id = await _put_class(rig, ForgingEnv)
+    first = rig.worker("w1")
+    await drain(first)
+    again = rig.worker("w2")  # another worker (or a restart) reaching the env's slot 0 again
+    env = await again.store.get(env_id)
+    assert env is not None and env.window_start is not None
+    spec = await MemoryServicePlays(rig.memory).get_environment(env_id)
+    verdict = await again.audit(env, spec, SlotRef(env.window_start, 0, SPEC.spec_id))
+    assert verdict == await first.store.audit(env_id) and verdict is not None and verdict.trivially_won
+    assert again.counts.audit_plays == 0  # the stored verdict, no audit played twice
+    assert len(await _audits(rig)) == 1  # the same key: one message
+    first.store.dispose()
+    again.store.dispose()
+
+
+async def test_a_run_without_audits_plays_none_and_publishes_no_verdict(rig: Rig) -> None:
+    unaudited = SPEC.model_copy(update={"audit_plays": 0})
+    await _put_class(rig, ForgingEnv, unaudited.spec_id)
+    worker = rig.worker("w1", spec=unaudited)
+    await drain(worker)
+    assert worker.counts.audit_plays == 0 and await _audits(rig) == []
+    assert len(await rig.samples()) == 2 * G  # the forging env is played and trained on, unaudited
+    worker.store.dispose()
+
+
+async def test_the_verdict_published_is_the_one_stored_when_another_worker_stored_first(rig: Rig) -> None:
+    """Two workers audit the same slot 0 at once: the one that stores second publishes the stored verdict,
+    not its own, so the learner (first message per key) and the rollout can never hold different ones."""
+    from services.rollout.core.audit import AuditVerdict
+    from services.rollout.core.schedule import ActiveEnv
+
+    env_id = await _put_class(rig, ForgingEnv)
+    worker = rig.worker("w2")
+    theirs = AuditVerdict(env_id, (), SPEC.audit_max_win_rate, False, "")  # the other worker's, stored first
+    assert await worker.store.record_audit(theirs) == theirs
+
+    async def not_yet(_: str) -> AuditVerdict | None:
+        return None  # this worker looked before the other one stored
+
+    worker.store.audit = not_yet  # type: ignore[method-assign,assignment]
+    env = ActiveEnv(env_id=env_id, setting="game", skill="Optimization", designer_sample_id="d", window=1,
+                    design_version=0, spec_id=SPEC.spec_id)  # fmt: skip
+    spec = await MemoryServicePlays(rig.memory).get_environment(env_id)
+    verdict = await worker.audit(env, spec, SlotRef(0, 0, SPEC.spec_id))
+    assert worker.counts.audit_plays > 0  # it played its own audit (the forging env: trivially won)
+    assert verdict == theirs
+    published = await _audits(rig)
+    assert len(published) == 1 and not published[0].trivially_won
     worker.store.dispose()

@@ -37,7 +37,14 @@ from spade.v1 import queues_pb2
 from tests.conftest import POSTGRES_URL, REDIS_URL
 from tests.unit.rollout.envs import CountdownEnv
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a real model or processes on a shared CPU
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.db,
+    pytest.mark.redis,
+    pytest.mark.model,
+    pytest.mark.sandbox,
+    pytest.mark.timeout(900),
+]  # a real model or processes on a shared CPU
 
 G = 2
 K = 2

@@ -8,14 +8,20 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import grpc
+import httpx
 import pytest
 
 from services.sandbox.core.auth import hash_key
 from services.sandbox.settings import SandboxSettings
 from services.sandbox.wiring import serving
+from spade.v1 import sandbox_pb2_grpc
+from tests.conftest import needs
 
 ALICE_KEY = "alice-secret-key"
 BOB_KEY = "bob-secret-key"
+WATCH_KEY = "watch-secret-key"
+"""A ``read`` key: a monitoring system's (``/healthz/details``, ``/metrics``); it may run nothing."""
 
 # A tiny trusted game: say \boxed{go} as many times as the seed-chosen target, then win.
 COUNTER_ENV = """
@@ -57,6 +63,7 @@ def _settings() -> SandboxSettings:
         api_keys=[
             {"tenant": "alice", "key_sha256": hash_key(ALICE_KEY), "max_sessions": 2, "executions_per_minute": 1000},
             {"tenant": "bob", "key_sha256": hash_key(BOB_KEY), "max_sessions": 1, "executions_per_minute": 2},
+            {"tenant": "watch", "key_sha256": hash_key(WATCH_KEY), "role": "read"},
         ],
     )
 
@@ -99,6 +106,7 @@ def running_service(settings: SandboxSettings) -> Iterator[Service]:
 
 
 @pytest.fixture(scope="package")
+@needs("sandbox")
 def sandbox_service() -> Iterator[Service]:
     with running_service(_settings()) as service:
         yield service
@@ -113,3 +121,17 @@ MEMORY_BOMB_ENV = COUNTER_ENV.replace(
     '        if "go" in action:\n',
 )
 """``COUNTER_ENV`` that eats memory without limit when told ``\\boxed{bomb}``."""
+
+
+@pytest.fixture
+def http(sandbox_service: Service) -> Iterator[httpx.Client]:
+    """A REST client of the package's sandbox service (no key: each test sends its own)."""
+    with httpx.Client(base_url=sandbox_service.http_url, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture
+def stub(sandbox_service: Service) -> Iterator[sandbox_pb2_grpc.SandboxStub]:
+    """A gRPC stub of the package's sandbox service."""
+    with grpc.insecure_channel(sandbox_service.grpc_target) as channel:
+        yield sandbox_pb2_grpc.SandboxStub(channel)

@@ -26,7 +26,7 @@ def redis_settings(**overrides: object) -> RedisQuotaSettings:
     return RedisQuotaSettings(prefix=f"spade-test:quota:{uuid.uuid4().hex}", **overrides)
 
 
-@pytest_asyncio.fixture(params=["local", "redis"])
+@pytest_asyncio.fixture(params=["local", pytest.param("redis", marks=pytest.mark.redis)])
 async def quotas(request: pytest.FixtureRequest) -> AsyncIterator[QuotaStore]:
     store: QuotaStore = LocalQuotas() if request.param == "local" else RedisQuotas(redis_settings())
     try:
@@ -62,6 +62,7 @@ async def test_runs_per_minute_refuse_with_when_to_retry(quotas: QuotaStore) -> 
         await quotas.charge_run(BOB)
 
 
+@pytest.mark.redis
 async def test_two_stores_on_one_redis_share_each_quota() -> None:
     settings = redis_settings()
     first, second = RedisQuotas(settings), RedisQuotas(settings)
@@ -85,6 +86,7 @@ async def test_two_stores_on_one_redis_share_each_quota() -> None:
         await second.close()
 
 
+@pytest.mark.redis
 async def test_a_dead_replicas_sessions_stop_counting_when_their_lease_ends() -> None:
     settings = redis_settings()
     dead, alive = RedisQuotas(settings), RedisQuotas(settings)

@@ -12,6 +12,7 @@ import pytest
 from services.sandbox.core.auth import hash_key
 from services.sandbox.settings import SandboxSettings
 from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
+from tests.conftest import needs
 from tests.integration.sandbox.conftest import COUNTER_ENV, Service, running_service
 
 KEY = "carol-" + uuid.uuid4().hex
@@ -30,6 +31,7 @@ def replica_settings(prefix: str) -> SandboxSettings:
 
 
 @pytest.fixture(scope="module")
+@needs("sandbox", "redis")
 def replicas() -> Iterator[tuple[Service, Service]]:
     prefix = f"spade-test:replicas:{uuid.uuid4().hex}"
     with running_service(replica_settings(prefix)) as first, running_service(replica_settings(prefix)) as second:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -16,12 +15,6 @@ ALICE = {"Authorization": f"Bearer {ALICE_KEY}"}
 BOB = {"Authorization": f"Bearer {BOB_KEY}"}
 
 
-@pytest.fixture
-def http(sandbox_service: Service) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=sandbox_service.http_url, timeout=60) as client:
-        yield client
-
-
 def _assert_clean_error(response: httpx.Response, status: int, code: str) -> dict:
     assert response.status_code == status, response.text
     body = response.json()
@@ -30,11 +23,8 @@ def _assert_clean_error(response: httpx.Response, status: int, code: str) -> dic
     return body
 
 
-def test_health_and_metrics_are_open(http: httpx.Client) -> None:
-    assert http.get("/healthz").json()["status"] == "ok"
-    metrics = http.get("/metrics")
-    assert metrics.status_code == 200
-    assert "spade_sandbox_requests" in metrics.text
+def test_health_is_open_and_the_api_documented(http: httpx.Client) -> None:
+    assert http.get("/healthz").text == "ok"  # the details and /metrics need a key: test_privilege.py
     assert http.get("/openapi.json").json()["paths"]["/v1/validate"]
 
 
@@ -94,11 +84,11 @@ def test_session_plays_to_the_end_then_refuses_steps(http: httpx.Client) -> None
     _assert_clean_error(gone, 404, "session_not_found")
 
 
-def test_another_tenants_session_is_forbidden(http: httpx.Client) -> None:
+def test_another_tenants_session_is_not_found(http: httpx.Client) -> None:
     sid = http.post("/v1/sessions", json={"code": COUNTER_ENV, "seed": 1}, headers=ALICE).json()["session_id"]
     try:
         response = http.post(f"/v1/sessions/{sid}/step", json={"action": "go"}, headers=BOB)
-        _assert_clean_error(response, 403, "forbidden")
+        _assert_clean_error(response, 404, "session_not_found")  # as if it did not exist: test_privilege.py
     finally:
         http.delete(f"/v1/sessions/{sid}", headers=ALICE)
 

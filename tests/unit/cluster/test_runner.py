@@ -38,6 +38,7 @@ def test_a_later_file_wins_over_an_earlier_one_and_may_refer_to_it(tmp_path: Pat
     assert read_env_files([tmp_path / "a.env", tmp_path / "b.env"], {"B": "9"})["C"] == "9x"
 
 
+@pytest.mark.model
 def test_the_shared_settings_reach_the_services_and_local_env_does_not_shadow_them(tmp_path: Path) -> None:
     shared = read_env_files([ROOT / "deploy" / "spade.env"], {})
     local = read_env_files([ROOT / "deploy" / "local.env"], {"SPADE_LOCAL_DATA_DIR": str(tmp_path)})
@@ -48,6 +49,7 @@ def test_the_shared_settings_reach_the_services_and_local_env_does_not_shadow_th
     assert env["SPADE_INFERENCE_PUBLISHED_WEIGHTS_DIR"] == env["SPADE_LEARNER_WEIGHTS_DIR"]
 
 
+@pytest.mark.model
 def test_keys_are_generated_once_private_and_accepted_by_each_server(tmp_path: Path) -> None:
     cluster = _cluster(tmp_path)
     keys = cluster.keys()
@@ -135,3 +137,30 @@ def test_a_member_just_started_counts_as_running_even_before_its_command_line_re
         cluster._children[pid].kill()
         cluster._children[pid].wait(10)
     assert not cluster.running(pid)
+
+
+def test_each_generated_memory_key_has_the_role_its_holder_needs_and_no_more(tmp_path: Path) -> None:
+    from services.memory.settings import MemorySettings
+    from spade.auth import Role
+
+    keys = _cluster(tmp_path).keys()
+    memory = MemorySettings.model_validate({"api_keys": json.loads(keys["SPADE_MEMORY_API_KEYS"])})
+    roles = {k.tenant: k.role for k in memory.api_keys}
+    # The operator's key sets the run spec (`spade runspec set`); the services' only store.
+    assert roles == {"operator": Role.ADMIN, "designer": Role.WRITE, "rollout": Role.WRITE, "learner": Role.WRITE}
+    ring = memory.keyring()
+    assert getattr(ring.verify(keys["SPADE_MEMORY_API_KEY"]), "role", None) is Role.ADMIN  # what the CLIs send
+    assert getattr(ring.verify(keys["SPADE_ROLLOUT_MEMORY__API_KEY"]), "role", None) is Role.WRITE
+
+
+def test_a_keys_file_from_before_roles_gets_them_when_read(tmp_path: Path) -> None:
+    """A cluster's keys.env written before memory keys had roles: the operator still sets the run spec."""
+    old = [{"tenant": n, "key_sha256": hash_key(n)} for n in ("operator", "designer", "rollout", "learner")]
+    (tmp_path / "keys.env").write_text(f"SPADE_MEMORY_API_KEYS='{json.dumps(old)}'\n")
+    read = json.loads(_cluster(tmp_path).keys()["SPADE_MEMORY_API_KEYS"])
+    assert {t["tenant"]: t["role"] for t in read} == {
+        "operator": "admin",
+        "designer": "write",
+        "rollout": "write",
+        "learner": "write",
+    }

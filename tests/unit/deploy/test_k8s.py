@@ -15,6 +15,7 @@ from tests.unit.deploy.manifests import OVERLAYS, pod_spec, render, validate
 from tests.unit.deploy.pod_security import violations
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_resource_validates_strictly(overlay: str) -> None:
     docs = render(overlay)

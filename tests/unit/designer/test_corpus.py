@@ -13,6 +13,7 @@ from services.designer.corpus.builder import (
     collect,
     ensure_default_corpus,
     is_current,
+    main,
     stdlib_packages,
 )
 from services.designer.corpus.loader import CorpusError, CorpusSampler, load_jsonl, parse_lines
@@ -73,6 +74,7 @@ def test_sampling_is_seeded_and_gives_a_new_document_per_attempt() -> None:
     assert [other.next_document().text for _ in range(23)] != seq_a
 
 
+@pytest.mark.slow
 def test_the_builder_collects_real_docstrings_with_examples_deduped() -> None:
     entries = collect(["networkx.algorithms.clique"])
     names = [e.name for e in entries]
@@ -100,6 +102,7 @@ def test_build_writes_a_loadable_corpus_and_metadata(tmp_path: Path) -> None:
     assert not is_current("game", tmp_path)
 
 
+@pytest.mark.slow
 def test_the_default_tool_corpus_is_built_lazily_once(tmp_path: Path) -> None:
     path = ensure_default_corpus("tool", tmp_path)
     assert is_current("tool", tmp_path)
@@ -109,3 +112,28 @@ def test_the_default_tool_corpus_is_built_lazily_once(tmp_path: Path) -> None:
     mtime = path.stat().st_mtime_ns
     assert ensure_default_corpus("tool", tmp_path) == path
     assert path.stat().st_mtime_ns == mtime  # cached, not rebuilt
+    # The builder's command (set-up runs it on every install) keeps a current corpus too: a rebuild
+    # changed the warm start's cache key, which hashes the corpus, and cost a 15-minute rebuild.
+    assert main(["--setting", "tool", "--cache-dir", str(tmp_path)]) == 0
+    assert path.stat().st_mtime_ns == mtime
+    assert main(["--setting", "tool", "--cache-dir", str(tmp_path), "--force"]) == 0
+    assert path.stat().st_mtime_ns != mtime
+
+
+def test_reading_a_package_s_deprecated_names_prints_no_warning() -> None:
+    # scipy.constants.codata's public names are deprecated aliases: reading each used to warn, and a
+    # first `make run` printed ~1,800 such lines about code this project does not use.
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        entries = collect(["scipy.constants"], min_words=5)
+    assert entries and not [w for w in caught if issubclass(w.category, DeprecationWarning)]
+
+
+def test_the_corpus_is_the_same_on_every_build(tmp_path: Path) -> None:
+    # networkx.subgraph_view's defaults are functions: their repr carried a memory address, so every
+    # build wrote other bytes (and the warm start built on the corpus was rebuilt on every install).
+    entries = collect(["networkx.classes.graphviews"])
+    view = next(e for e in entries if e.name.endswith("subgraph_view"))
+    assert "filter_node=<function no_filter>" in view.text and " at 0x" not in view.text

@@ -6,6 +6,8 @@ import json
 import struct
 from pathlib import Path
 
+import pytest
+
 from services.designer.model_size import decide_structured_output, parameter_count
 
 
@@ -45,6 +47,7 @@ def test_the_default_is_on_for_small_models_off_for_large_and_unknown(tmp_path: 
     assert parameter_count(empty) is None
 
 
+@pytest.mark.model
 def test_the_default_model_counts_as_small() -> None:
     from spade.inference.models import ensure_default_model
 

@@ -8,10 +8,11 @@ import logging
 
 import pytest
 
-from services.designer.startup import StopRequested, logged_wait, run_spec_from_memory
+from services.designer.startup import run_spec_from_memory
 from services.memory.service import MemoryService
 from spade.memory.errors import RunSpecConflict
 from spade.runspec import RunSpec
+from spade.serving.startup import StoppedWhileWaiting
 
 
 async def test_the_designer_waits_for_a_spec_saying_so_then_takes_the_stored_one(
@@ -44,21 +45,5 @@ async def test_a_stop_ends_the_wait_for_the_spec(memory_service: MemoryService) 
     waiting = asyncio.create_task(run_spec_from_memory(memory_service, given=None, stop=stop, every_s=1))
     await asyncio.sleep(0.1)
     stop.set()
-    with pytest.raises(StopRequested, match="run spec"):
+    with pytest.raises(StoppedWhileWaiting, match="run spec"):
         await asyncio.wait_for(waiting, timeout=10)
-
-
-async def test_logged_wait_logs_while_it_waits_and_a_stop_cancels_the_work(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="spade.designer")
-    assert await logged_wait("a quick thing", asyncio.sleep(0, result=5), stop=None, every_s=1) == 5
-
-    stop = asyncio.Event()
-    never = asyncio.Event()
-    work = asyncio.ensure_future(never.wait())
-    waiting = asyncio.create_task(logged_wait("the inference servers", work, stop=stop, every_s=0.05))
-    while "waiting for the inference servers" not in caplog.text:
-        await asyncio.sleep(0.01)
-    stop.set()
-    with pytest.raises(StopRequested, match="inference servers"):
-        await waiting
-    assert work.cancelled()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from services.designer.core.attempt import AttemptOutcome, AttemptRecord
 from services.designer.core.rounds import BatchResult
-from services.embedded.metrics import console_line, env_signal, step_metrics, summary_sentences
+from services.embedded.metrics import console_line, env_signal, step_metrics, summary_sentences, why_not_trained
 from services.learner.core.window import DesignerAttempt, ScoredAttempt, ScoreOutcome
 from services.learner.learner import StepReport
 from services.learner.trainer import StepMetrics
@@ -107,6 +109,7 @@ def test_designer_outcomes_learner_and_memory_figures_keep_their_names() -> None
     line = console_line(record, 3)
     assert "designer wrote 1 valid env(s) in 4 attempts (1 valid, 2 malformed, 1 duplicate)" in line
     assert "scored 1 designer sample(s)" in line and "50% with a nonzero advantage" in line
+    assert line.endswith("weights v2; step 2 s, run 3 s so far")  # the step's own time, then the run's
 
 
 def test_the_summary_says_what_happened_in_words() -> None:
@@ -116,9 +119,12 @@ def test_the_summary_says_what_happened_in_words() -> None:
             "designer/attempts": 4,
             "designer/valid": 0,
             "designer/outcome/malformed": 4,
+            "agent/plays": 8,
             "agent/win_rate": 0.2,
             "agent/solved_fraction": 0.1,
             "designer/scored": 0,
+            "learner/trained": False,
+            "learner/count/agent_groups_zero_variance": 2,
         },
         {
             "step": 2,
@@ -126,13 +132,55 @@ def test_the_summary_says_what_happened_in_words() -> None:
             "designer/valid": 0,
             "designer/outcome/malformed": 3,
             "designer/outcome/smoke": 1,
+            "agent/plays": 8,
             "agent/win_rate": 0.3,
             "agent/solved_fraction": 0.2,
+            "learner/trained": True,
+            "learner/count/agent_groups": 2,
         },
     ]
     text = " ".join(summary_sentences(records, designer_mode="policy", pool_designer=False, seeded=5, static=0))
     assert "wrote no valid environment in 8 attempts (7 malformed, 1 smoke)" in text
-    assert "trained on the seed pool (5 example envs) only" in text
+    assert "trained in 1 of 2 steps: the agent role in 1, on plays of the seed pool (5 envs) only" in text
+    assert "the designer role in 0" in text
     assert "from 0.20 at step 1 to 0.30 at step 2" in text and "No designer sample was scored" in text
     off = " ".join(summary_sentences(records[:1], designer_mode="off", pool_designer=False, seeded=0, static=3))
-    assert "designer was off" in off and "static pool (3 envs)" in off
+    assert "designer was off" in off
+    # The learner never trained in that one-step run: "trained on" must not appear anywhere.
+    assert "trained on" not in off and "never trained in 1 step(s)" in off and "zero variance" in off
+
+
+def test_trained_on_is_said_only_of_samples_the_learner_trained_on() -> None:
+    scored: dict[str, Any] = {"designer/attempts": 2, "designer/valid": 1, "designer/outcome/valid": 1}
+    scored |= {"agent/plays": 4, "designer/scored": 2, "designer/advantage_nonzero_frac": 0.5}
+    idle = [{"step": 1, **scored, "learner/trained": False}]
+    text = " ".join(summary_sentences(idle, designer_mode="policy", pool_designer=False, seeded=3, static=0))
+    assert "2 designer sample(s) were scored when their window closed (none trained on)" in text
+    assert "The learner never trained" in text
+    busy = [{"step": 1, **scored, "learner/trained": True, "learner/count/designer_trained": 2}]
+    text = " ".join(summary_sentences(busy, designer_mode="policy", pool_designer=False, seeded=3, static=0))
+    assert "(2 trained on)" in text and "the designer role in 1" in text
+    assert "nonzero in 1 of 1 scored step(s) (for 50% of a step's samples on average)" in text
+    flat = [{"step": 2, **scored, "designer/advantage_nonzero_frac": 0.0, "learner/trained": True}]
+    text = " ".join(summary_sentences(busy + flat, designer_mode="policy", pool_designer=False, seeded=3, static=0))
+    assert "nonzero in 1 of 2 scored step(s)" in text
+    frozen = " ".join(summary_sentences(busy, designer_mode="frozen", pool_designer=False, seeded=3, static=0))
+    assert "never trained on" in frozen
+
+
+def test_a_step_that_trains_nothing_says_why_on_the_console() -> None:
+    record = {
+        "step": 1,
+        "agent/plays": 20,
+        "learner/trained": False,
+        "learner/count/agent_groups_zero_variance": 5,
+        "designer/ran": True,
+        "designer/attempts": 4,
+        "inference/weight_version": "0",
+        "elapsed_s": 1.0,
+    }
+    line = console_line(record, 3)
+    assert "nothing complete was ready" not in line
+    assert "learner did not train: 5 agent group(s) had zero variance" in line
+    assert "no designer sample was scored this step" in line
+    assert "the agent played nothing" in why_not_trained({"agent/plays": 0})

@@ -9,8 +9,9 @@ from click.testing import CliRunner
 
 from services.designer.settings import DesignerSettings
 from services.embedded.cli import run as run_command
-from services.embedded.presets import PAPER, PRESETS, departures, render_files
-from services.embedded.runner import role_settings, run_spec
+from services.embedded.departures import departures
+from services.embedded.presets import PAPER, PRESETS, render_files
+from services.embedded.roles import role_settings, run_spec
 from services.embedded.settings import RunSettings
 from services.learner.settings import LearnerSettings
 from services.memory.settings import MemorySettings

@@ -104,3 +104,15 @@ def test_every_chart_has_an_axis_title_and_a_meaning_for_no_data() -> None:
     for _, charts in SECTIONS:
         for chart in charts:
             assert chart.y_label and chart.empty, chart.id
+
+
+def test_the_report_names_each_env_the_audit_retired_and_why() -> None:
+    why = "the noop policy returned 1.00 on average over its 1 audit plays on rollout seeds (above 0.50)"
+    context = ReportContext(audit_retired=[("env-forged", why)])
+    page = render_report([{"step": 1, "pool/audit_retired": 1}], [], context)
+    table = re.search(r'<table id="audit">(.*?)</table>', page, re.S)
+    assert table is not None
+    assert "<td>env-forged</td>" in table.group(1) and f"<td>{why}</td>" in table.group(1).replace("&gt;", ">")
+    assert "Retired by the audit plays as trivially won (1)" in page
+    none = render_report([], [], ReportContext())
+    assert 'id="audit"' not in none and "No env was retired" in none

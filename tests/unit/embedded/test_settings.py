@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from pydantic import ValidationError
 
 from services.embedded.cli import run as run_command
-from services.embedded.runner import role_settings, run_spec
+from services.embedded.roles import CPU_MICRO_BATCH_TOKENS, role_settings, run_spec
 from services.embedded.settings import RunSettings, ServiceOverrides
 from services.sandbox.isolation.settings import IsolationSettings
 from spade.config import describe_error
@@ -38,7 +38,7 @@ def test_override_values_are_checked_against_the_service_s_own_field() -> None:
     assert "SPADE_RUN_ROLLOUT__GROUP_SIZE" in _fails(rollout={"group_size": "many"})
     assert "SPADE_RUN_LEARNER__QUEUE" in _fails(learner={"queue": {"kind": "carrier-pigeon"}})
     assert "SPADE_RUN_ISOLATION__NOPE" in _fails(isolation={"nope": 1})
-    assert "seeds must be at least 2 distinct ints" in _fails(checks={"seeds": [1]})
+    assert "seed_count must be an int in [2, 64]" in _fails(checks={"seed_count": 1})
 
 
 def test_overrides_are_typed_and_keep_only_what_was_set() -> None:
@@ -46,14 +46,14 @@ def test_overrides_are_typed_and_keep_only_what_was_set() -> None:
         designer={"max_new_tokens": 64},
         rollout={"queue": {"kind": "inprocess"}},
         isolation={"wall_seconds": 5.0},
-        checks={"seeds": [7, 8]},
+        checks={"seed_count": 3},
     )
     assert isinstance(settings.designer, ServiceOverrides)
     assert settings.designer.values() == {"max_new_tokens": 64}
     assert isinstance(settings.rollout.values()["queue"], InProcessQueueConfig)
     assert settings.learner.values() == {} and settings.inference.values() == {}
     assert isinstance(settings.isolation, IsolationSettings) and settings.isolation.wall_seconds == 5.0
-    assert isinstance(settings.checks, CheckConfig) and settings.checks.seeds == (7, 8)
+    assert isinstance(settings.checks, CheckConfig) and settings.checks.seed_count == 3
     dumped = json.loads(settings.model_dump_json())
     assert dumped["designer"] == {"max_new_tokens": 64} and dumped["learner"] == {}
 
@@ -94,7 +94,17 @@ def test_each_role_gets_the_run_s_values_then_its_overrides(tmp_path: Path) -> N
     urls = ["http://127.0.0.1:1"]
     assert roles.designer.inference_urls == roles.rollout.inference_urls == roles.learner.inference_urls == urls
     spec = run_spec(settings)  # what every role agrees on comes from the run's own knobs
-    assert (spec.temperature, spec.group_size, spec.designer_max_new_tokens) == (0.9, 6, 1024)
+    assert (spec.temperature, spec.group_size, spec.designer_max_new_tokens) == (0.9, 6, 640)
+
+
+def test_the_cpu_learner_trains_in_small_micro_batches_unless_told_otherwise(tmp_path: Path) -> None:
+    # One 8192-token pass of the 135M model peaked at 20.9 GB on CPU: a default run was OOM-killed.
+    roles = role_settings(RunSettings(run_dir=tmp_path), inference_url="http://127.0.0.1:1", model=tmp_path / "m")
+    assert roles.learner.micro_batch_tokens == CPU_MICRO_BATCH_TOKENS <= 2048
+    told = RunSettings(run_dir=tmp_path, learner={"micro_batch_tokens": 4096})
+    assert (
+        role_settings(told, inference_url="http://127.0.0.1:1", model=tmp_path / "m").learner.micro_batch_tokens == 4096
+    )
 
 
 def test_a_rule_across_a_service_s_fields_is_checked_when_its_settings_are_built(tmp_path: Path) -> None:

@@ -174,6 +174,7 @@ PIECES = ["\\", "\\\\", "boxed", "{", "}", "f", "F", "r", "B", "_", "a", "1", "Ã
 PIECES += ["'''", '"""']
 
 
+@pytest.mark.slow
 @settings(max_examples=3000, deadline=None)
 @given(st.lists(st.sampled_from(PIECES), max_size=14).map("".join))
 def test_the_cheap_scans_find_what_their_patterns_find(code: str) -> None:

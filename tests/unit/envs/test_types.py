@@ -53,9 +53,9 @@ def test_every_failing_call_has_its_own_finish_reason() -> None:
 
 
 def test_check_config_round_trip_and_defaults() -> None:
-    config = CheckConfig(seeds=[5, 6], call_time_limit_s=0.5)  # type: ignore[arg-type]
-    assert config.seeds == (5, 6)
+    config = CheckConfig(seed_count=2, call_time_limit_s=0.5)
     assert CheckConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    assert CheckConfig().seed_count == 4
     assert CheckConfig().max_turns_cap == 25
     assert CheckConfig().effective_max_turns(10) == 10 and CheckConfig().effective_max_turns(True) == 25
 
@@ -63,8 +63,8 @@ def test_check_config_round_trip_and_defaults() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [
-        ({"seeds": (1,)}, "at least 2 distinct ints"),
-        ({"seeds": (1, 1)}, "at least 2 distinct ints"),
+        ({"seed_count": 1}, "seed_count must be an int in [2, 64]"),
+        ({"seed_count": 65}, "seed_count must be an int in [2, 64]"),
         ({"call_time_limit_s": 0}, "call_time_limit_s must be in (0, 60]"),
         ({"random_policy_max_win_rate": 1.5}, "random_policy_max_win_rate must be in [0, 1]"),
         ({"observation_cap": 10}, "observation_cap must be in [100, 1000000]"),
@@ -74,6 +74,13 @@ def test_check_config_rejects_out_of_bounds_values(kwargs: dict, fragment: str) 
     with pytest.raises(ValueError) as raised:
         CheckConfig(**kwargs)
     assert fragment in str(raised.value)
+
+
+def test_fixed_validation_seeds_are_refused_with_the_reason() -> None:
+    """Validation draws its seeds in secret: a config naming fixed ones is an error that says so."""
+    for field in ("seeds", "random_policy_seed"):
+        with pytest.raises(ValueError, match="draws its seeds in secret for each run; set seed_count"):
+            CheckConfig.from_dict({field: [0, 1, 2, 3] if field == "seeds" else 1234})
 
 
 def test_check_config_from_dict_rejects_unknown_fields() -> None:

@@ -67,6 +67,7 @@ def _holdouts(entry_id: str) -> list[dict[str, Any]]:
     return _HOLDOUTS.get(entry_id, [])
 
 
+@pytest.mark.slow
 async def test_the_gold_calls_score_1_and_no_calls_score_0(suite: BfclMultiTurnSuite) -> None:
     for item in suite.items():
         truth = suite.ground_truth(item.id)
@@ -174,6 +175,7 @@ async def test_executor_instances_are_removed_after_scoring(suite: BfclMultiTurn
     assert not any(k.startswith(suite.model_name) for k in vars(multi_turn_utils))
 
 
+@pytest.mark.slow
 def test_each_suite_has_its_own_model_name_and_a_seeded_order(tmp_path: Path) -> None:
     a = BfclMultiTurnSuite(None, 0, tmp_path, items_per_category=2)
     b = BfclMultiTurnSuite(None, 0, tmp_path, items_per_category=2)

@@ -45,6 +45,7 @@ def test_bad_settings_exit_2_naming_the_variable() -> None:
     assert code == 2 and "SPADE_EVAL_CONCURRENCY" in _one_line(stderr)
 
 
+@pytest.mark.slow
 def test_a_missing_checkpoint_exits_1(tmp_path: Path) -> None:
     code, _, stderr = _invoke(["--suite", "reasoning-gym", "--model", str(tmp_path / "nope")])
     assert code == 1 and "no checkpoint at" in _one_line(stderr)
@@ -53,6 +54,7 @@ def test_a_missing_checkpoint_exits_1(tmp_path: Path) -> None:
     assert code == 1 and "is not a checkpoint" in _one_line(stderr)
 
 
+@pytest.mark.slow
 def test_a_server_that_is_down_exits_1(tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

@@ -75,7 +75,7 @@ def test_missing_sources_are_named(tmp_path: Path) -> None:
         load_pool(f"sqlite:///{tmp_path / 'none.db'}")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.db)])
 def memory_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'memory.db'}"

@@ -20,6 +20,7 @@ def suite() -> ReasoningGymSuite:
     return ReasoningGymSuite(None, seed=0, items_per_category=len(DEFAULT_DATASETS))
 
 
+@pytest.mark.slow
 def test_item_ids_and_questions_are_stable_for_a_seed(suite: ReasoningGymSuite) -> None:
     again = ReasoningGymSuite(None, seed=0, items_per_category=len(DEFAULT_DATASETS))
     assert [i.id for i in again.items()] == [i.id for i in suite.items()]

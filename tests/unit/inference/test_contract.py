@@ -21,6 +21,7 @@ from spade.inference.protocol import (
     GenerateResponse,
     ModelInfo,
     SamplingParams,
+    ServerInfo,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDiskResponse,
 )
@@ -50,6 +51,10 @@ SGLANG_MODEL_INFO_FIELDS = {
     "weight_version", "load_format", "reasoning_parser", "tool_call_parser", "disaggregation_mode",
     "has_image_understanding", "has_audio_understanding", "model_type", "architectures",
 }  # fmt: skip
+# sglang 0.5.23, http_server.get_server_info(): ServerArgs fields (server_args.py) + "version".
+SGLANG_SERVER_INFO_FIELDS = {"model_path", "enable_deterministic_inference", "disable_radix_cache", "version"}
+# SPADE's own additions to /get_server_info, documented in docs/inference.md (SGLang has no such field).
+SPADE_SERVER_INFO_FIELDS = {"batch_invariant_requests"}
 
 # A /generate answer in SGLang 0.5.23's shape (tokenizer_manager: meta_info + convert_logprob_style;
 # schedule_batch.FINISH_MATCHED_TOKEN.to_json), return_logprob=True, skip_tokenizer_init=False.
@@ -85,6 +90,7 @@ def test_version_is_recorded() -> None:
         (UpdateWeightsFromDiskRequest, SGLANG_UPDATE_REQ_FIELDS),
         (UpdateWeightsFromDiskResponse, SGLANG_UPDATE_RESP_FIELDS),
         (ModelInfo, SGLANG_MODEL_INFO_FIELDS),
+        (ServerInfo, SGLANG_SERVER_INFO_FIELDS | SPADE_SERVER_INFO_FIELDS),
     ],
 )
 def test_every_field_we_use_exists_in_sglang(model: type, sglang_fields: set[str]) -> None:

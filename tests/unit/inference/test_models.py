@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from services.inference.settings import InferenceSettings
+from spade.auth import KeyRing
 from spade.inference import models
 
 
@@ -46,22 +47,36 @@ def test_a_configured_path_must_be_a_checkpoint(tmp_path: Path) -> None:
 
 
 def test_settings_refuse_an_exposed_unauthenticated_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spade.auth import Role, hash_key
+
     assert InferenceSettings().http.host == "127.0.0.1"
-    with pytest.raises(ValueError, match="update_weights_from_disk without a key"):
+    with pytest.raises(ValueError, match="exposes generation without a key"):
         InferenceSettings(http={"host": "0.0.0.0"})
     monkeypatch.setenv("SPADE_INFERENCE_HTTP__HOST", "0.0.0.0")
     with pytest.raises(ValueError, match="SPADE_INFERENCE_TRUSTED_NETWORK"):
         InferenceSettings()
-    with pytest.raises(ValueError, match="SPADE_INFERENCE_ADMIN_KEYS"):  # a private network still needs the admin key
-        InferenceSettings(trusted_network=True)
-    admin = [{"tenant": "learner", "key_sha256": "ab" * 32}]
+    # Without admin keys the admin routes are off, whatever the host: nothing to refuse, a warning to give.
+    unadministered = InferenceSettings(trusted_network=True)
+    assert unadministered.keyring() is None
+    warning = unadministered.admin_off_warning() or ""
+    assert (
+        "/update_weights_from_disk and /flush_cache answer 403" in warning and "SPADE_INFERENCE_ADMIN_KEYS" in warning
+    )
+    # A server that serves its start weights by design (an eval's, the warm start's) has nothing to warn about.
+    fixed = InferenceSettings(trusted_network=True, fixed_weights=True)
+    assert fixed.admin_off_warning() is None and fixed.keyring() is None
+    admin = [{"tenant": "learner", "key_sha256": hash_key("admin")}]
     exposed = InferenceSettings(trusted_network=True, admin_keys=admin)
+    assert exposed.admin_off_warning() is None
     assert exposed.http.address == "0.0.0.0:30000"  # one variable changed the host, the port kept its default
-    assert exposed.api_ring() is None and exposed.admin_ring() is not None
-    keyed = InferenceSettings(admin_keys=admin, api_keys=[{"tenant": "rollout", "key_sha256": "cd" * 32}])
-    assert keyed.api_ring() is not None and len(keyed.api_ring() or ()) == 2  # the admin key may generate too
+    assert [p.role for p in (exposed.keyring() or KeyRing({})).principals] == [Role.ADMIN]
+    keyed = InferenceSettings(admin_keys=admin, api_keys=[{"tenant": "rollout", "key_sha256": hash_key("user")}])
+    ring = keyed.keyring()
+    assert ring is not None
+    assert getattr(ring.verify("user"), "role", None) is Role.WRITE  # generates
+    assert getattr(ring.verify("admin"), "role", None) is Role.ADMIN  # also swaps weights (and generates)
     with pytest.raises(ValueError, match="share one API key"):
-        InferenceSettings(admin_keys=admin, api_keys=[{"tenant": "rollout", "key_sha256": "ab" * 32}])
+        InferenceSettings(admin_keys=admin, api_keys=[{"tenant": "rollout", "key_sha256": hash_key("admin")}])
     assert InferenceSettings(dev_mode=True).http.host == "0.0.0.0"
 
 

@@ -36,6 +36,7 @@ def trained(seed: int) -> Trainer:
     return trainer
 
 
+@pytest.mark.model
 def test_round_trip_restores_model_optimizer_state_and_ties(tmp_path):
     source = trained(0)
     manager = CheckpointManager(tmp_path, keep=2)
@@ -64,6 +65,7 @@ def test_round_trip_restores_model_optimizer_state_and_ties(tmp_path):
         assert torch.equal(a, b)
 
 
+@pytest.mark.model
 def test_retention_keeps_the_newest(tmp_path):
     t = trained(0)
     manager = CheckpointManager(tmp_path, keep=2)
@@ -73,6 +75,7 @@ def test_retention_keeps_the_newest(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.model
 def test_a_failed_save_leaves_no_checkpoint_behind(tmp_path, monkeypatch):
     t = trained(0)
     manager = CheckpointManager(tmp_path, keep=3)
@@ -88,6 +91,7 @@ def test_a_failed_save_leaves_no_checkpoint_behind(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.model
 def test_missing_tensors_and_missing_checkpoints_are_errors(tmp_path):
     t = trained(0)
     manager = CheckpointManager(tmp_path)

@@ -119,6 +119,7 @@ CASES = [
 ]
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(("trl_type", "config", "temperature"), CASES)
 def test_loss_and_gradients_match_trl(trl_type, config, temperature):
     torch.use_deterministic_algorithms(False)
@@ -211,6 +212,7 @@ def _float64(model):
     return model
 
 
+@pytest.mark.model
 def test_gradient_check_on_a_tiny_model():
     """Autograd's gradient of the whole pipeline (model → logprobs → loss) against finite differences."""
     model = _float64(tiny_llama(seed=5))

@@ -59,6 +59,7 @@ def test_pack_lays_sequences_back_to_back_with_restarting_positions():
         pack([])
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_packed_logprobs_equal_one_sequence_per_forward(attention_path, attn, temperature):
@@ -74,6 +75,7 @@ def test_packed_logprobs_equal_one_sequence_per_forward(attention_path, attn, te
     assert model.config._attn_implementation == attn  # the packed path left the model as it was
 
 
+@pytest.mark.model
 def test_no_token_attends_across_a_sequence_boundary(attention_path):
     model = _llama(seed=1)
     first, second = random_batch(n=2, seed=3, min_len=12, max_len=16)
@@ -103,6 +105,7 @@ def _loss_and_grads(model, ref, batches, config, normalizer, temperature):
     return float(total), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("config", [GrpoLossConfig(kl_coef=0.05), GrpoLossConfig(eps_low=0.1, eps_high=0.1)])
 def test_packed_loss_and_gradients_equal_one_sequence_per_forward(attention_path, config):
     samples = random_batch(n=7, seed=12, min_len=4, max_len=30)
@@ -117,6 +120,7 @@ def test_packed_loss_and_gradients_equal_one_sequence_per_forward(attention_path
         assert torch.allclose(g, alone_grads[name], atol=1e-6, rtol=1e-4), name
 
 
+@pytest.mark.model
 def test_chunked_head_on_a_packed_row_equals_full_logits():
     batch = pack(random_batch(n=4, seed=8))
     results = []
@@ -131,6 +135,7 @@ def test_chunked_head_on_a_packed_row_equals_full_logits():
         assert torch.allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.model
 def test_packed_and_padded_training_steps_give_the_same_update():
     batch = random_batch(n=7, seed=4)
     results = []
@@ -147,6 +152,7 @@ def test_packed_and_padded_training_steps_give_the_same_update():
         assert torch.allclose(a, b, atol=1e-8, rtol=1e-4)
 
 
+@pytest.mark.model
 def test_the_attention_choice_follows_the_model():
     llama = tiny_llama()
     assert lp.segment_attention_applies(llama)
@@ -168,6 +174,7 @@ def test_the_attention_choice_follows_the_model():
     assert not lp.segment_attention_applies(window)  # windows span sequences: transformers' mask handles them
 
 
+@pytest.mark.model
 def test_a_sliding_window_model_packs_through_transformers_masks():
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(
@@ -199,6 +206,7 @@ def test_segment_attention_refuses_a_call_without_boundaries():
         lp.segment_attention(torch.nn.Module(), q, q, q, None)
 
 
+@pytest.mark.model
 def test_a_failing_forward_restores_the_attention_implementation():
     model = _llama(seed=0)
     bad = pack([TrainSample("x", Role.AGENT, (1, VOCAB + 5, 2), (0.0, 0.0, 0.0), (False, True, True), 0)])

@@ -12,6 +12,8 @@ from services.learner.trainer import OptimConfig, Trainer
 
 from .conftest import random_batch, tiny_llama
 
+pytestmark = pytest.mark.model
+
 
 def _params(model):
     return {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -18,6 +18,7 @@ from services.learner.core.batching import (
     pad_by_tokens,
 )
 from services.learner.core.window import (
+    Audit,
     DesignerAttempt,
     DesignerWindow,
     Play,
@@ -152,7 +153,7 @@ def test_invalid_attempts_score_zero_or_shaped():
     w.add_attempt(attempt("bad", valid=False, frac=0.5))
     (s,) = w.due(0)
     assert s.outcome is ScoreOutcome.INVALID
-    assert s.components is not None and s.components.blend == pytest.approx(0.1)
+    assert s.components is not None and s.components.blend == pytest.approx(-0.1)
 
 
 def test_mismatched_arms_make_the_attempt_unscorable_not_silently_scored():
@@ -374,3 +375,84 @@ def test_after_the_grace_an_incomplete_window_is_scored_with_what_arrived():
     assert bad.attempt.sample_id == "bad" and bad.outcome is ScoreOutcome.INVALID
     assert s.outcome is ScoreOutcome.SCORED and s.components is not None
     assert s.components.window_win_rate == 0.0
+
+
+# ---- the audit verdict (the rollout's audit plays) --------------------------------------------------
+
+
+def test_with_audits_an_attempt_waits_for_its_envs_verdict_even_when_its_window_is_complete():
+    w = window(group_size=4, await_audit=True)
+    w.add_attempt(attempt())
+    fill_window(w)
+    assert w.window_complete(attempt()) and not w.has_due(4)  # complete, but not audited yet
+    assert w.record_audit(Audit("e1", trivially_won=False, window_start=3))
+    (scored,) = w.due(4)
+    assert scored.outcome is ScoreOutcome.SCORED and not scored.trivially_won
+
+
+def test_an_env_trivially_won_makes_its_attempt_invalid_at_once_with_the_audits_reason():
+    config = DesignerRewardConfig(validity_shaping_weight=0.2)
+    w = window(group_size=4, await_audit=True, config=config)
+    w.add_attempt(attempt(frac=1.0))  # it passed every validation check
+    reason = "the noop policy returned 1.00 on average over its 1 audit plays on rollout seeds (above 0.50)"
+    w.record_audit(Audit("e1", trivially_won=True, reason=reason, window_start=3))
+    (scored,) = w.due(0)  # no play needed: the env is retired before its real plays
+    assert scored.outcome is ScoreOutcome.INVALID and scored.trivially_won
+    assert scored.components is not None and not scored.components.valid
+    assert scored.components.blend == pytest.approx(-0.2)  # the lowest an invalid attempt can get
+    assert reason in scored.reason and "trivially_won" in scored.reason
+    assert "e1" not in w.audits and not w.pending  # released with the attempt
+
+
+def test_a_trivially_won_verdict_overrides_plays_that_arrived_before_it():
+    w = window(group_size=4, await_audit=False)  # even a run that does not wait honours a verdict
+    w.add_attempt(attempt())
+    fill_window(w)
+    w.record_audit(Audit("e1", trivially_won=True, reason="r", window_start=3))
+    (scored,) = w.due(0)
+    assert scored.outcome is ScoreOutcome.INVALID and scored.trivially_won
+
+
+def test_without_a_verdict_by_the_deadline_the_attempt_is_unscorable_never_scored_on_unaudited_plays():
+    w = window(group_size=4, await_audit=True)
+    w.add_attempt(attempt())
+    fill_window(w)
+    assert not w.has_due(w.deadline(attempt()) - 1)
+    (scored,) = w.due(w.deadline(attempt()))
+    assert scored.outcome is ScoreOutcome.UNSCORABLE and scored.reason_code is UnscoredReason.NO_AUDIT
+
+
+def test_a_round_waits_for_every_members_verdict():
+    w = window(group_size=4, await_audit=True)
+    w.add_attempt(attempt("d1", "e1"))
+    w.add_attempt(attempt("d2", "e2"))
+    fill_window(w, "e1")
+    fill_window(w, "e2")
+    w.record_audit(Audit("e1", trivially_won=True, reason="r", window_start=3))
+    assert not w.has_due(4)  # e2 is still unaudited; the round is centred together
+    w.record_audit(Audit("e2", trivially_won=False, window_start=3))
+    outcomes = {s.attempt.env_id: s.outcome for s in w.due(4)}
+    assert outcomes == {"e1": ScoreOutcome.INVALID, "e2": ScoreOutcome.SCORED}
+
+
+def test_audits_round_trip_through_json_and_the_first_verdict_wins():
+    w = window(group_size=4, await_audit=True)
+    w.add_attempt(attempt())
+    assert w.record_audit(Audit("e1", trivially_won=True, reason="r", window_start=3))
+    assert not w.record_audit(Audit("e1", trivially_won=False, window_start=3))
+    restored = DesignerWindow.from_json(
+        json.loads(json.dumps(w.to_json())), WINDOWS, DesignerRewardConfig(), group_size=4, await_audit=True
+    )
+    assert restored.audits == w.audits and restored.await_audit
+    assert DesignerWindow.from_json({"plays": {}, "pending": []}, WINDOWS, DesignerRewardConfig()).audits == {}
+
+
+def test_prune_drops_verdicts_of_envs_nobody_waits_for_once_old():
+    w = window(group_size=4)
+    w.record_audit(Audit("pool-env", trivially_won=False, window_start=1))
+    w.add_attempt(attempt("d1", "e1"))
+    w.record_audit(Audit("e1", trivially_won=False, window_start=1))
+    w.prune(learner_version=5, keep_versions=10)
+    assert set(w.audits) == {"pool-env", "e1"}
+    w.prune(learner_version=20, keep_versions=10)
+    assert set(w.audits) == {"e1"}  # its attempt still waits

@@ -6,8 +6,9 @@ import pytest
 
 from services.memory.core.normalise import code_hash, normalise_code
 from services.memory.core.policy import PolicyConfig, choose, excerpt, with_code
-from services.memory.core.scoring import is_resource_fault, score, shape
+from services.memory.core.scoring import score, shape
 from spade import signal
+from spade.envs.types import FinishReason
 from spade.memory.records import Candidate, Examples, Play
 
 
@@ -97,7 +98,8 @@ def test_a_resource_fault_counts_as_return_zero() -> None:
     st = score(plays, window_versions=4)
     assert st.win_rate == pytest.approx(2 / 3) and st.window_plays == 3
     assert shape(plays).reward_levels == 1  # a fault emits no reward level
-    assert is_resource_fault("fault_cpu") and not is_resource_fault("turn_limit") and not is_resource_fault("")
+    fault = FinishReason.names_resource_fault
+    assert fault("fault_cpu") and not fault("turn_limit") and not fault("")
 
 
 def test_learnable_is_the_signal_band() -> None:

@@ -6,9 +6,11 @@ import pytest
 
 from services.rollout.policy import FormatterTemplate
 from spade.inference.chat import ChatFormatter
+from tests.conftest import needs
 
 
 @pytest.fixture(scope="session")
+@needs("model")
 def formatter() -> ChatFormatter:
     from spade.inference.models import ensure_default_model
 

@@ -30,6 +30,37 @@ class CountdownEnv:
         return [f"\\boxed{{{self.target}}}"]
 
 
+class ForgingEnv:
+    """Honest on validation's seeds (0-3, and 10000-10999 of its random policy); elsewhere any action wins."""
+
+    max_turns = 3
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        self.seed = seed or 0
+        self.honest = self.seed < 4 or 10_000 <= self.seed < 11_000
+        return "Guess my number from 1 to 9.", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not self.honest:
+            return "Correct!", 1.0, True, False, {}
+        return "Wrong.", 0.0, False, False, {}
+
+    def solution(self) -> list[str]:
+        return ["\\boxed{1}"]
+
+
+class VaultEnv(CountdownEnv):
+    """Honest and out of any trivial policy's reach: the code has six digits and is never shown."""
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        self.target = random.Random(seed).randint(100_000, 999_999)
+        self.turn = 0
+        return "Send the vault's six-digit code.", {}
+
+    def solution(self) -> list[str]:
+        return [f"\\boxed{{{self.target}}}"]
+
+
 class EndlessEnv(CountdownEnv):
     """Declares more turns than any agent budget and never ends the episode itself."""
 

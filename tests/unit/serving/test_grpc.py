@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -119,14 +121,95 @@ async def test_errors_map_to_statuses_in_one_place_and_internals_stay_inside(
     assert crashed.value.code() == grpc.StatusCode.INTERNAL
     assert "secret" not in (crashed.value.details() or "") and "demo service" in (crashed.value.details() or "")
     registry = served[1]
-    counts = {
-        code: registry.get_sample_value("spade_demo_grpc_requests_total", {"method": "Validate", "code": code})
-        for code in ("RESOURCE_EXHAUSTED", "INTERNAL")
-    }
-    assert counts == {"RESOURCE_EXHAUSTED": 1.0, "INTERNAL": 1.0}
+
+    def counts() -> dict[str, float | None]:
+        return {
+            code: registry.get_sample_value("spade_demo_grpc_requests_total", {"method": "Validate", "code": code})
+            for code in ("RESOURCE_EXHAUSTED", "INTERNAL")
+        }
+
+    # The server counts a call after its status has gone out (the abort ends the call first), so the
+    # client can hear the status before the count lands: wait for it (a missing count never lands).
+    deadline = asyncio.get_running_loop().time() + 10
+    while counts() != {"RESOURCE_EXHAUSTED": 1.0, "INTERNAL": 1.0} and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    assert counts() == {"RESOURCE_EXHAUSTED": 1.0, "INTERNAL": 1.0}
 
 
 async def test_a_taken_port_is_a_clear_error(served: tuple[RunningGrpc, CollectorRegistry]) -> None:
     with pytest.raises(OSError, match="is the port free"):
         async with grpc_server([], ServerAddress(port=served[0].port), service="other"):
             pass
+
+
+def _trailers(error: grpc.aio.AioRpcError) -> dict[str, str]:
+    pairs: Any = error.trailing_metadata() or ()
+    return {str(key): str(value) for key, value in pairs}
+
+
+async def test_a_malformed_message_is_invalid_argument_after_authentication(channel: grpc.aio.Channel) -> None:
+    """grpc.aio answers UNKNOWN to bytes its deserializer refuses; the interceptor answers INVALID_ARGUMENT."""
+    validate = channel.unary_unary(f"/{SANDBOX}/Validate", None, None)
+    for data in (b"\xff\xff\xff\xff", b"\x0a\x03\xff\xfe\xfd", b"\x0a\x80"):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await validate(data, metadata=AUTH)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, data
+        assert "Validate request is not a valid protobuf message" in (info.value.details() or "")
+        assert _trailers(info.value)["error-code"] == "invalid_request"
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await validate(b"\xff\xff\xff\xff")
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    play = channel.stream_stream(f"/{SANDBOX}/Play", None, None)
+    good = sandbox_pb2.PlayRequest(action="a").SerializeToString()
+
+    async def messages() -> AsyncIterator[bytes]:
+        yield good
+        yield b"\xff\xff\xff"
+
+    seen: list[bytes] = []
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for reply in play(messages(), metadata=AUTH):
+            seen.append(reply)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(seen) == 1  # the stream served its good message, then refused the bad one
+
+
+async def test_a_refusal_names_its_code_in_the_trailers(channel: grpc.aio.Channel) -> None:
+    stub = sandbox_pb2_grpc.SandboxStub(channel)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.Validate(sandbox_pb2.ValidateRequest(code="refuse"), metadata=AUTH)
+    trailers = _trailers(info.value)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and trailers["error-code"] == "quota_exceeded"
+
+
+async def test_a_method_s_role_is_checked_once_the_caller_is_known() -> None:
+    """A service that declares roles: a known key below a method's role gets PERMISSION_DENIED (never
+    UNAUTHENTICATED), an unknown key UNAUTHENTICATED, and a method missing from the table needs admin."""
+    from spade.auth import Principal, Role
+
+    ring = KeyRing({hash_key("r"): Principal("watch", Role.READ), hash_key("a"): Principal("ops", Role.ADMIN)})
+    demo = GrpcService(
+        SANDBOX,
+        lambda server: sandbox_pb2_grpc.add_SandboxServicer_to_server(Demo(), server),
+        roles={"Validate": Role.READ},  # Play is not listed: admin
+    )
+    server = grpc_server([demo], ServerAddress(port=0), service="demo", authenticate=ring.authenticate)
+    async with server as running, grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+        stub = sandbox_pb2_grpc.SandboxStub(ch)
+        as_reader = (("authorization", "Bearer r"),)
+        reply = await stub.Validate(sandbox_pb2.ValidateRequest(code="x"), metadata=as_reader)
+        assert "watch" in reply.env_class
+
+        async def one() -> AsyncIterator[sandbox_pb2.PlayRequest]:
+            yield sandbox_pb2.PlayRequest(action="a")
+
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            async for _ in stub.Play(one(), metadata=as_reader):
+                pass
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "'watch' has the read role" in (denied.value.details() or "")
+        seen = [r.state.observation async for r in stub.Play(one(), metadata=(("authorization", "Bearer a"),))]
+        assert len(seen) == 1
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await stub.Validate(sandbox_pb2.ValidateRequest(code="x"), metadata=(("authorization", "Bearer x"),))
+        assert unknown.value.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -12,7 +12,7 @@ from fastapi import Depends, FastAPI
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
-from spade.auth import KeyRing, hash_key
+from spade.auth import KeyRing, Principal, Role, hash_key
 from spade.errors import ErrorKind, ServiceError
 from spade.serving.http import HttpMetrics, bearer_auth, http_server, install_error_handlers, ops_router
 from spade.serving.settings import ServerAddress
@@ -33,25 +33,30 @@ class Body(BaseModel):
 
 def make_app(healthy: list[bool]) -> tuple[FastAPI, CollectorRegistry]:
     registry = CollectorRegistry()
-    ring = KeyRing({hash_key("k"): "alice"})
+    ring = KeyRing({hash_key("k"): Principal("alice", Role.WRITE), hash_key("r"): Principal("watch", Role.READ)})
     app = FastAPI()
     install_error_handlers(app, service="demo", errors={LibraryError: (ErrorKind.UNAVAILABLE, "busy")})
 
     async def health() -> tuple[bool, dict[str, Any]]:
-        return healthy[0], {"status": "ok" if healthy[0] else "unavailable"}
+        return healthy[0], {"status": "ok" if healthy[0] else "unavailable", "pid": 4242, "cgroup": "/sys/fs/x"}
 
-    app.include_router(ops_router(health=health, registry=registry))
+    app.include_router(ops_router(health=health, registry=registry, guard=bearer_auth(ring, role=Role.READ)))
+
+    @app.post("/v1/admin")
+    async def admin(who: Principal = Depends(bearer_auth(ring, role=Role.ADMIN, action="changing demo"))) -> str:
+        return who.tenant
+
     app.add_middleware(HttpMetrics, service="demo", registry=registry)
 
     @app.post("/v1/echo")
-    async def echo(body: Body, who: str = Depends(bearer_auth(ring, cookie="demo_token"))) -> dict[str, Any]:
+    async def echo(body: Body, who: Principal = Depends(bearer_auth(ring, cookie="demo_token"))) -> dict[str, Any]:
         if body.n == 404:
             raise Gone("no environment 'x': list ids with GET /v1/environments")
         if body.n == 503:
             raise LibraryError("the engine is busy")
         if body.n == 500:
             raise RuntimeError("secret internal detail")
-        return {"who": who, "n": body.n}
+        return {"who": getattr(who, "tenant", who), "n": body.n}
 
     return app, registry
 
@@ -97,13 +102,31 @@ async def test_bearer_auth_refuses_missing_wrong_and_malformed_keys(http: httpx.
     assert (await http.post("/v1/echo", json={"n": 2})).json()["who"] == "alice"
 
 
-async def test_healthz_and_metrics(http: httpx.AsyncClient, healthy: list[bool]) -> None:
-    assert (await http.get("/healthz")).json() == {"status": "ok"}
+async def test_a_known_key_without_the_role_gets_403_an_unknown_one_401(http: httpx.AsyncClient) -> None:
+    status, code, message = error(await http.post("/v1/admin", headers={"Authorization": "Bearer k"}))
+    assert (status, code) == (403, "forbidden")
+    assert "'alice' has the write role; changing demo needs admin" in message
+    assert error(await http.post("/v1/admin", headers={"Authorization": "Bearer nope"}))[:2] == (401, "unauthenticated")
+    assert error(await http.post("/v1/admin"))[:2] == (401, "unauthenticated")
+
+
+async def test_healthz_says_only_ok_and_details_and_metrics_need_a_key(
+    http: httpx.AsyncClient, healthy: list[bool]
+) -> None:
+    response = await http.get("/healthz")
+    assert (response.status_code, response.text) == (200, "ok")
+    assert response.headers["content-type"].startswith("text/plain")
+    for path in ("/healthz/details", "/metrics"):
+        assert error(await http.get(path))[:2] == (401, "unauthenticated"), path
+    details = await http.get("/healthz/details", headers={"Authorization": "Bearer r"})  # read is enough
+    assert details.json()["pid"] == 4242
     healthy[0] = False
-    assert (await http.get("/healthz")).status_code == 503
+    response = await http.get("/healthz")
+    assert (response.status_code, response.text) == (503, "unavailable")
+    assert (await http.get("/healthz/details", headers={"Authorization": "Bearer r"})).status_code == 503
     await http.post("/v1/echo", json={"n": 1})
     await http.post("/v1/echo", json={"n": 1}, headers={"Authorization": "Bearer k"})
-    metrics = (await http.get("/metrics")).text
+    metrics = (await http.get("/metrics", headers={"Authorization": "Bearer r"})).text
     assert 'spade_demo_http_requests_total{code="401",route="/v1/echo"} 1.0' in metrics
     # Latency by tenant: the authenticated call is alice's, the refused one nobody's.
     assert 'spade_demo_http_seconds_count{route="/v1/echo",tenant="alice"} 1.0' in metrics

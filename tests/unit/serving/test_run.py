@@ -65,3 +65,48 @@ def test_the_first_signal_stops_gracefully() -> None:
     run_until_signalled(service)
     assert finished == ["drained"]
     assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.default_int_handler, None)
+
+
+def test_the_stop_is_logged_naming_the_signal_and_what_the_service_finished() -> None:
+    import io
+    import json
+
+    from spade.serving import lifecycle, logs
+
+    out = io.StringIO()
+    logs.configure("demo", stream=out)
+
+    async def service(stop: asyncio.Event) -> None:
+        lifecycle.started("demo serving on port 1", settings={"port": 1, "url": "redis://u:pw@h:6379/0"}, port=1)
+        asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(stop.wait(), timeout=30)
+        lifecycle.note_finished("demo stopped after 2 jobs", jobs=2)
+
+    try:
+        run_until_signalled(service)
+    finally:
+        logs.reset()
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(x["event"], x["level"]) for x in lines] == [("started", "info"), ("stopping", "info"), ("stopped", "info")]
+    started, stopping, stopped = lines
+    assert started["message"] == "demo serving on port 1" and started["port"] == 1 and "settings" not in started
+    assert stopping["signal"] == "SIGTERM" and stopping["message"] == "SIGTERM received: stopping"
+    assert stopped["signal"] == "SIGTERM" and stopped["finished"] == {"jobs": 2}
+    assert stopped["message"] == "demo stopped after 2 jobs, on SIGTERM: jobs=2"
+
+
+def test_the_full_settings_are_logged_at_debug_only_with_passwords_masked() -> None:
+    import io
+    import json
+
+    from spade.serving import lifecycle, logs
+
+    out = io.StringIO()
+    logs.configure("demo", stream=out, level="DEBUG")
+    try:
+        lifecycle.started("demo serving", settings={"url": "postgresql://spade:s3cret@db/spade"}, port=1)
+    finally:
+        logs.reset()
+    started, dump = (json.loads(line) for line in out.getvalue().splitlines())
+    assert started["event"] == "started" and dump["event"] == "settings" and dump["level"] == "debug"
+    assert dump["settings"] == {"url": "postgresql://spade:***@db/spade"} and "s3cret" not in out.getvalue()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import math
+from dataclasses import dataclass
 
 import pytest
 
@@ -90,9 +91,37 @@ def test_designer_blend_weights_and_invalid_attempts() -> None:
     invalid = designer_blend(None, None, valid=False, validity_fraction_value=0.5)
     assert invalid.blend == 0.0 and not invalid.valid
     shaped = designer_blend(None, None, False, DesignerRewardConfig(validity_shaping_weight=0.2), 0.5)
-    assert shaped.blend == pytest.approx(0.1)
+    assert shaped.blend == pytest.approx(-0.1)
     with pytest.raises(SignalError):
         designer_blend(None, 0.5, valid=True)
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.2, 1.0])
+@pytest.mark.parametrize("passed", [0.0, 0.5, 0.8, 0.99])
+def test_shaping_never_outbids_validity(weight: float, passed: float) -> None:
+    """A round where a nearly-valid attempt meets a valid env the agent cannot win: the valid env ranks higher.
+
+    The valid env's agent scores 0 in both arms (regret 0, window win rate 0: plateau 0, blend 0), the
+    smallest reward a valid env can earn; the invalid attempt passed most checks. Before shaping became
+    a penalty, 8 of 10 checks at weight 0.2 earned 0.16 and outbid the valid env.
+    """
+    config = DesignerRewardConfig(validity_shaping_weight=weight)
+    valid = designer_blend(0.0, 0.0, True, config)
+    invalid = designer_blend(None, None, False, config, passed)
+    malformed = designer_blend(None, None, False, config, None)
+    assert valid.blend == 0.0
+    advantages = designer_advantages(
+        [valid.blend, invalid.blend, malformed.blend], ["Logic", "Logic", "Logic"], SkillBaselines()
+    )
+    if weight == 0.0:  # the paper: every invalid attempt gets 0, a tie with the valid env's floor
+        assert invalid.blend == malformed.blend == 0.0
+    else:
+        assert advantages[0] > advantages[1] >= advantages[2]
+        assert (advantages[1] > advantages[2]) == (passed > 0)  # more checks passed, a smaller penalty
+        assert invalid.blend == pytest.approx(-weight * (1 - passed)) and malformed.blend == -weight
+    # whatever the weight, no invalid attempt earns more than any valid env could
+    for regret_value, rate in [(0.0, 0.0), (0.0, 1.0), (-0.5, 0.95), (0.3, 0.5)]:
+        assert designer_blend(regret_value, rate, True, config).blend >= invalid.blend
 
 
 def test_group_zscores() -> None:
@@ -121,3 +150,30 @@ def test_skill_baselines_round_trip() -> None:
     assert again.mean("a") == pytest.approx(0.25) and again.length == 2
     with pytest.raises(SignalError):
         SkillBaselines(length=0)
+
+
+@dataclass(frozen=True)
+class _Play:
+    seed: int
+    hinted: bool
+    episode_return: float
+    window_index: int = 0
+    finish_reason: str = "terminated"
+
+
+def test_the_signal_selects_its_plays_by_slot_and_counts_a_resource_fault_as_zero() -> None:
+    plays = [
+        _Play(1, True, 1.0),
+        _Play(1, False, 0.5),
+        _Play(2, True, 1.0, finish_reason="fault_memory"),  # the env failed the agent: counts 0
+        _Play(2, False, 0.8, finish_reason="no_such_reason"),  # an unknown reason is no fault
+        _Play(3, False, 1.0, window_index=1),  # slot 1: the window, not the regret
+        _Play(4, False, 1.0, window_index=2),  # past a window of k = 2
+        _Play(5, False, 1.0, window_index=-1),  # no slot: never counted
+    ]
+    hinted, unhinted = signal.slot0_arms(plays)
+    assert hinted == [(1, 1.0), (2, 0.0)] and unhinted == [(1, 0.5), (2, 0.8)]
+    assert signal.regret(hinted, unhinted) == pytest.approx(-0.15)
+    assert signal.window_returns(plays, 2) == [0.5, 0.8, 1.0]
+    assert signal.window_returns(plays, None) == [0.5, 0.8, 1.0, 1.0]
+    assert signal.counted_return(plays[2]) == 0.0 and signal.counted_return(plays[3]) == 0.8

@@ -10,12 +10,14 @@ from services.sandbox.isolation import IsolationSettings, SandboxPool, SandboxUn
 from services.sandbox.isolation.layers import LAYERS, LayerStatus, require_layers
 
 
+@pytest.mark.sandbox
 def test_every_layer_is_available_on_this_host() -> None:
     layers = probe_layers(IsolationSettings())
     assert set(layers) == set(LAYERS)
     assert {name: s.available for name, s in layers.items()} == dict.fromkeys(LAYERS, True), layers
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize(
     ("override", "layer", "detail"),
     [
@@ -50,6 +52,7 @@ def test_require_layers_refuses_unless_allowed() -> None:
     assert require_layers(IsolationSettings(allow_degraded=["bwrap", "seccomp"]), layers) == ["bwrap", "seccomp"]
 
 
+@pytest.mark.sandbox
 async def test_pool_refuses_to_start_without_a_layer_and_leaves_nothing_running() -> None:
     pool = SandboxPool(IsolationSettings(bwrap=Path("/nonexistent/bwrap")))
     with pytest.raises(SandboxUnavailable, match=r"missing isolation layers: bwrap"):
@@ -58,6 +61,7 @@ async def test_pool_refuses_to_start_without_a_layer_and_leaves_nothing_running(
     assert pool.instance is None  # nothing staged, nothing launched
 
 
+@pytest.mark.sandbox
 async def test_pool_without_python_cannot_be_degraded() -> None:
     pool = SandboxPool(
         IsolationSettings(python=Path("/nonexistent/python3"), allow_degraded=["bwrap", "userns", "seccomp"])
@@ -66,6 +70,7 @@ async def test_pool_without_python_cannot_be_degraded() -> None:
         await pool.start()
 
 
+@pytest.mark.sandbox
 @pytest.mark.slow
 async def test_degraded_mode_runs_without_the_layer_and_says_so() -> None:
     settings = IsolationSettings(seccomp_path=Path("/nonexistent"), allow_degraded=["seccomp"])

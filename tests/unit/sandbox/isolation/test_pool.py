@@ -13,6 +13,8 @@ from spade.envs import CheckConfig, Outcome
 from spade.envs.examples import EXAMPLES
 from spade.envs.repair import repair_code
 
+pytestmark = pytest.mark.sandbox
+
 
 async def test_execute_stdin_files_argv_and_exit_codes() -> None:
     async with SandboxPool(IsolationSettings()) as pool:

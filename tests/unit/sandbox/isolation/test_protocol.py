@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from services.sandbox.runtime.protocol import (
+    MAX_DEPTH,
     FrameDecoder,
     FrameTooLarge,
     ProtocolError,
@@ -42,11 +44,44 @@ def test_announced_size_over_the_limit_is_refused_before_buffering() -> None:
 
 @pytest.mark.parametrize(
     ("body", "reason"),
-    [(b"\xff\xfe", "not UTF-8 JSON"), (b"[1, 2]", "must be a JSON object"), (b"{oops", "not UTF-8 JSON")],
+    [
+        (b"\xff\xfe", "not UTF-8 JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b"{oops", "not UTF-8 JSON"),
+        (b"[" * 200_000 + b"]" * 200_000, "RecursionError"),  # never a RecursionError of its own
+        (b'{"a":' * 200_000 + b"1" + b"}" * 200_000, "RecursionError"),
+        (b'{"a": ' + b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1) + b"}", f"deeper than {MAX_DEPTH}"),
+        (b'{"observation": "\\ud800"}', "lone surrogate"),
+        (b'{"k": ["ok", {"\\udfff": 1}]}', "lone surrogate"),
+        (b'{"reward": NaN}', "NaN is not JSON"),
+        (b'{"reward": -Infinity}', "Infinity is not JSON"),
+        (b'{"reward": 1e999}', "overflows a float"),
+        (b'{"turn": ' + b"9" * 5000 + b"}", "not UTF-8 JSON"),
+    ],
 )
 def test_malformed_bodies_are_protocol_errors(body: bytes, reason: str) -> None:
     with pytest.raises(ProtocolError, match=reason):
         FrameDecoder().feed(struct.pack(">I", len(body)) + body)
+
+
+def test_an_ordinary_frame_skips_the_shape_walk_and_a_refusable_one_never_does() -> None:
+    from services.sandbox.runtime.protocol import _may_be_misshapen
+
+    step = json.dumps({"op": "outcome", "outcome": {"observation": "x é " * 500, "reward": 0.5, "info": {}}})
+    assert not _may_be_misshapen(step.encode())
+    deep = b'{"a": ' + b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1) + b"}"
+    for body in (deep, b'{"observation": "\\ud800"}', b'{"k": ["ok", {"\\uDFFF": 1}]}'):
+        assert _may_be_misshapen(body), body
+
+
+def test_what_the_protocol_carries_still_decodes() -> None:
+    nested: Any = "leaf"
+    for _ in range(MAX_DEPTH - 1):
+        nested = [nested]
+    message = {"a": "\U0001f600 ✓", "b": 1.5e300, "c": -(2**62), "deep": nested}
+    assert FrameDecoder().feed(encode_frame(message)) == [message]
+    paired = b'{"s": "\\ud83d\\ude00"}'  # a surrogate pair, escaped: one character
+    assert FrameDecoder().feed(struct.pack(">I", len(paired)) + paired) == [{"s": "\U0001f600"}]
 
 
 def test_non_finite_numbers_are_not_encoded() -> None:

@@ -84,6 +84,38 @@ async def test_the_env_channel_cannot_claim_the_sandboxs_outcomes(claim: dict, e
         await session.close()
 
 
+@pytest.mark.parametrize(
+    "claim",
+    [
+        {"op": "outcome"},
+        {"op": "outcome", "outcome": 5},
+        {"op": "outcome", "outcome": [["observation", "x"]]},
+        {"op": "outcome", "outcome": {"turn": "x"}},
+        {"op": "outcome", "outcome": {"info": [1, 2]}},
+        {"op": "outcome", "outcome": {"reward": [1]}},
+        {"op": "outcome", "outcome": {"max_turns": {"a": 1}}},
+        {"op": "outcome", "outcome": {"outcome": ["ok"]}},
+        {"op": ["outcome"]},
+        {"op": "env_error", "error": "x" * 100_000},
+    ],
+)
+async def test_an_outcome_of_the_wrong_shape_is_the_envs_error(claim: dict) -> None:
+    """Whatever fields the env's process sends, the session ends as env_error with the reason, no fault."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    env = await Channel.open(theirs)
+    faults: list[None] = []
+    session = SandboxSession(None, None, None, await Channel.open(ours), 5.0, on_fault=lambda: faults.append(None))
+    try:
+        await env.send(claim)
+        await session.begin({"code": ""}, timeout_s=5.0)
+        assert session.initial.outcome is Outcome.ENV_ERROR, session.initial
+        assert 0 < len(session.initial.observation) <= 600 and faults == []
+        assert session.closed
+    finally:
+        env.close()
+        await session.close()
+
+
 async def test_rewards_turns_and_the_turn_cap_are_the_services_own_count() -> None:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     env = await Channel.open(theirs)

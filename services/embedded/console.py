@@ -1,0 +1,49 @@
+"""What ``spade run`` and ``spade warmstart`` show a person: our own progress bars, not the libraries'."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+
+Progress_ = Callable[[str, float, float], None]
+"""``progress(phase, done, total)``: a bar per phase, created on its first call."""
+
+
+def configure_output(verbose: bool) -> None:
+    """Log every service's progress with ``verbose``; otherwise warnings only, and no library bars.
+
+    Our own bars say what is happening; the libraries' per-load bars would interleave with them.
+    """
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    if verbose:
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+@contextlib.contextmanager
+def progress_bars(console: Console) -> Iterator[tuple[Progress, Progress_]]:
+    """Bars on ``console``: yields the rich ``Progress`` (to print above the bars) and the callback."""
+    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description:<10}"), BarColumn(), TextColumn("{task.completed:g}/{task.total:g}"))
+    with Progress(*columns, TimeElapsedColumn(), console=console) as bars:
+        tasks: dict[str, TaskID] = {}
+
+        def progress(phase: str, done: float, total: float) -> None:
+            if phase not in tasks:
+                tasks[phase] = bars.add_task(phase, total=total)
+            bars.update(tasks[phase], completed=done, total=total)
+
+        yield bars, progress

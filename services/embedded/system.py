@@ -1,0 +1,283 @@
+"""The embedded system's parts: every service started in this process, and the pools it plays.
+
+The same service code as distributed mode runs here, wired to in-process parts: the isolated
+sandbox pool, a SQLite memory, the in-process queue and the embedded SGLang-compatible server (over
+HTTP on loopback, so the same inference client is used).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import resource
+import shutil
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from services.embedded.settings import RunSettings
+from services.memory.service import MemoryService
+from spade.auth import generate_key
+
+if TYPE_CHECKING:  # the parts' modules load torch and the model server: imported when the run starts
+    from services.inference.settings import InferenceSettings
+    from services.inference.wiring import ServerHandle
+    from services.sandbox.isolation import SandboxPool
+    from spade.envs import CheckConfig, ValidationReport
+    from spade.inference.client import InferenceClient
+    from spade.queues.inprocess import InProcessQueue
+
+log = logging.getLogger("spade.run")
+
+
+def release_freed_memory() -> None:
+    """Hand the C heap's freed pages back to the system (glibc's ``malloc_trim``); elsewhere, nothing.
+
+    Torch on CPU frees a training step's activations to the C heap, which keeps them: a default run's
+    memory grew by gigabytes a step (12.4 GB after step 1, 16.8 GB after step 2, on a 24 GB machine)
+    though what it holds alive stays the same. The embedded run calls this after the warm start and
+    after each learner step.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: its allocator returns memory its own way
+        return
+
+
+def process_memory() -> dict[str, float]:
+    """This process's memory now and at its peak, in GB (``process/rss_gb``, ``process/peak_rss_gb``)."""
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux
+    figures = {"process/peak_rss_gb": round(peak_kb / 2**20, 2)}
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        figures["process/rss_gb"] = round(pages * os.sysconf("SC_PAGE_SIZE") / 2**30, 2)
+    return figures
+
+
+class RunSetupError(RuntimeError):
+    """The run cannot start as configured (the message is one line for a person, naming the fix)."""
+
+
+RUN_LEARNER = "run-learner"
+"""The tenant of the admin key an embedded run makes for its learner (in the inference server's logs)."""
+
+
+@dataclass
+class EmbeddedParts:
+    """What every role of the embedded system shares (built by ``embedded_system``).
+
+    Attributes:
+        model: The policy's checkpoint directory (weights and tokenizer).
+        server: The embedded inference server, running in a thread of this process.
+        client: The inference client every role generates through (over loopback HTTP).
+        pool: The sandbox's isolated worker pool (validation and play sessions).
+        checks: The limits validation and sessions run with.
+        memory: The memory's application layer over a SQLite file in the run directory.
+        queue: The in-process implementation of the work queues.
+        admin_key: This run's own admin key of the inference server (made at start, never written
+            anywhere): the learner publishes weights with it; nothing else holds it.
+    """
+
+    model: Path
+    server: ServerHandle
+    client: InferenceClient
+    pool: SandboxPool
+    checks: CheckConfig
+    memory: MemoryService
+    queue: InProcessQueue
+    admin_key: str
+
+
+def inference_settings(settings: RunSettings, model: Path, admin_digest: str) -> InferenceSettings:
+    """The embedded inference server's settings: on a free loopback port, with the run's admin key.
+
+    ``admin_digest`` (the SHA-256 of the key the run's learner publishes with) is added to any
+    ``admin_keys`` the run's ``inference`` section configures.
+    """
+    from services.inference.settings import InferenceSettings
+
+    values = settings.inference.over(
+        {"model_path": model, "http": {"port": 0}, "torch_threads": settings.torch_threads}
+    )
+    values["admin_keys"] = [*(values.get("admin_keys") or []), {"tenant": RUN_LEARNER, "key_sha256": admin_digest}]
+    return InferenceSettings(**values)
+
+
+@contextlib.asynccontextmanager
+async def embedded_system(settings: RunSettings) -> AsyncIterator[EmbeddedParts]:
+    """Start every part of the system in this process; stop all of it on exit."""
+    from services.inference.wiring import serve_in_thread
+    from services.memory.settings import MemorySettings
+    from services.memory.wiring import build_service
+    from services.sandbox.isolation import SandboxPool
+    from spade.inference.client import InferenceClient
+    from spade.inference.models import resolve_model_path
+    from spade.queues.inprocess import InProcessQueue
+
+    run_dir = settings.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model = resolve_model_path(settings.model_path)
+    async with contextlib.AsyncExitStack() as stack:
+        # The server's admin routes (weight updates) are off without an admin key: this run's learner
+        # gets one of its own (EmbeddedParts.admin_key), made here and never written anywhere.
+        admin_key, admin_digest = generate_key()
+        server = serve_in_thread(inference_settings(settings, model, admin_digest))
+        stack.callback(server.stop)
+        client = InferenceClient([server.url], tokenizer_path=model, timeout_s=1800.0)
+        stack.push_async_callback(client.aclose)
+        await client.wait_ready()
+
+        pool = SandboxPool(settings.isolation)
+        await pool.start()
+        stack.push_async_callback(pool.stop)
+
+        memory_settings = MemorySettings(
+            dev_mode=True,
+            database_url=f"sqlite:///{(run_dir / 'memory.db').resolve()}",
+            window_versions_game=settings.window_versions if settings.setting == "game" else None,
+            window_versions_tool=settings.window_versions if settings.setting == "tool" else None,
+            window=settings.memory_window,
+            content_env_ids=True,  # the memory is this run's own: a rerun plays the same seeds
+        )
+        memory = build_service(memory_settings)
+        stack.callback(memory.store.engine.dispose)
+
+        queue = InProcessQueue()
+        stack.push_async_callback(queue.close)
+        yield EmbeddedParts(
+            model=model,
+            server=server,
+            client=client,
+            pool=pool,
+            checks=settings.checks,
+            memory=memory,
+            queue=queue,
+            admin_key=admin_key,
+        )
+
+
+async def seed_pool(settings: RunSettings, parts: EmbeddedParts, spec_id: str) -> list[str]:
+    """Store and announce the seed pool for the whole run, each env validated in the sandbox first.
+
+    The seed pool is the training environment families (``spade.envs.families``) at
+    ``seed_pool_per_family`` difficulties each: envs whose graded returns span a small agent's
+    ability, so the agent has signal to learn from while the designer supplies too little. A setting
+    without families falls back to the contract's example envs. Held-out families are never stored.
+
+    Raises:
+        RunSetupError: No env of the seed pool passed validation.
+    """
+    from services.embedded.pools import StaticEnv, StaticPoolError, store_static_pool
+    from services.memory.seed_pool import seed_pool as load_examples
+    from spade.envs.families import seed_pool_envs
+
+    async def validate(code: str, setting: str) -> ValidationReport:
+        return await parts.pool.validate(code, setting, parts.checks)
+
+    # The seed pool stays active for the whole run (designed envs use k): a pool env is played at
+    # most once a step, so steps + 1 slots never run out.
+    window = settings.steps + 1
+    families = seed_pool_envs(settings.setting, per_family=settings.seed_pool_per_family)
+    if not families:
+        return await load_examples(
+            settings.setting, parts.memory, parts.queue, window_versions=window, validate=validate
+        )
+    envs = [StaticEnv(e.name, e.setting, e.skill, e.code, e.hint) for e in families]
+    try:
+        stored = await store_static_pool(
+            envs,
+            source="spade.envs.families",
+            memory=parts.memory,
+            queue=parts.queue,
+            validate=validate,
+            window_versions=window,
+            spec_id=spec_id,
+            origin="seed pool",
+        )
+    except StaticPoolError as exc:
+        raise RunSetupError(str(exc)) from None
+    for name, checks in stored.rejected:
+        log.warning("seed pool: %s left out, it failed %s", name, ", ".join(checks))
+    return stored.stored
+
+
+async def static_pool(settings: RunSettings, parts: EmbeddedParts, spec_id: str) -> list[str]:
+    """Validate, store and announce ``settings.pool`` for the whole run (``--pool FILE_OR_DIR``).
+
+    Raises:
+        RunSetupError: The pool cannot be read or no env of it passed validation.
+    """
+    from services.embedded.pools import StaticPoolError, read_static_pool, store_static_pool
+
+    assert settings.pool is not None
+
+    async def validate(code: str, setting: str) -> ValidationReport:
+        return await parts.pool.validate(code, setting, parts.checks)
+
+    try:
+        envs = read_static_pool(settings.pool, settings.setting)
+        stored = await store_static_pool(
+            envs,
+            source=str(settings.pool),
+            memory=parts.memory,
+            queue=parts.queue,
+            validate=validate,
+            window_versions=settings.steps + 1,
+            spec_id=spec_id,
+        )
+    except StaticPoolError as exc:
+        raise RunSetupError(str(exc)) from None
+    for name, checks in stored.rejected:
+        log.warning("static pool: %s left out, it failed %s", name, ", ".join(checks))
+    return stored.stored
+
+
+async def export_pool(memory: MemoryService, path: Path) -> list[dict[str, Any]]:
+    """Write every stored env (code, hint, report, stats) as JSONL; return the rows for the report."""
+    rows: list[dict[str, Any]] = []
+    cursor: str | None = None
+    with path.open("w") as fh:
+        while True:
+            page = await memory.list_environments(limit=200, cursor=cursor)
+            for env in page.items:
+                failed = [c["name"] for c in env.validation_report.get("checks", []) if not c.get("passed")]
+                row = {
+                    "env_id": env.id,
+                    "setting": env.setting,
+                    "skill": env.skill,
+                    "status": str(env.status),
+                    "source": env.corpus_ref.split(":")[0]
+                    if env.corpus_ref.startswith(("seed", "static"))
+                    else "designer",
+                    "env_class": env.env_class,
+                    "weight_version": env.weight_version,
+                    "win_rate": env.stats.win_rate,
+                    "solved_fraction": env.stats.solved_fraction,
+                    "regret": env.stats.regret,
+                    "regret_note": env.stats.regret_note,
+                    "plays": env.stats.plays,
+                    "failed_check": failed[0] if failed else "",
+                    "corpus_ref": env.corpus_ref,
+                }
+                fh.write(json.dumps({**row, "code": env.code, "hint": env.hint}) + "\n")
+                rows.append(row)
+            cursor = page.next_cursor
+            if not cursor:
+                return rows
+
+
+def last_checkpoint(checkpoints: Path, target: Path) -> Path | None:
+    """Copy the newest checkpoint to ``target`` (the run's 'last checkpoint'), if there is one."""
+    if not checkpoints.exists():
+        return None
+    found = sorted(p for p in checkpoints.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not found:
+        return None
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(found[-1], target)
+    return target

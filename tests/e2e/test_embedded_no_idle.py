@@ -1,0 +1,67 @@
+"""``spade run`` end to end under the no-idle rule: a step whose only env has no variance is extended,
+does not train and says why; the next step plays another env and trains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from services.embedded.runner import RunResult, run
+from services.embedded.settings import RunSettings
+from spade.inference.answer_format import designer_answer
+from tests.e2e.embedded_runs import FIXTURES, TRAINING, G, lines, stored_plays
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+
+# --- the no-idle rule ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def idle_first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RunResult]:
+    """Step 1 can only play an env no play of which ever wins (zero variance); step 2 must play another."""
+    from spade.envs.families import FAMILIES
+
+    pool = tmp_path_factory.mktemp("no-signal-pool")
+    for name in ("a_secret_word.py", "a_secret_word.hint"):
+        shutil.copy(FIXTURES.parents[1] / "no_signal" / name, pool / name)
+    graded = FAMILIES["add"].generate(0.1)
+    (pool / "b_add.md").write_text(f"# skill: {graded.skill}\n{designer_answer(graded.code, graded.hint)}")
+    run_dir = tmp_path_factory.mktemp("idle-first")
+    settings = RunSettings(
+        run_dir=run_dir,
+        steps=2,
+        designer_mode="off",
+        pool=pool,
+        seed_pool=False,
+        pool_envs_per_step=1,  # one env a step, in pool order first: the secret word, then the graded sum
+        lr=1e-4,
+        **TRAINING,  # type: ignore[arg-type]
+    )
+    return run_dir, asyncio.run(run(settings))
+
+
+def test_a_run_whose_first_step_has_no_variance_still_plays_and_trains_later(
+    idle_first_run: tuple[Path, RunResult],
+) -> None:
+    run_dir, result = idle_first_run
+    first, second = lines(run_dir / "metrics.jsonl")
+    envs = {e["env_class"]: e["env_id"] for e in lines(run_dir / "envs.jsonl")}
+    secret = envs["SecretWordEnv"]
+    plays = stored_plays(run_dir)
+    unhinted = [ret for env, _, hinted, ret, _, _ in plays if env == secret and not hinted]
+    # The group had no variance, so the rollout extended it once with G fresh seeds: still all 0.
+    assert len(unhinted) == 2 * G and set(unhinted) == {0.0}
+    assert first["agent/plays"] > 0 and not first["learner/trained"]
+    assert "zero variance" in first["learner/why_not_trained"]
+    # No step played nothing while the pool held valid envs: step 2 played the other env, and trained.
+    assert all(r["agent/plays"] > 0 for r in (first, second))
+    assert {env for env, *_ in plays} == set(envs.values())
+    assert second["learner/trained"] and second["learner/count/agent_groups"] >= 1
+    assert result.weight_version == 1
+    page = (run_dir / "report.html").read_text()
+    assert "learner trained in 1 of 2 steps" in page.replace("The learner", "learner")
