@@ -4,14 +4,14 @@ from typing import Any
 
 
 class NumberHuntEnv:
-    """Find a hidden number in 1..40 with three guesses; closer final guesses earn partial credit.
+    """Find a hidden number in 1..100 with three guesses; closer final guesses earn partial credit.
 
     Short on purpose: a small model finishes an episode in three turns, and the graded final reward
     gives the agent a learning signal long before it can win outright.
     """
 
     max_turns = 3
-    low, high = 1, 40
+    low, high = 1, 100
 
     def __init__(self) -> None:
         self.target = 0
