@@ -33,9 +33,10 @@ async def _serve(settings: LearnerSettings, max_steps: int | None, stop: asyncio
 
 
 async def _serve_with(settings: LearnerSettings, memory: Any, max_steps: int | None, stop: asyncio.Event) -> None:
-    from services.learner.learner import ResumeError
+    from services.learner.collective import Follower
+    from services.learner.versions import ResumeError
     from services.learner.wiring import (
-        build_learner,
+        build_rank,
         close_learner,
         describe,
         memory_reward_sink,
@@ -52,10 +53,10 @@ async def _serve_with(settings: LearnerSettings, memory: Any, max_steps: int | N
     except (ConfigError, RunSpecConflict) as exc:
         raise Refused(str(exc)) from None
     try:
-        learner = build_learner(settings, spec=spec, on_designer_reward=memory_reward_sink(memory))
+        learner = build_rank(settings, spec=spec, on_designer_reward=memory_reward_sink(memory))
     except (ConfigError, ResumeError) as exc:
         raise Refused(str(exc)) from None
-    if not learner.world.is_main:
+    if isinstance(learner, Follower):
         await asyncio.to_thread(learner.follow)
         return
     lifecycle.started(

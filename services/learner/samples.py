@@ -58,10 +58,14 @@ def designer_attempt(sample: queues_pb2.DesignerSample) -> DesignerAttempt:
     """A designer sample as the window keeps it.
 
     Raises:
-        BatchError: No sample id, or output ids and logprobs of different lengths.
+        BatchError: No sample id, output ids and logprobs of different lengths, or a sample marked
+            trainable without output tokens (refused here: taken in, it would fail its whole round's
+            scoring at every step, and again after every journal replay).
     """
     if not sample.sample_id:
         raise BatchError("designer sample without sample_id: the designer must name every sample")
+    if sample.trainable and not sample.output_ids:
+        raise BatchError(f"designer sample {sample.sample_id} is marked trainable but has no output tokens")
     if len(sample.output_ids) != len(sample.output_logprobs):
         raise BatchError(
             f"designer sample {sample.sample_id}: {len(sample.output_ids)} output ids but "

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from services.learner.checkpoint import CheckpointManager
+from services.learner.collective import Follower
 from services.learner.core.losses import build_loss
 from services.learner.core.window import ScoredAttempt
 from services.learner.distributed import World, init_world
@@ -21,6 +22,7 @@ from services.learner.learner import Learner, RewardCallback
 from services.learner.publisher import WeightPublisher
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import OptimConfig, Trainer, shard_model
+from services.learner.versions import VersionWriter
 from spade.memory.records import StatsUpdate
 from spade.memory.runspec import RunSpecStore, fetch_run_spec, load_spec_file
 from spade.queues.base import WorkQueue
@@ -176,15 +178,15 @@ def build_learner(
     model_factory: Callable[[Path, torch.device], nn.Module] = load_policy,
     base_model_dir: Path | None = None,
 ) -> Learner:
-    """A ready learner: trainer, checkpoints, publisher and queue, resumed when a checkpoint exists.
+    """A ready learner on rank 0 (or the single process): trainer, checkpoints, publisher and queue, resumed.
 
     Args:
         settings: The learner settings.
         spec: The run spec (embedded: the run's; distributed: ``run_spec_from_memory``). Settings that
             contradict it raise ``SpecContradiction`` before anything is loaded.
-        queue: An existing queue (embedded mode shares one); default: built from ``settings.queue``
-            on rank 0.
-        world: The process group; default: joined from the ``torchrun`` environment.
+        queue: An existing queue (embedded mode shares one); default: built from ``settings.queue``.
+        world: The process group; default: joined from the ``torchrun`` environment. The other ranks
+            are built by ``build_follower`` (``build_rank`` picks).
         on_designer_reward: Callback for each scored designer attempt.
         model_factory: Loads the policy from a checkpoint directory onto a device.
         base_model_dir: Overrides the base checkpoint (default: ``settings.model_path`` / dev model).
@@ -192,32 +194,33 @@ def build_learner(
     Raises:
         SpecContradiction: The settings contradict the run spec.
         ResumeError: What is on disk would make the learner go back in time (``Learner.resume``).
+        ValueError: ``world`` is not rank 0.
     """
     settings.check_spec(spec)
     world = world or init_world()
+    if not world.is_main:
+        raise ValueError(f"rank {world.rank} follows rank 0: build it with build_follower (or build_rank)")
     base = base_model_dir or resolve_base_model(settings)
     trainer = build_trainer(settings, spec, base, world, model_factory)
     checkpoints = CheckpointManager(
         settings.checkpoint_dir, settings.keep_checkpoints, base_model_dir=base, world=world
     )
-    publisher = None
-    if world.is_main:
-        queue = queue or make_queue(settings.queue)
-        publisher = WeightPublisher(
-            settings.inference_urls,
-            queue,
-            weights_dir=settings.weights_dir,
-            keep=settings.keep_weights,
-            retry=settings.retry,
-            timeout_s=settings.publish_timeout_s,
-            require_all=settings.require_all_workers,
-            spec_id=spec.spec_id,
-            inference=settings.inference,
-        )
+    queue = queue or make_queue(settings.queue)
+    publisher = WeightPublisher(
+        settings.inference_urls,
+        queue,
+        weights_dir=settings.weights_dir,
+        keep=settings.keep_weights,
+        retry=settings.retry,
+        timeout_s=settings.publish_timeout_s,
+        require_all=settings.require_all_workers,
+        spec_id=spec.spec_id,
+        inference=settings.inference,
+    )
     learner = Learner(
         settings,
         spec,
-        queue if world.is_main else None,
+        queue,
         trainer,
         checkpoints,
         publisher,
@@ -231,11 +234,55 @@ def build_learner(
     return learner
 
 
+def build_follower(
+    settings: LearnerSettings,
+    *,
+    spec: RunSpec,
+    world: World,
+    model_factory: Callable[[Path, torch.device], nn.Module] = load_policy,
+    base_model_dir: Path | None = None,
+) -> Follower:
+    """A non-main rank under ``torchrun``: its shard of the trainer, resumed from the same checkpoint as rank 0.
+
+    Raises:
+        SpecContradiction: The settings contradict the run spec.
+        ResumeError: The checkpoint belongs to another run spec.
+    """
+    settings.check_spec(spec)
+    base = base_model_dir or resolve_base_model(settings)
+    trainer = build_trainer(settings, spec, base, world, model_factory)
+    checkpoints = CheckpointManager(
+        settings.checkpoint_dir, settings.keep_checkpoints, base_model_dir=base, world=world
+    )
+    follower = Follower(spec.spec_id, trainer, VersionWriter(trainer, checkpoints, settings.weights_dir, base))
+    if settings.resume:
+        follower.resume()
+    return follower
+
+
+def build_rank(
+    settings: LearnerSettings,
+    *,
+    spec: RunSpec,
+    on_designer_reward: RewardCallback | None = None,
+) -> Learner | Follower:
+    """This process's part under ``torchrun`` (or alone): the ``Learner`` on rank 0, a ``Follower`` elsewhere.
+
+    Raises:
+        SpecContradiction: The settings contradict the run spec.
+        ResumeError: What is on disk would make the learner go back in time.
+    """
+    world = init_world()
+    if world.is_main:
+        return build_learner(settings, spec=spec, world=world, on_designer_reward=on_designer_reward)
+    return build_follower(settings, spec=spec, world=world)
+
+
 async def close_learner(learner: Learner, *, close_queue: bool = True) -> None:
     """Release the learner's HTTP clients (and its queue when it owns it)."""
     if learner.publisher is not None:
         await learner.publisher.close()
-    if close_queue and learner.queue is not None:
+    if close_queue:
         await learner.queue.close()
 
 

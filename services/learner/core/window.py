@@ -22,7 +22,7 @@ and a restart resumes with the same pending work.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -289,18 +289,26 @@ class DesignerWindow:
         """Whether ``due`` would return anything now."""
         return bool(self._due_attempts(learner_version))
 
+    def score_due(self, learner_version: int) -> list[ScoredAttempt]:
+        """Score every attempt whose whole round is ready (arrival order), removing nothing (``release`` does)."""
+        return [self._score(a) for a in self._due_attempts(learner_version)]
+
+    def release(self, scored: Iterable[ScoredAttempt]) -> None:
+        """Remove scored attempts; the accumulators of envs no attempt waits for any more are released."""
+        for s in scored:
+            a = s.attempt
+            del self.pending[a.sample_id]
+            if a.env_id and not any(p.env_id == a.env_id for p in self.pending.values()):
+                self.plays.pop(a.env_id, None)
+                self.audits.pop(a.env_id, None)
+
     def due(self, learner_version: int) -> list[ScoredAttempt]:
         """Score and remove every attempt whose whole round is ready (arrival order).
 
         The accumulators of scored envs are released.
         """
-        ready = self._due_attempts(learner_version)
-        out = [self._score(a) for a in ready]
-        for a in ready:
-            del self.pending[a.sample_id]
-            if a.env_id and not any(p.env_id == a.env_id for p in self.pending.values()):
-                self.plays.pop(a.env_id, None)
-                self.audits.pop(a.env_id, None)
+        out = self.score_due(learner_version)
+        self.release(out)
         return out
 
     def prune(self, learner_version: int, keep_versions: int) -> int:

@@ -1,7 +1,7 @@
 """Run under ``torchrun --nproc_per_node 2``: the whole ``Learner`` sharded with FSDP2.
 
 Rank 0 owns an in-process queue, feeds it the loop test's samples and runs three steps; rank 1
-follows (``Learner.follow``). Rank 0 writes ``result.pt`` into the directory given as the first
+follows (``collective.Follower``). Rank 0 writes ``result.pt`` into the directory given as the first
 argument. Driven by ``test_sharded.py``; not a test module itself.
 """
 
@@ -17,7 +17,7 @@ import torch.distributed as dist
 from services.learner.checkpoint import full_model_state
 from services.learner.distributed import init_world
 from services.learner.learner import Learner
-from services.learner.wiring import build_learner
+from services.learner.wiring import build_follower, build_learner
 from spade.queues.inprocess import InProcessQueue
 from tests.integration.learner.conftest import SPEC, make_settings
 from tests.integration.learner.test_learner_loop import phase_one, phase_two
@@ -39,10 +39,12 @@ def main(out: Path, base: Path) -> None:
         queue = InProcessQueue()
         learner = build_learner(settings, spec=SPEC, queue=queue, world=world)
         metrics = asyncio.run(lead(learner, queue))
+        trainer = learner.trainer
     else:
-        learner = build_learner(settings, spec=SPEC, world=world)
-        learner.follow()
-    state = full_model_state(learner.trainer.model)
+        follower = build_follower(settings, spec=SPEC, world=world)
+        follower.follow()
+        trainer = follower.trainer
+    state = full_model_state(trainer.model)
     if world.is_main:
         torch.save({"metrics": metrics, "state": state, "version": learner.version}, out / "result.pt")
     dist.destroy_process_group()
