@@ -6,25 +6,29 @@ titled axes, units, gridlines and honest scales — rates always on [0, 1], regr
 and other values from 0 (a constant-zero series is drawn at a labelled 0, and a small change is never
 stretched over the whole height) — and finally the environment pool. No script, no external asset:
 the page renders offline in any browser.
+
+This module computes what the page shows (each chart's scales, ticks and pixel geometry as a
+:class:`Plot`, the summary, the pool's cells); the jinja2 templates in ``templates/`` lay it out, and
+escape every value once on the way.
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
 
 Scale = Literal["rate", "signed", "count", "value"]
 """``rate``: [0, 1]; ``signed``: [-1, 1]; ``count`` and ``value``: from 0 (or the lowest negative value)
 to the highest value, with round ticks."""
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#ca8a04", "#db2777")
-WIDTH, HEIGHT = 440, 250
-LEFT, RIGHT, TOP, BOTTOM = 58, 14, 14, 42
 
 
 @dataclass(frozen=True)
@@ -359,40 +363,114 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
+@dataclass(frozen=True)
+class Canvas:
+    """Every chart's SVG canvas, in pixels: its size and the edges of the plotting area inside it.
+
+    The margins leave room for the y tick labels and axis title on the left, the x ones below.
+    """
+
+    width: int = 440
+    height: int = 250
+    left: int = 58  # the y axis
+    right: int = 426
+    top: int = 14
+    bottom: int = 208  # the x axis
+
+    @property
+    def mid_x(self) -> float:
+        return (self.left + self.right) / 2
+
+    @property
+    def mid_y(self) -> float:
+        return (self.top + self.bottom) / 2
+
+
+CANVAS = Canvas()
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One tick of an axis: where it sits (pixels along its axis) and its label."""
+
+    at: float
+    label: str
+    zero: bool = False
+
+
+@dataclass(frozen=True)
+class Dot:
+    """One value of a line: its position in pixels and the step and value it shows."""
+
+    x: float
+    y: float
+    step: float
+    value: float
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One drawn line, with its interval band (the polygon's vertices, in pixels) if it has one."""
+
+    label: str
+    color: str
+    dashed: bool
+    dots: tuple[Dot, ...]
+    band: tuple[tuple[float, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One segment of a stacked bar: its rectangle in pixels and the key's value at that step."""
+
+    x: float
+    y: float
+    width: float
+    height: float
+    color: str
+    label: str
+    step: float
+    value: float
+
+
+@dataclass(frozen=True)
+class Key:
+    """One legend entry."""
+
+    label: str
+    color: str
+    dashed: bool = False
+
+
+@dataclass(frozen=True)
+class Plot:
+    """Everything ``templates/charts.html`` draws for one chart, computed here; no keys means no data."""
+
+    chart: Chart
+    y_ticks: tuple[Tick, ...] = ()
+    x_ticks: tuple[Tick, ...] = ()
+    traces: tuple[Trace, ...] = ()
+    bars: tuple[Bar, ...] = ()
+    keys: tuple[Key, ...] = ()
+
+
 class _Frame:
-    """The plotting area of one chart: scales and the axes, ticks and gridlines."""
+    """The plotting area of one chart: data coordinates to pixels, and the ticks placed on it."""
 
     def __init__(self, x0: float, x1: float, y0: float, y1: float) -> None:
         self.x0, self.x1, self.y0, self.y1 = x0, x1, y0, y1
 
     def sx(self, x: float) -> float:
-        return LEFT + (x - self.x0) / (self.x1 - self.x0) * (WIDTH - LEFT - RIGHT)
+        return CANVAS.left + (x - self.x0) / (self.x1 - self.x0) * (CANVAS.right - CANVAS.left)
 
     def sy(self, y: float) -> float:
-        return HEIGHT - BOTTOM - (y - self.y0) / (self.y1 - self.y0) * (HEIGHT - TOP - BOTTOM)
+        return CANVAS.bottom - (y - self.y0) / (self.y1 - self.y0) * (CANVAS.bottom - CANVAS.top)
 
-    def axes(self, y_ticks: Sequence[float], x_ticks: Sequence[float], y_label: str) -> str:
-        parts = []
-        for y in y_ticks:
-            py = self.sy(y)
-            stroke = "#9ca3af" if y == 0 else "#e5e7eb"
-            parts.append(f'<line x1="{LEFT}" y1="{py:.1f}" x2="{WIDTH - RIGHT}" y2="{py:.1f}" stroke="{stroke}"/>')
-            parts.append(f'<text x="{LEFT - 6}" y="{py + 3.5:.1f}" font-size="10" text-anchor="end">{_fmt(y)}</text>')
-        for x in x_ticks:
-            px = self.sx(x)
-            parts.append(
-                f'<line x1="{px:.1f}" y1="{TOP}" x2="{px:.1f}" y2="{HEIGHT - BOTTOM}" stroke="#f3f4f6"/>'
-                f'<text x="{px:.1f}" y="{HEIGHT - BOTTOM + 14}" font-size="10" text-anchor="middle">{x:g}</text>'
-            )
-        parts.append(
-            f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{HEIGHT - BOTTOM}" stroke="#6b7280"/>'
-            f'<line x1="{LEFT}" y1="{HEIGHT - BOTTOM}" x2="{WIDTH - RIGHT}" y2="{HEIGHT - BOTTOM}" stroke="#6b7280"/>'
-            f'<text x="{(LEFT + WIDTH - RIGHT) / 2}" y="{HEIGHT - 6}" font-size="11" text-anchor="middle">'
-            "learner step</text>"
-            f'<text transform="translate(13,{(TOP + HEIGHT - BOTTOM) / 2}) rotate(-90)" font-size="11" '
-            f'text-anchor="middle">{html.escape(y_label)}</text>'
-        )
-        return "".join(parts)
+    def y_ticks(self, values: Sequence[float]) -> tuple[Tick, ...]:
+        return tuple(Tick(self.sy(y), _fmt(y), zero=y == 0) for y in values)
+
+    def x_ticks(self, steps: Sequence[float]) -> tuple[Tick, ...]:
+        return tuple(Tick(self.sx(x), f"{x:g}") for x in _x_ticks(steps))
 
 
 def _steps(records: Sequence[Mapping[str, Any]]) -> list[float]:
@@ -406,53 +484,39 @@ def _x_ticks(steps: Sequence[float]) -> list[float]:
     return list(steps[::stride])
 
 
-def _svg(body: str, label: str) -> str:
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" '
-        f'role="img" aria-label="{html.escape(label)}">{body}</svg>'
-    )
-
-
-def _empty(chart: Chart) -> str:
-    frame = _Frame(0, 1, 0, 1)
-    body = frame.axes([], [], chart.y_label) + (
-        f'<text x="{(LEFT + WIDTH - RIGHT) / 2}" y="{(TOP + HEIGHT - BOTTOM) / 2}" text-anchor="middle" '
-        f'font-size="11" fill="#6b7280">no data: {html.escape(chart.empty)}</text>'
-    )
-    return _svg(body, chart.title)
-
-
-def line_chart(chart: Chart, records: Sequence[Mapping[str, Any]], lines: Sequence[Line] | None = None) -> str:
-    """An SVG line chart of ``lines`` (default: the chart's) over the records' steps."""
+def line_plot(chart: Chart, records: Sequence[Mapping[str, Any]], lines: Sequence[Line] | None = None) -> Plot:
+    """The geometry of a line chart of ``lines`` (default: the chart's) over the records' steps."""
     lines = list(lines if lines is not None else chart.lines)
     data = [(line, series(records, line.key)) for line in lines]
     data = [(line, pts) for line, pts in data if pts]
     if not data:
-        return _empty(chart)
+        return Plot(chart)
     steps = _steps(records)
     x0, x1 = (steps[0] - 1, steps[0] + 1) if len(steps) == 1 else (steps[0], steps[-1])
     values = [y for _, pts in data for _, y in pts]
-    band = _bands(chart, records)
-    values += [v for lo_hi in band.values() for _, lo, hi in lo_hi for v in (lo, hi)]
+    bands = _bands(chart, records)
+    values += [v for triples in bands.values() for _, lo, hi in triples for v in (lo, hi)]
     y0, y1, ticks = y_domain(chart.scale, values)
     frame = _Frame(x0, x1, y0, y1)
-    parts = [frame.axes(ticks, _x_ticks(steps), chart.y_label)]
+    traces = []
     for i, (line, pts) in enumerate(data):
-        color = PALETTE[i % len(PALETTE)]
-        for key, triples in band.items():
-            if key == line.key and triples:
-                upper = " ".join(f"{frame.sx(x):.1f},{frame.sy(hi):.1f}" for x, _, hi in triples)
-                lower = " ".join(f"{frame.sx(x):.1f},{frame.sy(lo):.1f}" for x, lo, _ in reversed(triples))
-                parts.append(f'<polygon points="{upper} {lower}" fill="{color}" fill-opacity="0.15"/>')
-        path = " ".join(f"{'M' if j == 0 else 'L'}{frame.sx(x):.1f},{frame.sy(y):.1f}" for j, (x, y) in enumerate(pts))
-        dash = ' stroke-dasharray="5 3"' if line.dashed else ""
-        parts.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="2"{dash}/>')
-        parts.extend(
-            f'<circle cx="{frame.sx(x):.1f}" cy="{frame.sy(y):.1f}" r="3" fill="{color}">'
-            f"<title>{html.escape(line.label)}, step {x:g}: {y:.4g}</title></circle>"
-            for x, y in pts
-        )
-    return _svg("".join(parts), chart.title) + _legend([(line.label, line.dashed) for line, _ in data])
+        triples = bands.get(line.key, [])
+        upper = [(frame.sx(x), frame.sy(hi)) for x, _, hi in triples]
+        lower = [(frame.sx(x), frame.sy(lo)) for x, lo, _ in reversed(triples)]
+        dots = tuple(Dot(frame.sx(x), frame.sy(y), x, y) for x, y in pts)
+        traces.append(Trace(line.label, PALETTE[i % len(PALETTE)], line.dashed, dots, band=(*upper, *lower)))
+    return Plot(
+        chart,
+        frame.y_ticks(ticks),
+        frame.x_ticks(steps),
+        traces=tuple(traces),
+        keys=tuple(Key(t.label, t.color, t.dashed) for t in traces),
+    )
+
+
+def line_chart(chart: Chart, records: Sequence[Mapping[str, Any]], lines: Sequence[Line] | None = None) -> str:
+    """An SVG line chart of ``lines`` (default: the chart's) over the records' steps, and its legend."""
+    return _draw("chart", line_plot(chart, records, lines))
 
 
 def _bands(chart: Chart, records: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[float, float, float]]]:
@@ -469,21 +533,21 @@ def _bands(chart: Chart, records: Sequence[Mapping[str, Any]]) -> dict[str, list
     return out
 
 
-def bar_chart(chart: Chart, records: Sequence[Mapping[str, Any]]) -> str:
-    """Stacked bars per step of every key starting with ``chart.bars_prefix``."""
+def bar_plot(chart: Chart, records: Sequence[Mapping[str, Any]]) -> Plot:
+    """The geometry of stacked bars per step of every key starting with ``chart.bars_prefix``."""
     prefix = chart.bars_prefix
     keys = sorted({k for r in records for k, v in r.items() if k.startswith(prefix) and _finite(v)})
     keys.sort(key=lambda k: (k != f"{prefix}valid", k != f"{prefix}terminated", k))
     if not keys:
-        return _empty(chart)
+        return Plot(chart)
     steps = _steps(records)
     totals = [sum(_finite(r.get(k)) or 0.0 for k in keys) for r in records]
     y0, y1, ticks = y_domain(chart.scale, totals)
     frame = _Frame(steps[0] - 0.5, steps[-1] + 0.5, y0, y1)
     width = max(4.0, (frame.sx(1) - frame.sx(0)) * 0.6) if len(steps) > 1 else 60.0
     width = min(width, 60.0)
-    parts = [frame.axes(ticks, _x_ticks(steps), chart.y_label)]
     colors = {k: _bar_color(k.removeprefix(prefix), i) for i, k in enumerate(keys)}
+    bars = []
     for record in records:
         step = _finite(record.get("step"))
         if step is None:
@@ -494,16 +558,21 @@ def bar_chart(chart: Chart, records: Sequence[Mapping[str, Any]]) -> str:
             if value <= 0:
                 continue
             top, bottom = frame.sy(base + value), frame.sy(base)
-            label = key.removeprefix(prefix)
-            parts.append(
-                f'<rect x="{frame.sx(step) - width / 2:.1f}" y="{top:.1f}" width="{width:.1f}" '
-                f'height="{max(0.5, bottom - top):.1f}" fill="{colors[key]}">'
-                f"<title>{html.escape(label)}, step {step:g}: {value:g}</title></rect>"
-            )
+            x = frame.sx(step) - width / 2
+            bars.append(Bar(x, top, width, max(0.5, bottom - top), colors[key], key.removeprefix(prefix), step, value))
             base += value
-    return _svg("".join(parts), chart.title) + _legend(
-        [(k.removeprefix(prefix), False) for k in keys], colors=[colors[k] for k in keys]
+    return Plot(
+        chart,
+        frame.y_ticks(ticks),
+        frame.x_ticks(steps),
+        bars=tuple(bars),
+        keys=tuple(Key(k.removeprefix(prefix), colors[k]) for k in keys),
     )
+
+
+def bar_chart(chart: Chart, records: Sequence[Mapping[str, Any]]) -> str:
+    """Stacked bars per step of every key starting with ``chart.bars_prefix``, as SVG, and their legend."""
+    return _draw("chart", bar_plot(chart, records))
 
 
 _FIXED_COLORS = {"valid": "#16a34a", "terminated": "#16a34a", "malformed": "#6b7280", "duplicate": "#a3a3a3"}
@@ -521,15 +590,6 @@ def _bar_color(label: str, index: int) -> str:
     return _NOT_GREEN[index % len(_NOT_GREEN)]
 
 
-def _legend(items: Sequence[tuple[str, bool]], colors: Sequence[str] | None = None) -> str:
-    entries = []
-    for i, (label, dashed) in enumerate(items):
-        color = colors[i] if colors is not None else PALETTE[i % len(PALETTE)]
-        style = "border-top-style:dashed" if dashed else ""
-        entries.append(f'<span class="key"><i style="border-top-color:{color};{style}"></i>{html.escape(label)}</span>')
-    return f'<div class="legend">{"".join(entries)}</div>'
-
-
 def eval_lines(records: Sequence[Mapping[str, Any]]) -> list[Line]:
     """The eval chart's lines: each ``eval/<suite>/overall`` and category mean in the records."""
     keys = sorted(
@@ -544,19 +604,18 @@ def eval_lines(records: Sequence[Mapping[str, Any]]) -> list[Line]:
     return [Line(k, k.removeprefix("eval/").replace("/", ": "), dashed=not k.endswith("/overall")) for k in keys]
 
 
+def chart_plot(chart: Chart, records: Sequence[Mapping[str, Any]]) -> Plot:
+    """The geometry of one chart of :data:`SECTIONS` over the records."""
+    if chart.bars_prefix:
+        return bar_plot(chart, records)
+    if chart.id == "eval":
+        return line_plot(replace(chart, lines=tuple(eval_lines(records))), records)
+    return line_plot(chart, records)
+
+
 def render_chart(chart: Chart, records: Sequence[Mapping[str, Any]]) -> str:
     """One chart as a ``<figure>`` with its caption, SVG, legend and note."""
-    if chart.bars_prefix:
-        body = bar_chart(chart, records)
-    elif chart.id == "eval":
-        body = line_chart(Chart(**{**chart.__dict__, "lines": tuple(eval_lines(records))}), records)
-    else:
-        body = line_chart(chart, records)
-    note = f'<p class="note">{html.escape(chart.note)}</p>' if chart.note else ""
-    return (
-        f'<figure data-chart="{chart.id}" id="chart-{chart.id}"><figcaption>{html.escape(chart.title)}</figcaption>'
-        f"{body}{note}</figure>"
-    )
+    return _draw("figure", chart_plot(chart, records))
 
 
 @dataclass
@@ -581,64 +640,40 @@ POOL_COLUMNS = ("env_id", "skill", "status", "source", "plays", "win_rate", "sol
 
 def render_report(records: list[dict[str, Any]], envs: list[dict[str, Any]], context: ReportContext) -> str:
     """The whole page: summary, departures, one section of charts after another, and the pool."""
-    summary = "".join(f"<li>{html.escape(s)}</li>" for s in context.summary)
-    facts = "".join(
-        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in context.facts.items()
-    )
-    if context.departures:
-        departures = "".join(f"<li>{html.escape(d)}</li>" for d in context.departures)
-        departures_html = (
-            f"<details open><summary>Departures from the paper ({len(context.departures)})</summary>"
-            f"<ul>{departures}</ul></details>"
+    return (
+        _templates()
+        .get_template("report.html")
+        .render(
+            context=context,
+            sections=[(title, [chart_plot(chart, records) for chart in charts]) for title, charts in SECTIONS],
+            columns=[column.replace("_", " ") for column in POOL_COLUMNS],
+            rows=[[_cell(env.get(column)) for column in POOL_COLUMNS] for env in envs],
         )
-    else:
-        departures_html = "<p>This run uses the paper's values for everything the project can set.</p>"
-    retired = "".join(
-        f"<tr><td>{html.escape(env_id)}</td><td>{html.escape(why)}</td></tr>" for env_id, why in context.audit_retired
     )
-    audit_html = (
-        f'<table id="audit"><tr><th>env id</th><th>why</th></tr>{retired}</table>'
-        if context.audit_retired
-        else "<p>No env was retired: no trivial policy won any env's audit plays too often.</p>"
+
+
+@cache
+def _templates() -> Environment:
+    """The report's jinja2 templates (``services/embedded/templates/``), HTML-escaping every value.
+
+    Values are passed raw and escaped once, by the templates: nothing here may call ``html.escape``.
+    """
+    jinja = Environment(
+        loader=PackageLoader("services.embedded", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
     )
-    sections = "".join(
-        f'<section><h2>{html.escape(title)}</h2><div class="grid">'
-        + "".join(render_chart(chart, records) for chart in charts)
-        + "</div></section>"
-        for title, charts in SECTIONS
-    )
-    env_rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(env.get(col)))}</td>" for col in POOL_COLUMNS) + "</tr>"
-        for env in envs
-    )
-    header = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in POOL_COLUMNS)
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>SPADE run report</title>
-<style>
-body{{font-family:system-ui,sans-serif;margin:2rem;color:#111;max-width:1400px}}
-.grid{{display:flex;flex-wrap:wrap;gap:1rem}}
-figure{{margin:0;border:1px solid #e5e7eb;padding:.5rem;width:{WIDTH}px}}
-figcaption{{font-weight:600;font-size:.9rem;margin-bottom:.25rem}}
-.note{{font-size:.75rem;color:#4b5563;margin:.25rem 0 0}}
-.legend{{font-size:.75rem;display:flex;flex-wrap:wrap;gap:.25rem .75rem}}
-.key i{{display:inline-block;width:18px;border-top:3px solid;margin-right:4px;vertical-align:middle}}
-#summary{{font-size:1.05rem;background:#f9fafb;border-left:4px solid #2563eb;padding:.5rem 1rem .5rem 2rem}}
-table{{border-collapse:collapse;font-size:.85rem}} td,th{{border:1px solid #ddd;padding:.2rem .5rem;text-align:left}}
-</style></head><body>
-<h1>SPADE run report</h1>
-<ul id="summary">{summary}</ul>
-<table id="facts">{facts}</table>
-<div id="departures">{departures_html}</div>
-{sections}
-<section><h2>Retired by the audit plays as trivially won ({len(context.audit_retired)})</h2>
-<p class="note">Audit plays: a constant and a random action on each env's own first rollout seeds, no model
-call, never trained on. An env a trivial policy won too often is retired and its designer sample scored
-invalid.</p>
-{audit_html}</section>
-<section><h2>Environment pool ({len(envs)})</h2>
-<table id="pool"><tr>{header}</tr>{env_rows}</table></section>
-</body></html>
-"""
+    jinja.globals["canvas"] = CANVAS
+    jinja.filters["num"] = format  # {{ x|num(".1f") }}: a number in Python's format spec
+    return jinja
+
+
+def _draw(macro: Literal["chart", "figure"], plot: Plot) -> str:
+    """A macro of ``templates/charts.html``: ``chart`` (SVG and legend) or ``figure`` (with caption and note)."""
+    return str(getattr(_templates().get_template("charts.html").module, macro)(plot))
 
 
 def _cell(value: Any) -> str:

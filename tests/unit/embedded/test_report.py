@@ -116,3 +116,59 @@ def test_the_report_names_each_env_the_audit_retired_and_why() -> None:
     assert "Retired by the audit plays as trivially won (1)" in page
     none = render_report([], [], ReportContext())
     assert 'id="audit"' not in none and "No env was retired" in none
+
+
+class _Texts(HTMLParser):
+    """Each text of the page (character references resolved, i.e. unescaped once) with its element."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: set[str] = set()
+        self.texts: list[tuple[str, str]] = []
+        self._open: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.add(tag)
+        self._open.append(tag)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.add(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        while tag in self._open and self._open.pop() != tag:
+            pass
+
+    def handle_data(self, data: str) -> None:
+        if data.strip() and self._open:
+            self.texts.append((self._open[-1], data))
+
+
+HOSTILE = "<script>alert(1)</script> &amp; \"double\" 'single'"
+
+
+def test_text_from_the_run_is_escaped_exactly_once() -> None:
+    suite = "<b>&amp;"  # an eval suite's name reaches the page through a metric key
+    records = [{"step": 1, f"designer/outcome/{HOSTILE}": 2, f"eval/{suite}/overall": 0.5}]
+    context = ReportContext(
+        summary=[HOSTILE], facts={HOSTILE: HOSTILE}, departures=[HOSTILE], audit_retired=[(HOSTILE, HOSTILE)]
+    )
+    columns = ("env_id", "skill", "status", "source", "failed_check")
+    envs = [{**dict.fromkeys(columns, HOSTILE), "hint": HOSTILE, "code": HOSTILE}]
+    page = render_report(records, envs, context)
+
+    parser = _Texts()
+    parser.feed(page)
+    assert "script" not in parser.tags and "b" not in parser.tags  # escaped: no element came from the run
+    # Unescaping the page once gives each text back as it was: not raw (the tags above), not escaped twice.
+    texts = parser.texts
+    assert texts.count(("li", HOSTILE)) == 2  # the summary and the departure
+    assert texts.count(("th", HOSTILE)) == 1 and texts.count(("td", HOSTILE)) == 1 + 2 + len(columns)
+    assert ("title", f"{HOSTILE}, step 1: 2") in texts and ("span", HOSTILE) in texts  # a bar and its legend
+    assert ("title", f"{suite}: overall, step 1: 0.5") in texts and ("span", f"{suite}: overall") in texts
+    assert "&amp;amp;amp;" not in page and "&amp;lt;" not in page
+
+
+def test_the_page_is_self_contained() -> None:
+    page = _render(RECORDS)
+    assert page.startswith("<!doctype html>") and "<style>" in page
+    assert not re.search(r"<script|<link|<img|src=|href=|url\(|@import", page)
