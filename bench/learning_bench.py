@@ -28,6 +28,8 @@ import json
 import math
 import os
 import random
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -117,6 +119,15 @@ async def one_run(arm: str, work: Path, args: argparse.Namespace) -> dict[str, A
     return summarise(result.steps, result.held_out, time.perf_counter() - start)
 
 
+def arm_in_child(arm: str, work: Path, argv: Sequence[str]) -> dict[str, Any]:
+    """One arm in a process of its own, so every arm starts from the same state: nothing the arm
+    before built (a trained model, the allocator's heap, torch's thread pools) is there, and its
+    memory is handed back to the machine before the next arm starts."""
+    out = work / f"{arm}.json"
+    subprocess.run([sys.executable, __file__, *argv, "--one-arm", arm, "--out", str(out)], check=True)
+    return dict(json.loads(out.read_text()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12, help="learner steps per run")
@@ -127,11 +138,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--one-arm", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="learning-bench-"))
+    if args.one_arm is not None:
+        Path(args.out).write_text(json.dumps(asyncio.run(one_run(args.one_arm, work, args))))
+        return
     load_start = os.getloadavg()
     start = time.perf_counter()
-    arms = {arm: asyncio.run(one_run(arm, work, args)) for arm in args.arms.split(",")}
+    argv = [
+        "--steps", str(args.steps), "--designer-init", args.designer_init, "--lr", str(args.lr),
+        "--eval-items", str(args.eval_items), "--work-dir", str(work),
+        *(["--threads", str(args.threads)] if args.threads is not None else []),
+    ]  # fmt: skip
+    arms = {arm: arm_in_child(arm, work, argv) for arm in args.arms.split(",")}
     result: dict[str, Any] = {
         "benchmark": "learning",
         "work_dir": str(work),
