@@ -35,7 +35,8 @@ from pygments.lexers import PythonLexer
 from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings
 from spade.auth import Principal, Role, Unauthenticated, authorize
-from spade.memory.records import DesignerAttempt, EnvFilter, Environment, EnvStatus, MemoryStats, Play, Setting
+from spade.envs.types import Setting
+from spade.memory.records import DesignerAttempt, EnvFilter, Environment, EnvStatus, MemoryStats, Play
 from spade.runspec import RunSpec
 from spade.serving.http import HttpMetrics, install_error_handlers, ops_router
 

@@ -24,13 +24,6 @@ class EnvStatus(enum.StrEnum):
     TRIVIALLY_WON = "trivially_won"
 
 
-class Setting(enum.StrEnum):
-    """The two settings (DESIGN §1)."""
-
-    GAME = "game"
-    TOOL = "tool"
-
-
 @dataclass(frozen=True)
 class NewEnvironment:
     """An environment to store.
