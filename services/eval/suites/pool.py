@@ -3,7 +3,9 @@
 Each item is one unhinted play of one env of the pool (``services/eval/pool_source.py``) on a seed
 that training did not use (``held_out_seeds``), played exactly as the rollout plays: the rollout's
 episode loop (``services.rollout.core.episode.EpisodeRunner``) with its prompts, through a real
-sandbox session. The score is the env's return. A sandbox fault (the sandbox, not the env, failed)
+sandbox session. Every model turn is seeded (``turn_seeds``: the suite's seed, the env, the play seed
+and the turn), so with the server's batch-invariant mode the same weights give the same replies in
+every run, at any concurrency. The score is the env's return. A sandbox fault (the sandbox, not the env, failed)
 is retried under the suite's retry policy and then stops the eval, which can be resumed; it is
 never scored.
 
@@ -20,8 +22,9 @@ from typing import Any
 from services.eval.core.records import ItemResult, prompt_hash
 from services.eval.core.runner import EvalItem
 from services.eval.pool_source import PoolEnv, held_out_seeds
-from services.rollout.core.episode import EpisodeRunner, Play
+from services.rollout.core.episode import EpisodeRunner, Play, TurnSeeds
 from services.rollout.core.ports import ChatTemplate, EnvSpec
+from spade.inference.seeds import derive_sampling_seed
 from spade.retry import RetryPolicy
 from spade.sandbox.errors import SandboxFault
 
@@ -110,6 +113,15 @@ class PoolSuite:
             },
         }
 
+    def turn_seeds(self, env_id: str, seed: int) -> TurnSeeds:
+        """The ``sampling_seed`` of each turn of one held-out play: (suite and its seed, env, play seed, turn).
+
+        The same for every run of the suite with the same seed, whatever the label, the order or the
+        concurrency of the plays; never one of the rollout's (theirs are keyed by the run's id).
+        """
+        run = f"eval:{NAME}:{self.seed}"
+        return lambda turn: derive_sampling_seed(run, env_id, "eval", seed, "unhinted", turn)
+
     def items(self) -> list[EvalItem]:
         """Every (env, held-out seed), seed index by seed index."""
         return list(self._items)
@@ -124,7 +136,7 @@ class PoolSuite:
         runner = self.runner
         async for attempt in self.retry.async_retrying(SandboxFault, logger=log, what=f"play of {item.id}"):
             with attempt:
-                play = await runner.play(spec, seed, hinted=False)
+                play = await runner.play(spec, seed, hinted=False, turn_seeds=self.turn_seeds(env.env_id, seed))
         detail = {
             "seed": seed,
             "turns": play.turns,
