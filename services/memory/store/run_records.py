@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.memory.store.models import DesignerAttemptRow, EnvironmentRow, EnvProbeRow, RunSpecRow
@@ -113,19 +112,17 @@ class RunRecords:
         Raises:
             RunSpecConflict: A different spec is stored and ``replace`` is false (names each field).
         """
-        for _attempt in range(2):
-            try:
-                with self._sessions.begin() as s:
-                    row = s.get(RunSpecRow, 1, with_for_update=True)
-                    if row is None:
-                        s.add(RunSpecRow(slot=1, spec_id=spec.spec_id, spec_json=spec.to_json(), set_at=utc_now()))
-                    elif row.spec_id != spec.spec_id:
-                        if not replace:
-                            raise RunSpecConflict(conflict_message(RunSpec.from_json(row.spec_json), spec))
-                        row.spec_id, row.spec_json, row.set_at = spec.spec_id, spec.to_json(), utc_now()
-                break
-            except IntegrityError:
-                continue  # another writer stored a spec first: compare against it
+        table = RunSpecRow.__table__
+        with self._sessions.begin() as s:
+            values = {"slot": 1, "spec_id": spec.spec_id, "spec_json": spec.to_json(), "set_at": utc_now()}
+            stmt = insert_new(table, s.get_bind().dialect.name).values(values).returning(table.c.slot)
+            if s.execute(stmt).scalar() is None:  # a spec is stored (maybe by a concurrent writer): compare
+                row = s.get(RunSpecRow, 1, with_for_update=True)
+                assert row is not None, "the insert found slot 1 taken"
+                if row.spec_id != spec.spec_id:
+                    if not replace:
+                        raise RunSpecConflict(conflict_message(RunSpec.from_json(row.spec_json), spec))
+                    row.spec_id, row.spec_json, row.set_at = spec.spec_id, spec.to_json(), utc_now()
         return self.get_run_spec()
 
     # -- sandbox probes (hidden state, first observation, leakage) --------------------------------

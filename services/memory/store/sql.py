@@ -21,7 +21,6 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, ExceptionContext, Select, create_engine, event, or_, select, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.memory.core.normalise import code_hash, env_id_for
@@ -211,57 +210,49 @@ class SqlStore(RunRecords, WebSessions):
         length = program_length(env.code)
         env_id = env_id_for(digest) if self.content_env_ids else uuid.uuid4().hex
         now = utc_now()
-        try:
-            with self._sessions.begin() as s:
+        row = {
+            "id": env_id,
+            "setting": env.setting,
+            "skill": env.skill,
+            "code": env.code,
+            "code_hash": digest,
+            "hint": env.hint,
+            "env_class": env.env_class,
+            "corpus_ref": env.corpus_ref,
+            "validation_report": env.validation_report,
+            "status": status.value,
+            "weight_version": env.weight_version,
+            "designer_sample_id": env.designer_sample_id,
+            "batch_id": env.batch_id,
+            "parent_ids": list(env.parent_ids),
+            "created_at": now,
+            "window_versions": 0,
+            "program_lines": length.lines,
+            "program_chars": length.chars,
+        }
+        table = EnvironmentRow.__table__
+        with self._sessions.begin() as s:
+            # The same code already stored (or stored by a concurrent put, which this insert waits
+            # for): nothing is inserted and the original is reported.
+            stmt = insert_new(table, s.get_bind().dialect.name).values(row).returning(table.c.id)
+            if s.execute(stmt).scalar() is None:
                 existing = s.scalar(select(EnvironmentRow.id).where(EnvironmentRow.code_hash == digest))
-                if existing is not None:
-                    return PutResult(env_id=existing, duplicate_of=existing)
-                s.add(
-                    EnvironmentRow(
-                        id=env_id,
-                        setting=env.setting,
-                        skill=env.skill,
-                        code=env.code,
-                        code_hash=digest,
-                        hint=env.hint,
-                        env_class=env.env_class,
-                        corpus_ref=env.corpus_ref,
-                        validation_report=env.validation_report,
-                        status=status.value,
-                        weight_version=env.weight_version,
-                        designer_sample_id=env.designer_sample_id,
-                        batch_id=env.batch_id,
-                        parent_ids=list(env.parent_ids),
-                        created_at=now,
-                        window_versions=0,
-                        program_lines=length.lines,
-                        program_chars=length.chars,
-                    )
+                if existing is None:
+                    raise RuntimeError(f"environment id {env_id} is taken by other code (a content id collision)")
+                return PutResult(env_id=existing, duplicate_of=existing)
+            s.add(
+                EnvStatsRow(
+                    env_id=env_id,
+                    plays=0,
+                    window_plays=0,
+                    learnable=False,
+                    reward_components={},
+                    updated_at=now,
+                    regret_note="",
+                    reward_levels=0,
                 )
-                s.flush()
-                s.add(
-                    EnvStatsRow(
-                        env_id=env_id,
-                        plays=0,
-                        window_plays=0,
-                        learnable=False,
-                        reward_components={},
-                        updated_at=now,
-                        regret_note="",
-                        reward_levels=0,
-                    )
-                )
-        except IntegrityError:
-            # A concurrent put of the same code won the unique constraint: report it.
-            existing = self._id_for_hash(digest)
-            if existing is None:
-                raise
-            return PutResult(env_id=existing, duplicate_of=existing)
+            )
         return PutResult(env_id=env_id)
-
-    def _id_for_hash(self, digest: str) -> str | None:
-        with self._sessions() as s:
-            return s.scalar(select(EnvironmentRow.id).where(EnvironmentRow.code_hash == digest))
 
     def get_environment(self, env_id: str) -> Environment:
         """Return one environment with its statistics.
