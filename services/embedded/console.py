@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -34,16 +35,31 @@ def configure_output(verbose: bool) -> None:
 
 @contextlib.contextmanager
 def progress_bars(console: Console) -> Iterator[tuple[Progress, Progress_]]:
-    """Bars on ``console``: yields the rich ``Progress`` (to print above the bars) and the callback."""
+    """Bars on ``console``: yields the rich ``Progress`` (to print above the bars) and the callback.
+
+    On a console that is not a terminal (a log file, a pipe, CI), rich draws the bars only once, when
+    they close; so there each phase also prints a plain line when it starts and at every tenth of its
+    total, so that a 20-minute warm start is not 20 minutes of silence.
+    """
     from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description:<10}"), BarColumn(), TextColumn("{task.completed:g}/{task.total:g}"))
     with Progress(*columns, TimeElapsedColumn(), console=console) as bars:
         tasks: dict[str, TaskID] = {}
+        tenths: dict[str, int] = {}
+        started: dict[str, float] = {}
 
         def progress(phase: str, done: float, total: float) -> None:
             if phase not in tasks:
                 tasks[phase] = bars.add_task(phase, total=total)
+                started[phase] = time.monotonic()
             bars.update(tasks[phase], completed=done, total=total)
+            if console.is_terminal:
+                return
+            tenth = min(10, int(10 * done / total)) if total > 0 else 10
+            if tenths.get(phase) != tenth:
+                tenths[phase] = tenth
+                elapsed = int(time.monotonic() - started[phase])
+                bars.console.print(f"{phase}: {done:g}/{total:g} ({elapsed // 60}:{elapsed % 60:02d})", highlight=False)
 
         yield bars, progress
