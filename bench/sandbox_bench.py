@@ -441,7 +441,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
         # A whole validation: every episode it plays is a session of its own (validation is
         # indistinguishable from play), so its cost is about (sessions it opens) x a session start.
-        for name, example in (("validate_game", ENV), ("validate_tool", TOOL_ENV)):
+        for name, example in (("validate_game", ENV), ("validate_tool", TOOL_ENV)) if args.validations > 0 else ():
 
             async def validate(code: str = example.code, setting: str = example.setting.value) -> None:
                 await pool.validate(code, setting, config)
@@ -535,7 +535,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--executions", type=int, default=40)
     parser.add_argument("--baseline", type=int, default=20, help="calls per baseline workload")
-    parser.add_argument("--validations", type=int, default=3, help="validations of a game and of a tool example")
+    parser.add_argument(
+        "--validations", type=int, default=3, help="validations of a game and of a tool example (0: none)"
+    )
     parser.add_argument("--spares", type=int, default=IsolationSettings().spares, help="spare jails per zygote")
     parser.add_argument(
         "--cgroup",
