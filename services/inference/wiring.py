@@ -99,7 +99,8 @@ class ServerHandle:
 
 async def serve_forever(settings: InferenceSettings, stop: asyncio.Event) -> None:
     """Entry point of ``spade serve inference``: serve until ``stop`` is set (SIGTERM/SIGINT)."""
-    app = build_app(settings)
+    engine = build_engine(settings)
+    app = build_app(settings, engine)
     async with http_server(app, settings.http, service="inference", log_level="info", lifespan="on") as running:
         scheme = "https" if settings.http.tls is not None else "http"
         lifecycle.started(
@@ -109,6 +110,13 @@ async def serve_forever(settings: InferenceSettings, stop: asyncio.Event) -> Non
             model=str(settings.model_path) if settings.model_path else None,
         )
         await stop.wait()
+        # What the engine served, and what the stop cuts short (those requests fail with EngineClosed).
+        lifecycle.note_finished(
+            f"inference stopped at weight version {engine.weight_version}",
+            requests_served=engine.work.prefills,
+            generated_tokens=engine.work.generated_tokens,
+            requests_cut_short=engine.num_running + engine.num_waiting,
+        )
 
 
 def serve_in_thread(settings: InferenceSettings, *, startup_timeout_s: float = 300.0) -> ServerHandle:

@@ -70,6 +70,7 @@ async def sandbox_service(settings: SandboxSettings) -> AsyncIterator[SandboxSer
         reaper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reaper
+        lifecycle.note_finished("sandbox stopped", sessions_closed=len(service.sessions))
         await service.shutdown()
         await pool.stop()
 
