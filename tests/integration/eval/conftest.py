@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from services.inference.settings import InferenceSettings
 from services.inference.wiring import ServerHandle, serve_in_thread
 from services.sandbox.isolation import SandboxPool
 from services.sandbox.isolation.settings import IsolationSettings
+from spade.envs.examples import EXAMPLES
 from spade.inference.client import InferenceClient
 from spade.inference.models import ensure_default_model
 from tests.conftest import needs
@@ -49,3 +51,11 @@ async def sandbox() -> AsyncIterator[SandboxPool]:
         yield pool
     finally:
         await pool.stop()
+
+
+def game_examples_export(path: Path, count: int = 2) -> Path:
+    """An ``envs.jsonl`` at ``path`` holding the first ``count`` game examples, valid, as a pool source."""
+    games = [e for e in EXAMPLES.values() if str(getattr(e.setting, "value", e.setting)) == "game"][:count]
+    rows = ({"env_id": e.name, "setting": "game", "skill": "Logic", "status": "valid", "code": e.code} for e in games)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path

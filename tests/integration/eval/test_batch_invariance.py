@@ -7,7 +7,6 @@ with logprob bits in tests/integration/inference/test_batch_invariance.py.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,8 @@ from services.eval.wiring import EvalRequest, ServedModel, run_eval
 from services.inference.wiring import ServerHandle
 from services.rollout.sandbox import PoolSessions
 from services.sandbox.isolation import SandboxPool
-from spade.envs.examples import EXAMPLES
 from spade.inference.client import InferenceClient
+from tests.integration.eval.conftest import game_examples_export
 
 pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.timeout(1800)]
 
@@ -53,15 +52,7 @@ async def test_the_pool_suite_gives_the_same_replies_in_two_runs_at_different_co
 ) -> None:
     # The held-out evaluation of `spade run` is this suite: unseeded turns made its "before" figure
     # differ from run to run on the same weights (issue 19).
-    export = tmp_path / "envs.jsonl"
-    games = [e for e in EXAMPLES.values() if str(getattr(e.setting, "value", e.setting)) == "game"][:2]
-    export.write_text(
-        "".join(
-            json.dumps({"env_id": e.name, "setting": "game", "skill": "Logic", "status": "valid", "code": e.code})
-            + "\n"
-            for e in games
-        )
-    )
+    export = game_examples_export(tmp_path / "envs.jsonl")
     served = ServedModel(client, "smollm2", "0", str(server.engine.model_path))
     replies = {}
     for concurrency in (1, 4):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,8 @@ from services.rollout.core.episode import EpisodeRunner, PlayLimits
 from services.rollout.policy import FormatterTemplate, InferenceGenerator
 from services.rollout.sandbox import PoolSessions
 from services.sandbox.isolation import SandboxPool
-from spade.envs.examples import EXAMPLES
 from spade.inference.client import InferenceClient
+from tests.integration.eval.conftest import game_examples_export
 from tests.unit.eval.helpers import header
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -73,15 +72,7 @@ async def test_bfcl_multi_turn_slice(client: InferenceClient, tmp_path: Path) ->
 async def test_pool_slice_through_the_real_sandbox(
     client: InferenceClient, sandbox: SandboxPool, tmp_path: Path
 ) -> None:
-    export = tmp_path / "envs.jsonl"
-    games = [e for e in EXAMPLES.values() if str(getattr(e.setting, "value", e.setting)) == "game"][:2]
-    export.write_text(
-        "".join(
-            json.dumps({"env_id": e.name, "setting": "game", "skill": "Logic", "status": "valid", "code": e.code})
-            + "\n"
-            for e in games
-        )
-    )
+    export = game_examples_export(tmp_path / "envs.jsonl")
     envs = read_jsonl(export)
     template = FormatterTemplate(client.formatter)
     limits = PlayLimits(max_turns=2, max_tokens_per_turn=24, max_total_tokens=2048)
