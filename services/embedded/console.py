@@ -38,8 +38,9 @@ def progress_bars(console: Console) -> Iterator[tuple[Progress, Progress_]]:
     """Bars on ``console``: yields the rich ``Progress`` (to print above the bars) and the callback.
 
     On a console that is not a terminal (a log file, a pipe, CI), rich draws the bars only once, when
-    they close; so there each phase also prints a plain line when it starts and at every tenth of its
-    total, so that a 20-minute warm start is not 20 minutes of silence.
+    they close; so there each phase of more than one unit also prints a plain line when it starts and
+    at every tenth of its total (the steps, the warm start's pairs and SFT steps), so that a
+    20-minute warm start is not 20 minutes of silence.
     """
     from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
@@ -54,7 +55,9 @@ def progress_bars(console: Console) -> Iterator[tuple[Progress, Progress_]]:
                 tasks[phase] = bars.add_task(phase, total=total)
                 started[phase] = time.monotonic()
             bars.update(tasks[phase], completed=done, total=total)
-            if console.is_terminal:
+            if (
+                console.is_terminal or total <= 1
+            ):  # a one-unit phase (a step's designer, rollout, learner) says nothing new
                 return
             tenth = min(10, int(10 * done / total)) if total > 0 else 10
             if tenths.get(phase) != tenth:
