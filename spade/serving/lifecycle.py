@@ -100,6 +100,13 @@ def note_finished(text: str | None = None, /, **fields: Any) -> None:
     _finished.update(fields)
 
 
+def begin() -> None:
+    """Forget what an earlier run in this process noted as finished: a run's ``stopped`` line reports
+    only its own stop (:func:`spade.serving.run.run_until_signalled` calls this first)."""
+    _finished.clear()
+    _said.clear()
+
+
 def stopped(signal_name: str | None, elapsed_s: float | None = None) -> None:
     """``stopped``: the signal (``None``: the service ended by itself), what it finished, the stop's duration."""
     finished = dict(_finished)

@@ -77,6 +77,7 @@ def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> Non
     """
     from spade.serving import lifecycle
 
+    lifecycle.begin()
     received: list[tuple[str, float]] = []
 
     async def runner() -> None:

@@ -95,6 +95,30 @@ def test_the_stop_is_logged_naming_the_signal_and_what_the_service_finished() ->
     assert stopped["message"] == "demo stopped after 2 jobs, on SIGTERM: jobs=2"
 
 
+def test_a_stopped_line_reports_only_its_own_runs_figures() -> None:
+    """What work outside a run noted (a rollout worker's slots, in a test or a notebook) must not
+    appear in the next service's ``stopped`` line in the same process."""
+    import io
+    import json
+
+    from spade.serving import lifecycle, logs
+
+    lifecycle.note_finished("worker stopped", slots_handed_back=1)  # no run_until_signalled around it
+    out = io.StringIO()
+    logs.configure("demo", stream=out)
+
+    async def service(stop: asyncio.Event) -> None:
+        lifecycle.note_finished(sessions_closed=2)
+
+    try:
+        run_until_signalled(service)
+    finally:
+        logs.reset()
+    (stopped,) = (json.loads(line) for line in out.getvalue().splitlines())
+    assert stopped["finished"] == {"sessions_closed": 2}
+    assert stopped["message"] == "stopped, by itself (no signal): sessions_closed=2"
+
+
 def test_the_full_settings_are_logged_at_debug_only_with_passwords_masked() -> None:
     import io
     import json
