@@ -214,8 +214,8 @@ class RunSettings(ServiceSettings):
         ge=0,
         le=64,
         description="Audit plays per env of each trivial policy (a constant and a random action), on the env's "
-        "first real seeds, before its first real plays; no model call, never trained on (0: no audit; "
-        "the run spec's audit_plays explains the default).",
+        "first real seeds, beside its first real plays and paced like them; no model call, never trained on "
+        "(0: no audit; the run spec's audit_plays explains the default).",
     )
     audit_max_win_rate: float = Field(
         0.5,

@@ -166,6 +166,20 @@ class RolloutSettings(ServiceSettings):
     max_concurrent_envs: int = Field(
         default=4, ge=1, le=10_000, description="Window slots (one env each) this worker plays at once."
     )
+    max_concurrent_audit_plays: int = Field(
+        default=16,
+        ge=1,
+        le=10_000,
+        description="Audit plays in flight in this worker, besides max_concurrent_plays (they call no model and "
+        "spend their time waiting a real turn's pace). Each holds a sandbox session: the rollout's sandbox "
+        "key must allow max_concurrent_plays + max_concurrent_audit_plays sessions.",
+    )
+    audit_paced: bool = Field(
+        default=True,
+        description="Each audit turn waits a gap drawn from the real plays' recent turn gaps (the time a "
+        "turn's generation takes) before it steps, so an env that times its calls cannot tell its audit from "
+        "a real play (docs/rollout.md). Off only to measure what the pacing costs.",
+    )
     retry: RetryPolicy = Field(
         default=DEFAULT_RETRY,
         description="Tries of a play after a sandbox fault, and of an inference request after a transient "

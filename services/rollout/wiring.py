@@ -52,6 +52,8 @@ def worker_config(settings: RolloutSettings, spec: RunSpec) -> WorkerConfig:
         group=settings.consumer_group,
         max_concurrent_plays=settings.max_concurrent_plays,
         max_concurrent_envs=settings.max_concurrent_envs,
+        max_concurrent_audit_plays=settings.max_concurrent_audit_plays,
+        audit_paced=settings.audit_paced,
         play_retry=settings.retry,
         max_attempts=settings.max_attempts,
         lease_s=settings.lease_s,

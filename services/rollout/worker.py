@@ -12,11 +12,13 @@ Several workers share one consumer group and one state store (horizontal scaling
   the same seeds; slots ``1..k-1`` play fresh seeds without the hint, late if their version passed.
   Each play is published, recorded in the memory and marked done on its own, so a slot resumed after
   a crash, a takeover or SIGTERM plays only what is missing; then the slot is marked complete.
-- audit plays (``core/audit.py``): at slot 0, before the real plays, each trivial policy (a constant
-  and a random action) plays ``audit_plays`` of the slot's own seeds with no model call. The verdict
-  is published on ``envs.audited`` (the learner waits for it) and kept in the state store; an env a
-  trivial policy won too often closes unplayed and retires as ``trivially_won``. Audit plays are
-  never published as samples nor recorded as plays.
+- audit plays (``core/audit.py``): at slot 0, alongside the real plays, each trivial policy (a
+  constant and a random action) plays ``audit_plays`` of the slot's own seeds with no model call,
+  each turn paced like a real turn (``core/pace.py``). No real play of slot 0 is kept (published,
+  recorded, marked done) before the verdict: an env a trivial policy won too often has its real
+  plays stopped and discarded, closes unplayed and retires as ``trivially_won``. The verdict is
+  published on ``envs.audited`` (the learner waits for it) and kept in the state store. Audit plays
+  are never published as samples nor recorded as plays.
 - closed windows are reported to the memory (retried until it answers), then the env retires.
 - a slot that fails is held back for ``lease_s`` and tried again; after ``max_attempts`` failed
   claims it is given up (poison work). A failure while a service the plays need was unreachable
@@ -143,6 +145,8 @@ class WorkerConfig:
     group: str = "rollout"
     max_concurrent_plays: int = 8
     max_concurrent_envs: int = 4
+    max_concurrent_audit_plays: int = 16
+    audit_paced: bool = True
     play_retry: RetryPolicy = PLAY_RETRY
     max_attempts: int = 5
     lease_s: float = 15.0
@@ -208,7 +212,11 @@ class RolloutWorker:
         self.dependencies = tuple(dependencies)
         self.counts = WorkerCounts()
         self._plays = asyncio.Semaphore(config.max_concurrent_plays)
-        self._auditor = AuditPlayer(runner.sessions, runner.limits.max_turns)
+        # Audit plays wait most of their time (paced like real turns) and call no model: their own
+        # bound, so they never hold back the real plays whose turns set their pace.
+        self._audit_plays = asyncio.Semaphore(config.max_concurrent_audit_plays)
+        pace = runner.pace if config.audit_paced else None
+        self._auditor = AuditPlayer(runner.sessions, runner.limits.max_turns, pace)
         self._jobs: dict[str, asyncio.Task[None]] = {}
 
     @property
@@ -476,8 +484,9 @@ class RolloutWorker:
             env = await self._fix_window(env)
         latest = await self.store.latest_version()
         ref = SlotRef(window_start=env.slot_version(0), window_index=slot, spec_id=self.spec.spec_id)
+        late = is_late(env, slot, latest)
         if slot == 0:
-            verdict = await self.audit(env, spec, ref)
+            verdict = await self._audited_slot_0(env, spec, ref, late)
             if verdict is not None and verdict.trivially_won:
                 await self.store.close_unplayed(
                     env.env_id, f"retired as {MemoryEnvStatus.TRIVIALLY_WON.value}: {verdict.reason}"
@@ -492,9 +501,9 @@ class RolloutWorker:
                     spec_id=ref.spec_id,
                 )
                 return
-        late = is_late(env, slot, latest)
+        else:
+            await self.play_slot(spec, ref, late=late)
         self.counts.late_slots += late
-        await self.play_slot(spec, ref, late=late)
         await self.store.complete_slot(env.env_id, slot)
         self.counts.slots += 1
         event(
@@ -539,6 +548,24 @@ class RolloutWorker:
         self.counts.skipped_slots += 1
         event("slot_skipped", level=logging.ERROR, env_id=env.env_id, slot=slot, reason=reason)
 
+    async def _audited_slot_0(self, env: ActiveEnv, spec: EnvSpec, ref: SlotRef, late: bool) -> AuditVerdict | None:
+        """Slot 0's real plays and the env's audit, side by side; no real play is kept before the verdict.
+
+        The audit's turns are paced by the real plays' own (``core/pace.py``), so running both at
+        once costs the slot little time. A ``trivially_won`` verdict stops the real plays and keeps
+        none of them; a failure of either fails the slot (the other is stopped), as a failed play does.
+        """
+        audit = asyncio.create_task(self.audit(env, spec, ref))
+        try:
+            await self.play_slot(spec, ref, late=late, verdict=audit)
+        except _TriviallyWon:
+            pass
+        finally:
+            if not audit.done():  # the plays failed first
+                audit.cancel()
+            await asyncio.gather(audit, return_exceptions=True)
+        return audit.result()
+
     async def audit(self, env: ActiveEnv, spec: EnvSpec, ref: SlotRef) -> AuditVerdict | None:
         """The env's audit verdict: played now at its first slot, or the one stored (None: no audit in this run).
 
@@ -577,14 +604,19 @@ class RolloutWorker:
         play: AuditPlay | None = None
         async for attempt in self.config.play_retry.async_retrying(SandboxFault, logger=log, what=what):
             with attempt:
-                async with self._plays:
+                async with self._audit_plays:
                     play = await self._auditor.play(spec, seed, policy)
         assert play is not None, "the retryer re-raises the last failure"
         self.counts.audit_plays += 1
         return play
 
-    async def play_slot(self, spec: EnvSpec, ref: SlotRef, *, late: bool = False) -> list[Play]:
+    async def play_slot(
+        self, spec: EnvSpec, ref: SlotRef, *, late: bool = False, verdict: Awaitable[AuditVerdict | None] | None = None
+    ) -> list[Play]:
         """Play the missing plays of one slot: G seeds, both arms at slot 0 (same seeds), else unhinted.
+
+        With ``verdict`` (slot 0's audit, running alongside), each play waits for it before it is
+        kept; a ``trivially_won`` verdict raises ``_TriviallyWon`` and keeps nothing.
 
         A group without signal is extended: when the unhinted returns of the slot are all equal
         (``spade.signal.group_has_signal``: nothing the learner could train on), G fresh seeds of the
@@ -596,7 +628,7 @@ class RolloutWorker:
         """
         group = self.spec.group_size
         seeds = play_seeds(spec.env_id, ref.window_index, group)
-        plays = await self._play_seeds(spec, ref, seeds, late)
+        plays = await self._play_seeds(spec, ref, seeds, late, verdict)
         for extension in range(1, self.config.zero_variance_extensions + 1):
             returns = [p.episode_return for p in plays if not p.hinted and not p.finish_reason.is_resource_fault]
             if len(returns) < 2 or group_has_signal(returns):
@@ -612,10 +644,17 @@ class RolloutWorker:
                 returns=sorted(set(returns)),
                 fresh_seeds=len(seeds),
             )
-            plays += await self._play_seeds(spec, ref, seeds, late)
+            plays += await self._play_seeds(spec, ref, seeds, late, verdict)
         return plays
 
-    async def _play_seeds(self, spec: EnvSpec, ref: SlotRef, seeds: Sequence[int], late: bool) -> list[Play]:
+    async def _play_seeds(
+        self,
+        spec: EnvSpec,
+        ref: SlotRef,
+        seeds: Sequence[int],
+        late: bool,
+        verdict: Awaitable[AuditVerdict | None] | None = None,
+    ) -> list[Play]:
         """Play ``seeds`` of one slot (both arms at slot 0), skipping plays already done.
 
         Hinted and unhinted plays of a seed start together so their shared prompt prefix is
@@ -629,15 +668,28 @@ class RolloutWorker:
             for hinted in arms
             if sample_id(spec.env_id, ref.window_index, seed, hinted=hinted) not in done
         ]
-        return await _all_or_none([self._play_one(spec, ref, seed, hinted, late) for seed, hinted in todo])
+        return await _all_or_none([self._play_one(spec, ref, seed, hinted, late, verdict) for seed, hinted in todo])
 
     def turn_seeds(self, env_id: str, ref: SlotRef, seed: int, hinted: bool) -> TurnSeeds:
         """The ``sampling_seed`` of each turn of one play: (run, env, slot version, seed, arm, turn)."""
         run, version, name = self.config.run_id, ref.version, arm(hinted)
         return lambda turn: derive_sampling_seed(run, env_id, version, seed, name, turn)
 
-    async def _play_one(self, spec: EnvSpec, ref: SlotRef, seed: int, hinted: bool, late: bool) -> Play:
-        """One play, replayed from the start after a sandbox fault, then published, recorded and marked done."""
+    async def _play_one(
+        self,
+        spec: EnvSpec,
+        ref: SlotRef,
+        seed: int,
+        hinted: bool,
+        late: bool,
+        verdict: Awaitable[AuditVerdict | None] | None = None,
+    ) -> Play:
+        """One play, replayed from the start after a sandbox fault, then (after ``verdict``, when given:
+        the env's audit) published, recorded and marked done.
+
+        Raises:
+            _TriviallyWon: The audit retired the env; the play is not kept.
+        """
         what = f"playing {spec.env_id} seed {seed}"
         seeds = self.turn_seeds(spec.env_id, ref, seed, hinted)
         play: Play | None = None
@@ -646,6 +698,10 @@ class RolloutWorker:
                 async with self._plays:  # not held while backing off
                     play = await self._runner.play(spec, seed, hinted=hinted, turn_seeds=seeds)
         assert play is not None, "the retryer re-raises the last failure"
+        if verdict is not None:
+            audited = await verdict
+            if audited is not None and audited.trivially_won:
+                raise _TriviallyWon(audited)
         await self._keep(play, spec, ref)
         self.counts.plays += 1
         event(
@@ -706,6 +762,14 @@ class RolloutWorker:
                 skipped_slots=[s.slot for s in skipped],
             )
         return len(closed)
+
+
+class _TriviallyWon(Exception):
+    """Slot 0's audit retired the env while its real plays ran: they stop and none is kept."""
+
+    def __init__(self, verdict: AuditVerdict) -> None:
+        super().__init__(verdict.reason)
+        self.verdict = verdict
 
 
 async def _all_or_none(work: Sequence[Coroutine[Any, Any, _T]]) -> list[_T]:

@@ -14,7 +14,7 @@ class EnvStatus(enum.StrEnum):
     ``VALID`` passed every validation check and is in the pool; ``INVALID`` failed one (kept with its
     report for inspection and the designer's reward); ``RETIRED`` was valid and its window closed;
     ``TRIVIALLY_WON`` passed validation but a trivial policy (a constant or random action) won it too
-    often in the rollout's audit plays on real seeds: retired before its real plays, out of the pool,
+    often in the rollout's audit plays on real seeds: none of its real plays kept, out of the pool,
     its designer sample scored invalid.
     """
 

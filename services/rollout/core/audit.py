@@ -2,18 +2,20 @@
 
 Validation can be gamed by behaviour: an env can play honestly on validation's seeds and let any
 action win on others. The real path cannot be told apart from itself, so behind validation stand
-audit plays (DESIGN §4). At an env's first window slot, before its real plays, the rollout plays
+audit plays (DESIGN §4). At an env's first window slot, beside its real plays, the rollout plays
 ``audit_plays`` episodes (the run spec's) of each trivial policy on the first seeds of that slot —
-the seeds the real plays use, through the same kind of session — with no model call:
+the seeds the real plays use, through the same kind of session, each turn waiting a real turn's gap
+(``core/pace.py``) so an env that reads the clock cannot tell them apart — with no model call:
 
 - ``noop``: the setting's constant do-nothing action (``spade.envs.policy.noop_action``);
 - ``random``: a random action in the env's own stated format (``spade.envs.policy.RandomPolicy``:
   the ``\\boxed{...}`` commands its observation shows, the tools it declares, plain noise).
 
 An env whose trivial policy reaches a win rate above ``audit_max_win_rate``
-(``spade.signal.trivially_won``, per policy) is retired as ``trivially_won``: its window closes
-before any real play, so nothing it produces is trained on, and the learner scores its designer
-sample invalid. Audit plays are never published as agent samples and never recorded as plays.
+(``spade.signal.trivially_won``, per policy) is retired as ``trivially_won``: the worker keeps no
+real play of slot 0 before the verdict, so its real plays are stopped and discarded and its window
+closes, nothing it produced is trained on, and the learner scores its designer sample invalid.
+Audit plays are never published as agent samples and never recorded as plays.
 
 >>> plays = [AuditPlay(AuditPolicy.NOOP, 7, 1.0, 1, FinishReason.TERMINATED),
 ...          AuditPlay(AuditPolicy.RANDOM, 7, 0.0, 3, FinishReason.TRUNCATED)]
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.rollout.core.episode import finish_for, step_ending
+from services.rollout.core.pace import TurnPace
 from services.rollout.core.ports import EnvSpec, SessionOpener
 from services.rollout.core.seeds import play_seeds
 from spade.envs.actions import normalize_game_action
@@ -172,11 +175,15 @@ class AuditPlayer:
     Args:
         sessions: Opens sandbox sessions (the same opener the real plays use).
         max_turns: The agent's turn budget (the session is opened with it, as for a real play).
+        pace: The real plays' turn gaps: each audit turn waits one drawn from them before it steps, so
+            an env that times its calls cannot tell the audit from a real play (``core/pace.py``).
+            ``None``: step at once (tests of the decision only).
     """
 
-    def __init__(self, sessions: SessionOpener, max_turns: int) -> None:
+    def __init__(self, sessions: SessionOpener, max_turns: int, pace: TurnPace | None = None) -> None:
         self._sessions = sessions
         self.max_turns = max_turns
+        self.pace = pace
 
     async def play(self, env: EnvSpec, seed: int, policy: AuditPolicy) -> AuditPlay:
         """One audit play of ``env`` from ``reset(seed)``; the random policy's draws depend on (env, seed) only.
@@ -193,10 +200,13 @@ class AuditPlayer:
             setting = Setting(env.setting)
             rng = random.Random(f"spade-audit\x00{env.env_id}\x00{seed}")
             chooser = RandomPolicy(setting, rng, [], _tools(initial.info))
+            pacing = random.Random(f"spade-audit-pace\x00{env.env_id}\x00{seed}\x00{policy.value}")
             observation = initial.observation
             turns = 0
             while True:
                 action = noop_action(setting) if policy is AuditPolicy.NOOP else chooser.action(observation)
+                if self.pace is not None:
+                    await self.pace.wait(pacing)  # the time a real turn's generation takes
                 if setting is Setting.GAME:
                     action = normalize_game_action(action)  # what the env gets from a real reply
                 result = await session.step(action)

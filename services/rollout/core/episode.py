@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from services.rollout.core.pace import TurnPace
 from services.rollout.core.ports import (
     ChatTemplate,
     EnvSession,
@@ -140,6 +142,8 @@ class EpisodeRunner:
         generator: Generates model turns token-in/token-out.
         template: The policy's chat template and tokenizer.
         limits: Budgets and sampling.
+        pace: Where each turn's gap (the env's last answer to the next ``step`` call) is recorded, for
+            the audit plays (``core/pace.py``); a new one by default.
     """
 
     def __init__(
@@ -148,11 +152,13 @@ class EpisodeRunner:
         generator: Generator,
         template: ChatTemplate,
         limits: PlayLimits,
+        pace: TurnPace | None = None,
     ) -> None:
         self._sessions = sessions
         self._generator = generator
         self._template = template
         self.limits = limits
+        self.pace = pace if pace is not None else TurnPace()
 
     @property
     def sessions(self) -> SessionOpener:
@@ -198,6 +204,7 @@ class EpisodeRunner:
         builder.start([{"role": "user", "content": first}])
         limits = self.limits
         turns = 0
+        answered = time.monotonic()  # the env's last answer: its reset, then each step
         while True:
             room = limits.max_total_tokens - len(builder.trajectory)
             if room <= 0:
@@ -214,7 +221,9 @@ class EpisodeRunner:
             builder.add_generation(gen.output_ids, gen.logprobs, gen.weight_version, cut=cut)
             turns += 1
             reply = self._template.decode_reply(gen.output_ids)
+            self.pace.record(time.monotonic() - answered)
             step = await (self._tool_turn(session, reply) if tool_env else self._game_turn(session, reply))
+            answered = time.monotonic()
             reason, ret, new_messages = step
             if reason is not None:
                 return done(reason, ret, turns)

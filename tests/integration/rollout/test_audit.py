@@ -1,9 +1,11 @@
 """Audit plays on the real path: the real sandbox, the real rollout worker, the real learner.
 
 A seed-gated forging env — honest on validation's seeds (0-3, and the random policy's 10000+), any
-action wins on every other seed — passes validation by behaviour. The audit plays it on the
-rollout's own seeds with trivial policies, retires it as ``trivially_won`` before any real play, and
-the learner, which waits for each env's verdict, scores its designer sample invalid. An honest env
+action wins on every other seed — passes validation by behaviour. So does a timing forger, honest
+while its calls come at a checker's speed and a give-away once they come at an agent's: only audit
+turns paced like real ones catch it. The audit plays each on the rollout's own seeds with trivial
+policies, retires it as ``trivially_won`` before any real play is kept, and the learner, which waits
+for each env's verdict, scores its designer sample invalid. An honest env
 beside it passes its audit and is played; no audit play ever reaches the learner's samples.
 
 The agent's replies are scripted (real tokenizer ids; a real model cannot be steered); the audit
@@ -206,7 +208,7 @@ async def test_a_seed_gated_forging_env_is_retired_and_its_designer_sample_resco
         while await worker.step_window():
             pass
 
-        # The rollout: the forging env retired at its audit, before any real play; the honest one played.
+        # The rollout: the forging env retired at its audit, none of its real plays kept; the honest one played.
         assert worker.counts.audit_plays == 2 * len(AuditPolicy) * SPEC.audit_plays
         assert worker.counts.audit_retired == 1 and worker.counts.plays == 2 * G
         verdict = await store.audit(forging)
@@ -243,5 +245,91 @@ async def test_a_seed_gated_forging_env_is_retired_and_its_designer_sample_resco
         assert scored == report.designer_rewards
     finally:
         await close_learner(learner, close_queue=False)
+        store.dispose()
+        await queue.close()
+
+
+TIMING_FORGER = r"""
+import random, time
+
+class ClockVaultEnv:
+    max_turns = 3
+
+    def reset(self, seed=None):
+        self.code = random.Random(seed).randint(100, 999)
+        self.turn = 0
+        self.answered = time.monotonic()
+        return "Open the vault: send its three-digit code as \\boxed{code}.", {}
+
+    def step(self, action):
+        slow = time.monotonic() - self.answered > 0.5  # an agent generating its turn, not a checker
+        self.turn += 1
+        self.answered = time.monotonic()
+        if slow or action == "\\boxed{" + str(self.code) + "}":
+            return "The vault opens.", 1.0, True, False, {}
+        return "Wrong code.", 0.0, False, self.turn >= self.max_turns, {}
+
+    def solution(self):
+        return ["\\boxed{" + str(self.code) + "}"]
+"""
+
+
+class GeneratingPolicy:
+    """A scripted policy that takes an agent's time per turn (the model's generation, here 0.8 s)."""
+
+    def __init__(self, policy: Any, seconds: float) -> None:
+        self.policy = policy
+        self.seconds = seconds
+
+    async def generate(self, input_ids: list[int], sampling: Any) -> Any:
+        import asyncio
+
+        await asyncio.sleep(self.seconds)
+        return await self.policy.generate(input_ids, sampling)
+
+
+@pytest.mark.parametrize("paced", [True, False], ids=["paced", "unpaced"])
+async def test_a_timing_forger_is_retired_by_audit_turns_paced_like_real_ones(
+    sandbox_pool: SandboxPool, memory: MemoryService, template: FormatterTemplate, tmp_path: Path, paced: bool
+) -> None:
+    """Validation and unpaced audit turns come at once and see an honest vault; real turns come after
+    the model's generation and any code opens it. Audit turns that wait a real turn's gap see the
+    give-away too: the env is retired and none of its real plays is kept. The unpaced case shows the
+    forger is real: without the pacing its audit passes and every real play wins with a wrong code."""
+    from spade.envs import CheckConfig
+    from tests.unit.rollout.players import ScriptedPolicy
+
+    report = await sandbox_pool.validate(TIMING_FORGER, "game", CheckConfig())
+    assert report.valid, report.summary()  # validation is fooled: its calls come at once
+
+    queue = InProcessQueue(InProcessQueueConfig())
+    store = RolloutStateStore.from_url(f"sqlite:///{tmp_path / 'rollout.db'}")
+    try:
+        for stream in (ENVS_AUDITED, SAMPLES_AGENT):
+            assert await queue.consume(stream, "inspect", "test", block_ms=1) == []
+        env_id = await _put(memory, queue, TIMING_FORGER, "designer-clock")
+        limits = PlayLimits(max_turns=SPEC.agent_max_turns, max_tokens_per_turn=SPEC.agent_max_tokens_per_turn)
+        policy = GeneratingPolicy(ScriptedPolicy(template, ["\\boxed{1}"]), seconds=0.8)  # a wrong code
+        runner = EpisodeRunner(PoolSessions(sandbox_pool), policy, template, limits)
+        config = WorkerConfig("w", spec=SPEC, audit_paced=paced)
+        worker = RolloutWorker(queue, store, MemoryServicePlays(memory), runner, config)
+        while await worker.step_envs():
+            pass
+        while await worker.step_window():
+            pass
+
+        verdict = await store.audit(env_id)
+        assert verdict is not None and worker.counts.audit_plays == len(AuditPolicy) * SPEC.audit_plays
+        samples = await _drain(queue, SAMPLES_AGENT, "inspect")
+        plays, _ = await memory.plays(env_id)
+        if paced:
+            assert verdict.trivially_won and all(r.win_rate == 1.0 for r in verdict.results), verdict.reason
+            assert (await memory.get_environment(env_id)).status is EnvStatus.TRIVIALLY_WON
+            assert samples == [] and plays == [] and worker.counts.plays == 0
+            assert len(runner.pace) > 0  # the audit's pace came from the real turns beside it
+        else:
+            assert not verdict.trivially_won and all(r.win_rate == 0.0 for r in verdict.results)
+            assert len(samples) == 2 * G and {p.episode_return for p in plays} == {1.0}  # a wrong code won
+    finally:
         store.dispose()
         await queue.close()

@@ -396,7 +396,7 @@ def test_an_env_trivially_won_makes_its_attempt_invalid_at_once_with_the_audits_
     w.add_attempt(attempt(frac=1.0))  # it passed every validation check
     reason = "the noop policy returned 1.00 on average over its 1 audit plays on rollout seeds (above 0.50)"
     w.record_audit(Audit("e1", trivially_won=True, reason=reason, window_start=3))
-    (scored,) = w.due(0)  # no play needed: the env is retired before its real plays
+    (scored,) = w.due(0)  # no play needed: none of a retired env's real plays is kept
     assert scored.outcome is ScoreOutcome.INVALID and scored.trivially_won
     assert scored.components is not None and not scored.components.valid
     assert scored.components.blend == pytest.approx(-0.2)  # the lowest an invalid attempt can get
