@@ -22,7 +22,9 @@ memory's statistics, the run's metrics):
   number of times (at the env's first window version); anything else raises.
 - ``regret_norm``: ``clip(regret / 0.15, 0, 1)``.
 - ``plateau(w)``: 1 on [0.4, 0.6], linear to 0 at 0.15 and 0.85.
-- ``designer_blend``: ``0.4 * regret_norm + 0.6 * plateau(w)``; invalid attempts get 0, or with the
+- ``chance_corrected(w, t)``: the win rate above what a trivial policy gets, ``max(0, (w - t) / (1 - t))``
+  (``t``: the best trivial policy's audit win rate; 0 leaves ``w`` as it is).
+- ``designer_blend``: ``0.4 * regret_norm + 0.6 * plateau(chance_corrected(w, t))``; invalid attempts get 0, or with the
   optional validity shaping a penalty ``-w * (1 - fraction of checks passed)`` in ``[-w, 0]``: shaping
   orders invalid attempts among themselves and never pays one more than the smallest reward a valid
   env can earn (0).
@@ -212,6 +214,29 @@ def plateau(rate: float, band: PlateauBand = PlateauBand()) -> float:
     return max(0.0, (band.zero_high - w) / (band.zero_high - band.high))
 
 
+def chance_corrected(rate: float, trivial_rate: float) -> float:
+    """The win rate above what a trivial policy gets on the same env, rescaled to [0, 1].
+
+    ``max(0, (rate - trivial_rate) / (1 - trivial_rate))``: what the agent's plays earned beyond a
+    constant or random action (the audit's, on the env's own rollout seeds). An env that pays 0.5 to any
+    action has an agent win rate of 0.5 and a trivial one of 0.5: 0 here, so the difficulty plateau,
+    which measures the agent's ability, pays it nothing (it would otherwise sit at the plateau's top
+    while teaching nothing). With ``trivial_rate`` 0 (no audit, or no trivial win) the rate is unchanged.
+
+    >>> [chance_corrected(w, t) for w, t in ((0.5, 0.5), (0.5, 0.0), (0.625, 0.25), (0.1, 0.3))]
+    [0.0, 0.5, 0.5, 0.0]
+
+    Raises:
+        SignalError: Either rate not finite or outside [0, 1], or ``trivial_rate`` equal to 1.
+    """
+    w, t = _finite(rate, "win_rate"), _finite(trivial_rate, "trivial win_rate")
+    if not (0.0 <= w <= 1.0 and 0.0 <= t < 1.0):
+        raise SignalError(
+            f"win rates must lie in [0, 1] and a trivial one below 1 (such an env is retired), got {w} and {t}"
+        )
+    return max(0.0, (w - t) / (1.0 - t))
+
+
 def regret(hinted: Sequence[tuple[int, float]], unhinted: Sequence[tuple[int, float]]) -> float:
     """Hint-based regret: mean hinted return minus mean unhinted return.
 
@@ -283,7 +308,8 @@ class DesignerRewardComponents:
     """Every term of one designer reward, for metrics, the memory and the report.
 
     ``regret``, ``regret_norm``, ``window_win_rate`` and ``plateau`` are ``None`` for an invalid
-    attempt (nothing was played).
+    attempt (nothing was played). ``plateau`` is taken of :func:`chance_corrected` (``window_win_rate``,
+    ``trivial_win_rate``).
     """
 
     valid: bool
@@ -293,6 +319,7 @@ class DesignerRewardComponents:
     plateau: float | None
     validity_fraction: float | None
     blend: float
+    trivial_win_rate: float | None = None
 
 
 def validity_fraction(passed: Iterable[bool]) -> float:
@@ -319,8 +346,9 @@ def designer_blend(
     valid: bool = True,
     config: DesignerRewardConfig = DesignerRewardConfig(),
     validity_fraction_value: float | None = None,
+    trivial_win_rate: float = 0.0,
 ) -> DesignerRewardComponents:
-    """The designer's reward ``w_r * regret_norm(regret) + w_p * plateau(window_win_rate)``.
+    """The designer's reward ``w_r * regret_norm(regret) + w_p * plateau(chance_corrected(w, t))``.
 
     An invalid attempt gets 0, or ``-validity_shaping_weight * (1 - validity_fraction)`` when shaping
     is configured (off by default): at most 0, the smallest blend a valid env can earn, and strictly
@@ -332,6 +360,8 @@ def designer_blend(
     (-0.04, -0.2)
     >>> designer_blend(0.0, 0.0, True, config).blend
     0.0
+    >>> designer_blend(0.0, 0.5).blend, designer_blend(0.0, 0.5, trivial_win_rate=0.5).blend  # pays any action 0.5
+    (0.6, 0.0)
 
     Args:
         regret_value: :func:`regret` at the env's first window version (ignored when invalid).
@@ -339,6 +369,7 @@ def designer_blend(
         valid: Whether the attempt produced a stored, validated environment.
         config: Weights, scale, band and shaping.
         validity_fraction_value: Fraction of validation checks passed, for shaping invalid attempts.
+        trivial_win_rate: The best trivial policy's win rate in the env's audit (0: none, or no audit).
 
     Raises:
         SignalError: A valid env without regret or win rate, or non-finite inputs.
@@ -354,9 +385,10 @@ def designer_blend(
         )
     r = _finite(regret_value, "regret")
     r_norm = regret_norm(r, config.regret_scale)
-    p = plateau(window_win_rate, config.band)
+    t = _finite(trivial_win_rate, "trivial win_rate")
+    p = plateau(chance_corrected(window_win_rate, t), config.band)
     blend = config.regret_weight * r_norm + config.plateau_weight * p
-    return DesignerRewardComponents(True, r, r_norm, float(window_win_rate), p, None, blend)
+    return DesignerRewardComponents(True, r, r_norm, float(window_win_rate), p, None, blend, t)
 
 
 def group_zscores(returns: Sequence[float], eps: float = 1e-6) -> list[float] | None:

@@ -99,7 +99,8 @@ SECTIONS: tuple[tuple[str, tuple[Chart, ...]], ...] = (
                     Line("designer/window_win_rate_mean", "window win rate", True),
                 ),
                 empty="no designer sample was scored (a window closes k versions after its env is designed)",
-                note="blend = 0.4 · regret_norm + 0.6 · plateau(window win rate); invalid attempts score 0 "
+                note="blend = 0.4 · regret_norm + 0.6 · plateau(window win rate above the audit's trivial "
+                "policies'); invalid attempts score 0 "
                 "(or, with validity shaping, a penalty of at most 0: never more than a valid env).",
             ),
             Chart(

@@ -26,12 +26,13 @@ from google.protobuf.message import DecodeError
 from services.learner.buffer import LearnerBuffer, write_buffer
 from services.learner.core.batching import AgentPlaySample, BatchError
 from services.learner.core.plan import StepPlan, complete_groups
-from services.learner.core.window import Audit, DesignerWindow
+from services.learner.core.window import DesignerWindow
 from services.learner.journal import JournalRecord, SampleJournal
 from services.learner.samples import (
     agent_play,
     agent_train_sample,
     designer_attempt,
+    env_audit,
     play_sample_from_json,
     play_sample_to_json,
 )
@@ -251,9 +252,7 @@ class Intake:
         return False
 
     def _accept_audit(self, msg: queues_pb2.EnvAudit) -> None:
-        if not msg.env_id:
-            raise ValueError("an audit verdict without env_id: the rollout names the env it audited")
-        audit = Audit(msg.env_id, bool(msg.trivially_won), msg.reason, int(msg.window_start))
+        audit = env_audit(msg)
         if not self.window.record_audit(audit):
             self.counts["duplicates"] += 1
             return

@@ -9,8 +9,8 @@ from dataclasses import asdict
 from typing import Any
 
 from services.learner.core.batching import AgentPlaySample, BatchError, Role, TrainSample
-from services.learner.core.window import DesignerAttempt, Play
-from spade.signal import validity_fraction
+from services.learner.core.window import Audit, DesignerAttempt, Play
+from spade.signal import validity_fraction, win_rate
 from spade.v1 import queues_pb2
 
 
@@ -86,6 +86,20 @@ def designer_attempt(sample: queues_pb2.DesignerSample) -> DesignerAttempt:
         trainable=bool(sample.trainable),
         constrained=bool(sample.constrained),
         outcome=sample.outcome,
+    )
+
+
+def env_audit(message: queues_pb2.EnvAudit) -> Audit:
+    """The rollout's audit verdict as the window keeps it, with the best trivial policy's win rate.
+
+    Raises:
+        ValueError: No env id, or a trivial policy's return outside [0, 1] (``spade.signal.SignalError``).
+    """
+    if not message.env_id:
+        raise ValueError("an audit verdict without env_id: the rollout names the env it audited")
+    rates = [win_rate(p.returns) for p in message.policies if p.returns]
+    return Audit(
+        message.env_id, bool(message.trivially_won), message.reason, int(message.window_start), max(rates, default=0.0)
     )
 
 

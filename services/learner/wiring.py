@@ -42,7 +42,8 @@ class StatsWriter(Protocol):
 def memory_reward_sink(memory: StatsWriter) -> Callable[[ScoredAttempt], Awaitable[None]]:
     """A ``on_designer_reward`` callback storing each scored env's reward components in the memory.
 
-    The components (``regret``, ``regret_norm``, ``window_win_rate``, ``plateau``, ``blend``) are
+    The components (``regret``, ``regret_norm``, ``window_win_rate``, ``plateau``, ``trivial_win_rate``,
+    ``blend``) are
     ``spade.signal``'s, as the learner rewarded the designer; invalid attempts (no env) and unscored
     ones are skipped. A memory that cannot be reached costs a log line, never the learner's step: the
     same figures are in the step's log line.
@@ -57,6 +58,7 @@ def memory_reward_sink(memory: StatsWriter) -> Callable[[ScoredAttempt], Awaitab
             "regret_norm": c.regret_norm,
             "window_win_rate": c.window_win_rate,
             "plateau": c.plateau,
+            "trivial_win_rate": c.trivial_win_rate,
             "blend": c.blend,
         }
         update = StatsUpdate(reward_components={k: float(v) for k, v in values.items() if v is not None})

@@ -71,12 +71,15 @@ class Audit:
         trivially_won: A trivial policy won it too often: the env is retired, its attempt invalid.
         reason: The rollout's sentence (policy, wins, threshold); "" when it passed.
         window_start: The env's window start (pruning only).
+        trivial_win_rate: The best trivial policy's win rate: the plateau is taken of the agent's win
+            rate above it (``spade.signal.chance_corrected``).
     """
 
     env_id: str
     trivially_won: bool
     reason: str = ""
     window_start: int = 0
+    trivial_win_rate: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -367,7 +370,8 @@ class DesignerWindow:
             )
         try:
             r = regret(hinted, unhinted)
-            components = designer_blend(r, win_rate(window), True, self.config)
+            trivial = audit.trivial_win_rate if audit is not None else 0.0
+            components = designer_blend(r, win_rate(window), True, self.config, trivial_win_rate=trivial)
         except MismatchedArmsError as exc:
             return unscored(UnscoredReason.MISMATCHED_ARMS, str(exc))
         except SignalError as exc:

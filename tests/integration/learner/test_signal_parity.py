@@ -93,6 +93,7 @@ async def test_the_memory_and_the_learner_compute_identical_designer_rewards(tmp
         "regret_norm": ours.regret_norm,
         "window_win_rate": ours.window_win_rate,
         "plateau": ours.plateau,
+        "trivial_win_rate": 0.0,  # the run audits nothing: the win rate is taken as it is
         "blend": ours.blend,
     }
     assert report.counters["designer_scored"] == 1

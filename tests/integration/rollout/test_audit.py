@@ -240,6 +240,9 @@ async def test_a_seed_gated_forging_env_is_retired_and_its_designer_sample_resco
         assert components is not None and not components.valid
         assert "trivially_won" in outcomes[forging].reason and verdict.reason in outcomes[forging].reason
         assert outcomes[honest].outcome is ScoreOutcome.SCORED
+        honest_components = outcomes[honest].components  # the plateau is taken above the trivial policies'
+        assert honest_components is not None
+        assert honest_components.trivial_win_rate == max(r.win_rate for r in passed.results)
         assert report.counters["designer_trivially_won"] == 1 and report.counters["audits_received"] == 2
         assert report.counters["agent_received"] == 2 * G  # no audit play among them
         assert scored == report.designer_rewards

@@ -404,6 +404,21 @@ def test_an_env_trivially_won_makes_its_attempt_invalid_at_once_with_the_audits_
     assert "e1" not in w.audits and not w.pending  # released with the attempt
 
 
+@pytest.mark.parametrize(("trivial", "plateau"), [(0.0, 1.0), (0.2, 0.9), (0.5, 0.0)])
+def test_the_plateau_is_taken_of_the_win_rate_above_the_audits_trivial_policies(trivial, plateau):
+    """The window's win rate is 0.5 (the plateau's top) and its regret 0.5; an env that pays any action
+    0.5 (its trivial policies win 0.5) earns no plateau: the agent did no better than a constant action."""
+    w = window(group_size=4, await_audit=True)
+    w.add_attempt(attempt())
+    fill_window(w)
+    w.record_audit(Audit("e1", trivially_won=False, window_start=3, trivial_win_rate=trivial))
+    (scored,) = w.due(4)
+    c = scored.components
+    assert scored.outcome is ScoreOutcome.SCORED and c is not None
+    assert (c.window_win_rate, c.trivial_win_rate, c.regret_norm) == (0.5, trivial, 1.0)
+    assert c.plateau == pytest.approx(plateau) and c.blend == pytest.approx(0.4 + 0.6 * plateau)
+
+
 def test_a_trivially_won_verdict_overrides_plays_that_arrived_before_it():
     w = window(group_size=4, await_audit=False)  # even a run that does not wait honours a verdict
     w.add_attempt(attempt())

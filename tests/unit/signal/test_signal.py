@@ -15,6 +15,7 @@ from spade.signal import (
     PlateauBand,
     SignalError,
     SkillBaselines,
+    chance_corrected,
     designer_advantages,
     designer_blend,
     group_zscores,
@@ -81,6 +82,18 @@ def test_regret_norm_clips_at_the_scale() -> None:
     assert regret_norm(0.5) == 1.0
     with pytest.raises(SignalError):
         regret_norm(0.1, scale=0.0)
+
+
+def test_chance_correction_pays_only_what_beats_a_trivial_policy() -> None:
+    assert chance_corrected(0.7, 0.0) == 0.7  # no trivial win: the rate as it is
+    assert chance_corrected(0.5, 0.5) == 0.0 and chance_corrected(0.3, 0.5) == 0.0  # no better than a constant
+    assert chance_corrected(1.0, 0.4) == 1.0 and chance_corrected(0.55, 0.1) == pytest.approx(0.5)
+    # A constant payer sits at the plateau's top uncorrected, at 0 corrected, whatever it pays.
+    for pays in (0.15, 0.45, 0.5, 0.6):
+        assert designer_blend(0.0, pays, trivial_win_rate=pays).blend == 0.0
+    for bad in ((1.2, 0.0), (0.5, 1.0), (0.5, -0.1), (float("nan"), 0.0)):
+        with pytest.raises(SignalError):
+            chance_corrected(*bad)
 
 
 def test_designer_blend_weights_and_invalid_attempts() -> None:
