@@ -147,11 +147,7 @@ def main() -> None:
         return
     load_start = os.getloadavg()
     start = time.perf_counter()
-    argv = [
-        "--steps", str(args.steps), "--designer-init", args.designer_init, "--lr", str(args.lr),
-        "--eval-items", str(args.eval_items), "--work-dir", str(work),
-        *(["--threads", str(args.threads)] if args.threads is not None else []),
-    ]  # fmt: skip
+    argv = [*sys.argv[1:], "--work-dir", str(work)]  # the options as given (the last --work-dir wins)
     arms = {arm: arm_in_child(arm, work, argv) for arm in args.arms.split(",")}
     result: dict[str, Any] = {
         "benchmark": "learning",

@@ -375,8 +375,8 @@ def summary_sentences(
             with_signal = sum(1 for frac in nonzero if frac > 0)
             out.append(
                 f"{scored} designer sample(s) were scored when their window closed ({fate}); the designer's "
-                f"advantages were nonzero in {with_signal} of {len(nonzero)} scored step(s) (for "
-                f"{_pct(_mean(nonzero))} of a step's samples on average)."
+                f"advantages were nonzero in {with_signal} of {len(nonzero)} scored step(s) (on average "
+                f"{_pct(_mean(nonzero))} of a scored step's samples had a nonzero advantage)."
             )
         else:
             out.append("No designer sample was scored: no window closed within the run.")

@@ -126,6 +126,10 @@ def role_settings(
                 "block_ms": 50,
                 "inference_urls": [inference_url],
                 "tokenizer_path": model,
+                # Every env of a step at once: an env whose real plays are done may still be waiting
+                # for its paced audit, and must not hold back the next env's real plays (the model's
+                # concurrency is max_concurrent_plays either way).
+                "max_concurrent_envs": min(64, max(4, settings.envs_per_step + settings.pool_envs_per_step)),
             }
         )
     )

@@ -125,6 +125,7 @@ def _reward_row(step: int, scored: ScoredAttempt) -> dict[str, Any]:
             regret_norm=components.regret_norm,
             window_win_rate=components.window_win_rate,
             plateau=components.plateau,
+            trivial_win_rate=components.trivial_win_rate,
             validity_fraction=components.validity_fraction,
             blend=components.blend,
         )

@@ -1,6 +1,6 @@
 """The learner's forward pass: next-token logprobs of a micro-batch, packed or padded.
 
-A packed micro-batch (``core.batching.pack``) is one row holding several sequences back to back:
+A packed micro-batch (``core.collate.pack``) is one row holding several sequences back to back:
 no pad token reaches the model. Two things keep the sequences independent:
 
 - position ids restart at 0 at every sequence start (rotary embeddings see each sequence alone);
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from services.learner.core.batching import Collated
+from services.learner.core.collate import Collated
 
 SEGMENT_ATTENTION = "spade_segments"
 """Name under which :func:`segment_attention` is registered in ``transformers``' ``AttentionInterface``."""
@@ -230,8 +230,8 @@ def token_logprobs(
 ) -> torch.Tensor:
     """Logprob of each next token, ``(B, T−1)``, at least float32, at the sampling temperature.
 
-    ``batch`` is packed (``core.batching.pack``: one row, no padding, per-sequence positions and
-    attention) or padded (``core.batching.collate``: one row per sequence). With the fused head
+    ``batch`` is packed (``core.collate.pack``: one row, no padding, per-sequence positions and
+    attention) or padded (``core.collate.collate``: one row per sequence). With the fused head
     (the default) only positions where ``batch.loss_mask`` is set are computed; the others hold 0.
 
     Args:

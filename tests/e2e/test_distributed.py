@@ -124,7 +124,9 @@ def test_a_designer_sample_is_scored_when_the_learner_published_between_design_a
         regret = spade_signal.regret(hinted, [(p[0], counted(p)) for p in slot0 if not p[1]])
         rate = spade_signal.win_rate([counted(p) for p in slot0 if not p[1]])
         assert (stored_regret, stored_rate) == pytest.approx((regret, rate))  # the memory's own statistics
-        expected = spade_signal.designer_blend(regret, rate, config=spec.rewards.to_config())
+        trivial = components["trivial_win_rate"]  # the audit's best trivial policy (checked in test_audit.py)
+        assert 0.0 <= trivial < 1.0
+        expected = spade_signal.designer_blend(regret, rate, config=spec.rewards.to_config(), trivial_win_rate=trivial)
         assert len(slot0) == 2 * spec.group_size
         assert components["regret"] == pytest.approx(regret) and components["window_win_rate"] == pytest.approx(rate)
         assert components["plateau"] == pytest.approx(expected.plateau)

@@ -6,7 +6,9 @@ test recomputes from the stored plays with ``spade.signal``, and some designer a
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
+import sqlite3
 from collections import defaultdict
 from pathlib import Path
 
@@ -72,6 +74,9 @@ def test_each_designer_sample_gets_the_reward_recomputed_from_its_plays(pool_run
     rows = lines(run_dir / "designer_rewards.jsonl")
     assert len(rows) == len(POOL_ANSWERS) and not any(r["trainable"] for r in rows)  # scored, never trained
     plays = stored_plays(run_dir)
+    with sqlite3.connect(run_dir / "rollout.db") as db:  # each env's audit verdict, as the rollout kept it
+        verdicts = [json.loads(v) for (v,) in db.execute("SELECT verdict FROM rollout_audits").fetchall()]
+    audited = {v["env_id"]: max(signal.win_rate(r["returns"]) for r in v["results"]) for v in verdicts}
     valid_rows = [r for r in rows if r["valid"]]
     assert {r["outcome"] for r in rows} == {"valid", "smoke", "determinism"} and len(valid_rows) == 2
     for row in valid_rows:
@@ -85,10 +90,13 @@ def test_each_designer_sample_gets_the_reward_recomputed_from_its_plays(pool_run
         ]
         regret = signal.regret(hinted, unhinted)
         rate = signal.win_rate(window)
-        expected = signal.designer_blend(regret, rate, config=config)
+        trivial = audited[row["env_id"]]  # the plateau is taken of the win rate above the audit's
+        expected = signal.designer_blend(regret, rate, config=config, trivial_win_rate=trivial)
         assert row["regret"] == pytest.approx(regret, abs=1e-9)
         assert row["window_win_rate"] == pytest.approx(rate, abs=1e-9)
-        assert row["plateau"] == pytest.approx(signal.plateau(rate, config.band), abs=1e-9)
+        assert row["trivial_win_rate"] == pytest.approx(trivial, abs=1e-9)
+        corrected = signal.chance_corrected(rate, trivial)
+        assert row["plateau"] == pytest.approx(signal.plateau(corrected, config.band), abs=1e-9)
         assert row["blend"] == pytest.approx(expected.blend, abs=1e-9)
     for row in rows:
         if not row["valid"]:

@@ -160,7 +160,7 @@ def test_trained_on_is_said_only_of_samples_the_learner_trained_on() -> None:
     busy = [{"step": 1, **scored, "learner/trained": True, "learner/count/designer_trained": 2}]
     text = " ".join(summary_sentences(busy, designer_mode="policy", pool_designer=False, seeded=3, static=0))
     assert "(2 trained on)" in text and "the designer role in 1" in text
-    assert "nonzero in 1 of 1 scored step(s) (for 50% of a step's samples on average)" in text
+    assert "nonzero in 1 of 1 scored step(s) (on average 50% of a scored step's samples had a nonzero" in text
     flat = [{"step": 2, **scored, "designer/advantage_nonzero_frac": 0.0, "learner/trained": True}]
     text = " ".join(summary_sentences(busy + flat, designer_mode="policy", pool_designer=False, seeded=3, static=0))
     assert "nonzero in 1 of 2 scored step(s)" in text

@@ -23,7 +23,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from trl.trainer.grpo_trainer import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
-from services.learner.core.batching import collate
+from services.learner.core.collate import collate
 from services.learner.core.losses import (
     CispoLossConfig,
     GrpoLossConfig,

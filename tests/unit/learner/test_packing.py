@@ -14,7 +14,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from services.learner import logprobs as lp
-from services.learner.core.batching import BatchError, Role, TrainSample, collate, pack
+from services.learner.core.batching import BatchError, Role, TrainSample
+from services.learner.core.collate import collate, pack
 from services.learner.core.losses import GrpoLossConfig, LossInputs, build_loss
 from services.learner.trainer import OptimConfig, Trainer, token_logprobs
 

@@ -91,7 +91,7 @@ def test_empty_or_untrainable_batches_are_rejected():
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_chunked_logprob_head_equals_full_logits_values_and_gradients(temperature):
-    from services.learner.core.batching import collate
+    from services.learner.core.collate import collate
     from services.learner.trainer import token_logprobs
 
     batch = collate(random_batch(n=4, seed=8))
