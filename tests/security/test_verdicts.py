@@ -23,9 +23,11 @@ from tests.security.test_escapes import assert_healthy
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 CONFIG = CheckConfig()
-GOOD = EXAMPLES["counterfeit_coin"].code
-# A real defect for the checker to find: solution() names the wrong coin.
-BROKEN = GOOD.replace("return [", "return ['\\\\boxed{answer 0 heavy}'] + [", 1)
+# An example no random policy wins (counterfeit_coin's ~5% random wins failed its random_policy check
+# about once in 50 validations on secret seeds: a baseline that flaked).
+GOOD = EXAMPLES["code_breaker"].code
+# A real defect for the checker to find: solution() never guesses the code.
+BROKEN = GOOD.replace('"\\\\boxed{guess " + " ".join(map(str, self.code)) + "}"', '"\\\\boxed{guess 0 0 0 0}"', 1)
 
 FORGED = {
     "op": "report",

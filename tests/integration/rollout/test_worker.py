@@ -784,7 +784,7 @@ async def test_the_verdict_published_is_the_one_stored_when_another_worker_store
     from services.rollout.core.schedule import ActiveEnv
 
     env_id = await _put_class(rig, ForgingEnv)
-    worker = rig.worker("w2")
+    worker = rig.worker("w2", audit_paced=False)  # no real play runs beside this audit to set its pace
     theirs = AuditVerdict(env_id, (), SPEC.audit_max_win_rate, False, "")  # the other worker's, stored first
     assert await worker.store.record_audit(theirs) == theirs
 
