@@ -132,7 +132,7 @@ async def test_the_validator_speaks_to_the_sandbox_service_through_the_shared_cl
         validator = SandboxServiceValidator(client)
         example = EXAMPLES["code_breaker"]  # no random wins: its random_policy check cannot fail by chance
         report = await validator.validate(example.code, "game", agent_max_turns=25)
-        assert report.valid and report.env_class == "CodeBreakerEnv", report.summary()
+        assert report.valid and report.env_class == "CodeBreakerEnv", report.checks
         assert [c.name for c in report.checks] == list(CHECK_NAMES) and report.repaired_code == example.code
         # The agent's budget travels with the request: a budget below what solution() needs fails it.
         tight = await validator.validate(example.code, "game", agent_max_turns=1)
