@@ -117,6 +117,7 @@ def role_settings(
             }
         )
     )
+    envs = min(64, max(4, settings.envs_per_step + settings.pool_envs_per_step))
     rollout = RolloutSettings(
         **settings.rollout.over(
             {
@@ -129,7 +130,9 @@ def role_settings(
                 # Every env of a step at once: an env whose real plays are done may still be waiting
                 # for its paced audit, and must not hold back the next env's real plays (the model's
                 # concurrency is max_concurrent_plays either way).
-                "max_concurrent_envs": min(64, max(4, settings.envs_per_step + settings.pool_envs_per_step)),
+                "max_concurrent_envs": envs,
+                # ... and every env's audit at once: audit plays only wait (a real turn's pace each turn).
+                "max_concurrent_audit_plays": min(128, max(16, 2 * settings.audit_plays * envs)),
             }
         )
     )
