@@ -551,9 +551,11 @@ class RolloutWorker:
     async def _audited_slot_0(self, env: ActiveEnv, spec: EnvSpec, ref: SlotRef, late: bool) -> AuditVerdict | None:
         """Slot 0's real plays and the env's audit, side by side; no real play is kept before the verdict.
 
-        The audit's turns are paced by the real plays' own (``core/pace.py``), so running both at
-        once costs the slot little time. A ``trivially_won`` verdict stops the real plays and keeps
-        none of them; a failure of either fails the slot (the other is stopped), as a failed play does.
+        The audit's turns are paced by the real plays' own (``core/pace.py``), so an audit lasts about
+        as long as a play; side by side, the slot waits only for what the audit takes beyond its real
+        plays (its noop plays use the whole turn budget). A ``trivially_won`` verdict stops the real
+        plays and keeps none of them; a failure of either fails the slot (the other is stopped), as a
+        failed play does.
         """
         audit = asyncio.create_task(self.audit(env, spec, ref))
         try:
