@@ -26,8 +26,9 @@ CONFIG = CheckConfig()
 # An example no random policy wins (counterfeit_coin's ~5% random wins failed its random_policy check
 # about once in 50 validations on secret seeds: a baseline that flaked).
 GOOD = EXAMPLES["code_breaker"].code
-# A real defect for the checker to find: solution() never guesses the code.
-BROKEN = GOOD.replace('"\\\\boxed{guess " + " ".join(map(str, self.code)) + "}"', '"\\\\boxed{guess 0 0 0 0}"', 1)
+# A real defect for the checker to find: solution() guesses a code that differs from the secret in every
+# digit (still a function of the seed, so only solution_replay fails, never seed_variety).
+BROKEN = GOOD.replace('" ".join(map(str, self.code))', '" ".join(str(d % self.DIGITS + 1) for d in self.code)', 1)
 
 FORGED = {
     "op": "report",
