@@ -65,6 +65,7 @@ import torch
 from services.inference.app import create_app
 from services.inference.engine import BatchEngine
 from services.inference.prefix_cache import RadixPrefixCache
+from services.inference.quant import Int8Linear
 from spade.inference import InferenceClient, SamplingParams
 from spade.inference.models import default_gguf_path
 
@@ -267,6 +268,20 @@ def torch_weight_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def decode_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes one decode step reads: int8 layers' int8 weights and scales, every other parameter but the embedding
+    (looked up one row a token; the LM head that shares it is an int8 layer of its own)."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, Int8Linear):
+            total += module.qweight.numel() + module.scales.numel() * module.scales.element_size()
+            if module.bias is not None:
+                total += module.bias.numel() * module.bias.element_size()
+        elif not isinstance(module, torch.nn.Embedding):
+            total += sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
+    return total
+
+
 def gguf_weight_bytes(path: Path) -> int:
     """Bytes of a GGUF file's tensors, as stored (quantised blocks and their scales)."""
     from gguf import GGUFReader
@@ -279,10 +294,12 @@ def decode_limit(weight_bytes: int, bandwidth: float) -> float:
     return bandwidth / weight_bytes
 
 
-def machine_limits(engine: BatchEngine, gguf: Path, bandwidth_mib: int) -> dict[str, Any]:
+def machine_limits(engine: BatchEngine, int8: BatchEngine | None, gguf: Path, bandwidth_mib: int) -> dict[str, Any]:
     """Memory read bandwidth, weight bytes per generated token and the single-stream decode limits."""
     bandwidth = read_bandwidth(bandwidth_mib)
     weights = {"ours": torch_weight_bytes(engine.model), "llamacpp": gguf_weight_bytes(gguf)}
+    if int8 is not None:
+        weights["ours_int8"] = decode_weight_bytes(int8.model)
     return {
         "read_bandwidth_bytes_per_s": bandwidth,
         "bandwidth_buffer_mib": bandwidth_mib,
@@ -294,59 +311,97 @@ def machine_limits(engine: BatchEngine, gguf: Path, bandwidth_mib: int) -> dict[
 def print_limits(machine: dict[str, Any], load: float) -> None:
     bandwidth = machine["read_bandwidth_bytes_per_s"]
     print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (load average at start {load:.1f})")
-    for side, name in (("ours", "ours (fp32)"), ("llamacpp", "llama.cpp (GGUF)")):
+    names = {"ours": "ours (fp32)", "ours_int8": "ours (int8)", "llamacpp": "llama.cpp (GGUF)"}
+    for side, name in names.items():
+        if side not in machine["weight_bytes_per_token"]:
+            continue
         weight = machine["weight_bytes_per_token"][side]
         limit = machine["single_stream_limit_tok_per_s"][side]
         print(f"  single-stream decode limit, {name:17s} {weight / 1e6:6.1f} MB/token -> {limit:7.1f} tok/s")
+
+
+def logprob_drift(reference: BatchEngine, served: list[Any], prompt: list[int], temperature: float) -> dict[str, float]:
+    """How far the served logprobs of sampled tokens lie from the fp32 model's (the learner's) on the same tokens.
+
+    ``served`` are generation results (token ids and the engine's logprobs of them at ``temperature``);
+    the reference model is teacher-forced on prompt + tokens and its ``log_softmax(logits / T)`` read at
+    each one, as the learner computes them. Reports the mean and largest absolute difference, and the share
+    of tokens whose truncated importance ratio ``exp(reference - served)`` the learner would cap at 2.
+    """
+    diffs: list[float] = []
+    with torch.inference_mode():
+        for result in served:
+            ids = prompt + list(result.output_ids)
+            logits = reference.model(input_ids=torch.tensor([ids])).logits[0].float()
+            logprobs = torch.log_softmax(logits / temperature, dim=-1)
+            for i, (token, logprob) in enumerate(zip(result.output_ids, result.logprobs, strict=True)):
+                diffs.append(float(logprobs[len(prompt) - 1 + i, token]) - float(logprob))
+    absolute = [abs(d) for d in diffs]
+    return {
+        "tokens": len(diffs),
+        "mean_abs": statistics.fmean(absolute),
+        "max_abs": max(absolute),
+        "tis_capped_share": sum(d > math.log(2.0) for d in diffs) / len(diffs),
+    }
 
 
 async def throughput(
     args: argparse.Namespace,
     engine: BatchEngine,
     client: InferenceClient,
+    int8: InferenceClient | None,
     llama: LlamaCpp | None,
     report: dict[str, Any],
 ) -> None:
-    """Tokens/s at each concurrency level: ours, sequential ``model.generate`` and llama.cpp, interleaved."""
+    """Tokens/s at each concurrency level: ours (fp32, int8), sequential ``model.generate``, llama.cpp; interleaved."""
     base = baseline(engine, prompts(engine, args.baseline_prompts), args.tokens)
     report["baseline"]["sequential_generate_tok_per_s"] = base
-    ours: dict[str, list[float]] = {str(level): [] for level in args.levels}
-    theirs: dict[str, list[float]] = {str(level): [] for level in args.levels}
+    sides = {"tok_per_s": client, "int8_tok_per_s": int8, "llamacpp_tok_per_s": llama}
+    runs: dict[str, dict[str, list[float]]] = {
+        side: {str(level): [] for level in args.levels} for side, server in sides.items() if server is not None
+    }
     for _ in range(args.repeats):
         for level in args.levels:
             batch = prompts(engine, level)
-            ours[str(level)].append(await served(client, batch, args.tokens))
+            runs["tok_per_s"][str(level)].append(await served(client, batch, args.tokens))
+            if int8 is not None:
+                runs["int8_tok_per_s"][str(level)].append(await served(int8, batch, args.tokens))
             if llama is not None:
-                theirs[str(level)].append(llama.served(batch, args.tokens))
+                runs["llamacpp_tok_per_s"][str(level)].append(llama.served(batch, args.tokens))
     figures, ratios = report["figures"], report["ratios"]
-    figures["tok_per_s"] = {level: statistics.median(runs) for level, runs in ours.items()}
-    figures["tok_per_s_runs"] = ours
+    for side, by_level in runs.items():
+        figures[side] = {level: statistics.median(values) for level, values in by_level.items()}
+        figures[f"{side}_runs"] = by_level
     limits = report["machine"]["single_stream_limit_tok_per_s"]
-    if llama is not None:
-        figures["llamacpp_tok_per_s"] = {level: statistics.median(runs) for level, runs in theirs.items()}
-        figures["llamacpp_tok_per_s_runs"] = theirs
-    for level, rate in figures["tok_per_s"].items():
-        ratios[f"tok_per_s_{level}_vs_sequential"] = rate / base
-        if llama is not None:
-            ratios[f"tok_per_s_{level}_vs_llamacpp"] = rate / figures["llamacpp_tok_per_s"][level]
-    if "1" in figures["tok_per_s"]:
-        ratios["tok_per_s_1_vs_limit"] = figures["tok_per_s"]["1"] / limits["ours"]
-        if llama is not None:
-            ratios["llamacpp_tok_per_s_1_vs_limit"] = figures["llamacpp_tok_per_s"]["1"] / limits["llamacpp"]
+    for side, ours in (("tok_per_s", "ours"), ("int8_tok_per_s", "ours_int8")):
+        if side not in figures:
+            continue
+        prefix = side.removesuffix("tok_per_s")
+        for level, rate in figures[side].items():
+            ratios[f"{prefix}tok_per_s_{level}_vs_sequential"] = rate / base
+            if llama is not None:
+                ratios[f"{prefix}tok_per_s_{level}_vs_llamacpp"] = rate / figures["llamacpp_tok_per_s"][level]
+        if "1" in figures[side]:
+            ratios[f"{prefix}tok_per_s_1_vs_limit"] = figures[side]["1"] / limits[ours]
+    if llama is not None and "1" in figures["llamacpp_tok_per_s"]:
+        ratios["llamacpp_tok_per_s_1_vs_limit"] = figures["llamacpp_tok_per_s"]["1"] / limits["llamacpp"]
     if args.json:
         return
     print(f"baseline  sequential model.generate: {base:8.1f} tok/s")
-    for level, rate in figures["tok_per_s"].items():
-        line = f"embedded  {int(level):3d} concurrent requests: {rate:8.1f} tok/s   ratio {rate / base:5.2f}x"
-        if llama is not None:
-            theirs_rate = figures["llamacpp_tok_per_s"][level]
-            line += f"   llama.cpp {theirs_rate:8.1f} tok/s   ours/llama.cpp {rate / theirs_rate:5.2f}x"
-        print(line)
-    if "tok_per_s_1_vs_limit" in ratios:
-        line = f"single stream: ours at {ratios['tok_per_s_1_vs_limit']:.0%} of its limit"
-        if llama is not None:
-            line += f", llama.cpp at {ratios['llamacpp_tok_per_s_1_vs_limit']:.0%} of its limit"
-        print(line)
+    for side, name in (("tok_per_s", "fp32"), ("int8_tok_per_s", "int8")):
+        if side not in figures:
+            continue
+        for level, rate in figures[side].items():
+            line = f"ours {name}  {int(level):3d} concurrent requests: {rate:8.1f} tok/s   ratio {rate / base:5.2f}x"
+            if llama is not None:
+                theirs_rate = figures["llamacpp_tok_per_s"][level]
+                line += f"   llama.cpp {theirs_rate:8.1f} tok/s   ours/llama.cpp {rate / theirs_rate:5.2f}x"
+            print(line)
+    for key, name in (("tok_per_s_1_vs_limit", "ours fp32"), ("int8_tok_per_s_1_vs_limit", "ours int8")):
+        if key in ratios:
+            print(f"single stream: {name} at {ratios[key]:.0%} of its limit")
+    if "llamacpp_tok_per_s_1_vs_limit" in ratios:
+        print(f"single stream: llama.cpp at {ratios['llamacpp_tok_per_s_1_vs_limit']:.0%} of its limit")
 
 
 async def main() -> None:
@@ -372,6 +427,12 @@ async def main() -> None:
         help="measure llama.cpp (xllamacpp) side by side, when installed",
     )
     parser.add_argument(
+        "--int8",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure our engine serving int8 weights (SPADE_INFERENCE_WEIGHTS=int8) beside fp32",
+    )
+    parser.add_argument(
         "--bandwidth-mib", type=int, default=1024, help="buffer read to measure memory bandwidth (beyond the LLC)"
     )
     args = parser.parse_args()
@@ -386,6 +447,16 @@ async def main() -> None:
     )
     engine.start()
     app = create_app(engine)
+    int8_engine: BatchEngine | None = None
+    if args.int8:
+        int8_engine = BatchEngine(
+            None,
+            max_batch_size=engine.max_batch_size,
+            torch_threads=args.threads,
+            prefix_cache_tokens=args.prefix_cache_tokens,
+            weights="int8",
+        )
+        int8_engine.start()
     prompt = group_prompt(engine, args.prompt_words)
     gguf = default_gguf_path()
     xlc = llamacpp_module() if args.llamacpp else None
@@ -407,10 +478,17 @@ async def main() -> None:
             why = XLLAMACPP_MISSING if args.llamacpp else "--no-llamacpp"
             llama_report = {"skipped": why}
             print(f"llama.cpp side skipped: {why}", file=sys.stderr)
-        async with InferenceClient(
-            ["http://bench"], transports={"http://bench": httpx.ASGITransport(app=app)}
-        ) as client:
+        transports = {"http://bench": httpx.ASGITransport(app=app)}
+        if int8_engine is not None:
+            transports["http://int8"] = httpx.ASGITransport(app=create_app(int8_engine))
+        async with (
+            InferenceClient(["http://bench"], transports=transports) as client,
+            InferenceClient(["http://int8"], transports=transports) as int8_client,
+        ):
+            int8 = int8_client if int8_engine is not None else None
             await served(client, prompts(engine, 2), 4)  # warm-up
+            if int8 is not None:
+                await served(int8, prompts(engine, 2), 4)
             if llama is not None:
                 llama.served(prompts(engine, 2), 4)
             report: dict[str, Any] = {
@@ -427,7 +505,7 @@ async def main() -> None:
                     "prompt_tokens": len(prompt),
                 },
                 "llamacpp": llama_report,
-                "machine": machine_limits(engine, gguf, args.bandwidth_mib),
+                "machine": machine_limits(engine, int8_engine, gguf, args.bandwidth_mib),
             }
             if not args.json:
                 print_limits(report["machine"], load_at_start[0])
@@ -438,12 +516,19 @@ async def main() -> None:
                 "parallel_n": ("parallel_n", args.prefix_cache_tokens),
             }
             runs: dict[str, list[float]] = {name: [] for name in modes}
+            if int8 is not None:
+                runs["int8_parallel_n"] = []
             if llama is not None:
                 runs["llamacpp_parallel_n"] = []
             for _ in range(args.repeats):
                 for name, (mode, cache) in modes.items():
                     plays = await group_plays(client, engine, prompt, args.group, args.group_tokens, mode, cache)
                     runs[name].append(plays)
+                if int8 is not None and int8_engine is not None:
+                    plays = await group_plays(
+                        int8, int8_engine, prompt, args.group, args.group_tokens, "parallel_n", args.prefix_cache_tokens
+                    )
+                    runs["int8_parallel_n"].append(plays)
                 if llama is not None:
                     runs["llamacpp_parallel_n"].append(llama.group_plays(prompt, args.group, args.group_tokens))
             engine.prefix_cache = RadixPrefixCache(args.prefix_cache_tokens)
@@ -460,6 +545,20 @@ async def main() -> None:
                 report["ratios"]["parallel_n_vs_llamacpp_parallel_n"] = (
                     plays_per_s["parallel_n"] / plays_per_s["llamacpp_parallel_n"]
                 )
+                if int8 is not None:
+                    report["ratios"]["int8_parallel_n_vs_llamacpp_parallel_n"] = (
+                        plays_per_s["int8_parallel_n"] / plays_per_s["llamacpp_parallel_n"]
+                    )
+            # The served logprobs against the fp32 model's (the learner's) on the same sampled tokens.
+            params = SamplingParams(max_new_tokens=args.group_tokens, temperature=GROUP_TEMPERATURE, ignore_eos=True)
+            drift_sides = {"fp32": client, "int8": int8}
+            report["logprob_drift"] = {
+                side: logprob_drift(
+                    engine, await server.generate_n(prompt, params, n=args.group), prompt, GROUP_TEMPERATURE
+                )
+                for side, server in drift_sides.items()
+                if server is not None
+            }
             if not args.json:
                 print(
                     f"G={args.group} plays sharing a {len(prompt)}-token prompt, {args.group_tokens} tokens each "
@@ -470,13 +569,24 @@ async def main() -> None:
                 if llama is not None:
                     ratio = report["ratios"]["parallel_n_vs_llamacpp_parallel_n"]
                     print(f"  parallel_n ours / llama.cpp: {ratio:5.2f}x")
+                    if int8 is not None:
+                        ratio = report["ratios"]["int8_parallel_n_vs_llamacpp_parallel_n"]
+                        print(f"  int8_parallel_n ours / llama.cpp: {ratio:5.2f}x")
+                for side, drift in report["logprob_drift"].items():
+                    print(
+                        f"  {side} logprobs vs the fp32 model's on {drift['tokens']} sampled tokens: mean |diff| "
+                        f"{drift['mean_abs']:.2e}, max {drift['max_abs']:.2e}, "
+                        f"TIS-capped {drift['tis_capped_share']:.1%}"
+                    )
             # Throughput against sequential model.generate, and against llama.cpp.
             if args.levels:
-                await throughput(args, engine, client, llama, report)
+                await throughput(args, engine, client, int8, llama, report)
             if args.json:
                 print(json.dumps(report, indent=2))
     finally:
         engine.close()
+        if int8_engine is not None:
+            int8_engine.close()
         if llama is not None:
             llama.close()
 

@@ -50,6 +50,7 @@ def build_engine(settings: InferenceSettings) -> BatchEngine:
         torch_threads=settings.torch_threads,
         prefix_cache_tokens=settings.prefix_cache_tokens,
         batch_invariant=settings.enable_deterministic_inference,
+        weights=settings.weights,
     )
 
 

@@ -13,7 +13,7 @@ from services.inference.app import create_app
 from services.inference.engine import BatchEngine
 from services.inference.settings import InferenceSettings
 from spade.auth import KeyRing, Principal, hash_key
-from spade.inference.models import ensure_default_model
+from spade.inference.models import ensure_default_model, load_model
 from tests.conftest import needs
 
 ADMIN_KEY = "inference-test-admin-key"
@@ -35,6 +35,20 @@ def admin_ring() -> KeyRing[Principal] | None:
 def model_dir() -> Path:
     """The default model, converted from the shipped GGUF once (cached across runs)."""
     return ensure_default_model()
+
+
+@pytest.fixture(scope="session")
+def perturbed_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model with every weight matrix nudged by noise: a 'trained' next version."""
+    model = load_model(model_dir)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.add_(torch.randn(param.shape, generator=generator) * param.std() * 0.05)
+    target = tmp_path_factory.mktemp("ckpt") / "step-1"
+    model.save_pretrained(target)
+    return target
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 from services.inference.engine import BatchEngine, GenerationJob
 from spade.inference.models import load_model
@@ -16,20 +15,6 @@ from spade.inference.protocol import SamplingParams
 from tests.integration.inference.conftest import chat_ids, teacher_forced_logprobs
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def perturbed_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default model with every weight matrix nudged by noise: a 'trained' next version."""
-    model = load_model(model_dir)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() == 2:
-                param.add_(torch.randn(param.shape, generator=generator) * param.std() * 0.05)
-    target = tmp_path_factory.mktemp("ckpt") / "step-1"
-    model.save_pretrained(target)
-    return target
 
 
 async def _wait_until_running(engine: BatchEngine) -> None:

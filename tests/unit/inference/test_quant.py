@@ -1,0 +1,74 @@
+"""Int8 decode weights (services.inference.quant): what the kernel multiplies is what prefill multiplies."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+import torch
+from torch import nn
+
+from services.inference.quant import Int8Linear, decode_step, prepare_weights, quantize_for_decode, quantize_rows
+from services.inference.settings import InferenceSettings
+
+
+def _linear(out_features: int = 48, in_features: int = 64, *, bias: bool = False, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(in_features, out_features, bias=bias)
+
+
+def test_each_row_is_rounded_to_its_own_scale() -> None:
+    weight = torch.randn(6, 32, generator=torch.Generator().manual_seed(1))
+    weight[2] *= 100.0  # one large row must not coarsen the others
+    weight[4] = 0.0  # an all-zero row quantizes to zeros, not NaN
+    q, scales = quantize_rows(weight)
+    assert q.dtype == torch.int8 and scales.dtype == torch.bfloat16
+    assert int(q.abs().max()) <= 127
+    dequantized = q.float() * scales.float()[:, None]
+    assert torch.equal(dequantized[4], torch.zeros(32))
+    # Within half a step of the row's own scale (the scale itself is bf16-rounded first).
+    assert bool(((dequantized - weight).abs() <= scales.float()[:, None] / 2 + 1e-7).all())
+    assert float((dequantized[0] - weight[0]).abs().max()) < float(weight[2].abs().max()) / 127 / 10
+
+
+def test_a_decode_step_and_a_prefill_multiply_the_same_weights() -> None:
+    linear = _linear(bias=True)
+    layer = Int8Linear(linear)
+    x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(2))
+    prefill = layer(x)  # outside a decode step: fp32 with the dequantized weights
+    assert torch.equal(prefill, nn.functional.linear(x, layer.weight, layer.bias))
+    # A one-token prefill (after a prefix-cache hit) is a prefill: the same fp32 path.
+    torch.testing.assert_close(layer(x[:, -1:, :]), prefill[:, -1:, :], rtol=1e-5, atol=1e-6)
+    with decode_step():
+        decoded = layer(x[:, -1:, :])  # the int8 kernel on bf16 activations
+    assert decoded.shape == (3, 1, 48) and decoded.dtype == torch.float32
+    assert not torch.equal(decoded, prefill[:, -1:, :])
+    # The kernel's only differences are the bf16 rounding of activations and outputs (~3 digits).
+    torch.testing.assert_close(decoded, prefill[:, -1:, :], rtol=2e-2, atol=2e-2)
+    # ... and the int8 model is the original one up to the weights' rounding.
+    torch.testing.assert_close(prefill, linear(x).detach(), rtol=5e-2, atol=5e-2)
+
+
+def test_every_linear_layer_is_replaced_and_nothing_else() -> None:
+    inner = nn.Sequential(_linear(16, 48, seed=1), nn.ReLU())
+    model = nn.Sequential(_linear(), nn.LayerNorm(48), inner)
+    norm = model[1]
+    quantize_for_decode(model)
+    assert isinstance(model[0], Int8Linear) and isinstance(inner[0], Int8Linear)
+    assert model[1] is norm and isinstance(inner[1], nn.ReLU)
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    with decode_step():
+        assert model(torch.randn(2, 1, 64)).shape == (2, 1, 16)
+
+
+def test_float32_serves_the_model_as_loaded_and_an_unknown_mode_is_refused() -> None:
+    model = nn.Sequential(_linear())
+    assert prepare_weights(model, "float32") is model and isinstance(model[0], nn.Linear)
+    with pytest.raises(ValueError, match="unknown weights mode 'int4'; choose one of float32, int8"):
+        prepare_weights(model, "int4")  # type: ignore[arg-type]
+
+
+def test_the_setting_names_its_choices() -> None:
+    assert InferenceSettings().weights == "float32"
+    assert InferenceSettings(weights="int8").weights == "int8"
+    with pytest.raises(pydantic.ValidationError, match="'float32' or 'int8'"):
+        InferenceSettings(weights="int4")
