@@ -42,7 +42,7 @@ from one ``learner_step`` log line to the next; at each line the bench reads eve
 Usage::
 
     .venv/bin/python bench/loop_bench.py [--steps 2] [--envs 1] [--group-size 4]
-        [--mode embedded|distributed|both] [--json]
+        [--mode embedded|distributed|both] [--weights float32|int8] [--designer-init warm|base] [--json]
 
 ``--json`` prints one object (settings, ``os.getloadavg()`` at start and end, each step's breakdown
 under ``embedded`` and ``distributed``). ``--steps`` is the learner steps to see in each mode; the
@@ -321,6 +321,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         designer_max_new_tokens=args.designer_tokens,
         group_size=args.group_size,
         torch_threads=args.threads,
+        designer_init=args.designer_init,
+        inference={"weights": args.weights},
     )
     start = time.perf_counter()
     result = await run(settings)
@@ -336,9 +338,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     "group_size",
                     "agent_max_turns",
                     "agent_max_tokens_per_turn",
+                    "designer_init",
                 }
             )
         ),
+        "inference_weights": args.weights,
         "run_dir": str(run_dir),
         "total_s": time.perf_counter() - start,
         "steps": steps,
@@ -381,6 +385,18 @@ def main() -> None:
     parser.add_argument("--designer-tokens", type=int, default=256, help="designer tokens per attempt")
     parser.add_argument("--group-size", type=int, default=4, help="G: seeds per env and arm")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--weights",
+        choices=("float32", "int8"),
+        default="float32",
+        help="the embedded inference server's weights (SPADE_INFERENCE_WEIGHTS; docs/inference.md)",
+    )
+    parser.add_argument(
+        "--designer-init",
+        choices=("warm", "base"),
+        default="warm",
+        help="the policy the run starts from (base skips building the warm start on a fresh machine)",
+    )
     parser.add_argument("--run-dir", default=None, help="keep the run here (default: a temporary directory)")
     parser.add_argument(
         "--mode",

@@ -29,6 +29,13 @@ from spade.serving.run import config_option, configure_logs, log_level_option
     default=None,
     help="Batch-invariant mode for every request (SGLang's flag of the same name).",
 )
+@click.option(
+    "--weights",
+    type=click.Choice(["float32", "int8"]),
+    default=None,
+    help="float32 (default): serve the checkpoint's weights, logprobs exact to a float32 learner's; int8: decode "
+    "from int8 weights, faster on CPU, logprobs corrected by the learner's TIS (docs/inference.md).",
+)
 @click.option("--dev", "dev_mode", is_flag=True, default=None, help="Dev mode: allow an exposed host.")
 @log_level_option
 def serve(
@@ -38,11 +45,13 @@ def serve(
     port: int | None,
     weight_version: str | None,
     deterministic: bool | None,
+    weights: str | None,
     dev_mode: bool | None,
     log_level: str | None,
 ) -> None:
     """Serve SGLang's /generate, /v1/chat/completions, /update_weights_from_disk, ... on CPU, until SIGTERM/SIGINT."""
     configure_logs("inference", log_level)
+    from services.inference.quant import QuantizationUnavailable
     from services.inference.settings import InferenceSettings
     from services.inference.wiring import serve_forever
     from spade.inference.models import ModelError
@@ -56,9 +65,10 @@ def serve(
         http=bind or None,
         weight_version=weight_version,
         enable_deterministic_inference=deterministic,
+        weights=weights,
         dev_mode=dev_mode,
     )
     try:
         run_until_signalled(lambda stop: serve_forever(settings, stop))
-    except (ModelError, OSError) as exc:
+    except (ModelError, OSError, QuantizationUnavailable) as exc:
         raise click.ClickException(str(exc)) from exc

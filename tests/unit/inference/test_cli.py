@@ -25,3 +25,11 @@ def test_an_exposed_host_is_refused_outside_dev_mode(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["serve", "inference", "--host", "0.0.0.0", "--model", str(tmp_path)])
     assert result.exit_code == 2
     assert "http.host='0.0.0.0' exposes generation without a key" in result.output
+
+
+def test_the_weights_option_names_its_choices() -> None:
+    result = CliRunner().invoke(main, ["serve", "inference", "--help"])
+    assert "--weights [float32|int8]" in result.output
+    result = CliRunner().invoke(main, ["serve", "inference", "--weights", "int4"])
+    assert result.exit_code == 2
+    assert "'int4' is not one of 'float32', 'int8'" in result.output
