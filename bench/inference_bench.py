@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import math
@@ -65,7 +66,7 @@ import torch
 from services.inference.app import create_app
 from services.inference.engine import BatchEngine
 from services.inference.prefix_cache import RadixPrefixCache
-from services.inference.quant import Int8Linear
+from services.inference.quant import Int4Linear, Int8Linear
 from spade.inference import InferenceClient, SamplingParams
 from spade.inference.models import default_gguf_path
 
@@ -269,12 +270,17 @@ def torch_weight_bytes(model: torch.nn.Module) -> int:
 
 
 def decode_weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes one decode step reads: int8 layers' int8 weights and scales, every other parameter but the embedding
-    (looked up one row a token; the LM head that shares it is an int8 layer of its own)."""
+    """Bytes one decode step reads: quantized layers' codes and scales, every other parameter but the embedding
+    (looked up one row a token; the LM head that shares it is a quantized layer of its own)."""
     total = 0
     for module in model.modules():
-        if isinstance(module, Int8Linear):
-            total += module.qweight.numel() + module.scales.numel() * module.scales.element_size()
+        if isinstance(module, Int8Linear | Int4Linear):
+            kept = (
+                (module.qweight, module.scales)
+                if isinstance(module, Int8Linear)
+                else (module.packed, module.scales_and_zeros)
+            )
+            total += sum(t.numel() * t.element_size() for t in kept)
             if module.bias is not None:
                 total += module.bias.numel() * module.bias.element_size()
         elif not isinstance(module, torch.nn.Embedding):
@@ -294,12 +300,14 @@ def decode_limit(weight_bytes: int, bandwidth: float) -> float:
     return bandwidth / weight_bytes
 
 
-def machine_limits(engine: BatchEngine, int8: BatchEngine | None, gguf: Path, bandwidth_mib: int) -> dict[str, Any]:
+def machine_limits(
+    engine: BatchEngine, quantized: dict[str, BatchEngine], gguf: Path, bandwidth_mib: int
+) -> dict[str, Any]:
     """Memory read bandwidth, weight bytes per generated token and the single-stream decode limits."""
     bandwidth = read_bandwidth(bandwidth_mib)
     weights = {"ours": torch_weight_bytes(engine.model), "llamacpp": gguf_weight_bytes(gguf)}
-    if int8 is not None:
-        weights["ours_int8"] = decode_weight_bytes(int8.model)
+    for mode, quantized_engine in quantized.items():
+        weights[f"ours_{mode}"] = decode_weight_bytes(quantized_engine.model)
     return {
         "read_bandwidth_bytes_per_s": bandwidth,
         "bandwidth_buffer_mib": bandwidth_mib,
@@ -311,7 +319,12 @@ def machine_limits(engine: BatchEngine, int8: BatchEngine | None, gguf: Path, ba
 def print_limits(machine: dict[str, Any], load: float) -> None:
     bandwidth = machine["read_bandwidth_bytes_per_s"]
     print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (load average at start {load:.1f})")
-    names = {"ours": "ours (fp32)", "ours_int8": "ours (int8)", "llamacpp": "llama.cpp (GGUF)"}
+    names = {
+        "ours": "ours (fp32)",
+        "ours_int8": "ours (int8)",
+        "ours_int4": "ours (int4)",
+        "llamacpp": "llama.cpp (GGUF)",
+    }
     for side, name in names.items():
         if side not in machine["weight_bytes_per_token"]:
             continue
@@ -349,14 +362,14 @@ async def throughput(
     args: argparse.Namespace,
     engine: BatchEngine,
     client: InferenceClient,
-    int8: InferenceClient | None,
+    quantized: dict[str, InferenceClient],
     llama: LlamaCpp | None,
     report: dict[str, Any],
 ) -> None:
-    """Tokens/s at each concurrency level: ours (fp32, int8), sequential ``model.generate``, llama.cpp; interleaved."""
+    """Tokens/s at each concurrency level: ours (fp32, quantized), ``model.generate``, llama.cpp; interleaved."""
     base = baseline(engine, prompts(engine, args.baseline_prompts), args.tokens)
     report["baseline"]["sequential_generate_tok_per_s"] = base
-    sides = {"tok_per_s": client, "int8_tok_per_s": int8, "llamacpp_tok_per_s": llama}
+    sides = {"tok_per_s": client, **{f"{m}_tok_per_s": c for m, c in quantized.items()}, "llamacpp_tok_per_s": llama}
     runs: dict[str, dict[str, list[float]]] = {
         side: {str(level): [] for level in args.levels} for side, server in sides.items() if server is not None
     }
@@ -364,8 +377,8 @@ async def throughput(
         for level in args.levels:
             batch = prompts(engine, level)
             runs["tok_per_s"][str(level)].append(await served(client, batch, args.tokens))
-            if int8 is not None:
-                runs["int8_tok_per_s"][str(level)].append(await served(int8, batch, args.tokens))
+            for mode, quantized_client in quantized.items():
+                runs[f"{mode}_tok_per_s"][str(level)].append(await served(quantized_client, batch, args.tokens))
             if llama is not None:
                 runs["llamacpp_tok_per_s"][str(level)].append(llama.served(batch, args.tokens))
     figures, ratios = report["figures"], report["ratios"]
@@ -373,7 +386,7 @@ async def throughput(
         figures[side] = {level: statistics.median(values) for level, values in by_level.items()}
         figures[f"{side}_runs"] = by_level
     limits = report["machine"]["single_stream_limit_tok_per_s"]
-    for side, ours in (("tok_per_s", "ours"), ("int8_tok_per_s", "ours_int8")):
+    for side, ours in (("tok_per_s", "ours"), *((f"{m}_tok_per_s", f"ours_{m}") for m in quantized)):
         if side not in figures:
             continue
         prefix = side.removesuffix("tok_per_s")
@@ -388,7 +401,7 @@ async def throughput(
     if args.json:
         return
     print(f"baseline  sequential model.generate: {base:8.1f} tok/s")
-    for side, name in (("tok_per_s", "fp32"), ("int8_tok_per_s", "int8")):
+    for side, name in (("tok_per_s", "fp32"), *((f"{m}_tok_per_s", m) for m in quantized)):
         if side not in figures:
             continue
         for level, rate in figures[side].items():
@@ -397,7 +410,10 @@ async def throughput(
                 theirs_rate = figures["llamacpp_tok_per_s"][level]
                 line += f"   llama.cpp {theirs_rate:8.1f} tok/s   ours/llama.cpp {rate / theirs_rate:5.2f}x"
             print(line)
-    for key, name in (("tok_per_s_1_vs_limit", "ours fp32"), ("int8_tok_per_s_1_vs_limit", "ours int8")):
+    for key, name in (
+        ("tok_per_s_1_vs_limit", "ours fp32"),
+        *((f"{m}_tok_per_s_1_vs_limit", f"ours {m}") for m in quantized),
+    ):
         if key in ratios:
             print(f"single stream: {name} at {ratios[key]:.0%} of its limit")
     if "llamacpp_tok_per_s_1_vs_limit" in ratios:
@@ -427,10 +443,11 @@ async def main() -> None:
         help="measure llama.cpp (xllamacpp) side by side, when installed",
     )
     parser.add_argument(
-        "--int8",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="measure our engine serving int8 weights (SPADE_INFERENCE_WEIGHTS=int8) beside fp32",
+        "--quantized",
+        nargs="*",
+        choices=("int8", "int4"),
+        default=["int8", "int4"],
+        help="also measure our engine serving these weights (SPADE_INFERENCE_WEIGHTS); none: fp32 only",
     )
     parser.add_argument(
         "--bandwidth-mib", type=int, default=1024, help="buffer read to measure memory bandwidth (beyond the LLC)"
@@ -447,16 +464,16 @@ async def main() -> None:
     )
     engine.start()
     app = create_app(engine)
-    int8_engine: BatchEngine | None = None
-    if args.int8:
-        int8_engine = BatchEngine(
+    quantized_engines: dict[str, BatchEngine] = {}
+    for mode in args.quantized:
+        quantized_engines[mode] = BatchEngine(
             None,
             max_batch_size=engine.max_batch_size,
             torch_threads=args.threads,
             prefix_cache_tokens=args.prefix_cache_tokens,
-            weights="int8",
+            weights=mode,
         )
-        int8_engine.start()
+        quantized_engines[mode].start()
     prompt = group_prompt(engine, args.prompt_words)
     gguf = default_gguf_path()
     xlc = llamacpp_module() if args.llamacpp else None
@@ -479,16 +496,19 @@ async def main() -> None:
             llama_report = {"skipped": why}
             print(f"llama.cpp side skipped: {why}", file=sys.stderr)
         transports = {"http://bench": httpx.ASGITransport(app=app)}
-        if int8_engine is not None:
-            transports["http://int8"] = httpx.ASGITransport(app=create_app(int8_engine))
+        for mode, quantized_engine in quantized_engines.items():
+            transports[f"http://{mode}"] = httpx.ASGITransport(app=create_app(quantized_engine))
         async with (
             InferenceClient(["http://bench"], transports=transports) as client,
-            InferenceClient(["http://int8"], transports=transports) as int8_client,
+            contextlib.AsyncExitStack() as stack,
         ):
-            int8 = int8_client if int8_engine is not None else None
+            quantized = {
+                mode: await stack.enter_async_context(InferenceClient([f"http://{mode}"], transports=transports))
+                for mode in quantized_engines
+            }
             await served(client, prompts(engine, 2), 4)  # warm-up
-            if int8 is not None:
-                await served(int8, prompts(engine, 2), 4)
+            for quantized_client in quantized.values():
+                await served(quantized_client, prompts(engine, 2), 4)
             if llama is not None:
                 llama.served(prompts(engine, 2), 4)
             report: dict[str, Any] = {
@@ -505,7 +525,7 @@ async def main() -> None:
                     "prompt_tokens": len(prompt),
                 },
                 "llamacpp": llama_report,
-                "machine": machine_limits(engine, int8_engine, gguf, args.bandwidth_mib),
+                "machine": machine_limits(engine, quantized_engines, gguf, args.bandwidth_mib),
             }
             if not args.json:
                 print_limits(report["machine"], load_at_start[0])
@@ -516,19 +536,25 @@ async def main() -> None:
                 "parallel_n": ("parallel_n", args.prefix_cache_tokens),
             }
             runs: dict[str, list[float]] = {name: [] for name in modes}
-            if int8 is not None:
-                runs["int8_parallel_n"] = []
+            for mode in quantized:
+                runs[f"{mode}_parallel_n"] = []
             if llama is not None:
                 runs["llamacpp_parallel_n"] = []
             for _ in range(args.repeats):
                 for name, (mode, cache) in modes.items():
                     plays = await group_plays(client, engine, prompt, args.group, args.group_tokens, mode, cache)
                     runs[name].append(plays)
-                if int8 is not None and int8_engine is not None:
+                for mode, quantized_client in quantized.items():
                     plays = await group_plays(
-                        int8, int8_engine, prompt, args.group, args.group_tokens, "parallel_n", args.prefix_cache_tokens
+                        quantized_client,
+                        quantized_engines[mode],
+                        prompt,
+                        args.group,
+                        args.group_tokens,
+                        "parallel_n",
+                        args.prefix_cache_tokens,
                     )
-                    runs["int8_parallel_n"].append(plays)
+                    runs[f"{mode}_parallel_n"].append(plays)
                 if llama is not None:
                     runs["llamacpp_parallel_n"].append(llama.group_plays(prompt, args.group, args.group_tokens))
             engine.prefix_cache = RadixPrefixCache(args.prefix_cache_tokens)
@@ -545,13 +571,13 @@ async def main() -> None:
                 report["ratios"]["parallel_n_vs_llamacpp_parallel_n"] = (
                     plays_per_s["parallel_n"] / plays_per_s["llamacpp_parallel_n"]
                 )
-                if int8 is not None:
-                    report["ratios"]["int8_parallel_n_vs_llamacpp_parallel_n"] = (
-                        plays_per_s["int8_parallel_n"] / plays_per_s["llamacpp_parallel_n"]
+                for mode in quantized:
+                    report["ratios"][f"{mode}_parallel_n_vs_llamacpp_parallel_n"] = (
+                        plays_per_s[f"{mode}_parallel_n"] / plays_per_s["llamacpp_parallel_n"]
                     )
             # The served logprobs against the fp32 model's (the learner's) on the same sampled tokens.
             params = SamplingParams(max_new_tokens=args.group_tokens, temperature=GROUP_TEMPERATURE, ignore_eos=True)
-            drift_sides = {"fp32": client, "int8": int8}
+            drift_sides = {"fp32": client, **quantized}
             report["logprob_drift"] = {
                 side: logprob_drift(
                     engine, await server.generate_n(prompt, params, n=args.group), prompt, GROUP_TEMPERATURE
@@ -569,9 +595,9 @@ async def main() -> None:
                 if llama is not None:
                     ratio = report["ratios"]["parallel_n_vs_llamacpp_parallel_n"]
                     print(f"  parallel_n ours / llama.cpp: {ratio:5.2f}x")
-                    if int8 is not None:
-                        ratio = report["ratios"]["int8_parallel_n_vs_llamacpp_parallel_n"]
-                        print(f"  int8_parallel_n ours / llama.cpp: {ratio:5.2f}x")
+                    for mode in quantized:
+                        ratio = report["ratios"][f"{mode}_parallel_n_vs_llamacpp_parallel_n"]
+                        print(f"  {mode}_parallel_n ours / llama.cpp: {ratio:5.2f}x")
                 for side, drift in report["logprob_drift"].items():
                     print(
                         f"  {side} logprobs vs the fp32 model's on {drift['tokens']} sampled tokens: mean |diff| "
@@ -580,13 +606,13 @@ async def main() -> None:
                     )
             # Throughput against sequential model.generate, and against llama.cpp.
             if args.levels:
-                await throughput(args, engine, client, int8, llama, report)
+                await throughput(args, engine, client, quantized, llama, report)
             if args.json:
                 print(json.dumps(report, indent=2))
     finally:
         engine.close()
-        if int8_engine is not None:
-            int8_engine.close()
+        for quantized_engine in quantized_engines.values():
+            quantized_engine.close()
         if llama is not None:
             llama.close()
 

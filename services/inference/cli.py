@@ -31,10 +31,11 @@ from spade.serving.run import config_option, configure_logs, log_level_option
 )
 @click.option(
     "--weights",
-    type=click.Choice(["float32", "int8"]),
+    type=click.Choice(["float32", "int8", "int4"]),
     default=None,
     help="float32 (default): serve the checkpoint's weights, logprobs exact to a float32 learner's; int8: decode "
-    "from int8 weights, faster on CPU, logprobs corrected by the learner's TIS (docs/inference.md).",
+    "from int8 weights, faster on CPU, logprobs corrected by the learner's TIS; int4: 4-bit layers, int8 LM head "
+    "(docs/inference.md).",
 )
 @click.option("--dev", "dev_mode", is_flag=True, default=None, help="Dev mode: allow an exposed host.")
 @log_level_option

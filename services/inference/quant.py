@@ -1,4 +1,4 @@
-"""Int8 weights for decoding: the served model's linear layers read a quarter of fp32's bytes per token.
+"""Int8 and int4 weights for decoding: the served model's linear layers read a quarter or an eighth of fp32's bytes.
 
 Decoding one token per sequence is bound by reading the weights (every weight once per step; the
 default model's fp32 weights are 538 MB a token), not by arithmetic. :func:`quantize_for_decode`
@@ -9,6 +9,13 @@ out) in the engine's decode steps (inside :func:`decode_step`). Prefills are com
 fp32 GEMM is faster; they use the dequantized weights (``int8 × scale`` in fp32), the same values,
 so prefill and decode serve one model. The choice follows the pass, not its shape: a one-token
 prefill after a radix-cache hit computes what a full prefill of the same prompt computes.
+
+**Int4** (``weights: int4``): every linear layer but the LM head becomes an :class:`Int4Linear`:
+4-bit codes in groups of 32 inputs with a scale and a minimum per group (llama.cpp's Q4_1 layout,
+the one the default model's GGUF stores its layer matrices in, so the base model's weights quantize
+back onto their own grid), multiplied by torch's CPU int4 kernel (``aten._weight_int4pack_mm_for_cpu``,
+bf16 scales and zeros). The LM head stays an :class:`Int8Linear` (the GGUF keeps it at 8 bits too:
+at 4 bits it moved logprobs several times more than all the other layers together).
 
 What it costs in exactness: logprobs move from the fp32 learner's by the int8 rounding of the
 weights and the bf16 rounding of the activations and logits (``bench/inference_bench.py`` reports
@@ -30,13 +37,15 @@ from torch import nn
 from services.inference.settings import WeightsMode
 
 _INT8_MAX = 127.0
+#: Inputs per int4 group (Q4_1's block).
+INT4_GROUP = 32
 _Model = TypeVar("_Model", bound=nn.Module)
 _pass = threading.local()  # each engine computes on its own scheduler thread
 
 
 @contextlib.contextmanager
 def decode_step() -> Iterator[None]:
-    """Within it, this thread's :class:`Int8Linear` layers multiply with the int8 kernel (a decode step)."""
+    """Within it, this thread's quantized layers multiply with their kernels (a decode step)."""
     _pass.decoding = True
     try:
         yield
@@ -45,12 +54,16 @@ def decode_step() -> Iterator[None]:
 
 
 class QuantizationUnavailable(RuntimeError):
-    """This torch build has no weight-only int8 kernel for the CPU."""
+    """This torch build has no weight-only kernel of the asked width for the CPU."""
+
+
+#: The CPU kernel each quantized mode multiplies with.
+KERNELS = {"int8": "_weight_int8pack_mm", "int4": "_weight_int4pack_mm_for_cpu"}
 
 
 def int8_kernel_available() -> bool:
     """Whether this torch has ``aten._weight_int8pack_mm`` (the CPU weight-only int8 matmul)."""
-    return hasattr(torch.ops.aten, "_weight_int8pack_mm")
+    return hasattr(torch.ops.aten, KERNELS["int8"])
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,27 +109,97 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
-def quantize_for_decode(model: _Model) -> _Model:
-    """Replace every ``nn.Linear`` of ``model`` with an :class:`Int8Linear`, in place; returns ``model``.
+def quantize_groups(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """4-bit codes per group of ``group`` inputs with a scale and a minimum (Q4_1's layout).
+
+    Returns ``(codes, scales_and_zeros)``: int32 codes in ``[0, 15]`` ``[out, in]`` and bf16
+    ``[in / group, out, 2]`` of (scale, zero), the kernel's layout, with ``code × scale + minimum =
+    (code − 8) × scale + zero``. Scale and zero are rounded to bf16 before the codes are chosen, so
+    :func:`dequantize_groups` gives exactly what the kernel multiplies by.
+    """
+    out_features, in_features = weight.shape
+    w = weight.detach().float().view(out_features, in_features // group, group)
+    low, high = w.amin(dim=-1), w.amax(dim=-1)
+    scales = ((high - low) / 15.0).clamp(min=1e-12).to(torch.bfloat16)
+    zeros = (low + 8.0 * scales.float()).to(torch.bfloat16)
+    minimum = zeros.float() - 8.0 * scales.float()
+    codes = torch.round((w - minimum[..., None]) / scales.float()[..., None]).clamp(0, 15)
+    packed_scales = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous()
+    return codes.view(out_features, in_features).to(torch.int32), packed_scales
+
+
+def dequantize_groups(codes: torch.Tensor, scales_and_zeros: torch.Tensor, group: int = INT4_GROUP) -> torch.Tensor:
+    """The fp32 weights that ``codes`` and ``scales_and_zeros`` (:func:`quantize_groups`) stand for."""
+    out_features, in_features = codes.shape
+    scales = scales_and_zeros[..., 0].float().t()[..., None]  # [out, in / group, 1]
+    zeros = scales_and_zeros[..., 1].float().t()[..., None]
+    grouped = codes.float().view(out_features, in_features // group, group)
+    return ((grouped - 8.0) * scales + zeros).view(out_features, in_features)
+
+
+class Int4Linear(nn.Module):
+    """A linear layer served from 4-bit weights in groups of :data:`INT4_GROUP` (see the module docstring).
+
+    Attributes:
+        packed: the kernel's packed codes.
+        scales_and_zeros: ``[in / 32, out, 2]`` bf16 scale and zero of each group.
+        weight: the dequantized ``[out, in]`` fp32 weights, for prefills.
+        bias: the original bias (fp32) or ``None``.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        codes, self.scales_and_zeros = quantize_groups(linear.weight)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        self.weight = nn.Parameter(dequantize_groups(codes, self.scales_and_zeros), requires_grad=False)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not getattr(_pass, "decoding", False):
+            return nn.functional.linear(x, self.weight, self.bias)
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP, self.scales_and_zeros)
+        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {INT4_GROUP}"
+
+
+def quantize_for_decode(model: _Model, bits: int = 8) -> _Model:
+    """Replace the ``nn.Linear`` layers of ``model`` with quantized ones, in place; returns ``model``.
+
+    ``bits`` 8: every one an :class:`Int8Linear`. ``bits`` 4: every one an :class:`Int4Linear`, but
+    the LM head (the model's output embeddings) and any layer whose inputs are not whole groups of
+    :data:`INT4_GROUP`, which become :class:`Int8Linear`.
 
     Raises:
-        QuantizationUnavailable: This torch has no weight-only int8 CPU kernel.
+        QuantizationUnavailable: This torch has no weight-only CPU kernel of that width.
     """
-    if not int8_kernel_available():
-        raise QuantizationUnavailable(
-            f"torch {torch.__version__} has no aten._weight_int8pack_mm; serve float32 weights instead"
-        )
+    mode = f"int{bits}"
+    if mode not in KERNELS:
+        raise ValueError(f"bits={bits}: choose 8 or 4")
+    for kernel in {KERNELS["int8"], KERNELS[mode]}:
+        if not hasattr(torch.ops.aten, kernel):
+            raise QuantizationUnavailable(
+                f"torch {torch.__version__} has no aten.{kernel}; serve float32 (or int8) weights instead"
+            )
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, name, Int8Linear(child))
+            if not isinstance(child, nn.Linear):
+                continue
+            four = bits == 4 and child is not head and child.in_features % INT4_GROUP == 0
+            setattr(module, name, Int4Linear(child) if four else Int8Linear(child))
     return model
 
 
 def prepare_weights(model: _Model, mode: WeightsMode) -> _Model:
-    """``model`` as served in ``mode``: unchanged for ``float32``, :func:`quantize_for_decode` for ``int8``."""
-    if mode == "int8":
-        return quantize_for_decode(model)
+    """``model`` as served in ``mode``: unchanged for ``float32``, :func:`quantize_for_decode` for ``int8``/``int4``."""
+    if mode in ("int8", "int4"):
+        return quantize_for_decode(model, bits=8 if mode == "int8" else 4)
     if mode != "float32":
         raise ValueError(f"unknown weights mode {mode!r}; choose one of {', '.join(get_args(WeightsMode))}")
     return model

@@ -7,7 +7,17 @@ import pytest
 import torch
 from torch import nn
 
-from services.inference.quant import Int8Linear, decode_step, prepare_weights, quantize_for_decode, quantize_rows
+from services.inference.quant import (
+    INT4_GROUP,
+    Int4Linear,
+    Int8Linear,
+    decode_step,
+    dequantize_groups,
+    prepare_weights,
+    quantize_for_decode,
+    quantize_groups,
+    quantize_rows,
+)
 from services.inference.settings import InferenceSettings
 
 
@@ -60,15 +70,67 @@ def test_every_linear_layer_is_replaced_and_nothing_else() -> None:
         assert model(torch.randn(2, 1, 64)).shape == (2, 1, 16)
 
 
+def test_weights_on_a_q4_1_grid_come_back_exactly_and_others_within_half_a_step() -> None:
+    generator = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 16, (8, 64), generator=generator)
+    codes[:, ::INT4_GROUP] = 0  # every group spans its whole range, as a Q4_1 block that uses it
+    codes[:, 1::INT4_GROUP] = 15
+    scales = torch.rand(8, 2, generator=generator).bfloat16().float() / 8 + 1 / 64
+    lows = -8 * scales  # zeros (low + 8 x scale) of 0: exact in bf16
+    on_grid = (codes.view(8, 2, INT4_GROUP) * scales[..., None] + lows[..., None]).view(8, 64)
+    found, scales_and_zeros = quantize_groups(on_grid)
+    assert torch.equal(found, codes.to(torch.int32))
+    assert torch.equal(dequantize_groups(found, scales_and_zeros), on_grid)
+
+    weight = torch.randn(8, 64, generator=generator)
+    found, scales_and_zeros = quantize_groups(weight)
+    assert int(found.min()) >= 0 and int(found.max()) <= 15
+    step = scales_and_zeros[..., 0].float().t().repeat_interleave(INT4_GROUP, dim=1)  # [out, in]
+    assert bool(((dequantize_groups(found, scales_and_zeros) - weight).abs() <= step / 2 + 1e-6).all())
+
+
+def test_an_int4_decode_step_and_a_prefill_multiply_the_same_weights() -> None:
+    linear = _linear(bias=True)
+    layer = Int4Linear(linear)
+    x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(4))
+    prefill = layer(x)
+    assert torch.equal(prefill, nn.functional.linear(x, layer.weight, layer.bias))
+    with decode_step():
+        decoded = layer(x[:, -1:, :])
+    assert not torch.equal(decoded, prefill[:, -1:, :])
+    torch.testing.assert_close(decoded, prefill[:, -1:, :], rtol=2e-2, atol=3e-2)
+
+
+class _WithHead(nn.Module):
+    """A model with an LM head, as a Hugging Face causal LM names it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(_linear(64, 64), _linear(48, 40, seed=1))  # 40 inputs: not whole groups
+        self.lm_head = _linear(100, 48, seed=2)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+
+def test_int4_keeps_the_lm_head_and_layers_of_partial_groups_at_int8() -> None:
+    model = quantize_for_decode(_WithHead(), bits=4)
+    assert isinstance(model.body[0], Int4Linear)
+    assert isinstance(model.body[1], Int8Linear)  # 40 inputs are not whole groups of 32
+    assert isinstance(model.lm_head, Int8Linear)
+    assert isinstance(prepare_weights(_WithHead(), "int4").body[0], Int4Linear)
+
+
 def test_float32_serves_the_model_as_loaded_and_an_unknown_mode_is_refused() -> None:
     model = nn.Sequential(_linear())
     assert prepare_weights(model, "float32") is model and isinstance(model[0], nn.Linear)
-    with pytest.raises(ValueError, match="unknown weights mode 'int4'; choose one of float32, int8"):
-        prepare_weights(model, "int4")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown weights mode 'int2'; choose one of float32, int8, int4"):
+        prepare_weights(model, "int2")  # type: ignore[arg-type]
 
 
 def test_the_setting_names_its_choices() -> None:
     assert InferenceSettings().weights == "float32"
     assert InferenceSettings(weights="int8").weights == "int8"
-    with pytest.raises(pydantic.ValidationError, match="'float32' or 'int8'"):
-        InferenceSettings(weights="int4")
+    assert InferenceSettings(weights="int4").weights == "int4"
+    with pytest.raises(pydantic.ValidationError, match="'float32', 'int8' or 'int4'"):
+        InferenceSettings(weights="int2")

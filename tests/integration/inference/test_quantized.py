@@ -1,4 +1,4 @@
-"""Int8 decode weights on the real model: logprobs near the fp32 learner's, and every weight update quantized."""
+"""Quantized decode weights (int8, int4) on the real model: logprobs near the fp32 learner's, every update quantized."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from services.inference.engine import BatchEngine, GenerationJob
-from services.inference.quant import Int8Linear, quantize_rows
+from services.inference.quant import Int4Linear, Int8Linear
 from spade.inference.models import load_model
 from spade.inference.protocol import SamplingParams
 from tests.integration.inference.conftest import chat_ids, teacher_forced_logprobs
@@ -20,9 +20,9 @@ from tests.integration.inference.conftest import chat_ids, teacher_forced_logpro
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def int8_engine(model_dir: Path) -> Iterator[BatchEngine]:
-    eng = BatchEngine(model_dir, max_batch_size=8, torch_threads=1, weights="int8")
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def quantized(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[BatchEngine]:
+    eng = BatchEngine(model_dir, max_batch_size=8, torch_threads=1, weights=request.param)
     eng.start()
     yield eng
     eng.close()
@@ -44,9 +44,9 @@ def _first_q_proj(model: Any) -> Any:
     return model.model.layers[0].self_attn.q_proj
 
 
-async def test_int8_logprobs_stay_near_the_fp32_models(int8_engine: BatchEngine, engine: BatchEngine) -> None:
+async def test_quantized_logprobs_stay_near_the_fp32_models(quantized: BatchEngine, engine: BatchEngine) -> None:
     prompt = chat_ids(engine, "Write one sentence about rivers.")
-    out = await int8_engine.generate(_job(prompt, temperature=0.6))
+    out = await quantized.generate(_job(prompt, temperature=0.6))
     reference = teacher_forced_logprobs(engine.model, prompt, out.output_ids, 0.6)
     diffs = [abs(a - b) for a, b in zip(out.output_logprobs, reference, strict=True)]
     # Close enough for truncated importance sampling to correct: its cap is a ratio of 2 (0.69 in logprob).
@@ -57,25 +57,27 @@ async def test_int8_logprobs_stay_near_the_fp32_models(int8_engine: BatchEngine,
 
 
 async def test_a_weight_update_is_quantized_like_the_first_load(
-    int8_engine: BatchEngine, model_dir: Path, perturbed_dir: Path
+    quantized: BatchEngine, model_dir: Path, perturbed_dir: Path
 ) -> None:
-    prompt = chat_ids(int8_engine, "Name three colours.")
-    before = await _greedy(int8_engine, prompt)
+    prompt = chat_ids(quantized, "Name three colours.")
+    before = await _greedy(quantized, prompt)
     perturbed = load_model(perturbed_dir)
-    expected, _ = quantize_rows(_first_q_proj(perturbed).weight)
+    served_kind = type(_first_q_proj(quantized.model))
+    expected = served_kind(_first_q_proj(perturbed)).weight
     try:
-        outcome = await int8_engine.update_weights(perturbed_dir, "1")
+        outcome = await quantized.update_weights(perturbed_dir, "1")
         assert outcome.success, outcome.message
-        assert not any(isinstance(m, torch.nn.Linear) for m in int8_engine.model.modules())
-        assert torch.equal(_first_q_proj(int8_engine.model).qweight, expected)
-        assert int8_engine.weight_version == "1"
-        assert await _greedy(int8_engine, prompt) != before
+        assert not any(isinstance(m, torch.nn.Linear) for m in quantized.model.modules())
+        assert served_kind is (Int8Linear if quantized.weights == "int8" else Int4Linear)
+        assert torch.equal(_first_q_proj(quantized.model).weight, expected)
+        assert quantized.weight_version == "1"
+        assert await _greedy(quantized, prompt) != before
 
         # A model handed over already loaded (the embedded learner's path) is quantized too.
-        outcome = await int8_engine.swap_weights(load_model(model_dir), model_dir, "2")
+        outcome = await quantized.swap_weights(load_model(model_dir), model_dir, "2")
         assert outcome.success, outcome.message
-        assert isinstance(_first_q_proj(int8_engine.model), Int8Linear)
-        assert await _greedy(int8_engine, prompt) == before
+        assert isinstance(_first_q_proj(quantized.model), served_kind)
+        assert await _greedy(quantized, prompt) == before
     finally:
-        restored = await int8_engine.update_weights(model_dir, "0")
+        restored = await quantized.update_weights(model_dir, "0")
         assert restored.success, restored.message
