@@ -75,7 +75,7 @@ def test_weights_on_a_q4_1_grid_come_back_exactly_and_others_within_half_a_step(
     codes = torch.randint(0, 16, (8, 64), generator=generator)
     codes[:, ::INT4_GROUP] = 0  # every group spans its whole range, as a Q4_1 block that uses it
     codes[:, 1::INT4_GROUP] = 15
-    scales = torch.rand(8, 2, generator=generator).bfloat16().float() / 8 + 1 / 64
+    scales = (torch.rand(8, 2, generator=generator) / 8 + 1 / 64).bfloat16().float()  # bf16 scales, as stored
     lows = -8 * scales  # zeros (low + 8 x scale) of 0: exact in bf16
     on_grid = (codes.view(8, 2, INT4_GROUP) * scales[..., None] + lows[..., None]).view(8, 64)
     found, scales_and_zeros = quantize_groups(on_grid)
