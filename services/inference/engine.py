@@ -506,7 +506,7 @@ class BatchEngine:
             return await self._swap_in(model, path, version, abort_all_requests)
 
     def _load(self, path: Path) -> Any:
-        """A checkpoint's weights, as this engine serves them (quantized in ``int8`` mode)."""
+        """A checkpoint's weights, as this engine serves them (quantized in the ``int8`` and ``int4`` modes)."""
         return prepare_weights(load_model(path, self.dtype, like=self.model), self.weights)
 
     def _update_lock(self) -> asyncio.Lock:
@@ -523,7 +523,7 @@ class BatchEngine:
     ) -> WeightUpdateOutcome:
         """Swap in an already loaded model (same semantics as :meth:`update_weights`, minus the load).
 
-        The engine takes ``model`` over: in ``int8`` mode its linear layers are replaced in place.
+        The engine takes ``model`` over: in a quantized mode its linear layers are replaced in place.
         """
         if int(model.config.vocab_size) != self.vocab_size:
             return WeightUpdateOutcome(False, f"vocabulary size {model.config.vocab_size} != {self.vocab_size}")

@@ -17,8 +17,8 @@ back onto their own grid), multiplied by torch's CPU int4 kernel (``aten._weight
 bf16 scales and zeros). The LM head stays an :class:`Int8Linear` (the GGUF keeps it at 8 bits too:
 at 4 bits it moved logprobs several times more than all the other layers together).
 
-What it costs in exactness: logprobs move from the fp32 learner's by the int8 rounding of the
-weights and the bf16 rounding of the activations and logits (``bench/inference_bench.py`` reports
+What it costs in exactness: logprobs move from the fp32 learner's by the rounding of the weights
+and the bf16 rounding of the activations and logits (``bench/inference_bench.py`` reports
 the size). The learner recomputes its own logprobs and corrects the difference with truncated
 importance sampling (:mod:`services.learner.core.losses`), which exists for exactly this; fp32
 weights (the engine's default) stay within 1e-4 of a float32 learner.
