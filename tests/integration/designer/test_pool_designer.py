@@ -25,7 +25,10 @@ from spade.v1 import queues_pb2
 from tests.unit.designer.conftest import drain
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "designer_pool"
-CHECKS = CheckConfig(seed_count=3, random_policy_episodes=10)
+# Generous time limits: what this test checks is which check each file fails. Under the whole suite's
+# load a valid env once failed seed_variety, most likely a call over the 2 s limit (a timed-out call
+# fails the check it runs in, under that check's name). No fixture is meant to fail on time.
+CHECKS = CheckConfig(seed_count=3, random_policy_episodes=10, call_time_limit_s=10.0, total_time_limit_s=300.0)
 
 
 @pytest.fixture
