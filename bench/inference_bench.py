@@ -58,7 +58,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import torch
@@ -67,8 +67,12 @@ from services.inference.app import create_app
 from services.inference.engine import BatchEngine
 from services.inference.prefix_cache import RadixPrefixCache
 from services.inference.quant import Int4Linear, Int8Linear
+from services.inference.settings import WeightsMode
 from spade.inference import InferenceClient, SamplingParams
 from spade.inference.models import default_gguf_path
+
+#: Our engine's quantized weights modes (every mode but float32).
+QUANTIZED = tuple(mode for mode in get_args(WeightsMode) if mode != "float32")
 
 TOPICS = [
     "the sea", "prime numbers", "a robot that learns to paint", "rivers", "gravity", "the moon",
@@ -275,14 +279,7 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
     total = 0
     for module in model.modules():
         if isinstance(module, Int8Linear | Int4Linear):
-            kept = (
-                (module.qweight, module.scales)
-                if isinstance(module, Int8Linear)
-                else (module.packed, module.scales_and_zeros)
-            )
-            total += sum(t.numel() * t.element_size() for t in kept)
-            if module.bias is not None:
-                total += module.bias.numel() * module.bias.element_size()
+            total += module.decode_bytes()
         elif not isinstance(module, torch.nn.Embedding):
             total += sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
     return total
@@ -445,8 +442,8 @@ async def main() -> None:
     parser.add_argument(
         "--quantized",
         nargs="*",
-        choices=("int8", "int4"),
-        default=["int8", "int4"],
+        choices=QUANTIZED,
+        default=list(QUANTIZED),
         help="also measure our engine serving these weights (SPADE_INFERENCE_WEIGHTS); none: fp32 only",
     )
     parser.add_argument(

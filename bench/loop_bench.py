@@ -42,7 +42,7 @@ from one ``learner_step`` log line to the next; at each line the bench reads eve
 Usage::
 
     .venv/bin/python bench/loop_bench.py [--steps 2] [--envs 1] [--group-size 4]
-        [--mode embedded|distributed|both] [--weights float32|int8] [--designer-init warm|base] [--json]
+        [--mode embedded|distributed|both] [--weights float32|int8|int4] [--designer-init warm|base] [--json]
 
 ``--json`` prints one object (settings, ``os.getloadavg()`` at start and end, each step's breakdown
 under ``embedded`` and ``distributed``). ``--steps`` is the learner steps to see in each mode; the
@@ -66,7 +66,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
+
+from services.inference.settings import WeightsMode
 
 PHASES = ("designer", "rollout", "learner", "stats", "eval")
 COMPONENTS = {
@@ -387,7 +389,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument(
         "--weights",
-        choices=("float32", "int8"),
+        choices=get_args(WeightsMode),
         default="float32",
         help="the embedded inference server's weights (SPADE_INFERENCE_WEIGHTS; docs/inference.md)",
     )

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import click
 
+from services.inference.settings import WeightsMode
 from spade.serving.run import config_option, configure_logs, log_level_option
 
 
@@ -31,7 +32,7 @@ from spade.serving.run import config_option, configure_logs, log_level_option
 )
 @click.option(
     "--weights",
-    type=click.Choice(["float32", "int8", "int4"]),
+    type=click.Choice(get_args(WeightsMode)),
     default=None,
     help="float32 (default): serve the checkpoint's weights, logprobs exact to a float32 learner's; int8: decode "
     "from int8 weights, faster on CPU, logprobs corrected by the learner's TIS; int4: 4-bit layers, int8 LM head "

@@ -1,7 +1,7 @@
 """Int8 and int4 weights for decoding: the served model's linear layers read a quarter or an eighth of fp32's bytes.
 
 Decoding one token per sequence is bound by reading the weights (every weight once per step; the
-default model's fp32 weights are 538 MB a token), not by arithmetic. :func:`quantize_for_decode`
+default model's fp32 weights are 538 MB a token), not by arithmetic. :func:`prepare_weights`
 replaces every ``nn.Linear`` of a served model with an :class:`Int8Linear`: symmetric per-output-row
 int8 weights with one scale per row (``scale = max |w| / 127``), multiplied by torch's CPU
 weight-only int8 kernel (``aten._weight_int8pack_mm``: bf16 activations, fp32 accumulation, bf16
@@ -61,11 +61,6 @@ class QuantizationUnavailable(RuntimeError):
 KERNELS = {"int8": "_weight_int8pack_mm", "int4": "_weight_int4pack_mm_for_cpu"}
 
 
-def int8_kernel_available() -> bool:
-    """Whether this torch has ``aten._weight_int8pack_mm`` (the CPU weight-only int8 matmul)."""
-    return hasattr(torch.ops.aten, KERNELS["int8"])
-
-
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 per output row: ``(int8 [out, in], bf16 scales [out])``; ``q × scale ≈ weight``.
 
@@ -78,32 +73,58 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), scales
 
 
-class Int8Linear(nn.Module):
-    """A linear layer served from int8 weights (see the module docstring).
+class _QuantizedLinear(nn.Module):
+    """A linear layer whose decode steps multiply quantized weights (:meth:`_kernel`) and prefills the
+    dequantized ones (``weight``, fp32: the same values)."""
 
-    Attributes:
-        qweight: ``[out, in]`` int8 weights.
-        scales: ``[out]`` bf16 per-row scales.
-        weight: the dequantized ``[out, in]`` fp32 weights, for multi-token passes.
-        bias: the original bias (fp32) or ``None``.
-    """
+    weight: nn.Parameter
+    bias: nn.Parameter | None
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, dequantized: torch.Tensor) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        q, scales = quantize_rows(linear.weight)
-        self.qweight = q
-        self.scales = scales
-        self.weight = nn.Parameter((q.float() * scales.float()[:, None]).contiguous(), requires_grad=False)
+        self.weight = nn.Parameter(dequantized.contiguous(), requires_grad=False)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+
+    def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        """``[rows, in]`` bf16 activations times the quantized weights: ``[rows, out]`` bf16."""
+        raise NotImplementedError
+
+    def decode_bytes(self) -> int:
+        """Bytes a decode step reads from this layer (its codes, scales and bias)."""
+        raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not getattr(_pass, "decoding", False):
             return nn.functional.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self.scales)
+        y = self._kernel(x.reshape(-1, self.in_features).to(torch.bfloat16))
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def _bias_bytes(self) -> int:
+        return 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+
+
+class Int8Linear(_QuantizedLinear):
+    """A linear layer served from int8 weights, one scale per output row (see the module docstring).
+
+    Attributes:
+        qweight: ``[out, in]`` int8 weights.
+        scales: ``[out]`` bf16 per-row scales.
+        weight: the dequantized ``[out, in]`` fp32 weights, for prefills.
+        bias: the original bias (fp32) or ``None``.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        q, scales = quantize_rows(linear.weight)
+        super().__init__(linear, q.float() * scales.float()[:, None])
+        self.qweight, self.scales = q, scales
+
+    def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self.scales)
+
+    def decode_bytes(self) -> int:
+        return self.qweight.numel() + self.scales.numel() * self.scales.element_size() + self._bias_bytes()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
@@ -137,7 +158,7 @@ def dequantize_groups(codes: torch.Tensor, scales_and_zeros: torch.Tensor, group
     return ((grouped - 8.0) * scales + zeros).view(out_features, in_features)
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(_QuantizedLinear):
     """A linear layer served from 4-bit weights in groups of :data:`INT4_GROUP` (see the module docstring).
 
     Attributes:
@@ -148,38 +169,37 @@ class Int4Linear(nn.Module):
     """
 
     def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        codes, self.scales_and_zeros = quantize_groups(linear.weight)
+        codes, scales_and_zeros = quantize_groups(linear.weight)
+        super().__init__(linear, dequantize_groups(codes, scales_and_zeros))
+        self.scales_and_zeros = scales_and_zeros
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-        self.weight = nn.Parameter(dequantize_groups(codes, self.scales_and_zeros), requires_grad=False)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not getattr(_pass, "decoding", False):
-            return nn.functional.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP, self.scales_and_zeros)
-        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+    def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP, self.scales_and_zeros)
+
+    def decode_bytes(self) -> int:
+        tensors = (self.packed, self.scales_and_zeros)
+        return sum(t.numel() * t.element_size() for t in tensors) + self._bias_bytes()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {INT4_GROUP}"
 
 
-def quantize_for_decode(model: _Model, bits: int = 8) -> _Model:
-    """Replace the ``nn.Linear`` layers of ``model`` with quantized ones, in place; returns ``model``.
+def prepare_weights(model: _Model, mode: WeightsMode) -> _Model:
+    """``model`` as served in ``mode``, its linear layers replaced in place; returns ``model``.
 
-    ``bits`` 8: every one an :class:`Int8Linear`. ``bits`` 4: every one an :class:`Int4Linear`, but
-    the LM head (the model's output embeddings) and any layer whose inputs are not whole groups of
-    :data:`INT4_GROUP`, which become :class:`Int8Linear`.
+    ``float32``: unchanged. ``int8``: every linear layer an :class:`Int8Linear`. ``int4``: every one an
+    :class:`Int4Linear`, but the LM head (the model's output embeddings) and any layer whose inputs are
+    not whole groups of :data:`INT4_GROUP`, which become :class:`Int8Linear`.
 
     Raises:
-        QuantizationUnavailable: This torch has no weight-only CPU kernel of that width.
+        ValueError: An unknown mode.
+        QuantizationUnavailable: This torch has no weight-only CPU kernel the mode needs.
     """
-    mode = f"int{bits}"
+    if mode == "float32":
+        return model
     if mode not in KERNELS:
-        raise ValueError(f"bits={bits}: choose 8 or 4")
+        raise ValueError(f"unknown weights mode {mode!r}; choose one of {', '.join(get_args(WeightsMode))}")
     for kernel in {KERNELS["int8"], KERNELS[mode]}:
         if not hasattr(torch.ops.aten, kernel):
             raise QuantizationUnavailable(
@@ -191,15 +211,6 @@ def quantize_for_decode(model: _Model, bits: int = 8) -> _Model:
         for name, child in list(module.named_children()):
             if not isinstance(child, nn.Linear):
                 continue
-            four = bits == 4 and child is not head and child.in_features % INT4_GROUP == 0
+            four = mode == "int4" and child is not head and child.in_features % INT4_GROUP == 0
             setattr(module, name, Int4Linear(child) if four else Int8Linear(child))
-    return model
-
-
-def prepare_weights(model: _Model, mode: WeightsMode) -> _Model:
-    """``model`` as served in ``mode``: unchanged for ``float32``, :func:`quantize_for_decode` for ``int8``/``int4``."""
-    if mode in ("int8", "int4"):
-        return quantize_for_decode(model, bits=8 if mode == "int8" else 4)
-    if mode != "float32":
-        raise ValueError(f"unknown weights mode {mode!r}; choose one of {', '.join(get_args(WeightsMode))}")
     return model

@@ -1,4 +1,4 @@
-"""Int8 decode weights (services.inference.quant): what the kernel multiplies is what prefill multiplies."""
+"""Int8 and int4 decode weights (services.inference.quant): what the kernel multiplies is what prefill multiplies."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from services.inference.quant import (
     decode_step,
     dequantize_groups,
     prepare_weights,
-    quantize_for_decode,
     quantize_groups,
     quantize_rows,
 )
@@ -62,7 +61,7 @@ def test_every_linear_layer_is_replaced_and_nothing_else() -> None:
     inner = nn.Sequential(_linear(16, 48, seed=1), nn.ReLU())
     model = nn.Sequential(_linear(), nn.LayerNorm(48), inner)
     norm = model[1]
-    quantize_for_decode(model)
+    prepare_weights(model, "int8")
     assert isinstance(model[0], Int8Linear) and isinstance(inner[0], Int8Linear)
     assert model[1] is norm and isinstance(inner[1], nn.ReLU)
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
@@ -114,11 +113,10 @@ class _WithHead(nn.Module):
 
 
 def test_int4_keeps_the_lm_head_and_layers_of_partial_groups_at_int8() -> None:
-    model = quantize_for_decode(_WithHead(), bits=4)
+    model = prepare_weights(_WithHead(), "int4")
     assert isinstance(model.body[0], Int4Linear)
     assert isinstance(model.body[1], Int8Linear)  # 40 inputs are not whole groups of 32
     assert isinstance(model.lm_head, Int8Linear)
-    assert isinstance(prepare_weights(_WithHead(), "int4").body[0], Int4Linear)
 
 
 def test_float32_serves_the_model_as_loaded_and_an_unknown_mode_is_refused() -> None:
