@@ -28,8 +28,8 @@ import time
 from typing import Any
 
 from services.rollout.core.audit import AuditPlayer, AuditPolicy
-from services.rollout.core.ports import EnvSpec
 from services.rollout.core.seeds import play_seeds
+from spade.agent.ports import EnvSpec
 from spade.envs.families import training_families
 from spade.envs.loader import load_env_class
 from tests.unit.rollout.players import LocalSessions

@@ -52,13 +52,13 @@ async def play_all(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     from services.inference.app import create_app
     from services.inference.engine import BatchEngine
-    from services.rollout.core.episode import EpisodeRunner, PlayLimits
-    from services.rollout.core.ports import EnvSpec
     from services.rollout.policy import FormatterTemplate, InferenceGenerator
     from services.rollout.sandbox import PoolSessions
     from services.sandbox.isolation import SandboxPool
     from services.sandbox.isolation.settings import IsolationSettings
     from spade import signal
+    from spade.agent.episode import EpisodeRunner, PlayLimits
+    from spade.agent.ports import EnvSpec
     from spade.envs.families import FAMILIES
     from spade.inference import InferenceClient
     from spade.inference.seeds import derive_sampling_seed

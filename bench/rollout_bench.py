@@ -45,8 +45,6 @@ from services.inference.engine import BatchEngine
 from services.inference.prefix_cache import RadixPrefixCache
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
-from services.rollout.core.episode import EpisodeRunner, PlayLimits
-from services.rollout.core.ports import EnvSpec
 from services.rollout.memory import MemoryServicePlays
 from services.rollout.policy import FormatterTemplate, InferenceGenerator
 from services.rollout.samples import SlotRef
@@ -55,6 +53,8 @@ from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
 from services.sandbox.isolation import SandboxPool
 from services.sandbox.isolation.settings import IsolationSettings
+from spade.agent.episode import EpisodeRunner, PlayLimits
+from spade.agent.ports import EnvSpec
 from spade.envs.examples import EXAMPLES
 from spade.inference import InferenceClient
 from spade.memory.records import NewEnvironment

@@ -13,7 +13,6 @@ service then does with it stays the service's own business.
 
 from __future__ import annotations
 
-import logging
 import socket
 import urllib.error
 import urllib.request
@@ -23,8 +22,9 @@ from typing import Literal
 from spade.errors import Unavailable
 from spade.redact import redact
 from spade.retry import RetryPolicy
+from spade.serving.logs import get_logger
 
-logger = logging.getLogger("spade.dependencies")
+logger = get_logger(__name__)
 
 #: How long a service waits for its dependencies by default: about five minutes in all.
 DEFAULT_WAIT = RetryPolicy(attempts=64, initial_s=0.5, multiplier=1.5, max_s=5.0, jitter_s=0.25)

@@ -12,10 +12,12 @@ key and TLS, and queues ``queue`` (``spade.queues.config``).
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, SecretStr, Tag
 
+from spade.envs import CheckConfig
 from spade.retry import RetryPolicy
 from spade.serving.tls import ClientTls
 
@@ -51,6 +53,35 @@ class SandboxEndpoint(BaseModel):
     def key(self) -> str | None:
         """The API key in clear, for the client's ``authorization`` header."""
         return self.api_key.get_secret_value() if self.api_key is not None else None
+
+
+class PoolSandbox(BaseModel):
+    """Play in an isolated worker pool started inside this process (embedded mode)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["pool"] = "pool"
+    isolation: dict[str, Any] = Field(
+        default_factory=dict, description="IsolationSettings fields for the pool (see the sandbox's settings)."
+    )
+    checks: CheckConfig = Field(default_factory=CheckConfig, description="Session limits (turn cap, observation size).")
+
+
+def kind_of(default: str) -> Callable[[Any], str]:
+    """The ``kind`` tag of a variant, ``default`` when absent (``SPADE_ROLLOUT_SANDBOX__TARGET=…`` alone)."""
+
+    def pick(value: Any) -> str:
+        if isinstance(value, dict):
+            return str(value.get("kind", default))
+        return str(getattr(value, "kind", default))
+
+    return pick
+
+
+SandboxConfig = Annotated[
+    Annotated[SandboxEndpoint, Tag("grpc")] | Annotated[PoolSandbox, Tag("pool")], Discriminator(kind_of("grpc"))
+]
+"""Where envs are played: the sandbox service (``grpc``, the default) or an in-process pool (``pool``)."""
 
 
 class MemoryEndpoint(BaseModel):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,11 +28,12 @@ from services.designer.core.ports import (
 )
 from spade.envs import CheckConfig, ValidationReport
 from spade.retry import RetryPolicy
+from spade.serving.logs import get_logger
 
 if TYPE_CHECKING:
     from spade.sandbox.client import SandboxClient
 
-log = logging.getLogger("spade.designer")
+log = get_logger(__name__)
 
 
 def parse_weight_version(value: str | int | None) -> int:

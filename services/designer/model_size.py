@@ -10,13 +10,14 @@ headers (8-byte length, then a JSON table of tensor shapes); no weights are load
 from __future__ import annotations
 
 import json
-import logging
 import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("spade.designer")
+from spade.serving.logs import get_logger
+
+log = get_logger(__name__)
 
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
 

@@ -12,14 +12,14 @@ own spec file is stored when none is, and refused when the stored spec differs.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import TypeVar
 
 from spade.memory.runspec import RunSpecStore, fetch_run_spec
 from spade.runspec import RunSpec
+from spade.serving.logs import get_logger
 from spade.serving.startup import logged_wait
 
-log = logging.getLogger("spade.designer")
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

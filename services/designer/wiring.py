@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +30,9 @@ from services.designer.pool_files import load_pool
 from services.designer.settings import DesignerSettings
 from spade.queues.base import WorkQueue
 from spade.runspec import RunSpec
+from spade.serving.logs import get_logger
 
-log = logging.getLogger("spade.designer")
+log = get_logger(__name__)
 
 
 def load_corpus(settings: DesignerSettings) -> Corpus:

@@ -17,15 +17,15 @@ is spent stays up (following the weights) but designs nothing more, and says so 
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Protocol
 
 from services.designer.core.rounds import BatchResult
 from spade.queues.base import WEIGHTS_PUBLISHED, WorkQueue
 from spade.serving import lifecycle
+from spade.serving.logs import get_logger
 from spade.v1 import queues_pb2
 
-log = logging.getLogger("spade.designer")
+log = get_logger(__name__)
 
 CONSUMER_GROUP = "designer"
 

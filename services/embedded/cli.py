@@ -142,7 +142,7 @@ def run(
         settings = RunSettings.load(config, **flags)
     except (ValidationError, ConfigError) as exc:
         raise click.UsageError(f"invalid run settings:\n{describe_error(exc, RunSettings)}") from None
-    configure_output(verbose)
+    configure_output("run", verbose)
     console = Console()
     console.print(f"[bold]SPADE[/bold] embedded run → {escape(str(settings.run_dir))}")
     with progress_bars(console) as (bars, progress):

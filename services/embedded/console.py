@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from spade.serving.logs import configure_from_env
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
@@ -17,12 +19,14 @@ Progress_ = Callable[[str, float, float], None]
 """``progress(phase, done, total)``: a bar per phase, created on its first call."""
 
 
-def configure_output(verbose: bool) -> None:
+def configure_output(command: str, verbose: bool) -> None:
     """Log every service's progress with ``verbose``; otherwise warnings only, and no library bars.
 
-    Our own bars say what is happening; the libraries' per-load bars would interleave with them.
+    The lines are the services' own (``spade.serving.logs``): text on a terminal unless
+    ``SPADE_LOG_FORMAT`` says ``json``. Our own bars say what is happening; the libraries' per-load
+    bars would interleave with them.
     """
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    configure_from_env(command, level=logging.INFO if verbose else logging.WARNING, default_format="text")
     if verbose:
         return
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -13,16 +13,17 @@ to ``eval/pool.jsonl``) — so the points of the curve are comparable. Each eval
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from spade.serving.logs import get_logger
 
 if TYPE_CHECKING:
     from services.embedded.settings import RunSettings
     from services.embedded.system import EmbeddedParts
     from services.eval.core.records import Summary
 
-log = logging.getLogger("spade.run")
+log = get_logger(__name__)
 
 
 def summary_metrics(suite: str, summary: Summary) -> dict[str, Any]:

@@ -16,7 +16,6 @@ Every env is validated in the sandbox before it is stored; an env that fails is 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +23,9 @@ from typing import Any, Protocol
 
 from spade.memory.records import EnvStatus, NewEnvironment, PutResult
 from spade.queues.base import ENVS_READY, WorkQueue
+from spade.serving.logs import get_logger
 
-log = logging.getLogger("spade.run")
+log = get_logger(__name__)
 
 STATIC_SKILL = "static pool"
 """The skill of a static env that names none."""

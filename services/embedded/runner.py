@@ -23,7 +23,6 @@ last, and the paired difference with its bootstrap interval heads the report.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from services.embedded.system import (
     seed_pool,
     static_pool,
 )
+from spade.serving.logs import get_logger
 
 if TYPE_CHECKING:
     from services.designer.core.loop import Designer
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Progress", "RunResult", "RunSetupError", "StepListener", "run"]
 
-log = logging.getLogger("spade.run")
+log = get_logger(__name__)
 
 Progress = Callable[[str, float, float], None]
 """``progress(phase, done, total)``: called as each phase advances (the CLI draws bars from it)."""

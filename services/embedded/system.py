@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import logging
 import os
 import resource
 import shutil
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from services.embedded.settings import RunSettings
 from services.memory.service import MemoryService
 from spade.auth import generate_key
+from spade.serving.logs import get_logger
 
 if TYPE_CHECKING:  # the parts' modules load torch and the model server: imported when the run starts
     from services.inference.settings import InferenceSettings
@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # the parts' modules load torch and the model server: importe
     from spade.inference.client import InferenceClient
     from spade.queues.inprocess import InProcessQueue
 
-log = logging.getLogger("spade.run")
+log = get_logger(__name__)
 
 
 def release_freed_memory() -> None:

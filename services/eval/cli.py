@@ -18,6 +18,8 @@ from typing import Any, NoReturn
 
 import click
 
+from spade.serving.logs import configure_from_env
+
 SUITE_NAMES = ("reasoning-gym", "bfcl-multi-turn", "pool")
 
 EXIT_USAGE = 2
@@ -33,7 +35,7 @@ def _fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
 
 
 def _quiet_libraries(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    configure_from_env("eval", level=logging.INFO if verbose else logging.WARNING, default_format="text")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not verbose:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

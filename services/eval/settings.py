@@ -17,9 +17,9 @@ from services.eval.core.bootstrap import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES
 from services.eval.suites.bfcl import CATEGORIES as BFCL_CATEGORIES
 from services.eval.suites.bfcl import Category as BfclCategory
 from services.eval.suites.reasoning_gym import DEFAULT_DATASETS
-from services.rollout.core.episode import PlayLimits
-from services.rollout.settings import PoolSandbox, SandboxConfig
+from spade.agent.episode import PlayLimits
 from spade.config import ServiceSettings
+from spade.endpoints import PoolSandbox, SandboxConfig
 from spade.retry import RetryPolicy
 
 SUITES: tuple[str, ...] = ("reasoning-gym", "bfcl-multi-turn", "pool")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -29,8 +28,9 @@ from services.eval.model import ClientChatModel, Invariance, Sampling, invarianc
 from services.eval.settings import SUITES, EvalSettings
 from services.eval.store import RunStore
 from spade.inference.client import InferenceClient, InferenceRequestError
+from spade.serving.logs import get_logger
 
-log = logging.getLogger("spade.eval")
+log = get_logger(__name__)
 
 
 class EvalSetupError(RuntimeError):
@@ -337,8 +337,8 @@ async def _pool_suite(
     given: Any = None,
 ) -> AsyncIterator[Suite]:
     from services.eval.suites.pool import PoolSuite
-    from services.rollout.core.episode import EpisodeRunner, PlayLimits
     from services.rollout.policy import FormatterTemplate, InferenceGenerator
+    from spade.agent.episode import EpisodeRunner, PlayLimits
 
     p = settings.pool
     limits = PlayLimits(
@@ -359,7 +359,7 @@ async def _pool_suite(
 @contextlib.asynccontextmanager
 async def _sessions(settings: EvalSettings) -> AsyncIterator[Any]:
     """Env sessions: an isolated pool started here, or the sandbox service."""
-    from services.rollout.settings import PoolSandbox
+    from spade.endpoints import PoolSandbox
 
     cfg = settings.pool.sandbox
     if isinstance(cfg, PoolSandbox):

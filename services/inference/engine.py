@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 import threading
 import time
 import uuid
@@ -65,8 +64,9 @@ from services.inference.sampling import (
 from services.inference.settings import WeightsMode
 from spade.inference.models import load_model, load_tokenizer, resolve_model_path
 from spade.inference.protocol import SamplingParams
+from spade.serving.logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,8 +17,9 @@ from services.inference.settings import InferenceSettings
 from spade.inference.published import published_model
 from spade.serving import lifecycle
 from spade.serving.http import http_server
+from spade.serving.logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def starting_weights(settings: InferenceSettings) -> tuple[Path | None, str]:

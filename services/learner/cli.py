@@ -7,7 +7,6 @@ Single process: ``spade serve learner``. Sharded over GPUs/nodes with FSDP2:
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,10 @@ import click
 from services.learner.settings import LearnerSettings
 from spade.config import ConfigError
 from spade.serving import lifecycle
+from spade.serving.logs import get_logger
 from spade.serving.run import config_option, configure_logs, log_level_option, run_until_signalled, settings_or_exit
 
-logger = logging.getLogger("services.learner")
+logger = get_logger(__name__)
 
 
 async def _serve(settings: LearnerSettings, max_steps: int | None, stop: asyncio.Event) -> None:

@@ -8,7 +8,6 @@ journal or publisher, receive the work and join the collectives until rank 0 say
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +16,9 @@ from typing import Any
 from services.learner.core.batching import TrainSample
 from services.learner.trainer import StepMetrics, Trainer
 from services.learner.versions import VersionWriter, check_checkpoint_spec
+from spade.serving.logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 @dataclass

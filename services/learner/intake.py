@@ -15,7 +15,6 @@ What the buffer holds is decided on by ``core/plan.py``; ``apply`` removes what 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -39,9 +38,10 @@ from services.learner.samples import (
 from services.learner.settings import LearnerSettings
 from spade.queues.base import ENVS_AUDITED, SAMPLES_AGENT, SAMPLES_DESIGNER, WorkQueue
 from spade.runspec import RunSpec
+from spade.serving.logs import get_logger
 from spade.v1 import queues_pb2
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 STREAMS = (ENVS_AUDITED, SAMPLES_DESIGNER, SAMPLES_AGENT)
 """Polled in this order: an env's verdict and designer sample before the plays that complete its window."""

@@ -23,7 +23,6 @@ re-delivers it. A new process never appends to an old segment: it starts a fresh
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import struct
@@ -33,7 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-logger = logging.getLogger(__name__)
+from spade.serving.logs import get_logger
+
+logger = get_logger(__name__)
 
 _HEADER = struct.Struct(">HHII")
 _SEGMENT = re.compile(r"^segment-(\d{8})\.log$")

@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -56,11 +55,12 @@ from services.learner.versions import ResumeError, Versions, VersionWriter, chec
 from spade.queues.base import WorkQueue
 from spade.runspec import RunSpec
 from spade.serving import lifecycle
+from spade.serving.logs import get_logger
 from spade.signal import SkillBaselines
 
 __all__ = ["Learner", "ResumeError", "RewardCallback", "StepReport"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 RewardCallback = Callable[[ScoredAttempt], Awaitable[None] | None]
 """Receives every designer attempt whose window closed (e.g. to store its components in the memory);

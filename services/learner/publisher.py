@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import logging
 import shutil
 import time
 from collections.abc import Sequence
@@ -26,9 +25,10 @@ from spade.endpoints import InferenceEndpoint
 from spade.inference.client import InferenceClient, WeightUpdateResult
 from spade.queues.base import WEIGHTS_PUBLISHED, WorkQueue
 from spade.retry import RetryPolicy
+from spade.serving.logs import get_logger
 from spade.v1 import queues_pb2
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class PublishOutcome(enum.Enum):

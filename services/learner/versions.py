@@ -11,7 +11,6 @@ whose publication was pending, ``<checkpoint_dir>/published.json`` the last one 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,8 +24,9 @@ from services.learner.publisher import PublishResult, WeightPublisher
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import Trainer
 from spade.inference.published import published_version
+from spade.serving.logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class ResumeError(RuntimeError):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -28,9 +27,10 @@ from spade.memory.runspec import RunSpecStore, fetch_run_spec, load_spec_file
 from spade.queues.base import WorkQueue
 from spade.queues.factory import make_queue
 from spade.runspec import RunSpec
+from spade.serving.logs import get_logger
 from spade.serving.startup import logged_wait
 
-logger = logging.getLogger("services.learner")
+logger = get_logger(__name__)
 
 
 class StatsWriter(Protocol):

@@ -21,8 +21,9 @@ import sqlalchemy as sa
 from spade.dependencies import DEFAULT_WAIT, DependencyUnavailable, postgres, wait_for
 from spade.memory.errors import DatabaseUnavailable
 from spade.retry import RetryPolicy
+from spade.serving.logs import configure_from_env, get_logger
 
-logger = logging.getLogger("services.memory.migrate")
+logger = get_logger(__name__)
 
 #: The Postgres advisory lock every migrator takes (an arbitrary, fixed 64-bit key: "SPADEMIG").
 MIGRATION_LOCK_KEY = 0x5350_4144_454D_4947
@@ -118,7 +119,7 @@ def wait_for_schema(memory_url: str, policy: RetryPolicy = DEFAULT_WAIT) -> None
 )
 def migrate_command(database_url: str, rollout_state_url: str | None) -> None:
     """Create or upgrade the database schema, once, under a Postgres advisory lock."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_from_env("migrate", level=logging.INFO, default_format="text")
     wait_for([postgres(database_url), postgres(rollout_state_url or database_url)])
     migrate_database(database_url, rollout_state_url)
     click.echo("schema up to date")

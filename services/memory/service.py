@@ -8,7 +8,6 @@ runs in worker threads so an event loop is never blocked.
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,8 +32,9 @@ from spade.memory.records import (
     StatsUpdate,
 )
 from spade.runspec import RunSpec
+from spade.serving.logs import get_logger
 
-log = logging.getLogger("spade.memory")
+log = get_logger(__name__)
 
 
 class MemoryService:

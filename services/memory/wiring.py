@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -23,8 +22,9 @@ from spade.runspec import RunSpec
 from spade.serving import lifecycle
 from spade.serving.grpc import RunningGrpc, grpc_server
 from spade.serving.http import RunningHttp, http_server
+from spade.serving.logs import get_logger
 
-log = logging.getLogger("spade.memory")
+log = get_logger(__name__)
 
 
 @dataclass

@@ -8,7 +8,6 @@ once) and exits. A configuration that contradicts the run spec exits with status
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 
 import click
@@ -16,9 +15,10 @@ import click
 from services.rollout.settings import RolloutSettings
 from spade.config import ConfigError
 from spade.serving import lifecycle
+from spade.serving.logs import get_logger
 from spade.serving.run import config_option, configure_logs, log_level_option, run_until_signalled, settings_or_exit
 
-log = logging.getLogger("spade.rollout")
+log = get_logger(__name__)
 
 
 async def _serve(settings: RolloutSettings, stop: asyncio.Event) -> None:

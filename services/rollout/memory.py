@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from services.rollout.core.ports import EnvNotFound, EnvSpec, PlayRecord, Window
+from services.rollout.core.ports import EnvNotFound, PlayRecord, Window
+from spade.agent.ports import EnvSpec
 from spade.memory.errors import EnvironmentNotFound
 from spade.memory.records import Environment, EnvStatus, Play, RecordResult, StatsUpdate
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.rollout.core.ports import TurnSampling
+from spade.agent.ports import TurnSampling
 from spade.inference.chat import ChatFormatter
 from spade.inference.client import InferenceClient
 from spade.inference.protocol import SamplingParams

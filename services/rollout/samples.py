@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.rollout.core.audit import AuditVerdict
-from services.rollout.core.episode import Play
-from services.rollout.core.ports import EnvSpec, PlayRecord
+from services.rollout.core.ports import PlayRecord
+from spade.agent.episode import Play
+from spade.agent.ports import EnvSpec
 from spade.v1 import queues_pb2
 
 

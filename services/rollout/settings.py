@@ -9,51 +9,20 @@ Environment variables use the prefix ``SPADE_ROLLOUT_`` and ``__`` for nesting, 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from services.rollout.core.episode import PlayLimits
+from spade.agent.episode import PlayLimits
 from spade.config import ConfigError, ServiceSettings
-from spade.endpoints import InferenceEndpoint, MemoryEndpoint, SandboxEndpoint
-from spade.envs import CheckConfig
+from spade.endpoints import InferenceEndpoint, MemoryEndpoint, SandboxConfig, SandboxEndpoint, kind_of
 from spade.inference.client import DEFAULT_RETRY
 from spade.inference.discovery import InferenceDiscovery
 from spade.queues.config import QueueConfig, RedisQueueConfig
 from spade.retry import RetryPolicy
 from spade.runspec import RunSpec
-
-
-class PoolSandbox(BaseModel):
-    """Play in an isolated worker pool started inside this process (embedded mode)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: Literal["pool"] = "pool"
-    isolation: dict[str, Any] = Field(
-        default_factory=dict, description="IsolationSettings fields for the pool (see the sandbox's settings)."
-    )
-    checks: CheckConfig = Field(default_factory=CheckConfig, description="Session limits (turn cap, observation size).")
-
-
-def _kind(default: str) -> Callable[[Any], str]:
-    """The ``kind`` tag of a variant, ``default`` when absent (``SPADE_ROLLOUT_SANDBOX__TARGET=…`` alone)."""
-
-    def pick(value: Any) -> str:
-        if isinstance(value, dict):
-            return str(value.get("kind", default))
-        return str(getattr(value, "kind", default))
-
-    return pick
-
-
-SandboxConfig = Annotated[
-    Annotated[SandboxEndpoint, Tag("grpc")] | Annotated[PoolSandbox, Tag("pool")], Discriminator(_kind("grpc"))
-]
-"""Where envs are played: the sandbox service (``grpc``, the default) or an in-process pool (``pool``)."""
 
 
 class SqlMemory(BaseModel):
@@ -68,7 +37,7 @@ class SqlMemory(BaseModel):
 
 
 MemoryConfig = Annotated[
-    Annotated[MemoryEndpoint, Tag("grpc")] | Annotated[SqlMemory, Tag("sql")], Discriminator(_kind("grpc"))
+    Annotated[MemoryEndpoint, Tag("grpc")] | Annotated[SqlMemory, Tag("sql")], Discriminator(kind_of("grpc"))
 ]
 """The environment memory: the memory service (``grpc``, the default) or its database directly (``sql``)."""
 

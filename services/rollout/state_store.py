@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
@@ -35,9 +34,10 @@ from services.rollout.core.audit import AuditVerdict
 from services.rollout.core.schedule import ActiveEnv, EnvStatus, due_slot
 from spade.dependencies import DEFAULT_WAIT
 from spade.retry import RetryPolicy
+from spade.serving.logs import get_logger
 from spade.sql import insert_new
 
-log = logging.getLogger("spade.rollout")
+log = get_logger(__name__)
 
 _metadata = sa.MetaData()
 

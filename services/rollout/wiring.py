@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import TypeVar, cast
 
-from services.rollout.core.episode import EpisodeRunner
-from services.rollout.core.ports import SessionOpener
 from services.rollout.memory import MemoryApi, MemoryServicePlays
 from services.rollout.policy import FormatterTemplate, InferenceGenerator
 from services.rollout.sandbox import PoolSessions
@@ -25,6 +22,8 @@ from services.rollout.settings import RolloutSettings
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
 from spade import dependencies
+from spade.agent.episode import EpisodeRunner
+from spade.agent.ports import SessionOpener
 from spade.dependencies import DEFAULT_WAIT, Dependency, DependencyUnavailable
 from spade.endpoints import MemoryEndpoint, SandboxEndpoint
 from spade.inference.client import InferenceClient
@@ -34,9 +33,10 @@ from spade.queues.base import WorkQueue
 from spade.queues.factory import make_queue
 from spade.runspec import RunSpec
 from spade.sandbox.client import SandboxClient
+from spade.serving.logs import get_logger
 from spade.serving.startup import logged_wait
 
-log = logging.getLogger("spade.rollout")
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

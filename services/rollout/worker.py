@@ -49,8 +49,7 @@ from services.rollout.core.audit import (
     audit_seeds,
     decide,
 )
-from services.rollout.core.episode import EpisodeRunner, Play, TurnSeeds
-from services.rollout.core.ports import EnvNotFound, EnvSpec, RolloutMemory
+from services.rollout.core.ports import EnvNotFound, RolloutMemory
 from services.rollout.core.schedule import ActiveEnv, EnvStatus, current_version, is_late
 from services.rollout.core.seeds import play_seeds
 from services.rollout.samples import (
@@ -63,6 +62,8 @@ from services.rollout.samples import (
     to_play_record,
 )
 from services.rollout.state_store import Claim, RolloutStateStore
+from spade.agent.episode import EpisodeRunner, Play, TurnSeeds
+from spade.agent.ports import EnvSpec
 from spade.dependencies import Dependency
 from spade.errors import Unavailable
 from spade.inference import derive_sampling_seed
@@ -73,10 +74,11 @@ from spade.retry import RetryPolicy
 from spade.runspec import RunSpec
 from spade.sandbox.errors import SandboxFault
 from spade.serving import lifecycle
+from spade.serving.logs import get_logger
 from spade.signal import group_has_signal
 from spade.v1 import queues_pb2
 
-log = logging.getLogger("spade.rollout")
+log = get_logger(__name__)
 
 _T = TypeVar("_T")
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -29,8 +28,9 @@ from services.sandbox.metrics import SandboxMetrics
 from spade.auth import Role, authorize
 from spade.envs import CheckConfig, StepOutcome, ValidationReport
 from spade.errors import ServiceError
+from spade.serving.logs import get_logger
 
-log = logging.getLogger("spade.sandbox")
+log = get_logger(__name__)
 
 
 class Backend(Protocol):

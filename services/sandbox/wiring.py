@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -18,8 +17,9 @@ from services.sandbox.settings import LocalQuotaSettings, RedisQuotaSettings, Sa
 from spade.serving import lifecycle
 from spade.serving.grpc import RunningGrpc, grpc_server
 from spade.serving.http import RunningHttp, http_server
+from spade.serving.logs import get_logger
 
-log = logging.getLogger("spade.sandbox")
+log = get_logger(__name__)
 
 
 def build_authenticator(settings: SandboxSettings) -> KeyRing[Tenant]:

@@ -25,7 +25,6 @@ import asyncio
 import copy
 import enum
 import itertools
-import logging
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,12 +46,13 @@ from spade.inference.protocol import (
     UpdateWeightsFromDiskResponse,
 )
 from spade.retry import RetryPolicy
+from spade.serving.logs import get_logger
 from spade.serving.tls import ClientTls
 
 if TYPE_CHECKING:
     from spade.envs.actions import ToolCallParse
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class FinishReason(enum.StrEnum):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -26,8 +25,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from spade.retry import RetryPolicy
+from spade.serving.logs import get_logger
 
-logger = logging.getLogger("spade.inference.discovery")
+logger = get_logger(__name__)
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 

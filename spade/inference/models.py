@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
-import logging
 import os
 import shutil
 import tempfile
@@ -28,10 +27,12 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spade.serving.logs import get_logger
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: Name of the default model, also the name of its directory in the cache.
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"

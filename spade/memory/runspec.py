@@ -16,7 +16,6 @@ stores one. A spec file that differs from the stored spec is refused with each f
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from pathlib import Path
 from typing import Protocol
@@ -27,8 +26,9 @@ from spade.config import ConfigError, read_config_file
 from spade.memory.errors import MemoryUnavailable, RunSpecConflict, RunSpecNotSet
 from spade.memory.records import RunSpecRecord
 from spade.runspec import RunSpec
+from spade.serving.logs import get_logger
 
-log = logging.getLogger("spade.memory.runspec")
+log = get_logger(__name__)
 
 
 class RunSpecStore(Protocol):

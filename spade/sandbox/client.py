@@ -15,7 +15,6 @@ env's own error). A refusal (a wrong key, a request over the sandbox's limits) r
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import Any, Self
@@ -30,10 +29,11 @@ from spade.sandbox.errors import SandboxFault, SandboxRefused
 from spade.sandbox.execution import ExecutionResult
 from spade.sandbox.wire import execution_from_message, report_from_message, state_outcome
 from spade.serving.errors import ERROR_CODE_TRAILER
+from spade.serving.logs import get_logger
 from spade.serving.tls import ClientTls, secure_channel
 from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _EOF = grpc.aio.EOF  # type: ignore[attr-defined]  # the stubs lack it; the stream's end marker
 

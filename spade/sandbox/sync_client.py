@@ -14,7 +14,6 @@ was refused: a wrong key, a quota, a limit; the message says what to fix).
 
 from __future__ import annotations
 
-import logging
 import queue
 from collections.abc import Iterator, Mapping
 from types import TracebackType
@@ -28,10 +27,11 @@ from spade.sandbox.client import DEFAULT_RETRY, domain_error
 from spade.sandbox.errors import SandboxFault
 from spade.sandbox.execution import ExecutionResult
 from spade.sandbox.wire import execution_from_message, report_from_message, state_outcome
+from spade.serving.logs import get_logger
 from spade.serving.tls import ClientTls, secure_sync_channel
 from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def _requests(outbox: queue.SimpleQueue[sandbox_pb2.PlayRequest | None]) -> Iterator[sandbox_pb2.PlayRequest]:

@@ -1,6 +1,6 @@
 """The lifecycle lines every service logs, at info level, through :func:`spade.serving.logs.log_event`.
 
-One logger (``spade.lifecycle``) and one event name per phase, so an operator greps one word across
+One logger (``spade.serving.lifecycle``) and one event name per phase, so an operator greps one word across
 every service's log (docs/distributed.md, "What you should see in the first five minutes"):
 
 - ``started``: the service is serving or working; a short summary of its settings (addresses, the
@@ -30,9 +30,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from spade.redact import redact
-from spade.serving.logs import log_event
+from spade.serving.logs import get_logger, log_event
 
-log = logging.getLogger("spade.lifecycle")
+log = get_logger(__name__)
 
 _finished: dict[str, Any] = {}
 """What the service finished while stopping (:func:`note_finished`), for the ``stopped`` line."""

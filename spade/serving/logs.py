@@ -251,6 +251,21 @@ class TextFormatter(logging.Formatter):
 # -- set-up -------------------------------------------------------------------------------------------
 
 
+def logger_name(module: str) -> str:
+    """The one naming scheme of loggers, ``spade.<service or package>.<module>``, from ``__name__``.
+
+    >>> logger_name("services.rollout.worker"), logger_name("spade.inference.client")
+    ('spade.rollout.worker', 'spade.inference.client')
+    """
+    head, _, rest = module.partition(".")
+    return f"spade.{rest}" if head == "services" and rest else module
+
+
+def get_logger(module: str) -> logging.Logger:
+    """``logging.getLogger`` under :func:`logger_name`: every module's logger is ``get_logger(__name__)``."""
+    return logging.getLogger(logger_name(module))
+
+
 def _level(value: str | int) -> int:
     if isinstance(value, int):
         return value
@@ -300,16 +315,24 @@ def configure(
         logging.getLogger(name).setLevel(quiet)
 
 
-def configure_from_env(service: str, environ: Mapping[str, str] | None = None, *, level: str | None = None) -> None:
+def configure_from_env(
+    service: str,
+    environ: Mapping[str, str] | None = None,
+    *,
+    level: str | int | None = None,
+    default_format: str = "json",
+) -> None:
     """:func:`configure` with ``SPADE_LOG_FORMAT`` (``json``/``text``) and ``SPADE_LOG_LEVEL``.
 
-    ``level`` (a command's ``--log-level``), when given, wins over ``SPADE_LOG_LEVEL``.
+    ``level`` (a command's ``--log-level``), when given, wins over ``SPADE_LOG_LEVEL``. A service
+    logs JSON unless told otherwise; a command a person runs in a terminal (``spade run``, ``spade
+    eval``, set-up) passes ``default_format="text"``, and ``SPADE_LOG_FORMAT`` still decides.
 
     Raises:
         ValueError: A value is not one of the allowed ones (the message names the variable).
     """
     env = os.environ if environ is None else environ
-    fmt = env.get(LOG_FORMAT_ENV, "json").strip().lower() or "json"
+    fmt = env.get(LOG_FORMAT_ENV, default_format).strip().lower() or default_format
     if fmt not in ("json", "text"):
         raise ValueError(f"{LOG_FORMAT_ENV}={fmt!r} is not a log format; set it to json or text")
     configure(service, json=fmt == "json", level=level or env.get(LOG_LEVEL_ENV, "INFO") or "INFO")

@@ -18,9 +18,11 @@ import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
+from spade.serving.logs import get_logger
+
 T = TypeVar("T")
 
-log = logging.getLogger("spade.serving.startup")
+log = get_logger(__name__)
 
 
 class StoppedWhileWaiting(Exception):

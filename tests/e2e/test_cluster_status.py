@@ -223,7 +223,7 @@ def test_status_through_up_a_publication_and_a_kill(tmp_path: Path) -> None:
         for name in cluster.names:
             lines = [json.loads(x) for x in cluster.runner.log_tail(name, 10**9).splitlines() if x.startswith("{")]
             started = [x for x in lines if x.get("event") == "started"]
-            assert started and started[0]["level"] == "info" and started[0]["logger"] == "spade.lifecycle", name
+            assert started and started[0]["level"] == "info" and started[0]["logger"] == "spade.serving.lifecycle", name
 
         # Down: each member that exited within the grace says `stopped` naming SIGTERM.
         down = cluster.spade("cluster", "down").stderr

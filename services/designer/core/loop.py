@@ -15,7 +15,6 @@ early without losing finished work (``core/rounds.py``).
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -27,10 +26,11 @@ from services.designer.core.ports import EnvironmentMemory, MemoryExamples, Poli
 from services.designer.core.prompts import AgentBudget, ExampleEnv, PromptParts, fit_prompt, truncate_words
 from services.designer.core.rounds import BatchResult, RoundState, new_round_id, run_slots
 from services.designer.core.skills import Skill, assign_round, skills_for
+from spade.serving.logs import get_logger
 
 __all__ = ["BatchResult", "Designer", "DesignerConfig", "DocumentLike", "DocumentSource"]
 
-log = logging.getLogger("spade.designer")
+log = get_logger(__name__)
 
 
 class DocumentLike(Protocol):

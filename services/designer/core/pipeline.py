@@ -24,8 +24,9 @@ from services.designer.core.attempt import DUPLICATE_CHECK, AttemptOutcome, Atte
 from services.designer.core.parsing import ParseFailure, parse_output
 from services.designer.core.ports import Check, EnvironmentMemory, EnvironmentRecord, EnvReady, Outbox, Validator
 from services.designer.core.reachability import CriteriaReachable
+from spade.serving.logs import get_logger
 
-log = logging.getLogger("spade.designer")
+log = get_logger(__name__)
 
 #: The ``event`` field of the one log line per attempt.
 ATTEMPT_EVENT = "designer_attempt"

@@ -16,7 +16,6 @@ says so.
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,8 +24,9 @@ from services.designer.core.attempt import AttemptOutcome, AttemptRecord
 from services.designer.core.pipeline import AttemptPipeline
 from services.designer.core.rounds import BatchResult, RoundState, new_round_id, run_slots
 from services.designer.core.skills import assign_round, skill_named
+from spade.serving.logs import get_logger
 
-log = logging.getLogger("spade.designer")
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

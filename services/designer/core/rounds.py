@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 from services.designer.core.attempt import AttemptOutcome, AttemptRecord
+from spade.serving.logs import get_logger
 
-log = logging.getLogger("spade.designer")
+log = get_logger(__name__)
 
 
 def new_round_id(round_index: int) -> str:

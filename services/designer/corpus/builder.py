@@ -39,7 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-log = logging.getLogger(__name__)
+from spade.serving.logs import configure_from_env, get_logger
+
+log = get_logger(__name__)
 
 BUILDER_VERSION = 2
 GAME_PACKAGES = ("sympy", "scipy", "numpy", "networkx")
@@ -365,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         "--force", action="store_true", help="Rebuild even when the cached corpus is current (same packages)."
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    configure_from_env("corpus", level=logging.INFO, default_format="text")
     settings = ["game", "tool"] if args.setting == "all" else [args.setting]
     for setting in settings:
         # A current corpus is kept as it is: a rebuild would change nothing but the file's age, and a

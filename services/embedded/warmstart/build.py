@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
@@ -21,6 +20,7 @@ from services.designer.core.prompts import AgentBudget
 from services.embedded.warmstart.data import PairConfig, PairSet, Validate, build_pairs, code_digest, split_documents
 from services.embedded.warmstart.evaluate import GenerationConfig, eval_prompts, evaluate
 from services.embedded.warmstart.settings import WarmStartSettings
+from spade.serving.logs import get_logger
 
 if TYPE_CHECKING:
     from services.designer.core.prompts import ExampleEnv
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from spade.envs.families import FamilyEnv
     from spade.inference.chat import ChatFormatter
 
-log = logging.getLogger("spade.warmstart")
+log = get_logger(__name__)
 
 Progress = Callable[[str, float, float], None]
 

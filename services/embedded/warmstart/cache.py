@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -29,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from services.embedded.warmstart.settings import WarmStartSettings
+from spade.serving.logs import get_logger
 
-log = logging.getLogger("spade.warmstart")
+log = get_logger(__name__)
 
 Progress = Callable[[str, float, float], None]
 """``progress(phase, done, total)``: ``pairs``, ``eval base``, ``loss``, ``train``, ``eval warm``."""

@@ -76,7 +76,7 @@ def warmstart(
         settings = WarmStartSettings.from_run(run, **{k: v for k, v in own.items() if v is not None})
     except ValidationError as exc:
         raise click.UsageError(f"invalid warm start settings:\n{describe_error(exc)}") from None
-    configure_output(verbose)
+    configure_output("warmstart", verbose)
     console = Console()
     console.print(f"[bold]SPADE[/bold] designer warm start ({settings.setting}, {settings.pairs} pairs planned)")
     started = time.perf_counter()

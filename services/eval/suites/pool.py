@@ -2,7 +2,7 @@
 
 Each item is one unhinted play of one env of the pool (``services/eval/pool_source.py``) on a seed
 that training did not use (``held_out_seeds``), played exactly as the rollout plays: the rollout's
-episode loop (``services.rollout.core.episode.EpisodeRunner``) with its prompts, through a real
+episode loop (``spade.agent.episode.EpisodeRunner``) with its prompts, through a real
 sandbox session. Every model turn is seeded (``turn_seeds``: the suite's seed, the env, the play seed
 and the turn), so with the server's batch-invariant mode the same weights give the same replies in
 every run, at any concurrency. The score is the env's return. A sandbox fault (the sandbox, not the env, failed)
@@ -15,20 +15,20 @@ once before any env twice; the category is the env's skill.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
 from services.eval.core.records import ItemResult, prompt_hash
 from services.eval.core.runner import EvalItem
 from services.eval.pool_source import PoolEnv, held_out_seeds
-from services.rollout.core.episode import EpisodeRunner, Play, TurnSeeds
-from services.rollout.core.ports import ChatTemplate, EnvSpec
+from spade.agent.episode import EpisodeRunner, Play, TurnSeeds
+from spade.agent.ports import ChatTemplate, EnvSpec
 from spade.inference.seeds import derive_sampling_seed
 from spade.retry import RetryPolicy
 from spade.sandbox.errors import SandboxFault
+from spade.serving.logs import get_logger
 
-log = logging.getLogger("spade.eval.pool")
+log = get_logger(__name__)
 
 NAME = "pool"
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import logging
 import threading
 from collections.abc import Sequence
 from importlib.metadata import version
@@ -33,8 +32,9 @@ from typing import Any
 from services.eval.core.ports import ChatModel, PromptRejected
 from services.eval.core.records import ItemResult, prompt_hash
 from services.eval.core.runner import EvalItem
+from spade.serving.logs import get_logger
 
-log = logging.getLogger("spade.eval.reasoning_gym")
+log = get_logger(__name__)
 
 NAME = "reasoning-gym"
 

@@ -11,7 +11,6 @@ result until the database changes (a fingerprint of the last writes, so every re
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -31,8 +30,9 @@ from services.memory.store.models import (
 from spade import pool_metrics, signal
 from spade.envs.types import FinishReason
 from spade.memory.records import ATTEMPT_VALID, AttemptStats, EnvStatus, MemoryStats, PoolMetrics
+from spade.serving.logs import get_logger
 
-log = logging.getLogger("spade.memory.stats")
+log = get_logger(__name__)
 
 POOL_STATUSES = (EnvStatus.VALID.value, EnvStatus.RETIRED.value)
 """Environments that passed validation and their audit: the pool the process metrics describe."""

@@ -35,10 +35,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.rollout.core.episode import finish_for, step_ending
-from services.rollout.core.pace import TurnPace
-from services.rollout.core.ports import EnvSpec, SessionOpener
 from services.rollout.core.seeds import play_seeds
+from spade.agent.episode import finish_for, step_ending
+from spade.agent.pace import TurnPace
+from spade.agent.ports import EnvSpec, SessionOpener
 from spade.envs.actions import normalize_game_action
 from spade.envs.policy import RandomPolicy, noop_action
 from spade.envs.tool_env import normalize_tool

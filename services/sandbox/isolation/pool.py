@@ -12,7 +12,6 @@ import base64
 import contextlib
 import dataclasses
 import itertools
-import logging
 import math
 import os
 import socket
@@ -33,8 +32,9 @@ from services.sandbox.isolation.validation import validate_in_sessions
 from services.sandbox.isolation.zygote import Spawned, Zygote, ZygotePlan
 from spade.envs.types import CheckConfig, Outcome, ValidationReport
 from spade.retry import RetryPolicy
+from spade.serving.logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 EXIT_GRACE_S = 5.0
 """How long the pool waits for the zygote to confirm a request's processes are gone."""

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import logging
 import os
 import socket
 import subprocess
@@ -26,8 +25,9 @@ from services.sandbox.isolation.outcomes import SandboxFault
 from services.sandbox.isolation.settings import IsolationSettings
 from services.sandbox.isolation.staging import MOUNT_POINT
 from services.sandbox.runtime.protocol import FrameDecoder, ProtocolError, encode_frame
+from spade.serving.logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 ZYGOTE_SCRIPT = "services/sandbox/runtime/zygote.py"
 READY_TIMEOUT_S = 30.0

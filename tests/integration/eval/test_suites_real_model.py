@@ -13,10 +13,10 @@ from services.eval.store import RunStore, read_run
 from services.eval.suites.bfcl import BfclMultiTurnSuite
 from services.eval.suites.pool import PoolSuite
 from services.eval.suites.reasoning_gym import ReasoningGymSuite
-from services.rollout.core.episode import EpisodeRunner, PlayLimits
 from services.rollout.policy import FormatterTemplate, InferenceGenerator
 from services.rollout.sandbox import PoolSessions
 from services.sandbox.isolation import SandboxPool
+from spade.agent.episode import EpisodeRunner, PlayLimits
 from spade.inference.client import InferenceClient
 from tests.integration.eval.conftest import game_examples_export
 from tests.unit.eval.helpers import header

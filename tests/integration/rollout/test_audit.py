@@ -29,7 +29,6 @@ from services.learner.wiring import build_learner, close_learner
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from services.rollout.core.audit import AuditPolicy, audit_seeds
-from services.rollout.core.episode import EpisodeRunner, PlayLimits
 from services.rollout.core.seeds import play_seeds
 from services.rollout.memory import MemoryServicePlays
 from services.rollout.policy import FormatterTemplate
@@ -38,6 +37,7 @@ from services.rollout.sandbox import PoolSessions
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
 from services.sandbox.isolation import SandboxPool
+from spade.agent.episode import EpisodeRunner, PlayLimits
 from spade.memory.records import EnvStatus, NewEnvironment
 from spade.queues.base import ENVS_AUDITED, ENVS_READY, SAMPLES_AGENT, SAMPLES_DESIGNER, WorkQueue
 from spade.queues.config import InProcessQueueConfig

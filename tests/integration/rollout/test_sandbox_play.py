@@ -16,8 +16,6 @@ import pytest_asyncio
 
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
-from services.rollout.core.episode import EpisodeRunner, PlayLimits
-from services.rollout.core.ports import EnvSpec, SessionOpener
 from services.rollout.memory import MemoryServicePlays
 from services.rollout.policy import FormatterTemplate
 from services.rollout.sandbox import PoolSessions
@@ -26,6 +24,8 @@ from services.rollout.worker import RolloutWorker, WorkerConfig
 from services.sandbox.core.auth import hash_key
 from services.sandbox.isolation import SandboxPool
 from services.sandbox.isolation.settings import IsolationSettings
+from spade.agent.episode import EpisodeRunner, PlayLimits
+from spade.agent.ports import EnvSpec, SessionOpener
 from spade.envs import CheckConfig, Setting, ToolCall
 from spade.envs.examples import EXAMPLES, Example
 from spade.envs.loader import load_env_class

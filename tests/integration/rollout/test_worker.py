@@ -24,8 +24,6 @@ import pytest
 
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
-from services.rollout.core.episode import EpisodeRunner, PlayLimits
-from services.rollout.core.ports import TurnSampling
 from services.rollout.core.schedule import EnvStatus
 from services.rollout.core.seeds import play_seeds
 from services.rollout.memory import MemoryServicePlays
@@ -33,6 +31,8 @@ from services.rollout.policy import FormatterTemplate, Generation
 from services.rollout.samples import SlotRef, sample_id
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
+from spade.agent.episode import EpisodeRunner, PlayLimits
+from spade.agent.ports import TurnSampling
 from spade.dependencies import Dependency
 from spade.inference import derive_sampling_seed
 from spade.inference.client import InferenceUnavailable
@@ -312,9 +312,9 @@ async def test_a_dead_workers_slot_is_resumed_at_once_under_its_own_name(
     before = len(await rig.samples())
     assert before == 2  # finished plays are published (and recorded) one by one
     restarted = rig.worker("doomed", lease_s=600)  # same name, long lease: it does not wait for it
-    with caplog.at_level(logging.INFO, logger="spade.lifecycle"):
+    with caplog.at_level(logging.INFO, logger="spade.serving.lifecycle"):
         assert await restarted.step_window() == 1
-    (said,) = [r for r in caplog.records if r.name == "spade.lifecycle"]
+    (said,) = [r for r in caplog.records if r.name == "spade.serving.lifecycle"]
     assert said.event == "resumed" and (said.env_id, said.slot) == (env_id, 0)  # type: ignore[attr-defined]
     samples = await rig.samples()
     assert before + len(samples) == 2 * G  # only the missing plays were played again
@@ -331,12 +331,12 @@ async def test_a_dead_workers_slot_is_taken_over_by_another_within_one_lease(
     doomed = await _die_mid_play(rig, env_id)
     survivor = rig.worker("survivor")
     assert await survivor.step_window() == 0  # the lease (1 s) is still the dead worker's
-    with caplog.at_level(logging.INFO, logger="spade.lifecycle"):
+    with caplog.at_level(logging.INFO, logger="spade.serving.lifecycle"):
         for _ in range(100):
             if await survivor.step_window():
                 break
             await asyncio.sleep(0.05)
-    (said,) = [r for r in caplog.records if r.name == "spade.lifecycle"]  # whose slot, and why
+    (said,) = [r for r in caplog.records if r.name == "spade.serving.lifecycle"]  # whose slot, and why
     assert said.getMessage() == f"took over slot 0 of {env_id} from doomed: its lease lapsed unrenewed"
     assert (said.event, said.from_owner, said.reason) == ("took_over", "doomed", "lease lapsed")  # type: ignore[attr-defined]
     samples = await rig.samples()

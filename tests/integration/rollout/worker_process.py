@@ -16,8 +16,6 @@ from pathlib import Path
 
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine
-from services.rollout.core.episode import EpisodeRunner, PlayLimits
-from services.rollout.core.ports import TurnSampling
 from services.rollout.memory import MemoryServicePlays
 from services.rollout.policy import FormatterTemplate, Generation
 from services.rollout.sandbox import PoolSessions
@@ -25,6 +23,8 @@ from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
 from services.sandbox.isolation import SandboxPool
 from services.sandbox.isolation.settings import IsolationSettings
+from spade.agent.episode import EpisodeRunner, PlayLimits
+from spade.agent.ports import TurnSampling
 from spade.inference.chat import ChatFormatter
 from spade.inference.models import ensure_default_model
 from spade.queues.config import RedisQueueConfig

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.rollout.core.ports import TurnSampling
 from services.rollout.policy import FormatterTemplate, Generation
+from spade.agent.ports import TurnSampling
 from spade.envs import CheckConfig, Outcome, StepOutcome
 from spade.envs.contract import unpack_reset, unpack_step
 

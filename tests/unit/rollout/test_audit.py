@@ -15,8 +15,8 @@ from services.rollout.core.audit import (
     audit_seeds,
     decide,
 )
-from services.rollout.core.ports import EnvSpec
 from services.rollout.core.seeds import play_seeds
+from spade.agent.ports import EnvSpec
 from spade.envs.types import FinishReason, Outcome
 from spade.signal import SignalError
 from tests.unit.rollout.envs import CountdownEnv, ForgingEnv, NotesEnv

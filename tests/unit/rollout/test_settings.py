@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from services.rollout.settings import SPEC_FIELDS, PoolSandbox, RolloutSettings, SpecContradiction, SqlMemory
+from services.rollout.settings import SPEC_FIELDS, RolloutSettings, SpecContradiction, SqlMemory
 from services.rollout.wiring import worker_config
 from spade.config import ConfigError
-from spade.endpoints import SandboxEndpoint
+from spade.endpoints import PoolSandbox, SandboxEndpoint
 from spade.runspec import RunSpec
 
 

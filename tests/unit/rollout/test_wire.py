@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from services.rollout.core.episode import Play, tool_turn_messages
-from services.rollout.core.ports import EnvSpec
-from services.rollout.core.trajectory import Trajectory
 from services.rollout.samples import SlotRef, to_agent_sample, to_play_record
+from spade.agent.episode import Play, tool_turn_messages
+from spade.agent.ports import EnvSpec
+from spade.agent.trajectory import Trajectory
 from spade.envs import Outcome, StepOutcome
 from spade.envs.types import FinishReason
 from spade.sandbox.wire import state_outcome

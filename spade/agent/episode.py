@@ -14,30 +14,22 @@ is a ``spade.envs.types.FinishReason`` (one definition, sandbox -> rollout -> sa
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from services.rollout.core.pace import TurnPace
-from services.rollout.core.ports import (
-    ChatTemplate,
-    EnvSession,
-    EnvSpec,
-    Generator,
-    SessionOpener,
-    StepResult,
-    TurnSampling,
-)
-from services.rollout.core.prompts import first_game_message, with_hint
-from services.rollout.core.trajectory import Trajectory, TrajectoryBuilder
+from spade.agent.pace import TurnPace
+from spade.agent.ports import ChatTemplate, EnvSession, EnvSpec, Generator, SessionOpener, StepResult, TurnSampling
+from spade.agent.prompts import first_game_message, with_hint
+from spade.agent.trajectory import Trajectory, TrajectoryBuilder
 from spade.envs.actions import normalize_game_action
 from spade.envs.types import FinishReason, Outcome
 from spade.sandbox.errors import SandboxFault
+from spade.serving.logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 TurnSeeds = Callable[[int], int]
 """``turn -> sampling_seed`` of one play (turns from 0)."""

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.rollout.core.ports import ChatTemplate
+from spade.agent.ports import ChatTemplate
 
 _PROBE_USER = "spade-probe-user"
 _PROBE_ASSISTANT = "spade-probe-assistant"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.rollout.core.trajectory import TemplateError, TrajectoryBuilder
 from services.rollout.policy import FormatterTemplate
+from spade.agent.trajectory import TemplateError, TrajectoryBuilder
 from spade.inference.chat import ChatFormatter
 
 END = "<|im_end|>"

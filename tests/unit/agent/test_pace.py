@@ -1,4 +1,4 @@
-"""The pace of audit turns: drawn from the real turns' recorded gaps (``services/rollout/core/pace.py``)."""
+"""The pace of audit turns: drawn from the real turns' recorded gaps (``spade/agent/pace.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from services.rollout.core.pace import TurnPace
+from spade.agent.pace import TurnPace
 
 
 def test_draws_come_from_the_recorded_gaps_and_follow_the_recent_ones() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.rollout.core.episode import EpisodeRunner, PlayLimits
-from services.rollout.core.ports import EnvSpec
 from services.rollout.policy import FormatterTemplate
+from spade.agent.episode import EpisodeRunner, PlayLimits
+from spade.agent.ports import EnvSpec
 from spade.envs.types import FinishReason, Outcome
 from spade.sandbox.errors import SandboxFault
 from tests.unit.rollout.envs import BrokenEnv, CountdownEnv, EndlessEnv, NotesEnv, ShortEnv

@@ -1,4 +1,4 @@
-"""Fixtures of the rollout tests: the real policy tokenizer (SmolLM2, converted once, offline)."""
+"""Fixtures of the agent tests: the real policy tokenizer (SmolLM2, converted once, offline)."""
 
 from __future__ import annotations
 
