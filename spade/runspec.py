@@ -25,13 +25,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from spade.envs.types import Setting
 from spade.signal import DesignerRewardConfig, PlateauBand
-
-Setting = Literal["game", "tool"]
 
 
 class RewardConstants(BaseModel):
@@ -134,9 +133,9 @@ class RunSpec(BaseModel):
 
     def window_for(self, setting: str) -> int:
         """k for ``setting``."""
-        if setting == "game":
+        if setting == Setting.GAME:
             return self.window_versions_game
-        if setting == "tool":
+        if setting == Setting.TOOL:
             return self.window_versions_tool
         raise ValueError(f"unknown setting {setting!r}: expected 'game' or 'tool'")
 

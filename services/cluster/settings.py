@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from spade.config import ServiceSettings
+from spade.envs.types import Setting
 
 Role = Literal["sandbox", "memory", "inference", "learner", "rollout", "designer"]
 ROLES: tuple[Role, ...] = ("sandbox", "memory", "inference", "learner", "rollout", "designer")
@@ -44,7 +45,7 @@ class ClusterSettings(ServiceSettings):
         default_factory=lambda: ["number_hunt"],
         description="Example envs to load as the seed pool (`spade envs seed --example`); empty: none.",
     )
-    seed_setting: Literal["game", "tool"] = Field(default="game", description="Setting of the seed pool.")
+    seed_setting: Setting = Field(default=Setting.GAME, description="Setting of the seed pool.")
     seed_window: int = Field(
         default=0,
         ge=0,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from spade.envs.types import SETTINGS, Setting
 from spade.serving.run import config_option, configure_logs, log_level_option
 
 
@@ -24,7 +25,7 @@ def _offline_settings(**overrides: object) -> object:
 
 @click.command()
 @config_option
-@click.option("--setting", type=click.Choice(["game", "tool"]), default=None, help="Which kind of env to design.")
+@click.option("--setting", type=click.Choice(SETTINGS), default=None, help="Which kind of env to design.")
 @click.option("--corpus", "corpus_path", type=click.Path(path_type=Path, exists=True), default=None)
 @click.option(
     "--pool",
@@ -74,7 +75,9 @@ def serve(
     )
     from spade.dependencies import DependencyUnavailable, endpoint, inference, queue, wait_for
 
-    needs_inference = settings.pool_dir is None or (settings.setting == "tool" and settings.criteria_reachable.enabled)
+    needs_inference = settings.pool_dir is None or (
+        settings.setting == Setting.TOOL and settings.criteria_reachable.enabled
+    )
     try:
         wait_for(
             [
@@ -131,21 +134,21 @@ def designer() -> None:
 
 
 @designer.command("build-corpus")
-@click.option("--setting", type=click.Choice(["game", "tool", "all"]), default="all", show_default=True)
+@click.option("--setting", type=click.Choice([*SETTINGS, "all"]), default="all", show_default=True)
 @click.option("--cache-dir", type=click.Path(path_type=Path), default=None, help="Default: ~/.cache/spade/corpus.")
 def build_corpus_command(setting: str, cache_dir: Path | None) -> None:
     """Build the default offline corpus from installed packages' docstrings (no network)."""
     from services.designer.corpus.builder import build_corpus
     from services.designer.corpus.loader import load_jsonl
 
-    for name in ["game", "tool"] if setting == "all" else [setting]:
+    for name in list(Setting) if setting == "all" else [setting]:
         path = build_corpus(name, cache_dir)
         click.echo(f"{name}: {len(load_jsonl(path))} documents in {path}")
 
 
 @designer.command("example-pool")
 @click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
-@click.option("--setting", type=click.Choice(["game", "tool"]), default="game", show_default=True)
+@click.option("--setting", type=click.Choice(SETTINGS), default=Setting.GAME.value, show_default=True)
 def example_pool(directory: Path, setting: str) -> None:
     """Write the contract's example envs as designer answers: a pool for `--pool DIR` / `--designer-pool DIR`."""
     from services.designer.pool_files import write_example_pool
@@ -155,7 +158,7 @@ def example_pool(directory: Path, setting: str) -> None:
 
 
 @designer.command("show-prompt")
-@click.option("--setting", type=click.Choice(["game", "tool"]), default="game", show_default=True)
+@click.option("--setting", type=click.Choice(SETTINGS), default=Setting.GAME.value, show_default=True)
 @click.option("--skill", default=None, help="Skill name (default: the first of the setting).")
 @click.option("--corpus", "corpus_path", type=click.Path(path_type=Path, exists=True), default=None)
 @click.option("--seed", type=int, default=0, show_default=True, help="Document sampling seed.")

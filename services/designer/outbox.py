@@ -8,15 +8,17 @@ re-published result is stored once.
 from __future__ import annotations
 
 from services.designer.core.ports import DesignerSample, EnvReady
+from spade.envs.types import Setting
 from spade.queues.base import ENVS_READY, SAMPLES_DESIGNER, WorkQueue
 from spade.v1 import queues_pb2, sandbox_pb2
+from spade.wire_enums import to_wire
 
 
 def env_ready_message(ready: EnvReady) -> queues_pb2.EnvReady:
     """The ``envs.ready`` message announcing ``ready``."""
     return queues_pb2.EnvReady(
         env_id=ready.env_id,
-        setting=ready.setting,
+        setting=to_wire(Setting.parse(ready.setting)),
         skill=ready.skill,
         weight_version=ready.weight_version,
         designer_sample_id=ready.designer_sample_id,
@@ -29,7 +31,7 @@ def designer_sample_message(sample: DesignerSample) -> queues_pb2.DesignerSample
     return queues_pb2.DesignerSample(
         sample_id=sample.sample_id,
         env_id=sample.env_id,
-        setting=sample.setting,
+        setting=to_wire(Setting.parse(sample.setting)),
         skill=sample.skill,
         prompt_ids=list(sample.prompt_ids),
         output_ids=list(sample.output_ids),

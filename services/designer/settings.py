@@ -14,7 +14,7 @@ value; set and different, the designer refuses to start naming each field
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -27,6 +27,7 @@ from services.designer.core.prompts import AgentBudget
 from services.designer.core.reachability import VERDICT_REGEX, ReachabilityConfig
 from spade.config import ServiceSettings
 from spade.endpoints import InferenceEndpoint, MemoryEndpoint, SandboxEndpoint
+from spade.envs.types import Setting
 from spade.inference.answer_format import DESIGNER_ANSWER_REGEX
 from spade.inference.client import DEFAULT_RETRY
 from spade.inference.discovery import InferenceDiscovery
@@ -64,7 +65,7 @@ class DesignerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="SPADE_DESIGNER_")
     service_name = "designer"
 
-    setting: Literal["game", "tool"] = Field(default="game", description="Which kind of environment to design.")
+    setting: Setting = Field(default=Setting.GAME, description="Which kind of environment to design.")
 
     # --- the round (envs_per_round / skills_per_round: the run spec's unless set) -----------------
     envs_per_round: int | None = Field(

@@ -28,6 +28,7 @@ from services.designer.model_size import StructuredDecision, decide_structured_o
 from services.designer.outbox import QueueOutbox
 from services.designer.pool_files import load_pool
 from services.designer.settings import DesignerSettings
+from spade.envs.types import Setting
 from spade.queues.base import WorkQueue
 from spade.runspec import RunSpec
 from spade.serving.logs import get_logger
@@ -106,7 +107,7 @@ def build_pipeline(
     designer says at start that it does not.
     """
     reachability = None
-    if settings.setting == "tool" and settings.criteria_reachable.enabled:
+    if settings.setting == Setting.TOOL and settings.criteria_reachable.enabled:
         if llm is None:
             log.warning("criteria_reachable is enabled but no policy is reachable: tool envs are not judged")
         else:
@@ -292,7 +293,7 @@ async def designer_service(
         stack.push_async_callback(sandbox.close)
         validator = SandboxServiceValidator(sandbox)
         memory = MemoryServiceEnvironments(memory_client, record_retry=settings.record_retry)  # type: ignore[arg-type]
-        pool_needs_llm = settings.setting == "tool" and settings.criteria_reachable.enabled
+        pool_needs_llm = settings.setting == Setting.TOOL and settings.criteria_reachable.enabled
         llm = None
         initial_version = 0
         if settings.pool_dir is None or pool_needs_llm:

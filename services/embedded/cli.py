@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from spade.envs.types import SETTINGS
+
 
 class _RunCommand(click.Command):
     """``spade run``, whose help ends with the default run's departures from the paper (computed on demand)."""
@@ -36,7 +38,7 @@ class _RunCommand(click.Command):
     help="Start from the paper's values (the config file, environment and other flags go on top).",
 )
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Learner steps (weight versions).")
-@click.option("--setting", type=click.Choice(["game", "tool"]), default=None, help="Which kind of environments.")
+@click.option("--setting", type=click.Choice(SETTINGS), default=None, help="Which kind of environments.")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Output directory.")
 @click.option(
     "--designer",

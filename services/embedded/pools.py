@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from spade.envs.types import Setting
 from spade.memory.records import EnvStatus, NewEnvironment, PutResult
 from spade.queues.base import ENVS_READY, WorkQueue
 from spade.serving.logs import get_logger
+from spade.wire_enums import to_wire
 
 log = get_logger(__name__)
 
@@ -182,7 +184,7 @@ async def store_static_pool(
         env_id = put.duplicate_of or put.env_id
         message = queues_pb2.EnvReady(
             env_id=env_id,
-            setting=env.setting,
+            setting=to_wire(Setting.parse(env.setting)),
             skill=env.skill,
             weight_version=0,
             window_versions=window_versions,

@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 import yaml
 
+from spade.envs.types import Setting
+
 PresetName = Literal["paper-game", "paper-tool"]
 PRESETS: tuple[PresetName, ...] = ("paper-game", "paper-tool")
 
@@ -48,7 +50,7 @@ class PaperValue:
     services: tuple[str, ...] = ()
 
     def value(self, setting: str) -> Any:
-        return self.game if setting == "game" else self.tool
+        return self.game if setting == Setting.GAME else self.tool
 
 
 _GRPO_GAME = {"type": "grpo", "eps_low": 0.2, "eps_high": 0.28, "tis": True, "tis_cap": 2.0, "kl_coef": 0.0}
@@ -213,14 +215,19 @@ WHY: Mapping[str, str] = {
 """Why the embedded default departs from the paper, per value (shown with each departure)."""
 
 
+def preset_setting(name: PresetName) -> Setting:
+    """The setting preset ``name`` designs and plays."""
+    return Setting.GAME if name == "paper-game" else Setting.TOOL
+
+
 def preset_values(name: PresetName) -> dict[str, Any]:
     """The ``RunSettings`` values of preset ``name`` (nested sections as dicts).
 
     >>> preset_values("paper-tool")["learner"]["loss"]["kl_coef"]
     0.005
     """
-    setting = "game" if name == "paper-game" else "tool"
-    values: dict[str, Any] = {"setting": setting}
+    setting = preset_setting(name)
+    values: dict[str, Any] = {"setting": setting.value}
     for item in PAPER:
         _put(values, item.path, item.value(setting))
     return values
@@ -248,8 +255,8 @@ def show_value(value: Any) -> str:
 
 def distributed_files(name: PresetName) -> dict[str, dict[str, Any]]:
     """The distributed files of preset ``name``: file name -> its settings (without comments)."""
-    setting = "game" if name == "paper-game" else "tool"
-    files: dict[str, dict[str, Any]] = {"runspec.yaml": {}, "designer.yaml": {"setting": setting}}
+    setting = preset_setting(name)
+    files: dict[str, dict[str, Any]] = {"runspec.yaml": {}, "designer.yaml": {"setting": setting.value}}
     files["learner.yaml"] = {}
     files["memory.yaml"] = {}
     for item in PAPER:
@@ -260,7 +267,7 @@ def distributed_files(name: PresetName) -> dict[str, dict[str, Any]]:
 
 
 def _comments(name: PresetName, service: str | None) -> Iterator[str]:
-    setting = "game" if name == "paper-game" else "tool"
+    setting = preset_setting(name)
     for item in PAPER:
         targets = item.services if service is not None else (item.path,)
         for target in (t.format(setting=setting) for t in targets):

@@ -38,6 +38,7 @@ from services.rollout.settings import RolloutSettings
 from services.sandbox.isolation.settings import IsolationSettings
 from spade.config import ServiceSettings
 from spade.envs import CheckConfig
+from spade.envs.types import Setting
 
 
 class ServiceOverrides(BaseModel):
@@ -141,7 +142,7 @@ class RunSettings(ServiceSettings):
     run_dir: Path = Field(
         default_factory=_default_run_dir, description="Where metrics, report, pool and checkpoints go."
     )
-    setting: Literal["game", "tool"] = Field("game", description="Which kind of environment to design and play.")
+    setting: Setting = Field(Setting.GAME, description="Which kind of environment to design and play.")
     steps: int = Field(3, ge=1, le=100_000, description="Learner steps (each publishes a new weight version).")
     envs_per_step: int = Field(
         2, ge=1, le=4096, description="Environments the designer writes per round (the run spec's envs_per_round)."

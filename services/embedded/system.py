@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from services.embedded.settings import RunSettings
 from services.memory.service import MemoryService
 from spade.auth import generate_key
+from spade.envs.types import Setting
 from spade.serving.logs import get_logger
 
 if TYPE_CHECKING:  # the parts' modules load torch and the model server: imported when the run starts
@@ -138,8 +139,8 @@ async def embedded_system(settings: RunSettings) -> AsyncIterator[EmbeddedParts]
         memory_settings = MemorySettings(
             dev_mode=True,
             database_url=f"sqlite:///{(run_dir / 'memory.db').resolve()}",
-            window_versions_game=settings.window_versions if settings.setting == "game" else None,
-            window_versions_tool=settings.window_versions if settings.setting == "tool" else None,
+            window_versions_game=settings.window_versions if settings.setting == Setting.GAME else None,
+            window_versions_tool=settings.window_versions if settings.setting == Setting.TOOL else None,
             window=settings.memory_window,
             content_env_ids=True,  # the memory is this run's own: a rerun plays the same seeds
         )

@@ -8,8 +8,6 @@ file passed with ``--config``.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -20,6 +18,7 @@ from services.eval.suites.reasoning_gym import DEFAULT_DATASETS
 from spade.agent.episode import PlayLimits
 from spade.config import ServiceSettings
 from spade.endpoints import PoolSandbox, SandboxConfig
+from spade.envs.types import Setting
 from spade.retry import RetryPolicy
 
 SUITES: tuple[str, ...] = ("reasoning-gym", "bfcl-multi-turn", "pool")
@@ -78,9 +77,7 @@ class PoolSettings(BaseModel):
         max_length=2000,
         description="The pool: a run directory, its memory.db, a JSONL export or a SQLAlchemy URL (--pool).",
     )
-    setting: Literal["game", "tool"] | None = Field(
-        default=None, description="Only envs of this setting (unset: both)."
-    )
+    setting: Setting | None = Field(default=None, description="Only envs of this setting (unset: both).")
     seeds_per_env: int = Field(default=4, ge=1, le=10_000, description="Held-out plays per env.")
     max_turns: int = Field(default=PlayLimits.max_turns, ge=1, le=1000, description="Model turns per play.")
     max_tokens_per_turn: int = Field(

@@ -36,6 +36,7 @@ from services.learner.samples import (
     play_sample_to_json,
 )
 from services.learner.settings import LearnerSettings
+from spade.envs.types import Setting
 from spade.queues.base import ENVS_AUDITED, SAMPLES_AGENT, SAMPLES_DESIGNER, WorkQueue
 from spade.runspec import RunSpec
 from spade.serving.logs import get_logger
@@ -51,7 +52,7 @@ def designer_window(settings: LearnerSettings, spec: RunSpec, data: Mapping[str,
     """The designer window under the run spec's windows and rewards (restored from ``data`` when given)."""
     return DesignerWindow.from_json(
         dict(data) if data is not None else {"plays": {}, "pending": []},
-        {"game": spec.window_versions_game, "tool": spec.window_versions_tool},
+        {Setting.GAME: spec.window_versions_game, Setting.TOOL: spec.window_versions_tool},
         spec.rewards.to_config(),
         group_size=spec.group_size,
         grace=settings.window_grace_versions,
@@ -281,6 +282,6 @@ class Intake:
         self._seen.add(msg.sample_id)
         counts["agent_received"] += 1
         if agent_sample is not None and agent_sample.resource_fault:
-            counts[f"resource_fault/{msg.finish_reason}"] += 1
+            counts[f"resource_fault/{play.finish_reason}"] += 1
         if agent_sample is not None:
             self.groups.setdefault(agent_sample.group_key, []).append(agent_sample)

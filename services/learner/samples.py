@@ -10,14 +10,28 @@ from typing import Any
 
 from services.learner.core.batching import AgentPlaySample, BatchError, Role, TrainSample
 from services.learner.core.window import Audit, DesignerAttempt, Play
+from spade.envs.types import FinishReason, Setting
 from spade.signal import validity_fraction, win_rate
 from spade.v1 import queues_pb2
+from spade.wire_enums import from_wire
 
 
 def group_key(sample: queues_pb2.AgentSample) -> str:
     """The advantage group of a play: its ``group_id`` (one env, one window slot), per arm."""
     group = sample.group_id or f"{sample.env_id}@{sample.weight_version}"
     return f"{group}|{'hinted' if sample.hinted else 'plain'}"
+
+
+def finish_reason(sample: queues_pb2.AgentSample) -> FinishReason:
+    """How the play ended.
+
+    Raises:
+        BatchError: The sample names no finish reason, or one this learner does not know.
+    """
+    try:
+        return from_wire(FinishReason, sample.finish_reason)
+    except ValueError as exc:
+        raise BatchError(f"agent sample {sample.sample_id}: {exc}") from None
 
 
 def agent_play(sample: queues_pb2.AgentSample) -> Play:
@@ -31,7 +45,7 @@ def agent_play(sample: queues_pb2.AgentSample) -> Play:
         episode_return=float(sample.episode_return),
         window_start=int(sample.window_start),
         window_index=int(sample.window_index),
-        finish_reason=sample.finish_reason,
+        finish_reason=finish_reason(sample),
     )
 
 
@@ -51,7 +65,14 @@ def agent_train_sample(sample: queues_pb2.AgentSample) -> AgentPlaySample:
         loss_mask=tuple(bool(x) for x in sample.loss_mask),
         weight_version=int(sample.weight_version),
     )
-    return AgentPlaySample(train, group_key(sample), float(sample.episode_return), sample.finish_reason)
+    return AgentPlaySample(train, group_key(sample), float(sample.episode_return), finish_reason(sample))
+
+
+def _setting(sample: queues_pb2.DesignerSample) -> Setting:
+    try:
+        return from_wire(Setting, sample.setting)
+    except ValueError as exc:
+        raise BatchError(f"designer sample {sample.sample_id}: {exc}") from None
 
 
 def designer_attempt(sample: queues_pb2.DesignerSample) -> DesignerAttempt:
@@ -74,7 +95,7 @@ def designer_attempt(sample: queues_pb2.DesignerSample) -> DesignerAttempt:
     return DesignerAttempt(
         sample_id=sample.sample_id,
         env_id=sample.env_id,
-        setting=sample.setting,
+        setting=_setting(sample),
         skill=sample.skill,
         batch_id=sample.batch_id,
         weight_version=int(sample.weight_version),

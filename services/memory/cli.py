@@ -16,6 +16,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
+from spade.envs.types import SETTINGS, Setting
 from spade.memory.errors import MemoryServiceError
 from spade.memory.records import EnvFilter, EnvStatus
 from spade.serving.run import config_option, configure_logs, log_level_option
@@ -82,7 +83,7 @@ database_option = click.option(
 def filter_options(f: Any) -> Any:
     for opt in reversed(
         [
-            click.option("--setting", type=click.Choice(["game", "tool"])),
+            click.option("--setting", type=click.Choice(SETTINGS)),
             click.option("--skill"),
             click.option("--status", type=click.Choice([s.value for s in EnvStatus])),
             click.option("--min-regret", type=click.FloatRange(-1.0, 1.0)),
@@ -259,7 +260,7 @@ def hash_token_cmd(token: str | None, generate: bool, tenant: str | None, role: 
 
 
 @envs.command("seed")
-@click.option("--setting", type=click.Choice(["game", "tool"]), default="game", show_default=True)
+@click.option("--setting", type=click.Choice(SETTINGS), default=Setting.GAME.value, show_default=True)
 @click.option("--memory", "memory_target", default="127.0.0.1:50052", show_default=True, help="Memory gRPC host:port.")
 @click.option(
     "--memory-key",

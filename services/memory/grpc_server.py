@@ -87,7 +87,7 @@ class MemoryServicer(pb_grpc.MemoryServicer):
                 raise InvalidArgument(f"{name} {n} must be between 0 and {MAX_EXAMPLES}")
         seed = request.seed if request.HasField("seed") else None
         ex = await self._svc.sample_examples(
-            request.setting, request.skill, request.n_positive, request.n_negative, seed
+            wire.setting(request.setting), request.skill, request.n_positive, request.n_negative, seed
         )
         return wire.examples_to_pb(ex)
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+from spade.envs.types import Setting
 from spade.memory.records import EnvStatus, NewEnvironment, PutResult
 from spade.queues.base import ENVS_READY, WorkQueue
 from spade.queues.messages import publish_proto
 from spade.v1 import queues_pb2
+from spade.wire_enums import to_wire
 
 Validate = Callable[[str, str], Awaitable[Any]]
 """``validate(code, setting) -> ValidationReport`` (the sandbox), used to check each example first."""
@@ -90,7 +92,11 @@ async def seed_pool(
         if new is not None and not put.duplicate_of:
             new.append(env_id)
         message = queues_pb2.EnvReady(
-            env_id=env_id, setting=setting, skill=example.skill, weight_version=0, window_versions=window_versions
+            env_id=env_id,
+            setting=to_wire(Setting.parse(setting)),
+            skill=example.skill,
+            weight_version=0,
+            window_versions=window_versions,
         )
         await publish_proto(queue, ENVS_READY, message, key=f"seed-{env_id}")
         stored.append(env_id)

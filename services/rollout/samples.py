@@ -19,7 +19,9 @@ from services.rollout.core.audit import AuditVerdict
 from services.rollout.core.ports import PlayRecord
 from spade.agent.episode import Play
 from spade.agent.ports import EnvSpec
+from spade.envs.types import Setting
 from spade.v1 import queues_pb2
+from spade.wire_enums import to_wire
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ def to_agent_sample(play: Play, env: EnvSpec, slot: SlotRef) -> queues_pb2.Agent
     return queues_pb2.AgentSample(
         sample_id=sample_id(env.env_id, slot.window_index, play.seed, hinted=play.hinted),
         env_id=env.env_id,
-        setting=env.setting,
+        setting=to_wire(Setting.parse(env.setting)),
         skill=env.skill,
         seed=play.seed,
         hinted=play.hinted,
@@ -80,7 +82,7 @@ def to_agent_sample(play: Play, env: EnvSpec, slot: SlotRef) -> queues_pb2.Agent
         episode_return=play.episode_return,
         turns=play.turns,
         weight_version=generated_by(play, slot),
-        finish_reason=play.finish_reason.value,
+        finish_reason=to_wire(play.finish_reason),
         spec_id=slot.spec_id,
         window_start=slot.window_start,
         window_index=slot.window_index,

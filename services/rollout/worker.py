@@ -65,6 +65,7 @@ from services.rollout.state_store import Claim, RolloutStateStore
 from spade.agent.episode import EpisodeRunner, Play, TurnSeeds
 from spade.agent.ports import EnvSpec
 from spade.dependencies import Dependency
+from spade.envs.types import Setting
 from spade.errors import Unavailable
 from spade.inference import derive_sampling_seed
 from spade.memory.records import EnvStatus as MemoryEnvStatus
@@ -77,6 +78,7 @@ from spade.serving import lifecycle
 from spade.serving.logs import get_logger
 from spade.signal import group_has_signal
 from spade.v1 import queues_pb2
+from spade.wire_enums import from_wire
 
 log = get_logger(__name__)
 
@@ -336,7 +338,10 @@ class RolloutWorker:
         except EnvNotFound:
             event("env_refused", level=logging.ERROR, env_id=msg.env_id, reason="the memory does not hold it")
             return None
-        setting = msg.setting or stored.setting
+        # A message that names no setting (an older producer's) plays as the memory stored the env.
+        setting = (
+            from_wire(Setting, msg.setting, unknown=Setting.parse(stored.setting)) if msg.setting else stored.setting
+        )
         env = await self.store.register(
             ActiveEnv(
                 env_id=msg.env_id,

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from spade.envs.types import SETTINGS, Setting
 from spade.serving.run import config_option, configure_logs, log_level_option
 
 
@@ -128,7 +129,7 @@ def exec_command(
 
 @sandbox.command("validate")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--setting", type=click.Choice(["game", "tool"]), default="game", show_default=True)
+@click.option("--setting", type=click.Choice(SETTINGS), default=Setting.GAME.value, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="YAML/JSON settings file.")
 def validate_command(file: Path, setting: str, as_json: bool, config: Path | None) -> None:

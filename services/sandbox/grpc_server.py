@@ -13,7 +13,7 @@ from typing import Any
 from services.sandbox.core.auth import Tenant
 from services.sandbox.core.errors import InvalidRequest, SandboxServiceError
 from services.sandbox.service import SandboxService
-from spade.sandbox.wire import execution_message, report_message, state_message
+from spade.sandbox.wire import execution_message, report_message, requested_setting, state_message
 from spade.serving.grpc import GrpcService, caller
 from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
 
@@ -35,7 +35,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServicer):
     async def Validate(self, request: sandbox_pb2.ValidateRequest, context: Any) -> sandbox_pb2.ValidationReport:
         return report_message(
             await self.service.validate(
-                self._tenant(), request.code, request.setting or "game", request.agent_max_turns
+                self._tenant(), request.code, requested_setting(request.setting), request.agent_max_turns
             )
         )
 
@@ -52,7 +52,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServicer):
 
     async def OpenSession(self, request: sandbox_pb2.OpenSessionRequest, context: Any) -> sandbox_pb2.SessionState:
         session_id, outcome = await self.service.open_session(
-            self._tenant(), request.code, request.setting or "game", request.seed, request.agent_max_turns
+            self._tenant(), request.code, requested_setting(request.setting), request.seed, request.agent_max_turns
         )
         return state_message(session_id, outcome)
 
@@ -80,7 +80,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServicer):
                         raise InvalidRequest("the first Play message must be 'open' with code, setting and seed")
                     opened = message.open
                     session_id, outcome = await self.service.open_session(
-                        who, opened.code, opened.setting or "game", opened.seed, opened.agent_max_turns
+                        who, opened.code, requested_setting(opened.setting), opened.seed, opened.agent_max_turns
                     )
                 elif kind == "action":
                     outcome = await self.service.step(who, session_id, message.action)

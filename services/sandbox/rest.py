@@ -22,6 +22,7 @@ from services.sandbox.core.requests import MAX_TURN_BUDGET
 from services.sandbox.service import SandboxService
 from spade.auth import Role
 from spade.envs import StepOutcome, ValidationReport
+from spade.envs.types import Setting
 from spade.errors import require_text
 from spade.serving.docs import install_offline_docs
 from spade.serving.http import HttpMetrics, bearer_auth, error_response, install_error_handlers, ops_router
@@ -39,7 +40,7 @@ _BUDGET = (
 
 class ValidateBody(_Strict):
     code: StrictStr = Field(description="Python source of one environment class.")
-    setting: Literal["game", "tool"] = Field("game", description="Which contract the env follows.")
+    setting: Setting = Field(Setting.GAME, description="Which contract the env follows.")
     agent_max_turns: StrictInt = Field(0, ge=0, le=MAX_TURN_BUDGET, description=_BUDGET)
 
 
@@ -58,7 +59,7 @@ class ExecuteBody(_Strict):
 
 class OpenSessionBody(_Strict):
     code: StrictStr = Field(description="Python source of one environment class (loaded, then reset(seed)).")
-    setting: Literal["game", "tool"] = Field("game", description="Which contract the env follows.")
+    setting: Setting = Field(Setting.GAME, description="Which contract the env follows.")
     seed: StrictInt = Field(0, description="The seed reset() gets: the same seed gives the same instance.")
     agent_max_turns: StrictInt = Field(0, ge=0, le=MAX_TURN_BUDGET, description=_BUDGET)
 

@@ -25,7 +25,7 @@ from spade.agent.ports import ChatTemplate, EnvSession, EnvSpec, Generator, Sess
 from spade.agent.prompts import first_game_message, with_hint
 from spade.agent.trajectory import Trajectory, TrajectoryBuilder
 from spade.envs.actions import normalize_game_action
-from spade.envs.types import FinishReason, Outcome
+from spade.envs.types import FinishReason, Outcome, Setting
 from spade.sandbox.errors import SandboxFault
 from spade.serving.logs import get_logger
 
@@ -180,7 +180,7 @@ class EpisodeRunner:
     ) -> Play:
         hint = env.hint if hinted else None
         initial = session.initial
-        tool_env = env.setting == "tool"
+        tool_env = env.setting == Setting.TOOL
         tools = initial.info.get("tools") if tool_env and isinstance(initial.info, Mapping) else None
         builder = TrajectoryBuilder(self._template, tools)
         cap = int(getattr(initial, "max_turns", 0) or 0)

@@ -33,6 +33,10 @@ class Setting(StrEnum):
             raise ValueError(f"setting must be 'game' or 'tool', got {value!r}") from None
 
 
+SETTINGS: tuple[str, ...] = tuple(member.value for member in Setting)
+"""Every setting's name (``("game", "tool")``): the choices of a ``--setting`` option."""
+
+
 class Outcome(StrEnum):
     """How one ``reset()``/``step()`` call ended (STYLE habit 4).
 

@@ -140,7 +140,9 @@ class MemoryClient:
         self, setting: str, skill: str, n_positive: int, n_negative: int, seed: int | None = None
     ) -> Examples:
         """See ``MemoryService.sample_examples``."""
-        req = pb.SampleExamplesRequest(setting=setting, skill=skill, n_positive=n_positive, n_negative=n_negative)
+        req = pb.SampleExamplesRequest(
+            setting=wire.setting_number(setting), skill=skill, n_positive=n_positive, n_negative=n_negative
+        )
         if seed is not None:
             req.seed = seed
         return wire.examples_from_pb(await self._call("", lambda: self._stub.SampleExamples(req, **self._kw)))

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import Any
 
+from spade.envs.types import FinishReason, Setting
 from spade.memory.errors import InvalidArgument
 from spade.memory.records import (
     DesignerAttempt,
@@ -25,6 +27,7 @@ from spade.memory.records import (
     StatsUpdate,
 )
 from spade.v1 import memory_pb2 as pb
+from spade.wire_enums import from_wire, to_wire
 
 GRPC_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
 """Channel and server options of both ends: listings with code can be large (1000 environments of tens of KiB)."""
@@ -36,6 +39,42 @@ def _ms(t: datetime) -> int:
 
 def _from_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def setting(number: int) -> Setting:
+    """The ``Setting`` a message carries.
+
+    Raises:
+        InvalidArgument: None set, or a number this side does not know.
+    """
+    try:
+        return from_wire(Setting, number)
+    except ValueError as exc:
+        raise InvalidArgument(f"setting: {exc}") from None
+
+
+def setting_number(value: str) -> Any:
+    """A record's setting as its wire number.
+
+    Raises:
+        InvalidArgument: Neither game nor tool (refused before it is sent, as the server would).
+    """
+    try:
+        return to_wire(Setting.parse(value))
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+
+
+def _finish_reason_in(number: int) -> str:
+    """A play's finish reason from the wire: ``""`` when none was set (a play recorded without one)."""
+    try:
+        return from_wire(FinishReason, number) if number else ""
+    except ValueError as exc:
+        raise InvalidArgument(f"finish_reason: {exc}") from None
+
+
+def _finish_reason_out(value: str) -> Any:
+    return to_wire(FinishReason(value)) if value else 0
 
 
 def status(value: str, *, default: EnvStatus | None = None) -> EnvStatus | None:
@@ -61,7 +100,7 @@ def new_env_from_pb(m: pb.NewEnvironment) -> NewEnvironment:
     if not isinstance(report, dict):
         raise InvalidArgument("validation_report_json must be a JSON object")
     return NewEnvironment(
-        setting=m.setting,
+        setting=setting(m.setting),
         skill=m.skill,
         code=m.code,
         hint=m.hint,
@@ -78,7 +117,7 @@ def new_env_from_pb(m: pb.NewEnvironment) -> NewEnvironment:
 
 def new_env_to_pb(e: NewEnvironment) -> pb.NewEnvironment:
     return pb.NewEnvironment(
-        setting=e.setting,
+        setting=setting_number(e.setting),
         skill=e.skill,
         code=e.code,
         hint=e.hint,
@@ -126,7 +165,7 @@ def stats_from_pb(m: pb.EnvStats) -> EnvStats:
 def env_to_pb(e: Environment, *, include_code: bool = True) -> pb.StoredEnvironment:
     m = pb.StoredEnvironment(
         id=e.id,
-        setting=e.setting,
+        setting=setting_number(e.setting),
         skill=e.skill,
         code=e.code if include_code else "",
         code_hash=e.code_hash,
@@ -152,7 +191,7 @@ def env_from_pb(m: pb.StoredEnvironment) -> Environment:
     return Environment(
         id=m.id,
         seq=0,  # keyset positions stay server-side; cursors carry them
-        setting=m.setting,
+        setting=setting(m.setting),
         skill=m.skill,
         code=m.code,
         code_hash=m.code_hash,
@@ -174,7 +213,7 @@ def env_from_pb(m: pb.StoredEnvironment) -> Environment:
 
 def filter_from_pb(m: pb.ListEnvironmentsRequest) -> EnvFilter:
     return EnvFilter(
-        setting=m.setting if m.HasField("setting") else None,
+        setting=setting(m.setting) if m.HasField("setting") else None,
         skill=m.skill if m.HasField("skill") else None,
         status=status(m.status) if m.HasField("status") else None,
         min_regret=m.min_regret if m.HasField("min_regret") else None,
@@ -185,7 +224,9 @@ def filter_from_pb(m: pb.ListEnvironmentsRequest) -> EnvFilter:
 
 def filter_to_pb(f: EnvFilter) -> pb.ListEnvironmentsRequest:
     m = pb.ListEnvironmentsRequest()
-    for name in ("setting", "skill", "min_regret", "max_win_rate", "q"):
+    if f.setting is not None:
+        m.setting = setting_number(f.setting)
+    for name in ("skill", "min_regret", "max_win_rate", "q"):
         value = getattr(f, name)
         if value is not None:
             setattr(m, name, value)
@@ -203,7 +244,7 @@ def play_from_pb(m: pb.PlayRecord) -> Play:
         turns=m.turns,
         weight_version=m.weight_version,
         trajectory_id=m.trajectory_id,
-        finish_reason=m.finish_reason,
+        finish_reason=_finish_reason_in(m.finish_reason),
         played_at=_from_ms(m.played_at_ms) if m.played_at_ms else None,
         window_start=m.window_start,
         window_index=m.window_index,
@@ -220,7 +261,7 @@ def play_to_pb(p: Play) -> pb.PlayRecord:
         turns=p.turns,
         weight_version=p.weight_version,
         trajectory_id=p.trajectory_id,
-        finish_reason=p.finish_reason,
+        finish_reason=_finish_reason_out(p.finish_reason),
         played_at_ms=_ms(p.played_at) if p.played_at else 0,
         window_start=p.window_start,
         window_index=p.window_index,
@@ -231,7 +272,7 @@ def play_to_pb(p: Play) -> pb.PlayRecord:
 def attempt_from_pb(m: pb.DesignerAttempt) -> DesignerAttempt:
     return DesignerAttempt(
         sample_id=m.sample_id,
-        setting=m.setting,
+        setting=setting(m.setting),
         skill=m.skill,
         outcome=m.outcome,
         batch_id=m.batch_id,
@@ -245,7 +286,7 @@ def attempt_from_pb(m: pb.DesignerAttempt) -> DesignerAttempt:
 def attempt_to_pb(a: DesignerAttempt) -> pb.DesignerAttempt:
     return pb.DesignerAttempt(
         sample_id=a.sample_id,
-        setting=a.setting,
+        setting=setting_number(a.setting),
         skill=a.skill,
         outcome=a.outcome,
         batch_id=a.batch_id,

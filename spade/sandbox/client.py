@@ -27,7 +27,7 @@ from spade.grpc_channels import client_options
 from spade.retry import RetryPolicy
 from spade.sandbox.errors import SandboxFault, SandboxRefused
 from spade.sandbox.execution import ExecutionResult
-from spade.sandbox.wire import execution_from_message, report_from_message, state_outcome
+from spade.sandbox.wire import execution_from_message, report_from_message, setting_message, state_outcome
 from spade.serving.errors import ERROR_CODE_TRAILER
 from spade.serving.logs import get_logger
 from spade.serving.tls import ClientTls, secure_channel
@@ -216,7 +216,9 @@ class SandboxClient:
             SandboxFault: The sandbox stayed unreachable or failing for every try.
             SandboxRefused: The sandbox refused the request (key, size limits).
         """
-        request = sandbox_pb2.ValidateRequest(code=code, setting=setting, agent_max_turns=agent_max_turns)
+        request = sandbox_pb2.ValidateRequest(
+            code=code, setting=setting_message(setting), agent_max_turns=agent_max_turns
+        )
         return report_from_message(await self._unary("validation", self._stub.Validate, request))
 
     async def execute(
@@ -271,7 +273,7 @@ class SandboxClient:
     async def _open(self, code: str, setting: str, seed: int, agent_max_turns: int) -> SandboxSession:
         outbox: asyncio.Queue[sandbox_pb2.PlayRequest | None] = asyncio.Queue()
         open_request = sandbox_pb2.OpenSessionRequest(
-            code=code, setting=setting, seed=seed, agent_max_turns=agent_max_turns
+            code=code, setting=setting_message(setting), seed=seed, agent_max_turns=agent_max_turns
         )
         await outbox.put(sandbox_pb2.PlayRequest(open=open_request))
         call = self._stub.Play(_requests(outbox), metadata=self._metadata)

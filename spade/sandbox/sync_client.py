@@ -26,7 +26,7 @@ from spade.retry import RetryPolicy
 from spade.sandbox.client import DEFAULT_RETRY, domain_error
 from spade.sandbox.errors import SandboxFault
 from spade.sandbox.execution import ExecutionResult
-from spade.sandbox.wire import execution_from_message, report_from_message, state_outcome
+from spade.sandbox.wire import execution_from_message, report_from_message, setting_message, state_outcome
 from spade.serving.logs import get_logger
 from spade.serving.tls import ClientTls, secure_sync_channel
 from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
@@ -137,7 +137,9 @@ class SyncSandboxClient:
 
     def validate(self, code: str, setting: str, *, agent_max_turns: int = 0) -> ValidationReport:
         """Run the validation pipeline on ``code`` (see :meth:`SandboxClient.validate`)."""
-        request = sandbox_pb2.ValidateRequest(code=code, setting=setting, agent_max_turns=agent_max_turns)
+        request = sandbox_pb2.ValidateRequest(
+            code=code, setting=setting_message(setting), agent_max_turns=agent_max_turns
+        )
         return report_from_message(self._unary("validation", self._stub.Validate, request))
 
     def execute(
@@ -171,7 +173,7 @@ class SyncSandboxClient:
             with attempt:
                 outbox: queue.SimpleQueue[sandbox_pb2.PlayRequest | None] = queue.SimpleQueue()
                 open_request = sandbox_pb2.OpenSessionRequest(
-                    code=code, setting=setting, seed=seed, agent_max_turns=agent_max_turns
+                    code=code, setting=setting_message(setting), seed=seed, agent_max_turns=agent_max_turns
                 )
                 outbox.put(sandbox_pb2.PlayRequest(open=open_request))
                 call = self._stub.Play(_requests(outbox), metadata=self._metadata)

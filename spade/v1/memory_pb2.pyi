@@ -9,6 +9,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from spade.v1 import types_pb2 as _types_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -114,8 +115,7 @@ class NewEnvironment(_message.Message):
     CORPUS_REF_FIELD_NUMBER: _builtins.int
     BATCH_ID_FIELD_NUMBER: _builtins.int
     PARENT_IDS_FIELD_NUMBER: _builtins.int
-    setting: _builtins.str
-    """"game" or "tool"."""
+    setting: _types_pb2.Setting.ValueType
     skill: _builtins.str
     code: _builtins.str
     hint: _builtins.str
@@ -133,7 +133,7 @@ class NewEnvironment(_message.Message):
     def __init__(
         self,
         *,
-        setting: _builtins.str = ...,
+        setting: _types_pb2.Setting.ValueType = ...,
         skill: _builtins.str = ...,
         code: _builtins.str = ...,
         hint: _builtins.str = ...,
@@ -177,7 +177,7 @@ class StoredEnvironment(_message.Message):
     WINDOW_START_FIELD_NUMBER: _builtins.int
     WINDOW_VERSIONS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
-    setting: _builtins.str
+    setting: _types_pb2.Setting.ValueType
     skill: _builtins.str
     code: _builtins.str
     """Empty in listings unless include_code was set."""
@@ -203,7 +203,7 @@ class StoredEnvironment(_message.Message):
         self,
         *,
         id: _builtins.str = ...,
-        setting: _builtins.str = ...,
+        setting: _types_pb2.Setting.ValueType = ...,
         skill: _builtins.str = ...,
         code: _builtins.str = ...,
         code_hash: _builtins.str = ...,
@@ -307,7 +307,7 @@ class ListEnvironmentsRequest(_message.Message):
     LIMIT_FIELD_NUMBER: _builtins.int
     CURSOR_FIELD_NUMBER: _builtins.int
     INCLUDE_CODE_FIELD_NUMBER: _builtins.int
-    setting: _builtins.str
+    setting: _types_pb2.Setting.ValueType
     skill: _builtins.str
     status: _builtins.str
     min_regret: _builtins.float
@@ -322,7 +322,7 @@ class ListEnvironmentsRequest(_message.Message):
     def __init__(
         self,
         *,
-        setting: _builtins.str | None = ...,
+        setting: _types_pb2.Setting.ValueType | None = ...,
         skill: _builtins.str | None = ...,
         status: _builtins.str | None = ...,
         min_regret: _builtins.float | None = ...,
@@ -411,7 +411,7 @@ class PlayRecord(_message.Message):
     weight_version: _builtins.int
     trajectory_id: _builtins.str
     """Unique per play (the agent sample id): a play sent twice is stored once."""
-    finish_reason: _builtins.str
+    finish_reason: _types_pb2.FinishReason.ValueType
     played_at_ms: _builtins.int
     """Zero means "now"."""
     window_start: _builtins.int
@@ -428,7 +428,7 @@ class PlayRecord(_message.Message):
         turns: _builtins.int = ...,
         weight_version: _builtins.int = ...,
         trajectory_id: _builtins.str = ...,
-        finish_reason: _builtins.str = ...,
+        finish_reason: _types_pb2.FinishReason.ValueType = ...,
         played_at_ms: _builtins.int = ...,
         window_start: _builtins.int = ...,
         window_index: _builtins.int = ...,
@@ -482,7 +482,7 @@ class DesignerAttempt(_message.Message):
     SPEC_ID_FIELD_NUMBER: _builtins.int
     CREATED_AT_MS_FIELD_NUMBER: _builtins.int
     sample_id: _builtins.str
-    setting: _builtins.str
+    setting: _types_pb2.Setting.ValueType
     skill: _builtins.str
     batch_id: _builtins.str
     weight_version: _builtins.int
@@ -496,7 +496,7 @@ class DesignerAttempt(_message.Message):
         self,
         *,
         sample_id: _builtins.str = ...,
-        setting: _builtins.str = ...,
+        setting: _types_pb2.Setting.ValueType = ...,
         skill: _builtins.str = ...,
         batch_id: _builtins.str = ...,
         weight_version: _builtins.int = ...,
@@ -796,7 +796,7 @@ class SampleExamplesRequest(_message.Message):
     N_POSITIVE_FIELD_NUMBER: _builtins.int
     N_NEGATIVE_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
-    setting: _builtins.str
+    setting: _types_pb2.Setting.ValueType
     skill: _builtins.str
     n_positive: _builtins.int
     n_negative: _builtins.int
@@ -805,7 +805,7 @@ class SampleExamplesRequest(_message.Message):
     def __init__(
         self,
         *,
-        setting: _builtins.str = ...,
+        setting: _types_pb2.Setting.ValueType = ...,
         skill: _builtins.str = ...,
         n_positive: _builtins.int = ...,
         n_negative: _builtins.int = ...,

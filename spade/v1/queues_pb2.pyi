@@ -12,6 +12,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from spade.v1 import sandbox_pb2 as _sandbox_pb2
+from spade.v1 import types_pb2 as _types_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -37,7 +38,7 @@ class EnvReady(_message.Message):
     WINDOW_VERSIONS_FIELD_NUMBER: _builtins.int
     SPEC_ID_FIELD_NUMBER: _builtins.int
     env_id: _builtins.str
-    setting: _builtins.str
+    setting: _types_pb2.Setting.ValueType
     skill: _builtins.str
     weight_version: _builtins.int
     """Weight version that designed it: its window starts here."""
@@ -52,7 +53,7 @@ class EnvReady(_message.Message):
         self,
         *,
         env_id: _builtins.str = ...,
-        setting: _builtins.str = ...,
+        setting: _types_pb2.Setting.ValueType = ...,
         skill: _builtins.str = ...,
         weight_version: _builtins.int = ...,
         designer_sample_id: _builtins.str = ...,
@@ -92,7 +93,7 @@ class AgentSample(_message.Message):
     WINDOW_INDEX_FIELD_NUMBER: _builtins.int
     sample_id: _builtins.str
     env_id: _builtins.str
-    setting: _builtins.str
+    setting: _types_pb2.Setting.ValueType
     skill: _builtins.str
     seed: _builtins.int
     hinted: _builtins.bool
@@ -102,11 +103,8 @@ class AgentSample(_message.Message):
     turns: _builtins.int
     weight_version: _builtins.int
     """Weight version of the policy that generated every model token."""
-    finish_reason: _builtins.str
-    """How the play ended: a spade.envs.types.FinishReason value ("terminated", "truncated",
-    "turn_limit", "token_limit", "env_error", or a resource fault "fault_wall_clock", "fault_cpu",
-    "fault_memory", "fault_output", "fault_killed").
-    """
+    finish_reason: _types_pb2.FinishReason.ValueType
+    """How the play ended."""
     spec_id: _builtins.str
     """The run spec the play was made under."""
     window_start: _builtins.int
@@ -132,7 +130,7 @@ class AgentSample(_message.Message):
         *,
         sample_id: _builtins.str = ...,
         env_id: _builtins.str = ...,
-        setting: _builtins.str = ...,
+        setting: _types_pb2.Setting.ValueType = ...,
         skill: _builtins.str = ...,
         seed: _builtins.int = ...,
         hinted: _builtins.bool = ...,
@@ -143,7 +141,7 @@ class AgentSample(_message.Message):
         episode_return: _builtins.float = ...,
         turns: _builtins.int = ...,
         weight_version: _builtins.int = ...,
-        finish_reason: _builtins.str = ...,
+        finish_reason: _types_pb2.FinishReason.ValueType = ...,
         spec_id: _builtins.str = ...,
         window_start: _builtins.int = ...,
         window_index: _builtins.int = ...,
@@ -181,7 +179,7 @@ class DesignerSample(_message.Message):
     sample_id: _builtins.str
     env_id: _builtins.str
     """Empty when the attempt produced no stored environment."""
-    setting: _builtins.str
+    setting: _types_pb2.Setting.ValueType
     skill: _builtins.str
     weight_version: _builtins.int
     valid: _builtins.bool
@@ -213,7 +211,7 @@ class DesignerSample(_message.Message):
         *,
         sample_id: _builtins.str = ...,
         env_id: _builtins.str = ...,
-        setting: _builtins.str = ...,
+        setting: _types_pb2.Setting.ValueType = ...,
         skill: _builtins.str = ...,
         prompt_ids: _abc.Iterable[_builtins.int] | None = ...,
         output_ids: _abc.Iterable[_builtins.int] | None = ...,

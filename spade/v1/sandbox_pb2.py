@@ -22,41 +22,42 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from spade.v1 import types_pb2 as spade_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16spade/v1/sandbox.proto\x12\x08spade.v1\";\n\x0b\x43heckResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06passed\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"I\n\x0fValidateRequest\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07setting\x18\x02 \x01(\t\x12\x17\n\x0f\x61gent_max_turns\x18\x03 \x01(\x05\"\x98\x01\n\x10ValidationReport\x12\r\n\x05valid\x18\x01 \x01(\x08\x12\x0f\n\x07setting\x18\x02 \x01(\t\x12\x11\n\tenv_class\x18\x03 \x01(\t\x12%\n\x06\x63hecks\x18\x04 \x03(\x0b\x32\x15.spade.v1.CheckResult\x12\x15\n\rrepaired_code\x18\x05 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x06 \x01(\x01\",\n\x0b\x45xecuteFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\"y\n\x0e\x45xecuteRequest\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05stdin\x18\x02 \x01(\x0c\x12$\n\x05\x66iles\x18\x03 \x03(\x0b\x32\x15.spade.v1.ExecuteFile\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12\x11\n\tmemory_mb\x18\x05 \x01(\x03\"g\n\rExecuteResult\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\x0e\n\x06stdout\x18\x03 \x01(\x0c\x12\x0e\n\x06stderr\x18\x04 \x01(\x0c\x12\x13\n\x0b\x64uration_ms\x18\x05 \x01(\x01\"Z\n\x12OpenSessionRequest\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07setting\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x03\x12\x17\n\x0f\x61gent_max_turns\x18\x04 \x01(\x05\"\xb3\x01\n\x0cSessionState\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bobservation\x18\x02 \x01(\t\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x12\n\nterminated\x18\x04 \x01(\x08\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x11\n\tinfo_json\x18\x06 \x01(\t\x12\x0c\n\x04turn\x18\x07 \x01(\x05\x12\x11\n\tmax_turns\x18\x08 \x01(\x05\x12\x0f\n\x07outcome\x18\t \x01(\t\"1\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"U\n\x0bPlayRequest\x12,\n\x04open\x18\x01 \x01(\x0b\x32\x1c.spade.v1.OpenSessionRequestH\x00\x12\x10\n\x06\x61\x63tion\x18\x02 \x01(\tH\x00\x42\x06\n\x04kind\"5\n\x0cPlayResponse\x12%\n\x05state\x18\x01 \x01(\x0b\x32\x16.spade.v1.SessionState2\x90\x03\n\x07Sandbox\x12\x41\n\x08Validate\x12\x19.spade.v1.ValidateRequest\x1a\x1a.spade.v1.ValidationReport\x12<\n\x07\x45xecute\x12\x18.spade.v1.ExecuteRequest\x1a\x17.spade.v1.ExecuteResult\x12\x39\n\x04Play\x12\x15.spade.v1.PlayRequest\x1a\x16.spade.v1.PlayResponse(\x01\x30\x01\x12\x43\n\x0bOpenSession\x12\x1c.spade.v1.OpenSessionRequest\x1a\x16.spade.v1.SessionState\x12\x35\n\x04Step\x12\x15.spade.v1.StepRequest\x1a\x16.spade.v1.SessionState\x12M\n\x0c\x43loseSession\x12\x1d.spade.v1.CloseSessionRequest\x1a\x1e.spade.v1.CloseSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16spade/v1/sandbox.proto\x12\x08spade.v1\x1a\x14spade/v1/types.proto\";\n\x0b\x43heckResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06passed\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\\\n\x0fValidateRequest\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\"\n\x07setting\x18\x02 \x01(\x0e\x32\x11.spade.v1.Setting\x12\x17\n\x0f\x61gent_max_turns\x18\x03 \x01(\x05\"\xab\x01\n\x10ValidationReport\x12\r\n\x05valid\x18\x01 \x01(\x08\x12\"\n\x07setting\x18\x02 \x01(\x0e\x32\x11.spade.v1.Setting\x12\x11\n\tenv_class\x18\x03 \x01(\t\x12%\n\x06\x63hecks\x18\x04 \x03(\x0b\x32\x15.spade.v1.CheckResult\x12\x15\n\rrepaired_code\x18\x05 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x06 \x01(\x01\",\n\x0b\x45xecuteFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\"y\n\x0e\x45xecuteRequest\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05stdin\x18\x02 \x01(\x0c\x12$\n\x05\x66iles\x18\x03 \x03(\x0b\x32\x15.spade.v1.ExecuteFile\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12\x11\n\tmemory_mb\x18\x05 \x01(\x03\"g\n\rExecuteResult\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\x0e\n\x06stdout\x18\x03 \x01(\x0c\x12\x0e\n\x06stderr\x18\x04 \x01(\x0c\x12\x13\n\x0b\x64uration_ms\x18\x05 \x01(\x01\"m\n\x12OpenSessionRequest\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\"\n\x07setting\x18\x02 \x01(\x0e\x32\x11.spade.v1.Setting\x12\x0c\n\x04seed\x18\x03 \x01(\x03\x12\x17\n\x0f\x61gent_max_turns\x18\x04 \x01(\x05\"\xc6\x01\n\x0cSessionState\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bobservation\x18\x02 \x01(\t\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x12\n\nterminated\x18\x04 \x01(\x08\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x11\n\tinfo_json\x18\x06 \x01(\t\x12\x0c\n\x04turn\x18\x07 \x01(\x05\x12\x11\n\tmax_turns\x18\x08 \x01(\x05\x12\"\n\x07outcome\x18\t \x01(\x0e\x32\x11.spade.v1.Outcome\"1\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"U\n\x0bPlayRequest\x12,\n\x04open\x18\x01 \x01(\x0b\x32\x1c.spade.v1.OpenSessionRequestH\x00\x12\x10\n\x06\x61\x63tion\x18\x02 \x01(\tH\x00\x42\x06\n\x04kind\"5\n\x0cPlayResponse\x12%\n\x05state\x18\x01 \x01(\x0b\x32\x16.spade.v1.SessionState2\x90\x03\n\x07Sandbox\x12\x41\n\x08Validate\x12\x19.spade.v1.ValidateRequest\x1a\x1a.spade.v1.ValidationReport\x12<\n\x07\x45xecute\x12\x18.spade.v1.ExecuteRequest\x1a\x17.spade.v1.ExecuteResult\x12\x39\n\x04Play\x12\x15.spade.v1.PlayRequest\x1a\x16.spade.v1.PlayResponse(\x01\x30\x01\x12\x43\n\x0bOpenSession\x12\x1c.spade.v1.OpenSessionRequest\x1a\x16.spade.v1.SessionState\x12\x35\n\x04Step\x12\x15.spade.v1.StepRequest\x1a\x16.spade.v1.SessionState\x12M\n\x0c\x43loseSession\x12\x1d.spade.v1.CloseSessionRequest\x1a\x1e.spade.v1.CloseSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'spade.v1.sandbox_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHECKRESULT']._serialized_start=36
-  _globals['_CHECKRESULT']._serialized_end=95
-  _globals['_VALIDATEREQUEST']._serialized_start=97
-  _globals['_VALIDATEREQUEST']._serialized_end=170
-  _globals['_VALIDATIONREPORT']._serialized_start=173
-  _globals['_VALIDATIONREPORT']._serialized_end=325
-  _globals['_EXECUTEFILE']._serialized_start=327
-  _globals['_EXECUTEFILE']._serialized_end=371
-  _globals['_EXECUTEREQUEST']._serialized_start=373
-  _globals['_EXECUTEREQUEST']._serialized_end=494
-  _globals['_EXECUTERESULT']._serialized_start=496
-  _globals['_EXECUTERESULT']._serialized_end=599
-  _globals['_OPENSESSIONREQUEST']._serialized_start=601
-  _globals['_OPENSESSIONREQUEST']._serialized_end=691
-  _globals['_SESSIONSTATE']._serialized_start=694
-  _globals['_SESSIONSTATE']._serialized_end=873
-  _globals['_STEPREQUEST']._serialized_start=875
-  _globals['_STEPREQUEST']._serialized_end=924
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=926
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=967
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=969
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1007
-  _globals['_PLAYREQUEST']._serialized_start=1009
-  _globals['_PLAYREQUEST']._serialized_end=1094
-  _globals['_PLAYRESPONSE']._serialized_start=1096
-  _globals['_PLAYRESPONSE']._serialized_end=1149
-  _globals['_SANDBOX']._serialized_start=1152
-  _globals['_SANDBOX']._serialized_end=1552
+  _globals['_CHECKRESULT']._serialized_start=58
+  _globals['_CHECKRESULT']._serialized_end=117
+  _globals['_VALIDATEREQUEST']._serialized_start=119
+  _globals['_VALIDATEREQUEST']._serialized_end=211
+  _globals['_VALIDATIONREPORT']._serialized_start=214
+  _globals['_VALIDATIONREPORT']._serialized_end=385
+  _globals['_EXECUTEFILE']._serialized_start=387
+  _globals['_EXECUTEFILE']._serialized_end=431
+  _globals['_EXECUTEREQUEST']._serialized_start=433
+  _globals['_EXECUTEREQUEST']._serialized_end=554
+  _globals['_EXECUTERESULT']._serialized_start=556
+  _globals['_EXECUTERESULT']._serialized_end=659
+  _globals['_OPENSESSIONREQUEST']._serialized_start=661
+  _globals['_OPENSESSIONREQUEST']._serialized_end=770
+  _globals['_SESSIONSTATE']._serialized_start=773
+  _globals['_SESSIONSTATE']._serialized_end=971
+  _globals['_STEPREQUEST']._serialized_start=973
+  _globals['_STEPREQUEST']._serialized_end=1022
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1024
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1065
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1067
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1105
+  _globals['_PLAYREQUEST']._serialized_start=1107
+  _globals['_PLAYREQUEST']._serialized_end=1192
+  _globals['_PLAYRESPONSE']._serialized_start=1194
+  _globals['_PLAYRESPONSE']._serialized_end=1247
+  _globals['_SANDBOX']._serialized_start=1250
+  _globals['_SANDBOX']._serialized_end=1650
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from spade.v1 import types_pb2 as _types_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -53,8 +54,7 @@ class ValidateRequest(_message.Message):
     SETTING_FIELD_NUMBER: _builtins.int
     AGENT_MAX_TURNS_FIELD_NUMBER: _builtins.int
     code: _builtins.str
-    setting: _builtins.str
-    """"game" or "tool"."""
+    setting: _types_pb2.Setting.ValueType
     agent_max_turns: _builtins.int
     """The agent's turn budget (the run spec's agent_max_turns): solution() must win within it and an
     env's max_turns above it is clamped. 0: the sandbox's configured checks.max_turns_cap.
@@ -63,7 +63,7 @@ class ValidateRequest(_message.Message):
         self,
         *,
         code: _builtins.str = ...,
-        setting: _builtins.str = ...,
+        setting: _types_pb2.Setting.ValueType = ...,
         agent_max_turns: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
@@ -85,7 +85,7 @@ class ValidationReport(_message.Message):
     REPAIRED_CODE_FIELD_NUMBER: _builtins.int
     DURATION_MS_FIELD_NUMBER: _builtins.int
     valid: _builtins.bool
-    setting: _builtins.str
+    setting: _types_pb2.Setting.ValueType
     env_class: _builtins.str
     """Name of the environment class found, empty when none was."""
     repaired_code: _builtins.str
@@ -97,7 +97,7 @@ class ValidationReport(_message.Message):
         self,
         *,
         valid: _builtins.bool = ...,
-        setting: _builtins.str = ...,
+        setting: _types_pb2.Setting.ValueType = ...,
         env_class: _builtins.str = ...,
         checks: _abc.Iterable[Global___CheckResult] | None = ...,
         repaired_code: _builtins.str = ...,
@@ -208,8 +208,7 @@ class OpenSessionRequest(_message.Message):
     SEED_FIELD_NUMBER: _builtins.int
     AGENT_MAX_TURNS_FIELD_NUMBER: _builtins.int
     code: _builtins.str
-    setting: _builtins.str
-    """"game" or "tool"."""
+    setting: _types_pb2.Setting.ValueType
     seed: _builtins.int
     agent_max_turns: _builtins.int
     """The agent's turn budget: the session truncates (outcome "limit") at this turn, or earlier at the
@@ -219,7 +218,7 @@ class OpenSessionRequest(_message.Message):
         self,
         *,
         code: _builtins.str = ...,
-        setting: _builtins.str = ...,
+        setting: _types_pb2.Setting.ValueType = ...,
         seed: _builtins.int = ...,
         agent_max_turns: _builtins.int = ...,
     ) -> None: ...
@@ -255,10 +254,8 @@ class SessionState(_message.Message):
     """JSON object: the env's info dict (tool envs carry "tools" here after reset)."""
     turn: _builtins.int
     max_turns: _builtins.int
-    outcome: _builtins.str
-    """How the last call ended (spade.envs.Outcome): "ok", "env_error", "timeout" (wall clock),
-    "limit" (the turn cap), "cpu_limit", "memory_limit", "output_limit", "killed" or "sandbox_fault".
-    """
+    outcome: _types_pb2.Outcome.ValueType
+    """How the last call ended; a client reads a value it does not know as OUTCOME_SANDBOX_FAULT."""
     def __init__(
         self,
         *,
@@ -270,7 +267,7 @@ class SessionState(_message.Message):
         info_json: _builtins.str = ...,
         turn: _builtins.int = ...,
         max_turns: _builtins.int = ...,
-        outcome: _builtins.str = ...,
+        outcome: _types_pb2.Outcome.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...

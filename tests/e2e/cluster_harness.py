@@ -31,7 +31,7 @@ from spade.queues.base import SAMPLES_DESIGNER, WEIGHTS_PUBLISHED
 from spade.queues.config import RedisQueueConfig
 from spade.queues.redis_streams import RedisStreamQueue
 from spade.runspec import RunSpec
-from spade.v1 import queues_pb2
+from spade.v1 import queues_pb2, types_pb2
 from tests.conftest import REDIS_URL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ def warmup_group(spec_id: str) -> list[queues_pb2.AgentSample]:
             queues_pb2.AgentSample(
                 sample_id=f"warmup@s0/plain/{seed}",
                 env_id="warmup",
-                setting="game",
+                setting=types_pb2.SETTING_GAME,
                 skill="Optimization",
                 seed=seed,
                 group_id="warmup@s0",
@@ -100,7 +100,7 @@ def warmup_group(spec_id: str) -> list[queues_pb2.AgentSample]:
                 episode_return=ret,
                 turns=1,
                 weight_version=0,
-                finish_reason="terminated",
+                finish_reason=types_pb2.FINISH_REASON_TERMINATED,
                 spec_id=spec_id,
                 window_start=0,
                 window_index=0,

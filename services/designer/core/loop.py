@@ -26,6 +26,7 @@ from services.designer.core.ports import EnvironmentMemory, MemoryExamples, Poli
 from services.designer.core.prompts import AgentBudget, ExampleEnv, PromptParts, fit_prompt, truncate_words
 from services.designer.core.rounds import BatchResult, RoundState, new_round_id, run_slots
 from services.designer.core.skills import Skill, assign_round, skills_for
+from spade.envs.types import Setting
 from spade.serving.logs import get_logger
 
 __all__ = ["BatchResult", "Designer", "DesignerConfig", "DocumentLike", "DocumentSource"]
@@ -73,7 +74,7 @@ class DesignerConfig:
         excerpt_chars: Memory code excerpts are cut to this many characters.
     """
 
-    setting: str = "game"
+    setting: str = Setting.GAME
     envs_per_round: int = 6
     skills_per_round: int = 3
     max_attempts_per_env: int = 2

@@ -24,6 +24,7 @@ from services.designer.core.attempt import DUPLICATE_CHECK, AttemptOutcome, Atte
 from services.designer.core.parsing import ParseFailure, parse_output
 from services.designer.core.ports import Check, EnvironmentMemory, EnvironmentRecord, EnvReady, Outbox, Validator
 from services.designer.core.reachability import CriteriaReachable
+from spade.envs.types import Setting
 from spade.serving.logs import get_logger
 
 log = get_logger(__name__)
@@ -51,7 +52,7 @@ class PipelineConfig:
         publish_timeout_s: How long a publish waits for room in a full queue.
     """
 
-    setting: str = "game"
+    setting: str = Setting.GAME
     spec_id: str = ""
     agent_max_turns: int = 25
     max_hint_chars: int = 2000
@@ -128,7 +129,7 @@ class AttemptPipeline:
         self._outbox = outbox
         self._repair = repair or (lambda code: code)
         self._extract = extract
-        self._reachability = reachability if config.setting == "tool" else None
+        self._reachability = reachability if config.setting == Setting.TOOL else None
         self._seeds = seeds
 
     async def finish(self, record: AttemptRecord) -> AttemptRecord:

@@ -24,6 +24,7 @@ from services.designer.core.attempt import AttemptOutcome, AttemptRecord
 from services.designer.core.pipeline import AttemptPipeline
 from services.designer.core.rounds import BatchResult, RoundState, new_round_id, run_slots
 from services.designer.core.skills import assign_round, skill_named
+from spade.envs.types import Setting
 from spade.serving.logs import get_logger
 
 log = get_logger(__name__)
@@ -58,7 +59,7 @@ class PoolConfig:
         spec_id: The run spec's id.
     """
 
-    setting: str = "game"
+    setting: str = Setting.GAME
     envs_per_round: int = 6
     skills_per_round: int = 3
     concurrency: int = 2

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from services.designer.core.parsing import HINT_MARKER
 from services.designer.core.ports import MemoryExample, MemoryExamples
 from services.designer.core.skills import Skill
+from spade.envs.types import Setting
 
 Messages = list[dict[str, str]]
 
@@ -65,16 +66,16 @@ Write one class whose name ends in `Env` and subclasses `ToolEnv` (`from spade.e
 An instruction completes only when a call of its own solution flips its criterion to True; the next
 instruction then arrives as a new user turn. Standard library only; no input(), files or network."""
 
-CONTRACTS = {"game": GAME_CONTRACT, "tool": TOOL_CONTRACT}
+CONTRACTS = {Setting.GAME: GAME_CONTRACT, Setting.TOOL: TOOL_CONTRACT}
 
 DIFFICULTY = {
-    "game": (
+    Setting.GAME: (
         "Aim for the edge of the agent's ability: a careful player without the hint often fails, "
         "the same player with the hint wins. Winning needs at least 3 meaningful actions and at least "
         "2 different kinds of action; a random or do-nothing player must lose. Avoid guessing games, "
         "linear search and one-shot answers. The game must use the concept of the document, not quote it."
     ),
-    "tool": (
+    Setting.TOOL: (
         "Aim for the edge of the agent's ability: each instruction needs 2 or more dependent calls, "
         "values the agent must look up rather than guess, and at least one enum argument. Add 1 or 2 "
         "distractor tools. A call outside an instruction's solution must not complete it. Use the "
@@ -83,8 +84,8 @@ DIFFICULTY = {
 }
 
 HINT_GUIDANCE = {
-    "game": "the key insight that makes the game solvable; never the answer or the action sequence",
-    "tool": "a step plan naming the tool roles in order (look up, then update, ...), with no argument values",
+    Setting.GAME: "the key insight that makes the game solvable; never the answer or the action sequence",
+    Setting.TOOL: "a step plan naming the tool roles in order (look up, then update, ...), with no argument values",
 }
 
 
@@ -208,7 +209,7 @@ def _memory_block(title: str, examples: tuple[MemoryExample, ...], limit: int) -
 def render_budget(setting: str, budget: AgentBudget) -> str:
     """The section telling the designer the agent's budget (part of the contract, DESIGN §3)."""
     turns, tokens = budget.max_turns, budget.max_tokens_per_turn
-    if setting == "tool":
+    if setting == Setting.TOOL:
         episode = (
             f"The agent has at most {turns} turns for the whole episode, all instructions together (one "
             f"`step()` with its tool calls per turn), and writes at most {tokens} tokens per turn. The calls "
@@ -235,9 +236,8 @@ def _example_code(parts: PromptParts) -> tuple[str, bool]:
 
 def render_user_prompt(parts: PromptParts) -> str:
     """The user message for ``parts`` (no budget applied)."""
-    if parts.setting not in CONTRACTS:
-        raise ValueError(f"unknown setting {parts.setting!r}: expected 'game' or 'tool'")
-    sections = [f"## Environment contract\n{CONTRACTS[parts.setting]}", render_budget(parts.setting, parts.budget)]
+    setting = Setting.parse(parts.setting)
+    sections = [f"## Environment contract\n{CONTRACTS[setting]}", render_budget(setting, parts.budget)]
     if parts.example is not None:
         code, cut = _example_code(parts)
         what = "its beginning: format and style" if cut else "format and level of completeness"
@@ -267,9 +267,9 @@ def render_user_prompt(parts: PromptParts) -> str:
     sections.append(
         "## Your task\n"
         f"Target skill: {parts.skill.name} — {parts.skill.description}.\n"
-        f"Difficulty: {DIFFICULTY[parts.setting]}\n"
+        f"Difficulty: {DIFFICULTY[setting]}\n"
         "Answer with exactly one ```python block containing the complete environment, then a line "
-        f"'{HINT_MARKER}', then the hint: {HINT_GUIDANCE[parts.setting]}."
+        f"'{HINT_MARKER}', then the hint: {HINT_GUIDANCE[setting]}."
     )
     return "\n\n".join(sections)
 

@@ -15,10 +15,8 @@ learner centres designer rewards within (round, skill), so each skill of a round
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-Setting = Literal["game", "tool"]
-SETTINGS: tuple[Setting, ...] = ("game", "tool")
+from spade.envs.types import Setting
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ TOOL_SKILLS: tuple[Skill, ...] = (
     ),
 )
 
-SKILLS: dict[Setting, tuple[Skill, ...]] = {"game": GAME_SKILLS, "tool": TOOL_SKILLS}
+SKILLS: dict[Setting, tuple[Skill, ...]] = {Setting.GAME: GAME_SKILLS, Setting.TOOL: TOOL_SKILLS}
 
 
 def skills_for(setting: str) -> tuple[Skill, ...]:
@@ -99,9 +97,7 @@ def skills_for(setting: str) -> tuple[Skill, ...]:
     Raises:
         ValueError: ``setting`` is not ``"game"`` or ``"tool"``.
     """
-    if setting not in SKILLS:
-        raise ValueError(f"unknown setting {setting!r}: expected one of {', '.join(SETTINGS)}")
-    return SKILLS[setting]
+    return SKILLS[Setting.parse(setting)]
 
 
 def skill_named(setting: str, name: str) -> Skill:

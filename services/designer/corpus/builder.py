@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from spade.envs.types import SETTINGS, Setting
 from spade.serving.logs import configure_from_env, get_logger
 
 log = get_logger(__name__)
@@ -93,9 +94,9 @@ def stdlib_packages() -> tuple[str, ...]:
 
 def packages_for(setting: str) -> tuple[str, ...]:
     """The packages whose docstrings make up ``setting``'s default corpus."""
-    if setting == "game":
+    if setting == Setting.GAME:
         return GAME_PACKAGES
-    if setting == "tool":
+    if setting == Setting.TOOL:
         return stdlib_packages()
     raise ValueError(f"unknown setting {setting!r}: expected 'game' or 'tool'")
 
@@ -361,14 +362,14 @@ def ensure_default_corpus(setting: str, cache_dir: Path | None = None, *, timeou
 def main(argv: list[str] | None = None) -> int:
     """Command line entry: build one or both default corpora."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--setting", choices=["game", "tool", "all"], default="all")
+    parser.add_argument("--setting", choices=[*SETTINGS, "all"], default="all")
     parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument(
         "--force", action="store_true", help="Rebuild even when the cached corpus is current (same packages)."
     )
     args = parser.parse_args(argv)
     configure_from_env("corpus", level=logging.INFO, default_format="text")
-    settings = ["game", "tool"] if args.setting == "all" else [args.setting]
+    settings = list(SETTINGS) if args.setting == "all" else [args.setting]
     for setting in settings:
         # A current corpus is kept as it is: a rebuild would change nothing but the file's age, and a
         # re-install (make, after pyproject.toml changes) must not invalidate what hashes it.

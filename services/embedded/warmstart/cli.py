@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from spade.envs.types import SETTINGS
+
 
 def _figures(label: str, summary: dict[str, Any] | None) -> str:
     if not summary:
@@ -22,7 +24,7 @@ def _figures(label: str, summary: dict[str, Any] | None) -> str:
 
 @click.command("warmstart")
 @click.option("--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A run settings file.")
-@click.option("--setting", type=click.Choice(["game", "tool"]), default=None, help="Which designer role.")
+@click.option("--setting", type=click.Choice(SETTINGS), default=None, help="Which designer role.")
 @click.option(
     "--model-path",
     type=click.Path(exists=True, file_okay=False, path_type=Path),

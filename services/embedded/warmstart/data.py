@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from services.designer.core.ports import MemoryExample, MemoryExamples
 from services.designer.core.prompts import AgentBudget, ExampleEnv, PromptParts, fit_prompt, truncate_words
 from services.designer.core.skills import Skill, skill_named, skills_for
+from spade.envs.types import Setting
 from spade.inference.answer_format import designer_answer
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ class PairConfig:
         budget: The agent's budget the prompt states.
     """
 
-    setting: str = "game"
+    setting: str = Setting.GAME
     count: int = 32
     seed: int = 0
     max_prompt_tokens: int = 1024

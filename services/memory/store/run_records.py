@@ -16,6 +16,7 @@ from services.memory.store.models import DesignerAttemptRow, EnvironmentRow, Env
 from services.memory.store.pages import as_utc, check_limit, first_of_each, utc_now
 from services.memory.store.pool_stats import POOL_STATUSES
 from spade import pool_metrics
+from spade.envs.types import Setting
 from spade.memory.errors import EnvironmentNotFound, InvalidArgument, RunSpecConflict, RunSpecNotSet
 from spade.memory.records import DesignerAttempt, EnvProbe, RecordResult, RunSpecRecord
 from spade.memory.runspec import conflict_message
@@ -42,7 +43,7 @@ class RunRecords:
                     f"designer attempt {a.sample_id!r} needs a sample_id and an outcome (valid, malformed, "
                     f"duplicate or the failing check), got outcome {a.outcome!r}"
                 )
-            if a.setting not in ("game", "tool"):
+            if a.setting not in tuple(Setting):
                 raise InvalidArgument(
                     f"designer attempt {a.sample_id!r}: setting {a.setting!r} is not 'game' or 'tool'"
                 )
@@ -139,7 +140,7 @@ class RunRecords:
                 raise EnvironmentNotFound(probe.env_id)
             leaked: bool | None = None
             rule = ""
-            if not probe.error and env.setting == "game":
+            if not probe.error and env.setting == Setting.GAME:
                 verdict = pool_metrics.leaks_answer(probe.first_observation, probe.solution)
                 leaked, rule = verdict.leaked, verdict.rule or ""
             row = s.get(EnvProbeRow, probe.env_id) or EnvProbeRow(env_id=probe.env_id)

@@ -36,6 +36,7 @@ from services.memory.store.pool_stats import fingerprint, memory_stats
 from services.memory.store.run_records import RunRecords
 from services.memory.store.web_sessions import WebSessions
 from spade import pool_metrics
+from spade.envs.types import Setting
 from spade.memory.errors import DatabaseUnavailable, EnvironmentNotFound, InvalidArgument
 from spade.memory.records import (
     Candidate,
@@ -198,7 +199,7 @@ class SqlStore(RunRecords, WebSessions):
 
     def put_environment(self, env: NewEnvironment) -> PutResult:
         """Store ``env`` unless its normalised code is already stored (then report the original)."""
-        if env.setting not in ("game", "tool"):
+        if env.setting not in tuple(Setting):
             raise InvalidArgument(f"setting {env.setting!r} is not 'game' or 'tool'")
         if not env.skill or not env.code.strip():
             raise InvalidArgument("an environment needs a non-empty skill and code")

@@ -6,9 +6,9 @@ import posixpath
 from dataclasses import dataclass
 
 from services.sandbox.core.errors import InvalidRequest, PayloadTooLarge
+from spade.envs.types import SETTINGS
 from spade.errors import require_text
 
-SETTINGS = ("game", "tool")
 SEED_MIN, SEED_MAX = 0, 2**63 - 1
 MAX_TURN_BUDGET = 1000
 """The largest agent turn budget a request may name (``CheckConfig.max_turns_cap``'s own bound)."""

@@ -46,6 +46,7 @@ from services.sandbox.runtime.protocol import (
     recv_frame,
     send_frame,
 )
+from spade.envs.types import Setting
 
 CTL = 3
 ENV_CHANNEL = 4
@@ -73,7 +74,7 @@ def preload() -> dict[str, Any]:
             session = EnvSession(example.code, example.setting, 0, CheckConfig())
             session.reset()
             session.step(
-                "\\boxed{warm-up}" if example.setting.value == "game" else '{"name": "warm_up", "arguments": {}}'
+                "\\boxed{warm-up}" if example.setting == Setting.GAME else '{"name": "warm_up", "arguments": {}}'
             )
             warmed.append(example.name)
     except Exception as exc:

@@ -28,6 +28,7 @@ from spade.envs.families.base import Family, FamilyEnv
 from spade.envs.families.numbers import ADD_FAMILY, LARGEST_FAMILY, MACHINE_FAMILY, NEXT_TERM_FAMILY, UNITS_FAMILY
 from spade.envs.families.search import GRID_FAMILY, HIDDEN_FAMILY
 from spade.envs.families.words import ECHO_FAMILY, PICK_FAMILY
+from spade.envs.types import Setting
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -47,17 +48,17 @@ FAMILIES: dict[str, Family] = {
 
 
 def _of(setting: str, held_out: bool) -> list[Family]:
-    if setting not in ("game", "tool"):
+    if setting not in tuple(Setting):
         raise ValueError(f"setting must be 'game' or 'tool', got {setting!r}")
     return [f for f in FAMILIES.values() if f.setting == setting and f.held_out is held_out]
 
 
-def training_families(setting: str = "game") -> list[Family]:
+def training_families(setting: str = Setting.GAME) -> list[Family]:
     """The families of ``setting`` that training may use (not held out), in registry order."""
     return _of(setting, held_out=False)
 
 
-def held_out_families(setting: str = "game") -> list[Family]:
+def held_out_families(setting: str = Setting.GAME) -> list[Family]:
     """The families of ``setting`` kept out of every training use, for evaluation."""
     return _of(setting, held_out=True)
 
@@ -75,7 +76,7 @@ def spread(count: int) -> list[float]:
     return [round(0.1 + 0.8 * i / (count - 1), 2) for i in range(count)]
 
 
-def seed_pool_envs(setting: str = "game", per_family: int = 3) -> list[FamilyEnv]:
+def seed_pool_envs(setting: str = Setting.GAME, per_family: int = 3) -> list[FamilyEnv]:
     """``per_family`` envs of every training family of ``setting``, at difficulties ``spread(per_family)``
     (variant 0), family by family."""
     return [f.generate(d) for f in training_families(setting) for d in spread(per_family)]

@@ -7,6 +7,7 @@ the exact number and otherwise ends with 0.8 x closeness; a reply without a numb
 from __future__ import annotations
 
 from spade.envs.families.base import NUMBER_STEP, Family, Params, choose, lerp, render, tolerance
+from spade.envs.types import Setting
 
 HEADER = """
 import random
@@ -209,27 +210,27 @@ def build_machine(difficulty: float, variant: int) -> tuple[Params, str, str]:
 
 
 ADD_FAMILY = Family(
-    "add", "game", "Mathematical Reasoning", False,
+    "add", Setting.GAME, "Mathematical Reasoning", False,
     "Add whole numbers. Difficulty: number of terms (2-4) and their size (up to 15-60).",
     build_add,
 )  # fmt: skip
 NEXT_TERM_FAMILY = Family(
-    "next_term", "game", "Pattern Recognition", False,
+    "next_term", Setting.GAME, "Pattern Recognition", False,
     "Next term of an arithmetic sequence. Difficulty: start and step size, fewer terms shown, falling sequences.",
     build_next_term,
 )  # fmt: skip
 LARGEST_FAMILY = Family(
-    "largest", "game", "Optimization", False,
+    "largest", Setting.GAME, "Optimization", False,
     "Pick the largest (or smallest) number of a list. Difficulty: list length (2-8) and number range.",
     build_largest,
 )  # fmt: skip
 UNITS_FAMILY = Family(
-    "unit_convert", "game", "Mathematical Reasoning", True,
+    "unit_convert", Setting.GAME, "Mathematical Reasoning", True,
     "Convert an amount to a smaller unit. Difficulty: the conversion factor (7-12, 24-60, 60-1000) and amount.",
     build_units,
 )  # fmt: skip
 MACHINE_FAMILY = Family(
-    "machine", "game", "Causal Inference", False,
+    "machine", Setting.GAME, "Causal Inference", False,
     "Infer a hidden rule from two input-output examples and predict a third. Difficulty: the rule "
     "(x + k, then k * x, then k * x + b) and the size of k.",
     build_machine,

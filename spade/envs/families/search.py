@@ -3,6 +3,7 @@ r"""Families with hidden or moving state: find a hidden number, track a walk on 
 from __future__ import annotations
 
 from spade.envs.families.base import Family, Params, choose, lerp, render, tolerance
+from spade.envs.types import Setting
 
 HIDDEN = r'''
 import random
@@ -100,12 +101,12 @@ def build_grid(difficulty: float, variant: int) -> tuple[Params, str, str]:
 
 
 HIDDEN_FAMILY = Family(
-    "hidden_number", "game", "Logical Deduction", False,
+    "hidden_number", Setting.GAME, "Logical Deduction", False,
     "Find a hidden number with higher/lower answers in 3 guesses. Difficulty: the range (1-30 up to 1-200).",
     build_hidden,
 )  # fmt: skip
 GRID_FAMILY = Family(
-    "grid_walk", "game", "Spatial Reasoning", True,
+    "grid_walk", Setting.GAME, "Spatial Reasoning", True,
     "Say where a walk on a grid ends. Difficulty: number of moves (1-4) and their length (1-3).",
     build_grid,
 )  # fmt: skip

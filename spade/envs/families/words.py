@@ -7,6 +7,7 @@ close they are (letters in common; distance along the list).
 from __future__ import annotations
 
 from spade.envs.families.base import Family, Params, choose, lerp, render, tries
+from spade.envs.types import Setting
 
 ECHO = r'''
 import difflib
@@ -126,14 +127,14 @@ def build_pick(difficulty: float, variant: int) -> tuple[Params, str, str]:
 
 
 ECHO_FAMILY = Family(
-    "echo", "game", "Pattern Recognition", False,
+    "echo", Setting.GAME, "Pattern Recognition", False,
     "Copy a made-up word, then (difficulty 0.7 and up) write it backwards. Difficulty: word length "
     "(2-5 syllables), where in the reply the word must be (anywhere, the last 2 words, the last word), "
     "tries (3, 2, 1), how close a miss must be to score.",
     build_echo,
 )  # fmt: skip
 PICK_FAMILY = Family(
-    "pick_item", "game", "Spatial Reasoning", False,
+    "pick_item", Setting.GAME, "Spatial Reasoning", False,
     "Name the word at a position in a numbered list (the last word of the reply that is in the list "
     "counts). Difficulty: list length (2-9) and which positions are asked (the last one only, up to any).",
     build_pick,

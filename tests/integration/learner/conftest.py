@@ -18,12 +18,14 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from services.learner.learner import Learner
 from services.learner.settings import LearnerSettings
 from services.learner.wiring import build_learner
+from spade.envs.types import FinishReason
 from spade.queues.config import InProcessQueueConfig, RedisQueueConfig
 from spade.queues.inprocess import InProcessQueue
 from spade.queues.redis_streams import RedisStreamQueue
 from spade.runspec import RunSpec
-from spade.v1 import queues_pb2
+from spade.v1 import queues_pb2, types_pb2
 from spade.v1.sandbox_pb2 import CheckResult
+from spade.wire_enums import to_wire
 from tests.conftest import REDIS_URL, needs
 
 VOCAB = 64
@@ -118,7 +120,7 @@ def agent_sample(
     return queues_pb2.AgentSample(
         sample_id=sid,
         env_id=env,
-        setting="game",
+        setting=types_pb2.SETTING_GAME,
         skill="Mathematical Reasoning",
         seed=seed,
         hinted=hinted,
@@ -129,7 +131,7 @@ def agent_sample(
         episode_return=ret,
         turns=2,
         weight_version=version,
-        finish_reason=finish,
+        finish_reason=to_wire(FinishReason(finish)),
         spec_id=spec_id,
         window_start=start,
         window_index=slot,
@@ -153,7 +155,7 @@ def designer_sample(
     return queues_pb2.DesignerSample(
         sample_id=sid,
         env_id=env if valid else "",
-        setting="game",
+        setting=types_pb2.SETTING_GAME,
         skill=skill,
         prompt_ids=[rng.randrange(1, VOCAB) for _ in range(6)],
         output_ids=out,

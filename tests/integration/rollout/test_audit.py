@@ -44,7 +44,7 @@ from spade.queues.config import InProcessQueueConfig
 from spade.queues.inprocess import InProcessQueue
 from spade.queues.messages import decode, publish_proto
 from spade.runspec import RunSpec
-from spade.v1 import queues_pb2
+from spade.v1 import queues_pb2, types_pb2
 from spade.v1.sandbox_pb2 import CheckResult
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.model, pytest.mark.slow]
@@ -138,13 +138,17 @@ async def _put(memory: MemoryService, queue: WorkQueue, code: str, name: str) ->
         NewEnvironment(setting="game", skill="Logical Deduction", code=code, hint="Think.", designer_sample_id=name)
     )
     ready = queues_pb2.EnvReady(
-        env_id=put.env_id, setting="game", skill="Logical Deduction", designer_sample_id=name, spec_id=SPEC.spec_id
+        env_id=put.env_id,
+        setting=types_pb2.SETTING_GAME,
+        skill="Logical Deduction",
+        designer_sample_id=name,
+        spec_id=SPEC.spec_id,
     )
     await publish_proto(queue, ENVS_READY, ready, key=put.env_id)
     sample = queues_pb2.DesignerSample(
         sample_id=name,
         env_id=put.env_id,
-        setting="game",
+        setting=types_pb2.SETTING_GAME,
         skill="Logical Deduction",
         prompt_ids=[5, 6, 7],
         output_ids=[8, 9],

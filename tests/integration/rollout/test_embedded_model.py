@@ -30,7 +30,7 @@ from spade.queues.config import InProcessQueueConfig
 from spade.queues.inprocess import InProcessQueue
 from spade.queues.messages import decode, publish_proto
 from spade.runspec import RunSpec
-from spade.v1 import queues_pb2
+from spade.v1 import queues_pb2, types_pb2
 from tests.integration.rollout.test_sandbox_play import COLOUR_ENV
 
 pytestmark = [
@@ -99,7 +99,11 @@ async def _first_plays(
             )
         )
         ready = queues_pb2.EnvReady(
-            env_id=put.env_id, setting="game", skill="Pattern Recognition", weight_version=3, spec_id=SPEC.spec_id
+            env_id=put.env_id,
+            setting=types_pb2.SETTING_GAME,
+            skill="Pattern Recognition",
+            weight_version=3,
+            spec_id=SPEC.spec_id,
         )
         await publish_proto(queue, ENVS_READY, ready, key=put.env_id)
         async with rollout_worker(

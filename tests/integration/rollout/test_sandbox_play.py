@@ -37,7 +37,7 @@ from spade.queues.inprocess import InProcessQueue
 from spade.queues.messages import decode, publish_proto
 from spade.runspec import RunSpec
 from spade.sandbox.client import SandboxClient
-from spade.v1 import queues_pb2
+from spade.v1 import queues_pb2, types_pb2
 from tests.unit.rollout.players import ScriptedPolicy
 
 ROLLOUT_KEY = "rollout-test-key"
@@ -225,7 +225,7 @@ async def test_a_memory_bomb_is_recorded_as_fault_memory_end_to_end(
     store = RolloutStateStore.from_url(f"sqlite:///{tmp_path / 'rollout.db'}")
     try:
         put = await memory.put_environment(NewEnvironment(setting="game", skill="s", code=GREEDY_ENV, hint="h"))
-        ready = queues_pb2.EnvReady(env_id=put.env_id, setting="game", spec_id=spec.spec_id)
+        ready = queues_pb2.EnvReady(env_id=put.env_id, setting=types_pb2.SETTING_GAME, spec_id=spec.spec_id)
         await publish_proto(queue, ENVS_READY, ready, key=put.env_id)
         limits = PlayLimits(max_turns=spec.agent_max_turns, max_tokens_per_turn=spec.agent_max_tokens_per_turn)
         bomber = ScriptedPolicy(template, ["\\boxed{bomb}"])
@@ -238,7 +238,8 @@ async def test_a_memory_bomb_is_recorded_as_fault_memory_end_to_end(
         got = await queue.consume(SAMPLES_AGENT, "learner", "l", count=100, block_ms=50)
         samples = [m for m in (decode(d) for d in got) if isinstance(m, queues_pb2.AgentSample)]
         assert len(samples) == 2 * 2
-        assert {(s.finish_reason, s.episode_return, s.turns) for s in samples} == {("fault_memory", 0.0, 1)}
+        ends = {(s.finish_reason, s.episode_return, s.turns) for s in samples}
+        assert ends == {(types_pb2.FINISH_REASON_FAULT_MEMORY, 0.0, 1)}
         plays, _ = await memory.plays(put.env_id)
         assert {p.finish_reason for p in plays} == {"fault_memory"} and len(plays) == 2 * 2
         assert (await memory.get_environment(put.env_id)).stats.win_rate == 0.0  # the env failed the agent

@@ -45,7 +45,7 @@ from spade.queues.messages import decode, publish_proto
 from spade.queues.redis_streams import RedisStreamQueue
 from spade.retry import RetryPolicy
 from spade.runspec import RunSpec
-from spade.v1 import queues_pb2
+from spade.v1 import queues_pb2, types_pb2
 from tests.conftest import REDIS_URL
 from tests.unit.rollout.envs import CountdownEnv, ForgingEnv, VaultEnv
 from tests.unit.rollout.players import LocalSessions, ScriptedPolicy
@@ -112,7 +112,7 @@ class Rig:
     async def announce(self, env_id: str, version: int = 0, spec_id: str | None = None) -> None:
         env = queues_pb2.EnvReady(
             env_id=env_id,
-            setting="game",
+            setting=types_pb2.SETTING_GAME,
             skill="Optimization",
             weight_version=version,
             spec_id=SPEC.spec_id if spec_id is None else spec_id,
@@ -390,7 +390,7 @@ async def test_a_redelivered_env_is_registered_once_and_played_once(rig: Rig) ->
     await drain(worker)
     assert len(await rig.samples()) == 2 * G
     # The same env announced again (a designer retry): registered once, played once.
-    again = queues_pb2.EnvReady(env_id=env_id, setting="game", weight_version=0, spec_id=SPEC.spec_id)
+    again = queues_pb2.EnvReady(env_id=env_id, setting=types_pb2.SETTING_GAME, weight_version=0, spec_id=SPEC.spec_id)
     await publish_proto(rig.queue, ENVS_READY, again, key=f"{env_id}-again")
     await drain(worker)
     assert await rig.samples() == []
@@ -401,7 +401,9 @@ async def test_envs_of_another_run_spec_or_missing_from_the_memory_are_refused_w
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     foreign = await rig.put_env(version=0, spec_id="0123456789abcdef", variant="foreign")
-    await publish_proto(rig.queue, ENVS_READY, queues_pb2.EnvReady(env_id="nope", setting="game"), key="nope")
+    await publish_proto(
+        rig.queue, ENVS_READY, queues_pb2.EnvReady(env_id="nope", setting=types_pb2.SETTING_GAME), key="nope"
+    )
     worker = rig.worker("w1")
     with caplog.at_level(logging.ERROR, logger="spade.rollout"):
         await drain(worker)

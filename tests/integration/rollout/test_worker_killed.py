@@ -33,7 +33,7 @@ from spade.queues.config import RedisQueueConfig
 from spade.queues.messages import decode, publish_proto
 from spade.queues.redis_streams import RedisStreamQueue
 from spade.runspec import RunSpec
-from spade.v1 import queues_pb2
+from spade.v1 import queues_pb2, types_pb2
 from tests.conftest import POSTGRES_URL, REDIS_URL
 from tests.unit.rollout.envs import CountdownEnv
 
@@ -117,7 +117,9 @@ class Cluster:
         put = await self.memory.put_environment(
             NewEnvironment(setting="game", skill="Optimization", code=CODE, hint="Read it.", weight_version=0)
         )
-        ready = queues_pb2.EnvReady(env_id=put.env_id, setting="game", weight_version=0, spec_id=SPEC.spec_id)
+        ready = queues_pb2.EnvReady(
+            env_id=put.env_id, setting=types_pb2.SETTING_GAME, weight_version=0, spec_id=SPEC.spec_id
+        )
         await publish_proto(self.queue, ENVS_READY, ready, key=put.env_id)
         return put.env_id
 

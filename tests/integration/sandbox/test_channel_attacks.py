@@ -21,7 +21,7 @@ from spade.envs import Outcome
 from spade.retry import RetryPolicy
 from spade.sandbox import SandboxRefused
 from spade.sandbox.client import SandboxClient
-from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
+from spade.v1 import sandbox_pb2, sandbox_pb2_grpc, types_pb2
 from tests.integration.sandbox.conftest import ALICE_KEY, COUNTER_ENV, Service
 
 ALICE = {"Authorization": f"Bearer {ALICE_KEY}"}
@@ -114,7 +114,7 @@ def test_a_frame_env_code_writes_in_step_ends_the_session_as_env_error_over_rest
 @pytest.mark.parametrize("name", ["op_without_outcome", "outcome_not_an_object", "nested_200000_deep"])
 def test_a_frame_env_code_writes_is_env_error_over_grpc(stub: sandbox_pb2_grpc.SandboxStub, name: str) -> None:
     state = stub.OpenSession(sandbox_pb2.OpenSessionRequest(code=writer(FRAMES[name]), seed=1), metadata=ALICE_MD)
-    assert state.outcome == "env_error" and state.truncated and state.observation, state
+    assert state.outcome == types_pb2.OUTCOME_ENV_ERROR and state.truncated and state.observation, state
 
 
 def _grpc_calls(http: httpx.Client, method: str) -> float:
@@ -284,7 +284,7 @@ def test_a_surrogate_in_a_grpc_action_is_refused_and_the_session_lives_on(
         channel.unary_unary("/spade.v1.Sandbox/Step", None, None)(data, metadata=ALICE_MD)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
     step = stub.Step(sandbox_pb2.StepRequest(session_id=state.session_id, action="\\boxed{go}"), metadata=ALICE_MD)
-    assert step.outcome == "ok" and step.observation == "count=1"  # not blamed on the env
+    assert step.outcome == types_pb2.OUTCOME_OK and step.observation == "count=1"  # not blamed on the env
     stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id=state.session_id), metadata=ALICE_MD)
 
 

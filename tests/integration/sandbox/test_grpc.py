@@ -10,7 +10,7 @@ import pytest
 
 from spade.envs import CHECK_NAMES
 from spade.envs.examples import EXAMPLES
-from spade.v1 import sandbox_pb2, sandbox_pb2_grpc
+from spade.v1 import sandbox_pb2, sandbox_pb2_grpc, types_pb2
 from tests.integration.sandbox.conftest import ALICE_KEY, BOB_KEY, COUNTER_ENV, MEMORY_BOMB_ENV, Service
 
 ALICE = (("authorization", f"Bearer {ALICE_KEY}"),)
@@ -23,7 +23,7 @@ def _code(excinfo: pytest.ExceptionInfo[grpc.RpcError]) -> grpc.StatusCode:
 
 def test_validate_reports_every_check(stub: sandbox_pb2_grpc.SandboxStub) -> None:
     tool = next(e for e in EXAMPLES.values() if e.setting == "tool")
-    report = stub.Validate(sandbox_pb2.ValidateRequest(code=tool.code, setting="tool"), metadata=ALICE)
+    report = stub.Validate(sandbox_pb2.ValidateRequest(code=tool.code, setting=types_pb2.SETTING_TOOL), metadata=ALICE)
     assert [c.name for c in report.checks] == list(CHECK_NAMES)
     assert report.valid and report.env_class
 
@@ -36,8 +36,10 @@ def test_execute(stub: sandbox_pb2_grpc.SandboxStub) -> None:
 
 
 def test_unary_session_calls(stub: sandbox_pb2_grpc.SandboxStub) -> None:
-    state = stub.OpenSession(sandbox_pb2.OpenSessionRequest(code=COUNTER_ENV, setting="game", seed=3), metadata=ALICE)
-    assert state.outcome == "ok" and isinstance(json.loads(state.info_json), dict)
+    state = stub.OpenSession(
+        sandbox_pb2.OpenSessionRequest(code=COUNTER_ENV, setting=types_pb2.SETTING_GAME, seed=3), metadata=ALICE
+    )
+    assert state.outcome == types_pb2.OUTCOME_OK and isinstance(json.loads(state.info_json), dict)
     step = stub.Step(sandbox_pb2.StepRequest(session_id=state.session_id, action="\\boxed{go}"), metadata=ALICE)
     assert step.observation == "count=1"
     assert stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id=state.session_id), metadata=ALICE).closed
@@ -78,7 +80,9 @@ def test_auth_and_bad_input_statuses(stub: sandbox_pb2_grpc.SandboxStub) -> None
         stub.Execute(sandbox_pb2.ExecuteRequest(code="print(1)"))
     assert _code(excinfo) == grpc.StatusCode.UNAUTHENTICATED
     with pytest.raises(grpc.RpcError) as excinfo:
-        stub.OpenSession(sandbox_pb2.OpenSessionRequest(code=COUNTER_ENV, setting="chess"), metadata=ALICE)
+        stub.OpenSession(
+            sandbox_pb2.OpenSessionRequest(code=COUNTER_ENV, setting=types_pb2.Setting.ValueType(99)), metadata=ALICE
+        )
     assert _code(excinfo) == grpc.StatusCode.INVALID_ARGUMENT
     assert "Traceback" not in (excinfo.value.details() or "")
     with pytest.raises(grpc.RpcError) as excinfo:
@@ -123,4 +127,4 @@ def test_a_memory_bomb_is_reported_as_a_memory_limit_on_the_play_stream(stub: sa
         yield sandbox_pb2.PlayRequest(action="\\boxed{bomb}")
 
     states = [response.state for response in stub.Play(requests(), metadata=ALICE)]
-    assert [s.outcome for s in states] == ["ok", "memory_limit"]
+    assert [s.outcome for s in states] == [types_pb2.OUTCOME_OK, types_pb2.OUTCOME_MEMORY_LIMIT]

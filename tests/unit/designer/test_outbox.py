@@ -6,7 +6,7 @@ from services.designer.core.ports import Check, DesignerSample, EnvReady
 from services.designer.outbox import QueueOutbox
 from spade.queues.base import ENVS_READY, SAMPLES_DESIGNER
 from spade.queues.inprocess import InProcessQueue
-from spade.v1 import queues_pb2
+from spade.v1 import queues_pb2, types_pb2
 
 from .conftest import drain
 
@@ -41,7 +41,12 @@ async def test_every_field_reaches_the_wire_and_republishing_is_idempotent(queue
 
     (sample_bytes,) = await drain(queue, SAMPLES_DESIGNER)
     sample = queues_pb2.DesignerSample.FromString(sample_bytes)
-    assert (sample.sample_id, sample.env_id, sample.setting, sample.skill) == ("s-1", "e-1", "tool", "Error Recovery")
+    assert (sample.sample_id, sample.env_id, sample.setting, sample.skill) == (
+        "s-1",
+        "e-1",
+        types_pb2.SETTING_TOOL,
+        "Error Recovery",
+    )
     assert list(sample.prompt_ids) == [1, 2, 3] and list(sample.output_ids) == [7, 8]
     assert list(sample.output_logprobs) == [-0.5, -0.25]
     assert sample.weight_version == 4 and not sample.valid and sample.failed_check == "solution_replay"
@@ -54,5 +59,5 @@ async def test_every_field_reaches_the_wire_and_republishing_is_idempotent(queue
 
     (ready_bytes,) = await drain(queue, ENVS_READY)
     ready = queues_pb2.EnvReady.FromString(ready_bytes)
-    assert (ready.env_id, ready.setting, ready.skill) == ("e-2", "game", "Optimization")
+    assert (ready.env_id, ready.setting, ready.skill) == ("e-2", types_pb2.SETTING_GAME, "Optimization")
     assert ready.weight_version == 9 and ready.designer_sample_id == "s-2" and ready.spec_id == "spec-1"

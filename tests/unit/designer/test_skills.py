@@ -73,7 +73,7 @@ def test_skills_per_round_that_does_not_divide_six_still_walks_through_every_ski
 
 
 def test_unknown_setting_and_skill_and_bad_shapes_are_refused_with_the_rule() -> None:
-    with pytest.raises(ValueError, match="game, tool"):
+    with pytest.raises(ValueError, match="setting must be 'game' or 'tool', got 'puzzle'"):
         skills_for("puzzle")
     with pytest.raises(ValueError, match="Logical Deduction"):
         skill_named("game", "Chess")

@@ -6,7 +6,7 @@ import pytest
 
 from services.learner.core.batching import BatchError
 from services.learner.samples import designer_attempt
-from spade.v1 import queues_pb2
+from spade.v1 import queues_pb2, types_pb2
 
 
 def sample(
@@ -17,7 +17,7 @@ def sample(
     return queues_pb2.DesignerSample(
         sample_id="d1",
         env_id="env-1",
-        setting="game",
+        setting=types_pb2.SETTING_GAME,
         skill="search",
         batch_id="round-1",
         valid=True,

@@ -11,12 +11,17 @@ from spade.agent.trajectory import Trajectory
 from spade.envs import Outcome, StepOutcome
 from spade.envs.types import FinishReason
 from spade.sandbox.wire import state_outcome
-from spade.v1 import sandbox_pb2
+from spade.v1 import sandbox_pb2, types_pb2
 
 
 def test_sandbox_states_become_step_outcomes_and_unknown_verdicts_are_faults() -> None:
     state = sandbox_pb2.SessionState(
-        observation="o", reward=1.0, terminated=True, info_json=json.dumps({"tools": [1]}), turn=2, outcome="ok"
+        observation="o",
+        reward=1.0,
+        terminated=True,
+        info_json=json.dumps({"tools": [1]}),
+        turn=2,
+        outcome=types_pb2.OUTCOME_OK,
     )
     got = state_outcome(state)
     assert (got.observation, got.reward, got.terminated, got.info, got.outcome) == (
@@ -26,9 +31,14 @@ def test_sandbox_states_become_step_outcomes_and_unknown_verdicts_are_faults() -
         {"tools": [1]},
         Outcome.OK,
     )
-    assert state_outcome(sandbox_pb2.SessionState(outcome="timeout")).outcome is Outcome.TIMEOUT
-    assert state_outcome(sandbox_pb2.SessionState(outcome="exploded")).outcome is Outcome.SANDBOX_FAULT
-    assert state_outcome(sandbox_pb2.SessionState(info_json="not json")).info == {}
+    assert state_outcome(sandbox_pb2.SessionState(outcome=types_pb2.OUTCOME_TIMEOUT)).outcome is Outcome.TIMEOUT
+    # A verdict this client does not know (a newer sandbox's), or none, is the sandbox's fault.
+    assert (
+        state_outcome(sandbox_pb2.SessionState(outcome=types_pb2.Outcome.ValueType(99))).outcome
+        is Outcome.SANDBOX_FAULT
+    )
+    assert state_outcome(sandbox_pb2.SessionState()).outcome is Outcome.SANDBOX_FAULT
+    assert state_outcome(sandbox_pb2.SessionState(info_json="not json", outcome=types_pb2.OUTCOME_OK)).info == {}
 
 
 def _step(info: dict[str, object], observation: str = "obs") -> StepOutcome:
@@ -61,7 +71,12 @@ def test_samples_and_records_carry_the_window_slot_the_spec_and_the_generating_v
     # Scored under the env's window slot, whatever version generated it (the learner published 6, 7).
     assert (sample.window_start, sample.window_index, sample.weight_version, sample.spec_id) == (5, 0, 6, "abc123")
     assert list(sample.loss_mask) == t.loss_mask and list(sample.logprobs) == t.logprobs
-    assert (sample.finish_reason, sample.hinted, sample.turns, sample.episode_return) == ("terminated", True, 2, 1.0)
+    assert (sample.finish_reason, sample.hinted, sample.turns, sample.episode_return) == (
+        types_pb2.FINISH_REASON_TERMINATED,
+        True,
+        2,
+        1.0,
+    )
     record = to_play_record(play, slot)
     assert (record.sample_id, record.weight_version, record.window_start, record.window_index, record.spec_id) == (
         sample.sample_id,

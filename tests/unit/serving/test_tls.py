@@ -27,7 +27,7 @@ from spade.serving.grpc import GrpcService, caller, grpc_server
 from spade.serving.http import http_server, install_error_handlers
 from spade.serving.settings import ServerAddress
 from spade.serving.tls import ClientTls, ServerTls
-from spade.v1 import memory_pb2, memory_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
+from spade.v1 import memory_pb2, memory_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc, types_pb2
 from tests.unit.serving.certs import Pki, make_pki
 
 KEY = "k-tls"
@@ -43,7 +43,7 @@ class Sandbox(sandbox_pb2_grpc.SandboxServicer):
     async def Validate(  # noqa: N802
         self, request: sandbox_pb2.ValidateRequest, context: object
     ) -> sandbox_pb2.ValidationReport:
-        return sandbox_pb2.ValidationReport(env_class=f"{caller()}:{request.code}")
+        return sandbox_pb2.ValidationReport(env_class=f"{caller()}:{request.code}", setting=types_pb2.SETTING_GAME)
 
 
 class Memory(memory_pb2_grpc.MemoryServicer):
