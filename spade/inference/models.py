@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import logging
 import os
 import shutil
 import tempfile
@@ -27,12 +28,10 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spade.serving.logs import get_logger
-
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-log = get_logger(__name__)
+log = logging.getLogger(__name__)
 
 #: Name of the default model, also the name of its directory in the cache.
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"

@@ -39,10 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from spade.envs.types import SETTINGS, Setting
-from spade.serving.logs import configure_from_env, get_logger
+# No project imports at module level: the image builds the corpus from this file alone (Dockerfile);
+# tests/unit/test_standalone_modules.py keeps it so. Hence the settings' names spelled out here.
+SETTINGS = ("game", "tool")
 
-log = get_logger(__name__)
+log = logging.getLogger("spade.designer.corpus.builder")
 
 BUILDER_VERSION = 2
 GAME_PACKAGES = ("sympy", "scipy", "numpy", "networkx")
@@ -94,9 +95,9 @@ def stdlib_packages() -> tuple[str, ...]:
 
 def packages_for(setting: str) -> tuple[str, ...]:
     """The packages whose docstrings make up ``setting``'s default corpus."""
-    if setting == Setting.GAME:
+    if setting == "game":
         return GAME_PACKAGES
-    if setting == Setting.TOOL:
+    if setting == "tool":
         return stdlib_packages()
     raise ValueError(f"unknown setting {setting!r}: expected 'game' or 'tool'")
 
@@ -368,7 +369,12 @@ def main(argv: list[str] | None = None) -> int:
         "--force", action="store_true", help="Rebuild even when the cached corpus is current (same packages)."
     )
     args = parser.parse_args(argv)
-    configure_from_env("corpus", level=logging.INFO, default_format="text")
+    try:
+        from spade.serving.logs import configure_from_env
+    except ImportError:  # run as a lone file (the image's corpus layer): its output is discarded there
+        logging.basicConfig(level=logging.INFO)
+    else:
+        configure_from_env("corpus", level=logging.INFO, default_format="text")
     settings = list(SETTINGS) if args.setting == "all" else [args.setting]
     for setting in settings:
         # A current corpus is kept as it is: a rebuild would change nothing but the file's age, and a
