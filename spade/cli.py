@@ -50,7 +50,7 @@ class LazyGroup(click.Group):
         "runspec": ("services.memory.cli:runspec", "Store or show the run spec every service reads."),
         "designer": ("services.designer.cli:designer", "Designer tools: build-corpus, show-prompt, example-pool."),
         "run": ("services.embedded.cli:run", "Run the whole self-play loop in one process."),
-        "migrate": ("services.memory.migrate:migrate_command", "Create or upgrade the database schema, once."),
+        "migrate": ("services.cluster.migrate:migrate_command", "Create or upgrade the database schema, once."),
         "eval": ("services.eval.cli:eval_group", "Score a checkpoint or server on held-out suites; compare two runs."),
         "cluster": ("services.cluster.cli:cluster", "Run every service as a process of this machine (up/down/status)."),
         "warmstart": (

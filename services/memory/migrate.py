@@ -1,27 +1,22 @@
-"""``spade migrate``: the distributed store's schema, created or upgraded once, under a lock.
+"""The memory schema's migration lock and its "at head" wait, which ``spade migrate`` and the replicas share.
 
-In a deployment, the schema is the job of one step that runs before the services (a compose
-one-shot service, a Kubernetes Job), never of every replica at start: replicas run with
-``SPADE_MEMORY_MIGRATE_ON_START=false``. The step applies the memory's Alembic migrations and
-creates the rollout's state tables (they live in the same database) while holding a Postgres
-advisory lock, so two migrators started at once (a re-run Job, an operator by hand) apply the
-migrations one after the other instead of racing on the same DDL. It waits for the database first,
-so it can start together with it.
+``spade migrate`` itself (``services/cluster/migrate.py``, a composition root: it also creates the
+rollout's state tables) holds :func:`migration_lock` while it migrates, so two migrators started at
+once apply the migrations one after the other instead of racing on the same DDL; a replica started
+beside it (``SPADE_MEMORY_MIGRATE_ON_START=false``) waits in :func:`wait_for_schema`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterator
 
-import click
 import sqlalchemy as sa
 
-from spade.dependencies import DEFAULT_WAIT, DependencyUnavailable, postgres, wait_for
+from spade.dependencies import DEFAULT_WAIT, DependencyUnavailable
 from spade.memory.errors import DatabaseUnavailable
 from spade.retry import RetryPolicy
-from spade.serving.logs import configure_from_env, get_logger
+from spade.serving.logs import get_logger
 
 logger = get_logger(__name__)
 
@@ -41,30 +36,6 @@ def migration_lock(engine: sa.Engine) -> Iterator[None]:
             yield
         finally:
             conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})
-
-
-def migrate_database(memory_url: str, rollout_state_url: str | None = None) -> None:
-    """Bring the memory schema to head and create the rollout's state tables, under the lock.
-
-    Args:
-        memory_url: SQLAlchemy URL of the memory database.
-        rollout_state_url: Where the rollout keeps its active set; default: the memory database.
-    """
-    from services.memory.store.sql import make_engine, migrate
-    from services.rollout.state_store import RolloutStateStore
-
-    engine = make_engine(memory_url)
-    try:
-        with migration_lock(engine):
-            migrate(engine)
-            logger.info("memory schema at head")
-            if rollout_state_url is None or rollout_state_url == memory_url:
-                RolloutStateStore(engine)  # creates its tables when missing
-            else:
-                RolloutStateStore.from_url(rollout_state_url).dispose()
-            logger.info("rollout state tables present")
-    finally:
-        engine.dispose()
 
 
 def schema_at_head(engine: sa.Engine) -> bool:
@@ -102,24 +73,3 @@ def wait_for_schema(memory_url: str, policy: RetryPolicy = DEFAULT_WAIT) -> None
         logger.info("memory schema at head")
     finally:
         engine.dispose()
-
-
-@click.command("migrate")
-@click.option(
-    "--database-url",
-    envvar="SPADE_MEMORY_DATABASE_URL",
-    required=True,
-    help="SQLAlchemy URL of the memory database [env SPADE_MEMORY_DATABASE_URL].",
-)
-@click.option(
-    "--rollout-state-url",
-    envvar="SPADE_ROLLOUT_STATE_URL",
-    default=None,
-    help="The rollout's state database, when not the memory's [env SPADE_ROLLOUT_STATE_URL].",
-)
-def migrate_command(database_url: str, rollout_state_url: str | None) -> None:
-    """Create or upgrade the database schema, once, under a Postgres advisory lock."""
-    configure_from_env("migrate", level=logging.INFO, default_format="text")
-    wait_for([postgres(database_url), postgres(rollout_state_url or database_url)])
-    migrate_database(database_url, rollout_state_url)
-    click.echo("schema up to date")

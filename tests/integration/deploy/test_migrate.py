@@ -12,7 +12,8 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from services.memory.migrate import MIGRATION_LOCK_KEY, migrate_command, migrate_database, wait_for_schema
+from services.cluster.migrate import migrate_command, migrate_database
+from services.memory.migrate import MIGRATION_LOCK_KEY, wait_for_schema
 from spade.dependencies import DependencyUnavailable
 from spade.retry import RetryPolicy
 
