@@ -74,7 +74,15 @@ def _finish_reason_in(number: int) -> str:
 
 
 def _finish_reason_out(value: str) -> Any:
-    return to_wire(FinishReason(value)) if value else 0
+    """A play's finish reason as its wire number (0 when the play names none).
+
+    Raises:
+        InvalidArgument: Not a ``FinishReason`` value (refused before it is sent).
+    """
+    try:
+        return to_wire(FinishReason(value)) if value else 0
+    except ValueError:
+        raise InvalidArgument(f"finish_reason {value!r} is not one of {[r.value for r in FinishReason]}") from None
 
 
 def status(value: str, *, default: EnvStatus | None = None) -> EnvStatus | None:
