@@ -68,6 +68,10 @@ from services.inference.engine import BatchEngine
 from services.inference.prefix_cache import RadixPrefixCache
 from services.inference.quant import Int4Linear, Int8Linear
 from services.inference.settings import WeightsMode
+from services.learner.core.batching import Role, TrainSample
+from services.learner.core.collate import pack
+from services.learner.core.losses import GrpoLossConfig
+from services.learner.logprobs import token_logprobs
 from spade.inference import InferenceClient, SamplingParams
 from spade.inference.models import default_gguf_path
 
@@ -333,25 +337,35 @@ def print_limits(machine: dict[str, Any], load: float) -> None:
 def logprob_drift(reference: BatchEngine, served: list[Any], prompt: list[int], temperature: float) -> dict[str, float]:
     """How far the served logprobs of sampled tokens lie from the fp32 model's (the learner's) on the same tokens.
 
-    ``served`` are generation results (token ids and the engine's logprobs of them at ``temperature``);
-    the reference model is teacher-forced on prompt + tokens and its ``log_softmax(logits / T)`` read at
-    each one, as the learner computes them. Reports the mean and largest absolute difference, and the share
-    of tokens whose truncated importance ratio ``exp(reference - served)`` the learner would cap at 2.
+    ``served`` are generation results (token ids and the engine's logprobs of them at ``temperature``).
+    Each becomes the sample the learner would train on (prompt + reply, the reply in the loss mask), and
+    the learner's own ``token_logprobs`` computes its logprobs on the reference model. Reports the mean and
+    largest absolute difference, and the share of tokens whose truncated importance ratio
+    ``exp(reference - served)`` the learner's default loss would cap (``tis_cap``).
     """
     diffs: list[float] = []
     with torch.inference_mode():
-        for result in served:
-            ids = prompt + list(result.output_ids)
-            logits = reference.model(input_ids=torch.tensor([ids])).logits[0].float()
-            logprobs = torch.log_softmax(logits / temperature, dim=-1)
-            for i, (token, logprob) in enumerate(zip(result.output_ids, result.logprobs, strict=True)):
-                diffs.append(float(logprobs[len(prompt) - 1 + i, token]) - float(logprob))
+        for n, result in enumerate(served):
+            reply = list(result.output_ids)
+            sample = TrainSample(
+                sample_id=f"drift-{n}",
+                role=Role.AGENT,
+                token_ids=tuple(prompt + reply),
+                rollout_logprobs=(0.0,) * len(prompt) + tuple(float(x) for x in result.logprobs),
+                loss_mask=(False,) * len(prompt) + (True,) * len(reply),
+                weight_version=0,
+            )
+            batch = pack([sample])
+            learner = token_logprobs(reference.model, batch, temperature)[0]
+            mask = batch.loss_mask[0].bool()
+            diffs += (learner[mask] - batch.rollout_logprobs[0][mask]).tolist()
     absolute = [abs(d) for d in diffs]
+    cap = math.log(GrpoLossConfig().tis_cap)
     return {
         "tokens": len(diffs),
         "mean_abs": statistics.fmean(absolute),
         "max_abs": max(absolute),
-        "tis_capped_share": sum(d > math.log(2.0) for d in diffs) / len(diffs),
+        "tis_capped_share": sum(d > cap for d in diffs) / len(diffs),
     }
 
 
