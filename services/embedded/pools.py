@@ -104,9 +104,10 @@ def read_static_pool(source: Path, setting: str) -> list[StaticEnv]:
 
 def _read_export(source: Path, setting: str) -> list[StaticEnv]:
     from services.eval.pool_source import PoolSourceError, load_pool, playable
+    from services.eval.wiring import read_memory_database
 
     try:
-        found = playable(load_pool(str(source)), setting)
+        found = playable(load_pool(str(source), read_memory_database), setting)
     except PoolSourceError as exc:
         raise StaticPoolError(str(exc)) from None
     return [StaticEnv(e.env_id, e.setting, e.skill or STATIC_SKILL, e.code, e.hint) for e in found]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,50 +125,19 @@ def read_jsonl(path: Path) -> list[PoolEnv]:
     return envs
 
 
-def read_database(url: str) -> list[PoolEnv]:
-    """Envs of a memory database (oldest first) with the seeds each was played on."""
-    from sqlalchemy.exc import SQLAlchemyError
+DatabaseReader = Callable[[str], list[PoolEnv]]
+"""Reads the envs of a memory database at a SQLAlchemy URL (oldest first, with their played seeds).
 
-    from services.memory.store.sql import SqlStore, make_engine
-    from spade.memory.errors import DatabaseUnavailable
-    from spade.memory.records import EnvFilter
+The memory's store is another service's: a composition root hands the reader in
+(``services.eval.wiring.read_memory_database``).
 
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
-        raise PoolSourceError(f"no memory database at {url.removeprefix('sqlite:///')}; pass a run's memory.db")
-    engine = make_engine(url)
-    try:
-        store = SqlStore(engine)
-        envs = []
-        for env in store.iter_environments(EnvFilter()):
-            seeds: set[int] = set()
-            cursor: str | None = None
-            while True:
-                plays, cursor = store.plays(env.id, limit=500, cursor=cursor)
-                seeds.update(p.seed for p in plays)
-                if not cursor:
-                    break
-            envs.append(
-                PoolEnv(
-                    env_id=env.id,
-                    setting=env.setting,
-                    skill=env.skill,
-                    code=env.code,
-                    hint=env.hint,
-                    status=str(getattr(env.status, "value", env.status)),
-                    corpus_ref=env.corpus_ref,
-                    played_seeds=frozenset(seeds),
-                )
-            )
-    except (SQLAlchemyError, DatabaseUnavailable) as exc:
-        raise PoolSourceError(f"cannot read the memory at {engine.url!r}: {type(exc).__name__}") from None
-    finally:
-        engine.dispose()
-    envs.reverse()  # the store lists newest first; oldest first reads like the run
-    return envs
+Raises:
+    PoolSourceError: The database is missing or unreadable.
+"""
 
 
-def load_pool(source: str) -> list[PoolEnv]:
-    """Every env of ``source`` (see the module docstring), playable or not.
+def load_pool(source: str, read_database: DatabaseReader) -> list[PoolEnv]:
+    """Every env of ``source`` (see the module docstring), playable or not; a database through ``read_database``.
 
     Raises:
         PoolSourceError: The source is missing or unreadable.

@@ -25,6 +25,7 @@ from typing import Any
 from services.eval.core.records import ItemResult, RunHeader, Summary, summarise
 from services.eval.core.runner import Suite, run_items, select
 from services.eval.model import ClientChatModel, Invariance, Sampling, invariance_of
+from services.eval.pool_source import PoolEnv, PoolSourceError
 from services.eval.settings import SUITES, EvalSettings
 from services.eval.store import RunStore
 from spade.inference.client import InferenceClient, InferenceRequestError
@@ -230,13 +231,13 @@ def preflight(request: EvalRequest, settings: EvalSettings, pool_source: str | N
         except BfclSetupError as exc:
             raise EvalSetupError(str(exc)) from None
         return Preflight()
-    from services.eval.pool_source import PoolSourceError, load_pool, playable
+    from services.eval.pool_source import load_pool, playable
 
     source = pool_source or settings.pool.source
     if not source:
         raise EvalSetupError("the pool suite needs a pool: pass --pool RUN_DIR (or memory.db, envs.jsonl, a URL)")
     try:
-        envs = playable(load_pool(source), settings.pool.setting)
+        envs = playable(load_pool(source, read_memory_database), settings.pool.setting)
     except PoolSourceError as exc:
         raise EvalSetupError(str(exc)) from None
     if not envs:
@@ -449,3 +450,49 @@ async def run_eval(
             summary = summarise(header, items, resamples=settings.bootstrap_resamples, confidence=settings.confidence)
             store.write_summary(summary)
     return EvalOutcome(summary, request.out, len(todo), resumed, len(todo) + resumed)
+
+
+def read_memory_database(url: str) -> list[PoolEnv]:
+    """Envs of a memory database (oldest first) with the seeds each was played on (``pool_source.DatabaseReader``).
+
+    Raises:
+        PoolSourceError: No database there, or it cannot be read.
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from services.memory.store.sql import SqlStore, make_engine
+    from spade.memory.errors import DatabaseUnavailable
+    from spade.memory.records import EnvFilter
+
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        raise PoolSourceError(f"no memory database at {url.removeprefix('sqlite:///')}; pass a run's memory.db")
+    engine = make_engine(url)
+    try:
+        store = SqlStore(engine)
+        envs = []
+        for env in store.iter_environments(EnvFilter()):
+            seeds: set[int] = set()
+            cursor: str | None = None
+            while True:
+                plays, cursor = store.plays(env.id, limit=500, cursor=cursor)
+                seeds.update(p.seed for p in plays)
+                if not cursor:
+                    break
+            envs.append(
+                PoolEnv(
+                    env_id=env.id,
+                    setting=env.setting,
+                    skill=env.skill,
+                    code=env.code,
+                    hint=env.hint,
+                    status=str(getattr(env.status, "value", env.status)),
+                    corpus_ref=env.corpus_ref,
+                    played_seeds=frozenset(seeds),
+                )
+            )
+    except (SQLAlchemyError, DatabaseUnavailable) as exc:
+        raise PoolSourceError(f"cannot read the memory at {engine.url!r}: {type(exc).__name__}") from None
+    finally:
+        engine.dispose()
+    envs.reverse()  # the store lists newest first; oldest first reads like the run
+    return envs

@@ -13,6 +13,7 @@ from sqlalchemy import create_engine, text
 
 from services.eval import pool_source
 from services.eval.pool_source import PoolSourceError, held_out_seeds, load_pool, playable
+from services.eval.wiring import read_memory_database
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from services.rollout.core.seeds import play_seeds
 from spade.envs.examples import EXAMPLES
@@ -44,11 +45,11 @@ def test_a_jsonl_export_is_read_in_order(tmp_path: Path) -> None:
         {"env_id": "c", "setting": "game", "status": "retired", "code": "z"},
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
-    envs = load_pool(str(path))
+    envs = load_pool(str(path), read_memory_database)
     assert [e.env_id for e in envs] == ["a", "b", "c"] and envs[1].skill == "unknown"
     assert [e.env_id for e in playable(envs)] == ["a", "c"]
     assert [e.env_id for e in playable(envs, "tool")] == []
-    assert load_pool(str(tmp_path))[0].env_id == "a"  # a run directory: its envs.jsonl
+    assert load_pool(str(tmp_path), read_memory_database)[0].env_id == "a"  # a run directory: its envs.jsonl
 
 
 @pytest.mark.parametrize(
@@ -63,16 +64,16 @@ def test_a_bad_export_is_named(tmp_path: Path, content: str, why: str) -> None:
     path = tmp_path / "envs.jsonl"
     path.write_text(content)
     with pytest.raises(PoolSourceError, match=why):
-        load_pool(str(path))
+        load_pool(str(path), read_memory_database)
 
 
 def test_missing_sources_are_named(tmp_path: Path) -> None:
     with pytest.raises(PoolSourceError, match="no pool at"):
-        load_pool(str(tmp_path / "nope.jsonl"))
+        load_pool(str(tmp_path / "nope.jsonl"), read_memory_database)
     with pytest.raises(PoolSourceError, match=r"neither memory\.db nor envs\.jsonl"):
-        load_pool(str(tmp_path))
+        load_pool(str(tmp_path), read_memory_database)
     with pytest.raises(PoolSourceError, match="no memory database"):
-        load_pool(f"sqlite:///{tmp_path / 'none.db'}")
+        load_pool(f"sqlite:///{tmp_path / 'none.db'}", read_memory_database)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.db)])
@@ -101,7 +102,7 @@ def test_the_memory_database_gives_envs_and_the_seeds_already_played(memory_url:
     store.put_environment(NewEnvironment(setting="game", skill="x", code="broken", status=EnvStatus.INVALID))
     store.record_plays([Play(first, s, False, 1.0, 2, 0, f"t{s}") for s in (11, 12, 13)])
     engine.dispose()
-    envs = load_pool(memory_url)
+    envs = load_pool(memory_url, read_memory_database)
     assert [e.env_id for e in playable(envs)] == [first, second]  # oldest first, invalid left out
     assert envs[0].played_seeds == frozenset({11, 12, 13}) and envs[1].played_seeds == frozenset()
     assert envs[0].code == GAME[0].code and envs[0].skill == "Logic"
