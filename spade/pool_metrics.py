@@ -279,7 +279,7 @@ for name in hidden:
     except Exception:
         sizes[name] = 0
 try:
-    solution = [str(a) for a in env.solution()] if SETTING == Setting.GAME else []
+    solution = [str(a) for a in env.solution()] if SETTING == "game" else []
 except Exception as exc:
     solution = []
 print(json.dumps({{"observation": str(observation), "hidden": sizes, "solution": solution}}))

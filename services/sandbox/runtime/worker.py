@@ -46,7 +46,6 @@ from services.sandbox.runtime.protocol import (
     recv_frame,
     send_frame,
 )
-from spade.envs.types import Setting
 
 CTL = 3
 ENV_CHANNEL = 4
@@ -62,7 +61,7 @@ def preload() -> dict[str, Any]:
     regular expressions and lazily built tables are then shared (copy-on-write) by every child.
     """
     try:
-        from spade.envs import CheckConfig, EnvSession
+        from spade.envs import CheckConfig, EnvSession, Setting
         from spade.envs.remote import SessionHost  # noqa: F401
     except Exception as exc:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -74,7 +73,7 @@ def preload() -> dict[str, Any]:
             session = EnvSession(example.code, example.setting, 0, CheckConfig())
             session.reset()
             session.step(
-                "\\boxed{warm-up}" if example.setting == Setting.GAME else '{"name": "warm_up", "arguments": {}}'
+                "\\boxed{warm-up}" if example.setting is Setting.GAME else '{"name": "warm_up", "arguments": {}}'
             )
             warmed.append(example.name)
     except Exception as exc:
