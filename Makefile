@@ -25,9 +25,11 @@ test: $(STAMP)
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 # The fast tier: no Postgres, Redis, jails, model, slow or e2e test (the markers: tests/conftest.py).
+# Two workers, one per core: 1,235 tests took 122 s in one process and 69 s in two (2026-12-03).
 FAST := not (db or redis or sandbox or model or slow or e2e)
+FAST_WORKERS ?= 2
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "$(FAST)" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(FAST_WORKERS) -m "$(FAST)" $(PYTEST_ARGS)
 
 # The fast tier once more with those resources taken away (root: namespaces), to prove its markers.
 test-tiers: $(STAMP)
