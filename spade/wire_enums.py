@@ -20,18 +20,12 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from spade.envs.types import FinishReason, Outcome, Setting
 from spade.v1 import types_pb2
 
 E = TypeVar("E", bound=StrEnum)
-
-_WIRE: dict[type[Any], Any] = {
-    Setting: types_pb2.Setting,
-    FinishReason: types_pb2.FinishReason,
-    Outcome: types_pb2.Outcome,
-}
 
 
 def _prefix(cls: type[StrEnum]) -> str:
@@ -39,15 +33,27 @@ def _prefix(cls: type[StrEnum]) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).upper()
 
 
-def to_wire(value: StrEnum) -> Any:
-    """The proto enum number of ``value`` (a member of one of the shared enums).
+def _pairs(cls: type[StrEnum], wire: Any) -> dict[StrEnum, int]:
+    """Each member's proto number (``KeyError`` at import when the proto lacks one: the protos and
+    ``spade.envs.types`` must change together)."""
+    return {member: wire.Value(f"{_prefix(cls)}_{member.name}") for member in cls}
 
-    Raises:
-        KeyError: ``value``'s enum has no proto counterpart (or the proto lacks the member: a test
-            keeps every member present).
-    """
-    cls = type(value)
-    return _WIRE[cls].Value(f"{_prefix(cls)}_{value.name}")
+
+# Built once, per enum (members of two enums with the same value, FinishReason.ENV_ERROR and
+# Outcome.ENV_ERROR, are equal strings): a session step converts its outcome, so lookups are dict reads.
+_NUMBERS: dict[type[StrEnum], dict[StrEnum, int]] = {
+    Setting: _pairs(Setting, types_pb2.Setting),
+    FinishReason: _pairs(FinishReason, types_pb2.FinishReason),
+    Outcome: _pairs(Outcome, types_pb2.Outcome),
+}
+_MEMBERS: dict[type[StrEnum], dict[int, StrEnum]] = {
+    cls: {number: member for member, number in numbers.items()} for cls, numbers in _NUMBERS.items()
+}
+
+
+def to_wire(value: StrEnum) -> Any:
+    """The proto enum number of ``value`` (a member of one of the shared enums)."""
+    return _NUMBERS[type(value)][value]
 
 
 def from_wire(cls: type[E], number: int, *, unknown: E | None = None) -> E:
@@ -63,18 +69,12 @@ def from_wire(cls: type[E], number: int, *, unknown: E | None = None) -> E:
         ValueError: ``number`` is zero, or unknown and no ``unknown`` was given; the message names the
             enum and its values.
     """
-    wire = _WIRE[cls]
-    prefix = _prefix(cls)
-    choices = ", ".join(member.value for member in cls)
-    if number == 0:
-        raise ValueError(f"the message carries no {cls.__name__} ({prefix}_UNSPECIFIED); set one of {choices}")
-    try:
-        name = wire.Name(number)
-    except ValueError:
-        name = ""
-    member = cls.__members__.get(name.removeprefix(f"{prefix}_")) if name.startswith(f"{prefix}_") else None
+    member = _MEMBERS[cls].get(number)
     if member is not None:
-        return member
+        return cast(E, member)
+    choices = ", ".join(m.value for m in cls)
+    if number == 0:
+        raise ValueError(f"the message carries no {cls.__name__} ({_prefix(cls)}_UNSPECIFIED); set one of {choices}")
     if unknown is not None:
         return unknown
     raise ValueError(f"{cls.__name__} number {number} is none of {choices} (a peer newer than this code?)")

@@ -78,7 +78,6 @@ from spade.serving import lifecycle
 from spade.serving.logs import get_logger
 from spade.signal import group_has_signal
 from spade.v1 import queues_pb2
-from spade.wire_enums import from_wire
 
 log = get_logger(__name__)
 
@@ -338,10 +337,7 @@ class RolloutWorker:
         except EnvNotFound:
             event("env_refused", level=logging.ERROR, env_id=msg.env_id, reason="the memory does not hold it")
             return None
-        # A message that names no setting (an older producer's) plays as the memory stored the env.
-        setting = (
-            from_wire(Setting, msg.setting, unknown=Setting.parse(stored.setting)) if msg.setting else stored.setting
-        )
+        setting = Setting.parse(stored.setting)  # the memory's record; the message carries a copy
         env = await self.store.register(
             ActiveEnv(
                 env_id=msg.env_id,

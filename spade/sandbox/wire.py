@@ -58,7 +58,7 @@ def state_message(session_id: str, outcome: StepOutcome) -> sandbox_pb2.SessionS
         info_json=json.dumps(outcome.info, default=str),
         turn=int(outcome.turn),
         max_turns=int(outcome.max_turns),
-        outcome=to_wire(Outcome(_value(outcome.outcome))),
+        outcome=to_wire(Outcome(outcome.outcome)),
     )
 
 
