@@ -62,6 +62,48 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                     found.update(getattr(fixture_def.func, "spade_needs", ()))
         for marker in sorted(found - {m.name for m in item.iter_markers()}):
             item.add_marker(marker)
+    items[:] = longest_first(items)
+
+
+MEASURED_S = {
+    "e2e/test_chaos.py": 590,
+    "e2e/test_embedded_run.py": 560,
+    "e2e/test_embedded_designer_off.py": 380,
+    "integration/eval/test_suites_real_model.py": 260,
+    "integration/eval/test_batch_invariance.py": 240,
+    "e2e/test_compose.py": 240,
+    "e2e/test_embedded_pool_designer.py": 180,
+    "e2e/test_distributed.py": 145,
+    "integration/eval/test_cli_resume.py": 140,
+    "e2e/test_cluster_status.py": 125,
+    "integration/warmstart/test_tiny_sft.py": 120,
+    "e2e/test_embedded_no_idle.py": 110,
+}
+"""The costliest modules' seconds in a full ``make test`` (CI, 2026-12-03), for ``longest_first`` alone."""
+
+COST_ORDER = ("e2e", "slow", "model", "sandbox")
+"""The markers that say a module is costly, costliest first: ``longest_first``'s order for the rest."""
+
+
+def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items with the costliest modules first, modules kept whole, otherwise in collection order.
+
+    ``make test`` hands modules to its workers in this order (``--dist loadfile
+    --no-loadscope-reorder``). xdist's own order (most tests first) left the one-test end-to-end modules,
+    the longest of all, for last, two of them queued behind each other on one worker while the others
+    had finished; the longest jobs first is the usual cure for such a tail. The measured modules
+    (``MEASURED_S``) go first, longest first, then the others by the costliest marker they carry
+    (``COST_ORDER``). A stale figure costs only a worse order.
+    """
+    rank: dict[Path, tuple[float, int]] = {}
+    root = Path(__file__).parent
+    for item in items:
+        names = {m.name for m in item.iter_markers()}
+        marker = next((i for i, name in enumerate(COST_ORDER) if name in names), len(COST_ORDER))
+        seconds = MEASURED_S.get(item.path.relative_to(root).as_posix(), 0) if item.path.is_relative_to(root) else 0
+        rank[item.path] = min(rank.get(item.path, (0.0, marker)), (-seconds, marker))
+    first_seen = {path: i for i, path in reversed(list(enumerate(item.path for item in items)))}
+    return sorted(items, key=lambda item: (rank[item.path], first_seen[item.path]))
 
 
 @pytest.fixture
