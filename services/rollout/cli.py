@@ -22,12 +22,12 @@ log = get_logger(__name__)
 
 
 async def _serve(settings: RolloutSettings, stop: asyncio.Event) -> None:
-    from services.rollout.wiring import rollout_worker
+    from services.rollout.standalone import standalone_worker
     from spade.memory.errors import RunSpecConflict
     from spade.serving.startup import StoppedWhileWaiting
 
     try:
-        async with rollout_worker(settings, stop=stop) as worker:
+        async with standalone_worker(settings, stop=stop) as worker:
             spec = worker.spec
             lifecycle.started(
                 f"rollout worker {settings.consumer_name} serving (group {settings.consumer_group}, spec "

@@ -1,9 +1,10 @@
 """Builds the rollout's object graph from settings: the only place adapters meet the core.
 
-``rollout_worker`` yields a ready ``RolloutWorker`` and closes everything it opened on exit. In
-embedded mode (``spade run``) the caller passes the run spec and the objects the process shares —
-the in-process queue, the memory service, the sandbox pool, the inference client — and only the
-missing ones are built here. In distributed mode the run spec is read from the memory (waiting,
+``rollout_worker`` yields a ready ``RolloutWorker`` and closes everything it opened on exit. It
+builds only clients of other services (``spade/``); what runs in this process instead (a memory
+database, a sandbox pool) is built by a composition root and passed in: ``services.rollout.standalone``
+for ``spade serve rollout``, ``services.embedded`` for ``spade run``, which also passes the run spec,
+its in-process queue and its inference client. In distributed mode the run spec is read from the memory (waiting,
 with a log line, until one is stored; a ``run_spec_file`` is stored when none is).
 """
 
@@ -17,7 +18,6 @@ from typing import TypeVar, cast
 
 from services.rollout.memory import MemoryApi, MemoryServicePlays
 from services.rollout.policy import FormatterTemplate, InferenceGenerator
-from services.rollout.sandbox import PoolSessions
 from services.rollout.settings import RolloutSettings
 from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
@@ -28,6 +28,7 @@ from spade.dependencies import DEFAULT_WAIT, Dependency, DependencyUnavailable
 from spade.endpoints import MemoryEndpoint, SandboxEndpoint
 from spade.inference.client import InferenceClient
 from spade.inference.discovery import following
+from spade.memory.client import MemoryClient
 from spade.memory.runspec import RunSpecStore, fetch_run_spec, load_spec_file
 from spade.queues.base import WorkQueue
 from spade.queues.factory import make_queue
@@ -195,31 +196,23 @@ async def rollout_worker(
 
 async def _memory(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -> MemoryApi:
     cfg = settings.memory
-    if isinstance(cfg, MemoryEndpoint):
-        from spade.memory.client import MemoryClient
-
-        client = MemoryClient.from_endpoint(cfg)
-        stack.push_async_callback(client.close)
-        return client
-    from services.memory.service import MemoryService
-    from services.memory.store.sql import SqlStore, make_engine, migrate
-
-    engine = make_engine(cfg.url)
-    stack.callback(engine.dispose)
-    migrate(engine)
-    return MemoryService(SqlStore(engine))
+    if not isinstance(cfg, MemoryEndpoint):
+        raise TypeError(
+            f"memory kind {cfg.kind!r} is opened in this process by a composition root "
+            "(services.rollout.standalone, services.embedded), which passes it in as memory="
+        )
+    client = MemoryClient.from_endpoint(cfg)
+    stack.push_async_callback(client.close)
+    return client
 
 
 async def _sessions(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -> SessionOpener:
     cfg = settings.sandbox
-    if isinstance(cfg, SandboxEndpoint):
-        client = SandboxClient.from_endpoint(cfg)
-        stack.push_async_callback(client.close)
-        return client
-    from services.sandbox.isolation import SandboxPool
-    from services.sandbox.isolation.settings import IsolationSettings
-
-    pool = SandboxPool(IsolationSettings.model_validate(cfg.isolation))
-    await pool.start()
-    stack.push_async_callback(pool.stop)
-    return PoolSessions(pool, cfg.checks)
+    if not isinstance(cfg, SandboxEndpoint):
+        raise TypeError(
+            f"sandbox kind {cfg.kind!r} is started in this process by a composition root "
+            "(services.rollout.standalone, services.embedded), which passes it in as sessions="
+        )
+    client = SandboxClient.from_endpoint(cfg)
+    stack.push_async_callback(client.close)
+    return client

@@ -89,3 +89,21 @@ def test_the_default_worker_name_is_stable_across_restarts_not_the_pid() -> None
 
     name = RolloutSettings(dev_mode=True).consumer_name
     assert name == RolloutSettings(dev_mode=True).consumer_name and str(os.getpid()) not in name
+
+
+async def test_the_wiring_builds_no_in_process_memory_or_sandbox_itself(tmp_path: Path) -> None:
+    """A memory database or a sandbox pool is another service's inside: only a composition root opens
+    one (services/rollout/standalone.py for `spade serve rollout`), and the wiring says so."""
+    from services.rollout.wiring import rollout_worker
+
+    base = {"dev_mode": True, "state_url": f"sqlite:///{tmp_path / 'state.db'}", "queue": {"kind": "inprocess"}}
+    spec = RunSpec()
+    sql = RolloutSettings.model_validate({**base, "memory": {"kind": "sql", "url": f"sqlite:///{tmp_path / 'm.db'}"}})
+    with pytest.raises(TypeError, match=r"memory kind 'sql' .*services\.rollout\.standalone"):
+        async with rollout_worker(sql, spec=spec):
+            pass
+    assert not (tmp_path / "m.db").exists()
+    pool = RolloutSettings.model_validate({**base, "sandbox": {"kind": "pool"}})
+    with pytest.raises(TypeError, match=r"sandbox kind 'pool' .*services\.rollout\.standalone"):
+        async with rollout_worker(pool, spec=spec, memory=object(), inference=object()):  # type: ignore[arg-type]
+            pass
