@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from services.rollout.core.ports import EnvNotFound, PlayRecord, Window
+from services.rollout.core.ports import EnvNotFound, Window
 from spade.agent.ports import EnvSpec
 from spade.memory.errors import EnvironmentNotFound
 from spade.memory.records import Environment, EnvStatus, Play, RecordResult, StatsUpdate
@@ -31,8 +31,7 @@ class MemoryServicePlays:
     """The rollout's port to the memory (``RolloutMemory``) over the memory service's API.
 
     Translates, nothing more: the memory's ``Environment`` into the core's ``EnvSpec`` and
-    ``Window``, the core's ``PlayRecord`` into the memory's ``Play``, a retirement into a status
-    update.
+    ``Window``, a retirement into a status update (plays are the memory's own ``Play`` already).
 
     Args:
         memory: ``MemoryService`` or ``MemoryClient``.
@@ -67,26 +66,9 @@ class MemoryServicePlays:
             raise RuntimeError(f"the memory answered SetWindow for {env_id} without a window; it must store one")
         return Window(start=env.window_start, versions=env.window_versions)
 
-    async def record_plays(self, env_id: str, plays: Sequence[PlayRecord]) -> None:
+    async def record_plays(self, env_id: str, plays: Sequence[Play]) -> None:
         """Record plays (the memory stores each trajectory id once)."""
-        await self._memory.record_plays(
-            [
-                Play(
-                    env_id=p.env_id,
-                    seed=p.seed,
-                    hinted=p.hinted,
-                    episode_return=p.episode_return,
-                    turns=p.turns,
-                    weight_version=p.weight_version,
-                    trajectory_id=p.sample_id,
-                    finish_reason=p.finish_reason,
-                    window_start=p.window_start,
-                    window_index=p.window_index,
-                    spec_id=p.spec_id,
-                )
-                for p in plays
-            ]
-        )
+        await self._memory.record_plays(plays)
 
     async def retire_environment(self, env_id: str, last_version: int, *, trivially_won: bool = False) -> None:
         """Move the env to ``retired`` (its window closed), or to ``trivially_won`` (its audit retired it)."""

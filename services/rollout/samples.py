@@ -1,4 +1,4 @@
-"""Plays to wire messages: ``AgentSample`` for the learner, ``PlayRecord`` for the memory, and the
+"""Plays to messages: ``AgentSample`` for the learner, the memory's own ``records.Play``, and the
 audit verdict as ``EnvAudit`` (audit plays themselves are never a sample nor a recorded play).
 
 A play belongs to one slot of its env's window (WAVE2 §3). Ids are deterministic (env, slot, arm,
@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.rollout.core.audit import AuditVerdict
-from services.rollout.core.ports import PlayRecord
 from spade.agent.episode import Play
 from spade.agent.ports import EnvSpec
 from spade.envs.types import Setting
+from spade.memory import records
 from spade.v1 import queues_pb2
 from spade.wire_enums import to_wire
 
@@ -89,10 +89,11 @@ def to_agent_sample(play: Play, env: EnvSpec, slot: SlotRef) -> queues_pb2.Agent
     )
 
 
-def to_play_record(play: Play, slot: SlotRef) -> PlayRecord:
-    """The memory's view of a play: scored under its window slot, labelled with its generating version."""
-    return PlayRecord(
-        sample_id=sample_id(play.env_id, slot.window_index, play.seed, hinted=play.hinted),
+def to_play_record(play: Play, slot: SlotRef) -> records.Play:
+    """The memory's record of a play: scored under its window slot, labelled with its generating version,
+    stored under its agent sample's id."""
+    return records.Play(
+        trajectory_id=sample_id(play.env_id, slot.window_index, play.seed, hinted=play.hinted),
         env_id=play.env_id,
         seed=play.seed,
         hinted=play.hinted,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from spade.agent.ports import EnvSpec
+from spade.memory import records
 
 
 class EnvNotFound(LookupError):
@@ -40,43 +41,11 @@ class WindowKeeper(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class PlayRecord:
-    """One finished play as the memory records it.
-
-    Attributes:
-        sample_id: Deterministic id of the play; also the ``AgentSample.sample_id`` (idempotency key).
-        env_id: The env played.
-        seed: The reset seed.
-        hinted: Whether the hint was appended to the first observation.
-        episode_return: The terminal reward (0 unless terminated).
-        turns: Model turns taken.
-        weight_version: Oldest weight version among the play's model tokens (the slot's version when
-            it has none): what generated it, never what it is scored under.
-        finish_reason: How the play ended (a ``spade.envs.types.FinishReason`` value).
-        window_start: The env's window start (the memory's stored window).
-        window_index: The window slot the play belongs to (0..k-1): what it is scored under.
-        spec_id: The run spec it was played under.
-    """
-
-    sample_id: str
-    env_id: str
-    seed: int
-    hinted: bool
-    episode_return: float
-    turns: int
-    weight_version: int
-    finish_reason: str
-    window_start: int
-    window_index: int
-    spec_id: str
-
-
 class PlayLog(Protocol):
     """Records plays and retirements in the memory."""
 
-    async def record_plays(self, env_id: str, plays: Sequence[PlayRecord]) -> None:
-        """Store plays; re-recording a ``sample_id`` must not duplicate it."""
+    async def record_plays(self, env_id: str, plays: Sequence[records.Play]) -> None:
+        """Store plays (the memory's own record); re-recording a ``trajectory_id`` must not duplicate it."""
         ...
 
     async def retire_environment(self, env_id: str, last_version: int, *, trivially_won: bool = False) -> None:

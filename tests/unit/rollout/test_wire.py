@@ -78,7 +78,7 @@ def test_samples_and_records_carry_the_window_slot_the_spec_and_the_generating_v
         1.0,
     )
     record = to_play_record(play, slot)
-    assert (record.sample_id, record.weight_version, record.window_start, record.window_index, record.spec_id) == (
+    assert (record.trajectory_id, record.weight_version, record.window_start, record.window_index, record.spec_id) == (
         sample.sample_id,
         6,
         5,
