@@ -1,9 +1,9 @@
 """Adapters from the real dependencies to the designer core's protocols (``core/ports.py``).
 
 Each one translates, nothing more: the inference client's ``Generation`` (string weight versions)
-into the core's integers, the sandbox's validation reports (the in-process pool, or the sandbox
-service through the shared ``spade.sandbox.client.SandboxClient``) into the core's
-``ValidationResult``, and the memory service (in-process or its client, which offer the same
+into the core's integers, the sandbox (the in-process pool, or the sandbox service through the
+shared ``spade.sandbox.client.SandboxClient``, both answering ``spade.envs.ValidationReport``) into
+the core's ``Validator``, and the memory service (in-process or its client, which offer the same
 methods) into ``EnvironmentMemory``, an attempt's record retried while the memory is unavailable. The
 queues are behind ``outbox.QueueOutbox``.
 """
@@ -18,13 +18,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from services.designer.core.ports import (
     AttemptSummary,
-    Check,
     EnvironmentRecord,
     MemoryExample,
     MemoryExamples,
     Sampling,
     StoreResult,
-    ValidationResult,
 )
 from spade.envs import CheckConfig, ValidationReport
 from spade.retry import RetryPolicy
@@ -107,16 +105,6 @@ class InferencePolicy:
         )
 
 
-def validation_result(report: ValidationReport) -> ValidationResult:
-    """The core's ``ValidationResult`` of the sandbox's report (the pool's or the sandbox client's)."""
-    return ValidationResult(
-        valid=report.valid,
-        checks=tuple(Check(c.name, c.passed, c.detail) for c in report.checks),
-        repaired_code=report.repaired_code,
-        env_class=report.env_class,
-    )
-
-
 class _Pool(Protocol):
     async def validate(self, code: str, setting: str, config: CheckConfig) -> ValidationReport: ...
 
@@ -143,9 +131,9 @@ class PoolValidator:
         self._pool = pool
         self._checks = checks
 
-    async def validate(self, code: str, setting: str, *, agent_max_turns: int) -> ValidationResult:
+    async def validate(self, code: str, setting: str, *, agent_max_turns: int) -> ValidationReport:
         """Run the validation pipeline in an isolated worker, within the agent's turn budget."""
-        return validation_result(await self._pool.validate(code, setting, checks_within(self._checks, agent_max_turns)))
+        return await self._pool.validate(code, setting, checks_within(self._checks, agent_max_turns))
 
 
 class SandboxServiceValidator:
@@ -159,9 +147,9 @@ class SandboxServiceValidator:
     def __init__(self, client: SandboxClient) -> None:
         self._client = client
 
-    async def validate(self, code: str, setting: str, *, agent_max_turns: int) -> ValidationResult:
+    async def validate(self, code: str, setting: str, *, agent_max_turns: int) -> ValidationReport:
         """Validate through the sandbox service's ``Validate`` call, within the agent's turn budget."""
-        return validation_result(await self._client.validate(code, setting, agent_max_turns=agent_max_turns))
+        return await self._client.validate(code, setting, agent_max_turns=agent_max_turns)
 
 
 class _Memory(Protocol):

@@ -13,7 +13,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.designer.core.ports import AttemptSummary, Check, DesignerSample
+from services.designer.core.ports import AttemptSummary, DesignerSample
+from spade.envs.types import CheckResult
 
 DUPLICATE_CHECK = "duplicate"
 
@@ -85,7 +86,7 @@ class AttemptRecord:
     logprobs: Sequence[float] = ()
     weight_version: int = -1
     finish_reason: str = ""
-    checks: tuple[Check, ...] = ()
+    checks: tuple[CheckResult, ...] = ()
     env_id: str = ""
     code: str = ""
     hint: str = ""

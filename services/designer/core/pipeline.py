@@ -22,9 +22,9 @@ from typing import Protocol
 
 from services.designer.core.attempt import DUPLICATE_CHECK, AttemptOutcome, AttemptRecord, to_designer_sample
 from services.designer.core.parsing import ParseFailure, parse_output
-from services.designer.core.ports import Check, EnvironmentMemory, EnvironmentRecord, EnvReady, Outbox, Validator
+from services.designer.core.ports import EnvironmentMemory, EnvironmentRecord, EnvReady, Outbox, Validator
 from services.designer.core.reachability import CriteriaReachable
-from spade.envs.types import Setting
+from spade.envs.types import CheckResult, Setting
 from spade.serving.logs import get_logger
 
 log = get_logger(__name__)
@@ -156,7 +156,8 @@ class AttemptPipeline:
             detail = parsed.detail
             if record.finish_reason == "length":
                 detail += f" (the answer hit max_new_tokens={config.max_new_tokens})"
-            malformed = replace(record, outcome=AttemptOutcome.MALFORMED, checks=(Check(parsed.check, False, detail),))
+            failed = CheckResult(parsed.check, False, detail)
+            malformed = replace(record, outcome=AttemptOutcome.MALFORMED, checks=(failed,))
             return await self._publish(malformed)
         record = replace(record, code=self._repair(parsed.code), hint=parsed.hint)
         try:
@@ -166,9 +167,9 @@ class AttemptPipeline:
             return replace(
                 record, outcome=AttemptOutcome.INFRA_FAILED, error=f"validator: {type(error).__name__}: {error}"
             )
-        checks = report.checks
+        checks = tuple(report.checks)
         if not report.valid and all(c.passed for c in checks):
-            checks = (*checks, Check("validation", False, "the validator rejected the code"))
+            checks = (*checks, CheckResult("validation", False, "the validator rejected the code"))
         record = replace(record, code=report.repaired_code or record.code, checks=checks)
         valid = report.valid
         if valid and self._reachability is not None:
@@ -214,7 +215,7 @@ class AttemptPipeline:
                 record, outcome=AttemptOutcome.INFRA_FAILED, error=f"memory: {type(error).__name__}: {error}"
             )
         if stored.duplicate:
-            duplicate = Check(DUPLICATE_CHECK, False, f"equivalent to stored env {stored.env_id}")
+            duplicate = CheckResult(DUPLICATE_CHECK, False, f"equivalent to stored env {stored.env_id}")
             return await self._publish(replace(record, outcome=AttemptOutcome.DUPLICATE, checks=(*checks, duplicate)))
         return await self._publish(replace(record, outcome=AttemptOutcome.VALID, env_id=stored.env_id))
 

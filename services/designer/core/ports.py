@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from spade.envs.types import CheckResult, ValidationReport
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -66,42 +68,10 @@ class PolicyLLM(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Check:
-    """A named check result (validation checks, plus the designer's ``output_format``/``duplicate``).
-
-    Attributes:
-        name: The check's name (DESIGN §4, or one of the designer's own).
-        passed: Whether the code passed it.
-        detail: What was seen and, on failure, the fix.
-    """
-
-    name: str
-    passed: bool
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class ValidationResult:
-    """The sandbox's verdict on one environment: every check named, the first failure explained.
-
-    Attributes:
-        valid: Whether every check passed.
-        checks: The check results in pipeline order.
-        repaired_code: The code after the sandbox's known repairs (what sessions load); ``""`` if none.
-        env_class: Name of the environment class the sandbox found (``""`` when none).
-    """
-
-    valid: bool
-    checks: tuple[Check, ...]
-    repaired_code: str = ""
-    env_class: str = ""
-
-
 class Validator(Protocol):
     """Runs the validation pipeline on untrusted code (the sandbox pool or the sandbox service)."""
 
-    async def validate(self, code: str, setting: str, *, agent_max_turns: int) -> ValidationResult:
+    async def validate(self, code: str, setting: str, *, agent_max_turns: int) -> ValidationReport:
         """Validate ``code`` as an environment of ``setting``; never raises for bad code.
 
         ``agent_max_turns`` is the agent's turn budget (the run spec's): ``solution()`` must win
@@ -157,7 +127,7 @@ class EnvironmentRecord:
     code: str
     hint: str
     env_class: str
-    checks: tuple[Check, ...]
+    checks: tuple[CheckResult, ...]
     weight_version: int
     designer_sample_id: str
     batch_id: str
@@ -275,7 +245,7 @@ class DesignerSample:
     weight_version: int
     valid: bool
     failed_check: str
-    checks: tuple[Check, ...]
+    checks: tuple[CheckResult, ...]
     batch_id: str
     spec_id: str = ""
     trainable: bool = True

@@ -28,7 +28,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from services.designer.core.ports import Check, PolicyLLM, Sampling
+from services.designer.core.ports import PolicyLLM, Sampling
+from spade.envs.types import CheckResult
 
 CRITERIA_REACHABLE_CHECK = "criteria_reachable"
 
@@ -169,7 +170,7 @@ class CriteriaReachable:
         self._llm = llm
         self.config = config
 
-    async def check(self, code: str, *, seeds: Sequence[int | None] = ()) -> Check:
+    async def check(self, code: str, *, seeds: Sequence[int | None] = ()) -> CheckResult:
         """Ask for the verdict on ``code``; the check passes only on ``reachable``.
 
         Args:
@@ -181,7 +182,7 @@ class CriteriaReachable:
         """
         ids = self._llm.apply_chat_template(verdict_messages(code))
         if len(ids) > self.config.max_prompt_tokens:
-            return Check(
+            return CheckResult(
                 CRITERIA_REACHABLE_CHECK,
                 False,
                 f"unknown: the judge's prompt is {len(ids)} tokens, over max_prompt_tokens="
@@ -198,15 +199,15 @@ class CriteriaReachable:
                 break
         tries = f"reply {attempt + 1} of at most {self.config.tries}"
         if last.verdict is Reachability.REACHABLE:
-            return Check(CRITERIA_REACHABLE_CHECK, True, f"{last.detail} ({tries})")
+            return CheckResult(CRITERIA_REACHABLE_CHECK, True, f"{last.detail} ({tries})")
         if last.verdict is Reachability.UNREACHABLE:
-            return Check(
+            return CheckResult(
                 CRITERIA_REACHABLE_CHECK,
                 False,
                 f"{last.detail} ({tries}): make a tool write the state that criterion reads, with values "
                 f"the agent can learn; the judge said: {_excerpt(reply)!r}",
             )
-        return Check(
+        return CheckResult(
             CRITERIA_REACHABLE_CHECK,
             False,
             f"unknown: {last.detail} after {self.config.tries} replies (last: {_excerpt(reply)!r}); "

@@ -2,7 +2,7 @@
 
 The policy is scripted because the loop's handling of specific answers (valid, malformed, invalid,
 duplicate, slow, failing) is what is tested here; the real model runs in the integration tests.
-The validator stand-in returns the core's ``ValidationResult`` decided by a marker in the code, so
+The validator stand-in returns the core's ``ValidationReport`` decided by a marker in the code, so
 each check outcome can be produced on purpose. The core speaks domain types only, so its tests read
 what it published from ``RecordingOutbox`` (the outbox that keeps every result, in order); the
 translation to protobuf on the real queues is tested in ``test_outbox.py`` and the integration tests.
@@ -22,12 +22,10 @@ from services.designer.adapters import MemoryServiceEnvironments, PolicyGenerati
 from services.designer.core.loop import Designer, DesignerConfig
 from services.designer.core.pipeline import AttemptPipeline, PipelineConfig, SeedDeriver
 from services.designer.core.ports import (
-    Check,
     DesignerSample,
     EnvironmentMemory,
     EnvReady,
     Sampling,
-    ValidationResult,
 )
 from services.designer.core.prompts import ExampleEnv
 from services.designer.core.reachability import CriteriaReachable
@@ -35,6 +33,7 @@ from services.designer.corpus.loader import CorpusSampler, parse_lines
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from spade.envs import CHECK_NAMES
+from spade.envs.types import CheckResult, ValidationReport
 from spade.queues.config import InProcessQueueConfig
 from spade.queues.inprocess import InProcessQueue
 
@@ -104,18 +103,19 @@ class MarkerValidator:
     release: asyncio.Event | None = None
     budgets: list[int] = field(default_factory=list)
 
-    async def validate(self, code: str, setting: str, *, agent_max_turns: int) -> ValidationResult:
+    async def validate(self, code: str, setting: str, *, agent_max_turns: int) -> ValidationReport:
         self.calls += 1
         self.budgets.append(agent_max_turns)
         if "# slow" in code and self.release is not None:
             await self.release.wait()
         failing = code.split("# fail:")[1].split(maxsplit=1)[0] if "# fail:" in code else None
-        checks = tuple(
-            Check(name, name != failing, "replaying solution() did not win seed 1" if name == failing else "")
+        checks = [
+            CheckResult(name, name != failing, "replaying solution() did not win seed 1" if name == failing else "")
             for name in CHECK_NAMES
-        )
-        return ValidationResult(
+        ]
+        return ValidationReport(
             valid=failing is None,
+            setting=setting,
             env_class=code.split("class ")[1].split(":", maxsplit=1)[0],
             checks=checks,
             repaired_code=code,

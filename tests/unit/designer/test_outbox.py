@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from services.designer.core.ports import Check, DesignerSample, EnvReady
+from services.designer.core.ports import DesignerSample, EnvReady
 from services.designer.outbox import QueueOutbox
+from spade.envs.types import CheckResult
 from spade.queues.base import ENVS_READY, SAMPLES_DESIGNER
 from spade.queues.inprocess import InProcessQueue
 from spade.v1 import queues_pb2, types_pb2
@@ -21,7 +22,7 @@ SAMPLE = DesignerSample(
     weight_version=4,
     valid=False,
     failed_check="solution_replay",
-    checks=(Check("syntax", True, "parses"), Check("solution_replay", False, "did not win seed 1")),
+    checks=(CheckResult("syntax", True, "parses"), CheckResult("solution_replay", False, "did not win seed 1")),
     batch_id="r4-b1",
     spec_id="spec-1",
     trainable=False,

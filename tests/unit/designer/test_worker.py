@@ -169,18 +169,6 @@ def test_serve_refuses_to_start_without_a_sandbox_key_outside_dev_mode(monkeypat
     assert "SPADE_DESIGNER_SANDBOX__API_KEY" in result.output and "Traceback" not in result.output
 
 
-def test_sandbox_reports_become_the_cores_validation_result() -> None:
-    from services.designer.adapters import validation_result
-    from services.designer.core.ports import Check
-    from spade.envs import CheckResult, ValidationReport
-
-    checks = [CheckResult("syntax", True, "parses"), CheckResult("structure", False, "missing solution()")]
-    report = ValidationReport(valid=False, setting="game", env_class="AEnv", checks=checks, repaired_code="x = 1")
-    result = validation_result(report)
-    assert not result.valid and result.env_class == "AEnv" and result.repaired_code == "x = 1"
-    assert result.checks == (Check("syntax", True, "parses"), Check("structure", False, "missing solution()"))
-
-
 async def test_sigterm_mid_round_ends_the_worker_and_keeps_the_generated_answer(
     config_for: Callable[..., DesignerConfig],
     queue: InProcessQueue,
