@@ -68,7 +68,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 MEASURED_S = {
     "e2e/test_chaos.py": 590,
     "e2e/test_embedded_run.py": 560,
-    "e2e/test_embedded_designer_off.py": 380,
     "integration/eval/test_suites_real_model.py": 260,
     "integration/eval/test_batch_invariance.py": 240,
     "e2e/test_compose.py": 240,

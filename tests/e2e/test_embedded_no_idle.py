@@ -1,5 +1,7 @@
-"""``spade run`` end to end under the no-idle rule: a step whose only env has no variance is extended,
-does not train and says why; the next step plays another env and trains.
+"""``spade run --designer off --pool DIR`` end to end: only the agent is trained, on a static pool of an
+env file with its hint, a designer answer and a broken env that validation leaves out; and the no-idle
+rule: a step whose only env has no variance is extended, does not train and says why; the next step
+plays another env and trains.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 @pytest.fixture(scope="module")
 def idle_first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RunResult]:
-    """Step 1 can only play an env no play of which ever wins (zero variance); step 2 must play another."""
+    """The designer off; step 1 can only play an env no play of which ever wins (zero variance); step 2
+    must play another."""
     from spade.envs.families import FAMILIES
 
     pool = tmp_path_factory.mktemp("no-signal-pool")
@@ -31,6 +34,7 @@ def idle_first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RunR
         shutil.copy(FIXTURES.parents[1] / "no_signal" / name, pool / name)
     graded = FAMILIES["add"].generate(0.1)
     (pool / "b_add.md").write_text(f"# skill: {graded.skill}\n{designer_answer(graded.code, graded.hint)}")
+    (pool / "c_broken.py").write_text("class BrokenEnv:\n    pass\n")  # fails validation: left out, named
     run_dir = tmp_path_factory.mktemp("idle-first")
     settings = RunSettings(
         run_dir=run_dir,
@@ -65,3 +69,20 @@ def test_a_run_whose_first_step_has_no_variance_still_plays_and_trains_later(
     assert result.weight_version == 1
     page = (run_dir / "report.html").read_text()
     assert "learner trained in 1 of 2 steps" in page.replace("The learner", "learner")
+
+
+def test_designer_off_trains_only_the_agent_on_the_valid_envs_of_its_pool(
+    idle_first_run: tuple[Path, RunResult],
+) -> None:
+    run_dir, result = idle_first_run
+    records = lines(run_dir / "metrics.jsonl")
+    assert not (run_dir / "designer_rewards.jsonl").exists()
+    for record in records:
+        assert record["designer/ran"] is False and record["designer/total/attempts"] == 0
+        assert not record.get("learner/count/designer_received") and not record.get("designer/scored")
+    assert records[-1]["learner/count/agent_received"] > 0
+    assert len(result.static) == 2  # the broken env is left out
+    envs = lines(run_dir / "envs.jsonl")
+    assert {e["source"] for e in envs} == {"static pool"} and len(envs) == 2
+    assert "BrokenEnv" not in {e["env_class"] for e in envs}
+    assert "The designer was off" in (run_dir / "report.html").read_text()

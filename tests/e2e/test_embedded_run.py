@@ -1,7 +1,7 @@
 """``spade run`` end to end with the real model, sandbox, memory and learner, seeded (no luck needed):
 the policy's own loop (designer, seed pool, rollout, learner, held-out evaluation, report).
 
-The other runs (``--designer-pool``, ``--designer off``, the no-idle rule) have their own modules,
+The other runs (``--designer-pool``; ``--designer off`` under the no-idle rule) have their own modules,
 so that ``make test``'s workers run them side by side; tests/e2e/embedded_runs.py holds what they
 share and why their plays are the same on every run.
 """
