@@ -34,13 +34,14 @@ from services.memory.grpc_server import grpc_service
 from services.memory.service import MemoryService
 from services.memory.store.models import EnvironmentRow, EnvStatsRow
 from services.memory.store.sql import SqlStore, make_engine, migrate
+from spade.envs.types import Setting
 from spade.memory.client import MemoryClient
 from spade.memory.records import NewEnvironment
 from spade.serving.grpc import grpc_server
 from spade.serving.settings import ServerAddress
 
 SKILLS = [
-    ("game", s)
+    (Setting.GAME, s)
     for s in (
         "Mathematical Reasoning",
         "Logical Deduction",
@@ -50,7 +51,7 @@ SKILLS = [
         "Causal Inference",
     )
 ] + [
-    ("tool", s)
+    (Setting.TOOL, s)
     for s in (
         "API Orchestration",
         "Data Retrieval",

@@ -82,7 +82,7 @@ async def one_slot(
         queue = InProcessQueue(InProcessQueueConfig())
         try:
             put = await memory.put_environment(
-                NewEnvironment(setting=example.setting.value, skill=example.skill, code=example.code, hint=example.hint)
+                NewEnvironment(setting=example.setting, skill=example.skill, code=example.code, hint=example.hint)
             )
             await memory.set_window(put.env_id, 0, 1)
             template = FormatterTemplate(client.formatter)

@@ -25,6 +25,7 @@ from services.designer.core.ports import (
     StoreResult,
 )
 from spade.envs import CheckConfig, ValidationReport
+from spade.envs.types import Setting
 from spade.retry import RetryPolicy
 from spade.serving.logs import get_logger
 
@@ -204,7 +205,7 @@ class MemoryServiceEnvironments:
             "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in record.checks],
         }
         env = NewEnvironment(
-            setting=record.setting,
+            setting=Setting.parse(record.setting),
             skill=record.skill,
             code=record.code,
             hint=record.hint,

@@ -171,7 +171,7 @@ async def store_static_pool(
             continue
         put = await memory.put_environment(
             NewEnvironment(
-                setting=env.setting,
+                setting=Setting.parse(env.setting),
                 skill=env.skill,
                 code=env.code,
                 hint=env.hint,

@@ -192,7 +192,7 @@ class FilterParams(BaseModel):
 
     def to_filter(self) -> EnvFilter:
         return EnvFilter(
-            setting=self.setting.value if self.setting else None,
+            setting=self.setting,
             skill=self.skill,
             status=self.status,
             min_regret=self.min_regret,

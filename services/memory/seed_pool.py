@@ -77,7 +77,7 @@ async def seed_pool(
             env_class = str(getattr(checked, "env_class", ""))
         put = await memory.put_environment(
             NewEnvironment(
-                setting=setting,
+                setting=Setting.parse(setting),
                 skill=example.skill,
                 code=example.code,
                 hint=example.hint,

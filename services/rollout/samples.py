@@ -100,7 +100,7 @@ def to_play_record(play: Play, slot: SlotRef) -> records.Play:
         episode_return=play.episode_return,
         turns=play.turns,
         weight_version=generated_by(play, slot),
-        finish_reason=play.finish_reason.value,
+        finish_reason=play.finish_reason,
         window_start=slot.window_start,
         window_index=slot.window_index,
         spec_id=slot.spec_id,

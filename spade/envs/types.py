@@ -97,13 +97,24 @@ class FinishReason(StrEnum):
         return self.value.startswith("fault_")
 
     @classmethod
-    def names_resource_fault(cls, finish_reason: str) -> bool:
-        """Whether a stored or received finish reason is a resource fault; unknown or empty ones
-        (older producers) are not.
+    def stored(cls, value: str) -> FinishReason | None:
+        """A stored finish reason: ``""`` (a play recorded without one) is None.
+
+        Raises:
+            ValueError: Not a ``FinishReason`` value.
+        """
+        return cls(value) if value else None
+
+    @classmethod
+    def names_resource_fault(cls, finish_reason: str | None) -> bool:
+        """Whether a stored or received finish reason is a resource fault; unknown, empty or missing
+        ones (older producers) are not.
 
         >>> FinishReason.names_resource_fault("fault_memory"), FinishReason.names_resource_fault("")
         (True, False)
         """
+        if finish_reason is None:
+            return False
         try:
             return cls(finish_reason).is_resource_fault
         except ValueError:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from spade.envs.types import FinishReason, Setting
+
 
 class EnvStatus(enum.StrEnum):
     """Where an environment is in its life.
@@ -29,7 +31,7 @@ class NewEnvironment:
     """An environment to store.
 
     Attributes:
-        setting: ``"game"`` or ``"tool"``.
+        setting: The kind of environment (game or tool).
         skill: The skill it was designed for.
         code: The environment code (after the known repairs).
         hint: The privileged hint written with it.
@@ -43,7 +45,7 @@ class NewEnvironment:
         parent_ids: Ids of environments it was derived from (lineage).
     """
 
-    setting: str
+    setting: Setting
     skill: str
     code: str
     hint: str = ""
@@ -96,7 +98,7 @@ class Environment:
 
     id: str
     seq: int
-    setting: str
+    setting: Setting
     skill: str
     code: str
     code_hash: str
@@ -147,9 +149,9 @@ class Play:
         weight_version: Policy version that played.
         trajectory_id: Unique id of the trajectory (the agent sample id); a play recorded twice under
             the same id is stored once, so re-delivered work cannot double-count.
-        finish_reason: How the episode ended: a ``spade.envs.types.FinishReason`` value
-            (``terminated``, ``truncated``, ``turn_limit``, ``fault_memory`` ...). A resource fault
-            counts as return 0 in the env's statistics (the env failed the agent).
+        finish_reason: How the episode ended (``terminated``, ``truncated``, ``turn_limit``,
+            ``fault_memory`` ...; None when the producer did not say). A resource fault counts as
+            return 0 in the env's statistics (the env failed the agent).
         played_at: When it was played (the store's clock when omitted).
         window_start: The env's window start (its stored window; informational).
         window_index: Which of the env's ``k`` window slots the play belongs to (0..k-1); slot 0
@@ -165,7 +167,7 @@ class Play:
     turns: int
     weight_version: int
     trajectory_id: str
-    finish_reason: str = ""
+    finish_reason: FinishReason | None = None
     played_at: datetime | None = None
     window_start: int = 0
     window_index: int = 0
@@ -199,7 +201,7 @@ class StatsUpdate:
 class EnvFilter:
     """Filters of an environment listing; ``None`` means no filter."""
 
-    setting: str | None = None
+    setting: Setting | None = None
     skill: str | None = None
     status: EnvStatus | None = None
     min_regret: float | None = None
@@ -305,7 +307,7 @@ class DesignerAttempt:
 
     Attributes:
         sample_id: The designer sample's id; an attempt recorded twice under it is stored once.
-        setting: ``"game"`` or ``"tool"``.
+        setting: The kind of environment (game or tool).
         skill: The skill it was written for.
         batch_id: The regeneration round.
         weight_version: Policy version that wrote it.
@@ -316,7 +318,7 @@ class DesignerAttempt:
     """
 
     sample_id: str
-    setting: str
+    setting: Setting
     skill: str
     outcome: str
     batch_id: str = ""

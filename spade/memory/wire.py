@@ -65,15 +65,15 @@ def setting_number(value: str) -> Any:
         raise InvalidArgument(str(exc)) from None
 
 
-def _finish_reason_in(number: int) -> str:
-    """A play's finish reason from the wire: ``""`` when none was set (a play recorded without one)."""
+def _finish_reason_in(number: int) -> FinishReason | None:
+    """A play's finish reason from the wire: None when none was set (a play recorded without one)."""
     try:
-        return from_wire(FinishReason, number) if number else ""
+        return from_wire(FinishReason, number) if number else None
     except ValueError as exc:
         raise InvalidArgument(f"finish_reason: {exc}") from None
 
 
-def _finish_reason_out(value: str) -> Any:
+def _finish_reason_out(value: str | None) -> Any:
     """A play's finish reason as its wire number (0 when the play names none).
 
     Raises:

@@ -82,7 +82,7 @@ class AgentPlaySample:
     sample: TrainSample
     group_key: str
     episode_return: float
-    finish_reason: str = "terminated"
+    finish_reason: FinishReason = FinishReason.TERMINATED
 
     @property
     def resource_fault(self) -> bool:

@@ -60,7 +60,7 @@ class Play:
     episode_return: float
     window_start: int = 0
     window_index: int = 0
-    finish_reason: str = FinishReason.TERMINATED.value
+    finish_reason: FinishReason = FinishReason.TERMINATED
 
 
 @dataclass(frozen=True)

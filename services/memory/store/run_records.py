@@ -81,7 +81,7 @@ class RunRecords:
         return [
             DesignerAttempt(
                 sample_id=r.sample_id,
-                setting=r.setting,
+                setting=Setting(r.setting),
                 skill=r.skill,
                 outcome=r.outcome,
                 batch_id=r.batch_id,

@@ -36,7 +36,7 @@ from services.memory.store.pool_stats import fingerprint, memory_stats
 from services.memory.store.run_records import RunRecords
 from services.memory.store.web_sessions import WebSessions
 from spade import pool_metrics
-from spade.envs.types import Setting
+from spade.envs.types import FinishReason, Setting
 from spade.memory.errors import DatabaseUnavailable, EnvironmentNotFound, InvalidArgument
 from spade.memory.records import (
     Candidate,
@@ -125,7 +125,7 @@ def _env(row: EnvironmentRow, stats: EnvStatsRow | None) -> Environment:
     return Environment(
         id=row.id,
         seq=row.seq,
-        setting=row.setting,
+        setting=Setting(row.setting),
         skill=row.skill,
         code=row.code,
         code_hash=row.code_hash,
@@ -154,7 +154,7 @@ def _play(row: PlayRow) -> Play:
         turns=row.turns,
         weight_version=row.weight_version,
         trajectory_id=row.trajectory_id,
-        finish_reason=row.finish_reason,
+        finish_reason=FinishReason.stored(row.finish_reason),
         played_at=as_utc(row.played_at),
         window_start=row.window_start,
         window_index=row.window_index,
@@ -385,7 +385,7 @@ class SqlStore(RunRecords, WebSessions):
                 "turns": p.turns,
                 "weight_version": p.weight_version,
                 "trajectory_id": p.trajectory_id,
-                "finish_reason": p.finish_reason,
+                "finish_reason": p.finish_reason or "",
                 "played_at": p.played_at or now,
                 "window_start": p.window_start,
                 "window_index": p.window_index,

@@ -30,6 +30,7 @@ from services.learner.latest import point_latest
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from services.rollout.core.schedule import ActiveEnv
 from services.rollout.state_store import RolloutStateStore, rollout_windows
+from spade.envs.types import Setting
 from spade.memory.records import DesignerAttempt, NewEnvironment, Play
 from spade.queues.base import SAMPLES_AGENT, WEIGHTS_PUBLISHED
 from spade.queues.config import RedisQueueConfig
@@ -74,7 +75,9 @@ def _memory_rows(url: str) -> None:
     """6 plays and 4 attempts (3 valid) in the last 10 minutes; 4 plays and 2 attempts before."""
     engine = make_engine(url)
     store = SqlStore(engine)
-    env_id = store.put_environment(NewEnvironment(setting="game", skill="Optimization", code="class AEnv: pass")).env_id
+    env_id = store.put_environment(
+        NewEnvironment(setting=Setting.GAME, skill="Optimization", code="class AEnv: pass")
+    ).env_id
     recent, old = dt.datetime.fromtimestamp(NOW - 120, dt.UTC), dt.datetime.fromtimestamp(NOW - 1800, dt.UTC)
     plays = [
         Play(env_id, seed=i, hinted=False, episode_return=1.0, turns=2, weight_version=1, trajectory_id=f"t{i}",
@@ -86,7 +89,7 @@ def _memory_rows(url: str) -> None:
     outcomes += [("malformed", old), ("valid", old)]
     store.record_attempts(
         [
-            DesignerAttempt(f"d{i}", "game", "Optimization", outcome, batch_id="r1", created_at=at)
+            DesignerAttempt(f"d{i}", Setting.GAME, "Optimization", outcome, batch_id="r1", created_at=at)
             for i, (outcome, at) in enumerate(outcomes)
         ]
     )

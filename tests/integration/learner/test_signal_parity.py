@@ -17,6 +17,7 @@ from services.memory.core.policy import PolicyConfig
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from spade import signal
+from spade.envs.types import FinishReason, Setting
 from spade.memory.records import NewEnvironment, Play
 from spade.queues.base import SAMPLES_AGENT, SAMPLES_DESIGNER
 from spade.runspec import RunSpec
@@ -40,7 +41,7 @@ async def test_the_memory_and_the_learner_compute_identical_designer_rewards(tmp
     memory = MemoryService(SqlStore(engine), PolicyConfig())
     env_id = (
         await memory.put_environment(
-            NewEnvironment(setting="game", skill="Mathematical Reasoning", code=CODE, hint="h", weight_version=4)
+            NewEnvironment(setting=Setting.GAME, skill="Mathematical Reasoning", code=CODE, hint="h", weight_version=4)
         )
     ).env_id
     start, k = 6, SPEC.window_versions_game  # designed at version 4, first played at version 6
@@ -50,7 +51,8 @@ async def test_the_memory_and_the_learner_compute_identical_designer_rewards(tmp
     for (slot, hinted), returns in RETURNS.items():
         for i, ret in enumerate(returns):
             seed = 11 + i + 100 * slot
-            finish = "fault_memory" if (slot, hinted, i) == (1, False, 3) else "terminated"  # a claimed 1.0: counts 0
+            # A claimed 1.0 that ended in a resource fault counts 0.
+            finish = FinishReason.FAULT_MEMORY if (slot, hinted, i) == (1, False, 3) else FinishReason.TERMINATED
             generated = start + slot + (i % 2)  # drifting generating versions never decide anything
             sid = f"{env_id}@s{slot}/{'hint' if hinted else 'plain'}/{seed}"
             plays.append(
@@ -107,11 +109,13 @@ async def test_mismatched_arms_are_unscored_on_both_sides(tmp_path, base_model, 
     migrate(engine)
     memory = MemoryService(SqlStore(engine), PolicyConfig())
     env_id = (
-        await memory.put_environment(NewEnvironment(setting="game", skill="Optimization", code=CODE, hint="h"))
+        await memory.put_environment(NewEnvironment(setting=Setting.GAME, skill="Optimization", code=CODE, hint="h"))
     ).env_id
     await memory.set_window(env_id, window_start=0, window_versions=1)
     arms = [(seed, True) for seed in hinted_seeds] + [(seed, False) for seed in (11, 12, 13, 14)]
-    plays = [Play(env_id, s, h, 1.0 if h else 0.0, 2, 0, f"{s}{h}", "terminated", window_index=0) for s, h in arms]
+    plays = [
+        Play(env_id, s, h, 1.0 if h else 0.0, 2, 0, f"{s}{h}", FinishReason.TERMINATED, window_index=0) for s, h in arms
+    ]
     await memory.record_plays(plays)
     spec = RunSpec.model_validate({**SPEC.model_dump(), "window_versions_game": 1})
     learner = learner_for(make_settings(tmp_path, base_model), inprocess_queue, spec=spec)

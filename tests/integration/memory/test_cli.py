@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from services.memory.cli import envs, runspec
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from spade.auth import Unauthenticated, hash_key
+from spade.envs.types import FinishReason
 from spade.memory.client import MemoryClient
 from spade.memory.records import EnvStatus, Play
 from spade.runspec import RunSpec
@@ -33,7 +34,7 @@ def db(tmp_path: Path) -> tuple[str, dict[str, str]]:
         "a": store.put_environment(new_env("Alpha", env_class="AlphaEnv", skill="Optimization")).env_id,
         "b": store.put_environment(new_env("Beta", env_class="BetaEnv", status=EnvStatus.INVALID)).env_id,
     }
-    store.record_plays([Play(ids["a"], 4, False, 1.0, 2, 0, "tr-1", "terminated")])
+    store.record_plays([Play(ids["a"], 4, False, 1.0, 2, 0, "tr-1", FinishReason.TERMINATED)])
     engine.dispose()
     return url, ids
 

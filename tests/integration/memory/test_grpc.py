@@ -14,6 +14,7 @@ from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings
 from services.memory.store.sql import SqlStore, migrate
 from spade.auth import Unauthenticated, hash_key
+from spade.envs.types import FinishReason, Setting
 from spade.memory.client import MemoryClient
 from spade.memory.errors import EnvironmentNotFound, InvalidArgument, RunSpecConflict, RunSpecNotSet
 from spade.memory.records import DesignerAttempt, EnvFilter, EnvProbe, EnvStatus, NewEnvironment, Play, StatsUpdate
@@ -66,7 +67,9 @@ async def test_environment_lifecycle_over_grpc(client: MemoryClient) -> None:
     report = {"valid": True, "checks": [{"name": "smoke", "passed": True, "detail": ""}]}
     put = await client.put_environment(new_env("Wire", validation_report=report, parent_ids=("a", "b")))
     assert not put.duplicate
-    dup = await client.put_environment(NewEnvironment(setting="game", skill="s", code="# comment\n" + env_code("Wire")))
+    dup = await client.put_environment(
+        NewEnvironment(setting=Setting.GAME, skill="s", code="# comment\n" + env_code("Wire"))
+    )
     assert dup.duplicate_of == put.env_id
     env = await client.get_environment(put.env_id)
     assert env.validation_report == report and env.parent_ids == ("a", "b") and env.stats.win_rate is None
@@ -87,7 +90,7 @@ async def test_errors_map_to_domain_errors(client: MemoryClient) -> None:
     with pytest.raises(EnvironmentNotFound):
         await client.record_plays([Play("ghost", 1, False, 1.0, 1, 0, "t")])
     with pytest.raises(InvalidArgument, match="setting"):
-        await client.put_environment(NewEnvironment(setting="board", skill="s", code="x = 1"))
+        await client.put_environment(NewEnvironment(setting="board", skill="s", code="x = 1"))  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="cursor"):
         await client.list_environments(cursor="%%%")
     with pytest.raises(InvalidArgument, match="n_positive"):
@@ -158,15 +161,15 @@ async def test_windows_attempts_and_the_run_spec_over_grpc(client: MemoryClient,
         await client.set_window("ghost", 1, 1)
 
     plays = [
-        Play(env_id, 1, True, 1.0, 2, 7, "h", "terminated", window_start=3, window_index=0, spec_id="s1"),
-        Play(env_id, 1, False, 0.5, 2, 8, "u", "terminated", window_start=3, window_index=0, spec_id="s1"),
-        Play(env_id, 2, False, 0.0, 2, 8, "u2", "terminated", window_start=3, window_index=1, spec_id="s1"),
+        Play(env_id, 1, True, 1.0, 2, 7, "h", FinishReason.TERMINATED, window_start=3, window_index=0, spec_id="s1"),
+        Play(env_id, 1, False, 0.5, 2, 8, "u", FinishReason.TERMINATED, window_start=3, window_index=0, spec_id="s1"),
+        Play(env_id, 2, False, 0.0, 2, 8, "u2", FinishReason.TERMINATED, window_start=3, window_index=1, spec_id="s1"),
     ]
     await client.record_plays(plays)
     stats = (await client.get_environment(env_id)).stats
     assert (stats.regret, stats.win_rate, stats.solved_fraction, stats.regret_note) == (0.5, 0.25, 0.0, "")
 
-    attempt = DesignerAttempt("d1", "game", "Optimization", "malformed", batch_id="r1", weight_version=2)
+    attempt = DesignerAttempt("d1", Setting.GAME, "Optimization", "malformed", batch_id="r1", weight_version=2)
     assert (await client.record_attempts([attempt, attempt])).recorded == 1
 
     with pytest.raises(RunSpecNotSet):

@@ -21,6 +21,7 @@ from services.sandbox.isolation.settings import IsolationSettings
 from spade import pool_metrics as pm
 from spade import signal
 from spade.envs.examples import EXAMPLES
+from spade.envs.types import FinishReason, Setting
 from spade.memory.records import EnvProbe, EnvStatus, NewEnvironment, Play
 from tests.conftest import needs
 from tests.integration.memory.conftest import new_env
@@ -78,10 +79,10 @@ async def test_process_metrics_equal_the_shared_definitions(empty_engine: Engine
     service = MemoryService(SqlStore(empty_engine, embedder=embedder, metrics_window=4))
     pool: list[tuple[str, str, str]] = []  # (env id, setting, code), oldest first
     for i, (name, example) in enumerate(sorted(EXAMPLES.items())):
-        setting = str(example.setting.value)
+        setting = example.setting
         env = NewEnvironment(setting, example.skill, example.code, corpus_ref=f"doc-{i % 3}", env_class=name)
         pool.append(((await service.put_environment(env)).env_id, setting, example.code))
-    leaky = (await service.put_environment(NewEnvironment("game", "Optimization", LEAKY_ENV))).env_id
+    leaky = (await service.put_environment(NewEnvironment(Setting.GAME, "Optimization", LEAKY_ENV))).env_id
     pool.append((leaky, "game", LEAKY_ENV))
     await service.put_environment(new_env("Broken", status=EnvStatus.INVALID))  # not in the pool
 
@@ -92,7 +93,10 @@ async def test_process_metrics_equal_the_shared_definitions(empty_engine: Engine
     turns = {pool[0][0]: [1, 2, 3, 4], pool[1][0]: [2, 2], pool[2][0]: [5, 1, 3]}
     for env_id, rs in returns.items():
         await service.record_plays(
-            [Play(env_id, s, False, r, turns[env_id][s], 0, f"{env_id}-{s}", "terminated") for s, r in enumerate(rs)]
+            [
+                Play(env_id, s, False, r, turns[env_id][s], 0, f"{env_id}-{s}", FinishReason.TERMINATED)
+                for s, r in enumerate(rs)
+            ]
         )
 
     stats = await service.stats()
@@ -129,7 +133,7 @@ async def test_process_metrics_equal_the_shared_definitions(empty_engine: Engine
     assert await service.stats() is stats
     with empty_engine.connect() as c:
         assert c.scalar(select(func.count()).select_from(EnvEmbeddingRow)) == 4
-    await service.record_plays([Play(pool[0][0], 9, False, 1.0, 1, 0, "late", "terminated")])
+    await service.record_plays([Play(pool[0][0], 9, False, 1.0, 1, 0, "late", FinishReason.TERMINATED)])
     after_play = await service.stats()
     assert after_play is not stats and after_play.plays == stats.plays + 1 and embedder.embedded == 4
     await service.put_environment(new_env("Newcomer"))
@@ -159,7 +163,7 @@ async def test_the_served_memory_probes_new_pool_envs_in_the_background(
     migrate(empty_engine)
     service = MemoryService(SqlStore(empty_engine))
     number_hunt = EXAMPLES["number_hunt"]
-    await service.put_environment(NewEnvironment("game", number_hunt.skill, number_hunt.code))
+    await service.put_environment(NewEnvironment(Setting.GAME, number_hunt.skill, number_hunt.code))
     stop = asyncio.Event()
     prober = asyncio.create_task(probe_forever(service, sandbox, every_s=0.2, stop=stop))
     for _ in range(200):

@@ -15,6 +15,7 @@ from services.memory.service import MemoryService
 from services.memory.settings import MemorySettings
 from services.memory.store.sql import SqlStore, migrate
 from spade.auth import Principal, Role, hash_key
+from spade.envs.types import FinishReason, Setting
 from spade.memory.records import DesignerAttempt, EnvStatus, NewEnvironment, Play
 from spade.runspec import RunSpec
 from tests.integration.memory.conftest import new_env
@@ -55,8 +56,8 @@ async def seed(service: MemoryService) -> dict[str, str]:
     ).env_id
     await service.record_plays(
         [
-            Play(ids["alpha"], 1, False, 0.0, 3, 0, "a1", "truncated"),
-            Play(ids["alpha"], 1, True, 1.0, 2, 0, "a2", "terminated"),
+            Play(ids["alpha"], 1, False, 0.0, 3, 0, "a1", FinishReason.TRUNCATED),
+            Play(ids["alpha"], 1, True, 1.0, 2, 0, "a2", FinishReason.TERMINATED),
         ]
     )
     return ids
@@ -188,7 +189,12 @@ async def test_page_escapes_designer_output(http: httpx.AsyncClient, service: Me
     env_id = (
         await service.put_environment(
             NewEnvironment(
-                setting="game", skill="s", code=f"x = '{evil}'\n", hint=evil, env_class=evil, validation_report=report
+                setting=Setting.GAME,
+                skill="s",
+                code=f"x = '{evil}'\n",
+                hint=evil,
+                env_class=evil,
+                validation_report=report,
             )
         )
     ).env_id
@@ -237,7 +243,7 @@ async def test_runspec_and_attempts_routes(http: httpx.AsyncClient, service: Mem
     got = (await http.get("/v1/runspec", headers=AUTH)).json()
     assert got["spec_id"] == spec.spec_id and RunSpec.model_validate(got["spec"]) == spec
     await service.record_attempts(
-        [DesignerAttempt(f"a{i}", "game", "Logic", "malformed", batch_id=f"r{i % 2}") for i in range(5)]
+        [DesignerAttempt(f"a{i}", Setting.GAME, "Logic", "malformed", batch_id=f"r{i % 2}") for i in range(5)]
     )
     rows = (await http.get("/v1/attempts", params={"batch_id": "r0"}, headers=AUTH)).json()
     assert [r["sample_id"] for r in rows] == ["a4", "a2", "a0"] and rows[0]["outcome"] == "malformed"

@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, migrate
 from spade import signal
+from spade.envs.types import FinishReason, Setting
 from spade.memory.errors import EnvironmentNotFound, InvalidArgument, RunSpecConflict, RunSpecNotSet
 from spade.memory.records import ATTEMPT_MALFORMED, ATTEMPT_VALID, DesignerAttempt, Play
 from spade.memory.runspec import fetch_run_spec
@@ -52,7 +53,7 @@ async def test_stored_statistics_equal_spade_signal_as_the_learner_computes_it(s
     plays = []
     for (slot, hinted), rs in returns.items():
         for i, (seed, ret) in enumerate(zip(seeds, rs, strict=True)):
-            finish = "fault_memory" if (slot, hinted, i) == (2, False, 2) else "terminated"
+            finish = FinishReason.FAULT_MEMORY if (slot, hinted, i) == (2, False, 2) else FinishReason.TERMINATED
             plays.append(
                 Play(
                     env_id,
@@ -92,8 +93,8 @@ async def test_a_resource_fault_the_env_caused_counts_as_return_zero(service: Me
     env_id = (await service.put_environment(new_env("Bomb"))).env_id
     await service.record_plays(
         [
-            Play(env_id, 1, False, 1.0, 2, 0, "ok", "terminated"),
-            Play(env_id, 2, False, 1.0, 2, 0, "bomb", "fault_memory"),  # even a claimed 1.0 counts 0
+            Play(env_id, 1, False, 1.0, 2, 0, "ok", FinishReason.TERMINATED),
+            Play(env_id, 2, False, 1.0, 2, 0, "bomb", FinishReason.FAULT_MEMORY),  # even a claimed 1.0 counts 0
         ]
     )
     stats = (await service.get_environment(env_id)).stats
@@ -131,7 +132,7 @@ def test_two_concurrent_writers_fix_one_window(store: SqlStore) -> None:
 async def test_first_writer_wins_and_the_window_rescores(service: MemoryService) -> None:
     env_id = (await service.put_environment(new_env("Late"))).env_id
     plays = [
-        Play(env_id, s, False, 1.0, 1, 9, f"p{s}", "terminated", window_index=s) for s in range(4)
+        Play(env_id, s, False, 1.0, 1, 9, f"p{s}", FinishReason.TERMINATED, window_index=s) for s in range(4)
     ]  # slots 0..3, recorded before any window is known: every slot counts
     await service.record_plays(plays)
     assert (await service.get_environment(env_id)).stats.window_plays == 4
@@ -156,7 +157,7 @@ async def test_concurrent_set_window_through_the_service(service: MemoryService)
 
 async def test_malformed_attempts_count_in_validity(service: MemoryService) -> None:
     attempts = [
-        DesignerAttempt(f"s{i}", "game", "Optimization", ATTEMPT_MALFORMED, batch_id="round-0", spec_id="x")
+        DesignerAttempt(f"s{i}", Setting.GAME, "Optimization", ATTEMPT_MALFORMED, batch_id="round-0", spec_id="x")
         for i in range(12)
     ]
     assert (await service.record_attempts(attempts)).recorded == 12
@@ -169,8 +170,8 @@ async def test_malformed_attempts_count_in_validity(service: MemoryService) -> N
     env_id = (await service.put_environment(new_env("Valid"))).env_id
     await service.record_attempts(
         [
-            DesignerAttempt("v1", "game", "Logic", ATTEMPT_VALID, batch_id="round-1", env_id=env_id),
-            DesignerAttempt("c1", "game", "Logic", "solution_replay", batch_id="round-1"),
+            DesignerAttempt("v1", Setting.GAME, "Logic", ATTEMPT_VALID, batch_id="round-1", env_id=env_id),
+            DesignerAttempt("c1", Setting.GAME, "Logic", "solution_replay", batch_id="round-1"),
         ]
     )
     st = await service.stats()
@@ -179,7 +180,7 @@ async def test_malformed_attempts_count_in_validity(service: MemoryService) -> N
     assert st.attempts.by_round["round-1"] == {"valid": 1, "solution_replay": 1}
     assert st.metrics()["designer/validity_rate"] == 1 / 14
     with pytest.raises(InvalidArgument, match="outcome"):
-        await service.record_attempts([DesignerAttempt("z", "game", "s", "")])
+        await service.record_attempts([DesignerAttempt("z", Setting.GAME, "s", "")])
 
 
 # -- the run spec --------------------------------------------------------------------------------------

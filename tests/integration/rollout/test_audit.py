@@ -38,6 +38,7 @@ from services.rollout.state_store import RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
 from services.sandbox.isolation import SandboxPool
 from spade.agent.episode import EpisodeRunner, PlayLimits
+from spade.envs.types import Setting
 from spade.memory.records import EnvStatus, NewEnvironment
 from spade.queues.base import ENVS_AUDITED, ENVS_READY, SAMPLES_AGENT, SAMPLES_DESIGNER, WorkQueue
 from spade.queues.config import InProcessQueueConfig
@@ -135,7 +136,9 @@ def _tiny_policy(path: Path) -> Path:
 async def _put(memory: MemoryService, queue: WorkQueue, code: str, name: str) -> str:
     """Store a validated env and announce it with its designer sample, as the designer does."""
     put = await memory.put_environment(
-        NewEnvironment(setting="game", skill="Logical Deduction", code=code, hint="Think.", designer_sample_id=name)
+        NewEnvironment(
+            setting=Setting.GAME, skill="Logical Deduction", code=code, hint="Think.", designer_sample_id=name
+        )
     )
     ready = queues_pb2.EnvReady(
         env_id=put.env_id,

@@ -22,6 +22,7 @@ from services.rollout.settings import RolloutSettings
 from services.rollout.wiring import rollout_worker
 from services.sandbox.isolation import SandboxPool
 from services.sandbox.isolation.settings import IsolationSettings
+from spade.envs.types import Setting
 from spade.inference.client import InferenceClient
 from spade.inference.models import ensure_default_model
 from spade.memory.records import NewEnvironment
@@ -95,7 +96,11 @@ async def _first_plays(
     try:
         put = await memory.put_environment(
             NewEnvironment(
-                setting="game", skill="Pattern Recognition", code=COLOUR_ENV, hint="Copy the colour.", weight_version=3
+                setting=Setting.GAME,
+                skill="Pattern Recognition",
+                code=COLOUR_ENV,
+                hint="Copy the colour.",
+                weight_version=3,
             )
         )
         ready = queues_pb2.EnvReady(

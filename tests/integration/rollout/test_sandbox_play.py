@@ -224,7 +224,7 @@ async def test_a_memory_bomb_is_recorded_as_fault_memory_end_to_end(
     queue = InProcessQueue(InProcessQueueConfig())
     store = RolloutStateStore.from_url(f"sqlite:///{tmp_path / 'rollout.db'}")
     try:
-        put = await memory.put_environment(NewEnvironment(setting="game", skill="s", code=GREEDY_ENV, hint="h"))
+        put = await memory.put_environment(NewEnvironment(setting=Setting.GAME, skill="s", code=GREEDY_ENV, hint="h"))
         ready = queues_pb2.EnvReady(env_id=put.env_id, setting=types_pb2.SETTING_GAME, spec_id=spec.spec_id)
         await publish_proto(queue, ENVS_READY, ready, key=put.env_id)
         limits = PlayLimits(max_turns=spec.agent_max_turns, max_tokens_per_turn=spec.agent_max_tokens_per_turn)

@@ -34,6 +34,7 @@ from services.rollout.worker import RolloutWorker, WorkerConfig
 from spade.agent.episode import EpisodeRunner, PlayLimits
 from spade.agent.ports import TurnSampling
 from spade.dependencies import Dependency
+from spade.envs.types import Setting
 from spade.inference import derive_sampling_seed
 from spade.inference.client import InferenceUnavailable
 from spade.memory.records import EnvStatus as MemoryEnvStatus
@@ -103,7 +104,9 @@ class Rig:
         code = CODE + (f"\nVARIANT = {variant!r}\n" if variant else "")  # the memory stores one env per program
         self.sessions.classes[code] = CountdownEnv
         put = await self.memory.put_environment(
-            NewEnvironment(setting="game", skill="Optimization", code=code, hint="Read it.", weight_version=version)
+            NewEnvironment(
+                setting=Setting.GAME, skill="Optimization", code=code, hint="Read it.", weight_version=version
+            )
         )
         if announce:
             await self.announce(put.env_id, version, spec_id)
@@ -693,7 +696,7 @@ async def _put_class(rig: Rig, env_class: type, spec_id: str | None = None) -> s
     code = inspect.getsource(env_class)
     rig.sessions.classes[code] = env_class
     put = await rig.memory.put_environment(
-        NewEnvironment(setting="game", skill="Optimization", code=code, hint="Read it.", designer_sample_id="d")
+        NewEnvironment(setting=Setting.GAME, skill="Optimization", code=code, hint="Read it.", designer_sample_id="d")
     )
     await rig.announce(put.env_id, spec_id=spec_id)
     return put.env_id

@@ -27,6 +27,7 @@ import sqlalchemy as sa
 from services.memory.service import MemoryService
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from services.rollout.state_store import RolloutStateStore
+from spade.envs.types import Setting
 from spade.memory.records import EnvStatus, NewEnvironment
 from spade.queues.base import ENVS_READY, SAMPLES_AGENT, WEIGHTS_PUBLISHED
 from spade.queues.config import RedisQueueConfig
@@ -115,7 +116,7 @@ class Cluster:
 
     async def put_env(self) -> str:
         put = await self.memory.put_environment(
-            NewEnvironment(setting="game", skill="Optimization", code=CODE, hint="Read it.", weight_version=0)
+            NewEnvironment(setting=Setting.GAME, skill="Optimization", code=CODE, hint="Read it.", weight_version=0)
         )
         ready = queues_pb2.EnvReady(
             env_id=put.env_id, setting=types_pb2.SETTING_GAME, weight_version=0, spec_id=SPEC.spec_id

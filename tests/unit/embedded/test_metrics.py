@@ -11,10 +11,13 @@ from services.learner.core.window import DesignerAttempt, ScoredAttempt, ScoreOu
 from services.learner.learner import StepReport
 from services.learner.trainer import StepMetrics
 from spade import signal
+from spade.envs.types import FinishReason
 from spade.memory.records import AttemptStats, MemoryStats, Play, PoolMetrics
 
 
-def _play(env: str, seed: int, hinted: bool, ret: float, slot: int = 0, reason: str = "terminated") -> Play:
+def _play(
+    env: str, seed: int, hinted: bool, ret: float, slot: int = 0, reason: FinishReason = FinishReason.TERMINATED
+) -> Play:
     return Play(env, seed, hinted, ret, 2, 0, f"{env}-{seed}-{hinted}-{slot}", reason, window_index=slot)
 
 
@@ -26,7 +29,7 @@ PLAYS = [
     *[_play("a", s, False, r) for s, r in [(1, 0.0), (2, 1.0), (3, 0.5), (4, 0.0)]],
     *[_play("a", s, True, r) for s, r in [(1, 1.0), (2, 1.0), (3, 0.5), (4, 0.5)]],
     *[_play("b", s, False, r, slot=1) for s, r in [(5, 1.0), (6, 1.0)]],
-    _play("c", 7, False, 0.0, reason="fault_memory"),
+    _play("c", 7, False, 0.0, reason=FinishReason.FAULT_MEMORY),
 ]
 
 

@@ -17,6 +17,7 @@ from services.eval.wiring import read_memory_database
 from services.memory.store.sql import SqlStore, make_engine, migrate
 from services.rollout.core.seeds import play_seeds
 from spade.envs.examples import EXAMPLES
+from spade.envs.types import Setting
 from spade.memory.records import EnvStatus, NewEnvironment, Play
 from tests.conftest import POSTGRES_URL
 
@@ -97,9 +98,9 @@ def test_the_memory_database_gives_envs_and_the_seeds_already_played(memory_url:
     engine = make_engine(memory_url)
     migrate(engine)
     store = SqlStore(engine)
-    first = store.put_environment(NewEnvironment(setting="game", skill="Logic", code=GAME[0].code)).env_id
-    second = store.put_environment(NewEnvironment(setting="game", skill="Search", code=GAME[1].code)).env_id
-    store.put_environment(NewEnvironment(setting="game", skill="x", code="broken", status=EnvStatus.INVALID))
+    first = store.put_environment(NewEnvironment(setting=Setting.GAME, skill="Logic", code=GAME[0].code)).env_id
+    second = store.put_environment(NewEnvironment(setting=Setting.GAME, skill="Search", code=GAME[1].code)).env_id
+    store.put_environment(NewEnvironment(setting=Setting.GAME, skill="x", code="broken", status=EnvStatus.INVALID))
     store.record_plays([Play(first, s, False, 1.0, 2, 0, f"t{s}") for s in (11, 12, 13)])
     engine.dispose()
     envs = load_pool(memory_url, read_memory_database)

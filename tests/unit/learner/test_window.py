@@ -26,6 +26,7 @@ from services.learner.core.window import (
     UnscoredReason,
 )
 from spade import signal
+from spade.envs.types import FinishReason
 from spade.signal import DesignerRewardConfig, SkillBaselines
 
 WINDOWS = {"game": 2, "tool": 3}
@@ -238,7 +239,7 @@ def test_resource_fault_plays_are_dropped_by_default_or_trained_as_zero():
         AgentPlaySample(sample("a"), "g", 1.0),
         AgentPlaySample(sample("b"), "g", 0.0),
         AgentPlaySample(sample("c"), "g", 1.0),
-        AgentPlaySample(sample("bomb"), "g", 0.0, "fault_memory"),
+        AgentPlaySample(sample("bomb"), "g", 0.0, FinishReason.FAULT_MEMORY),
     ]
     dropped, _, _ = agent_advantages(plays)
     assert {s.sample_id for s in dropped} == {"a", "b", "c"}

@@ -53,7 +53,13 @@ def test_unparsable_code_still_normalises() -> None:
 
 
 def play(
-    seed: int, hinted: bool, ret: float, slot: int = 0, i: int = 0, version: int = 0, finish: str = "terminated"
+    seed: int,
+    hinted: bool,
+    ret: float,
+    slot: int = 0,
+    i: int = 0,
+    version: int = 0,
+    finish: FinishReason = FinishReason.TERMINATED,
 ) -> Play:
     return Play("e", seed, hinted, ret, 2, version, f"{seed}-{hinted}-{slot}-{i}", finish, window_index=slot)
 
@@ -94,7 +100,11 @@ def test_win_rate_is_the_mean_return_over_the_window_slots() -> None:
 
 
 def test_a_resource_fault_counts_as_return_zero() -> None:
-    plays = [play(1, False, 1.0), play(2, False, 1.0, finish="fault_memory"), play(3, False, 1.0, finish="truncated")]
+    plays = [
+        play(1, False, 1.0),
+        play(2, False, 1.0, finish=FinishReason.FAULT_MEMORY),
+        play(3, False, 1.0, finish=FinishReason.TRUNCATED),
+    ]
     st = score(plays, window_versions=4)
     assert st.win_rate == pytest.approx(2 / 3) and st.window_plays == 3
     assert shape(plays).reward_levels == 1  # a fault emits no reward level

@@ -19,8 +19,13 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+from typing import TYPE_CHECKING
+
 import sqlalchemy as sa
 from alembic import op
+
+if TYPE_CHECKING:
+    from spade.envs.types import FinishReason
 
 revision = "0002"
 down_revision = "0001"
@@ -28,6 +33,16 @@ branch_labels = None
 depends_on = None
 
 SEQ = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+def _reason(value: str | None) -> FinishReason | None:
+    """An old row's finish reason (None when empty or unknown to this code: not a resource fault)."""
+    from spade.envs.types import FinishReason
+
+    try:
+        return FinishReason(value) if value else None
+    except ValueError:
+        return None
 
 
 def _add_columns() -> None:
@@ -144,7 +159,7 @@ def _backfill() -> None:
             {"i": env_id},
         ).all()
         plays = [
-            Play(env_id, r[0], bool(r[1]), min(max(float(r[2]), 0.0), 1.0), r[3], r[4], r[5], r[6] or "", None, r[7], r[8])
+            Play(env_id, r[0], bool(r[1]), min(max(float(r[2]), 0.0), 1.0), r[3], r[4], r[5], _reason(r[6]), None, r[7], r[8])
             for r in rows
         ]
         if isinstance(components, str):  # SQLite hands JSON back as text through a plain text() query
