@@ -39,8 +39,6 @@ from tests.conftest import POSTGRES_URL, REDIS_URL
 
 pytestmark = [pytest.mark.db, pytest.mark.redis]
 
-NOW = time.time()
-
 
 @pytest.fixture
 def database() -> Iterator[str]:
@@ -71,14 +69,14 @@ def prefix() -> Iterator[str]:
     client.close()
 
 
-def _memory_rows(url: str) -> None:
-    """6 plays and 4 attempts (3 valid) in the last 10 minutes; 4 plays and 2 attempts before."""
+def _memory_rows(url: str, now: float) -> None:
+    """6 plays and 4 attempts (3 valid) in the 10 minutes before ``now``; 4 plays and 2 attempts before."""
     engine = make_engine(url)
     store = SqlStore(engine)
     env_id = store.put_environment(
         NewEnvironment(setting=Setting.GAME, skill="Optimization", code="class AEnv: pass")
     ).env_id
-    recent, old = dt.datetime.fromtimestamp(NOW - 120, dt.UTC), dt.datetime.fromtimestamp(NOW - 1800, dt.UTC)
+    recent, old = dt.datetime.fromtimestamp(now - 120, dt.UTC), dt.datetime.fromtimestamp(now - 1800, dt.UTC)
     plays = [
         Play(env_id, seed=i, hinted=False, episode_return=1.0, turns=2, weight_version=1, trajectory_id=f"t{i}",
              played_at=recent if i < 6 else old)
@@ -143,11 +141,13 @@ def _blocks(path: Path, size: int) -> int:
 
 @pytest.fixture
 def cluster_state(tmp_path: Path, database: str, prefix: str) -> dict[str, Any]:
-    """Every source of the status set up; returns the environment a cluster's processes would get and
-    the expected disk figures."""
+    """Every source of the status set up; returns the environment a cluster's processes would get, the
+    expected disk figures and the time the rows are stamped against (now: `spade cluster status` reads
+    the real clock, so the stamps must not come from when the module was imported)."""
+    now = time.time()
     data = tmp_path / "data"
     checkpoints, weights = data / "learner/checkpoints", data / "learner/weights"
-    _memory_rows(database)
+    _memory_rows(database, now)
     asyncio.run(_leases(database))
     asyncio.run(_streams(prefix))
     # The learner published v3 (the pointer moved, the announcement recorded) and holds 5 plays.
@@ -163,7 +163,7 @@ def cluster_state(tmp_path: Path, database: str, prefix: str) -> dict[str, Any]:
     os.link(version_dir / "model.safetensors", checkpoints / "step-00000003/model.safetensors")
     point_latest(weights, version_dir)
     (checkpoints / "published.json").write_text(json.dumps({"version": 3}))
-    write_buffer(checkpoints, LearnerBuffer(3, "spec-a", 5, 0, 2, 4, 1, NOW - 4))
+    write_buffer(checkpoints, LearnerBuffer(3, "spec-a", 5, 0, 2, 4, 1, now - 4))
     disk["checkpoints"] += sum((checkpoints / f).stat().st_blocks * 512 for f in ("published.json", "buffer.json"))
     env = {
         "SPADE_LOCAL_DATA_DIR": str(data),
@@ -174,12 +174,12 @@ def cluster_state(tmp_path: Path, database: str, prefix: str) -> dict[str, Any]:
         "SPADE_ROLLOUT_STATE_URL": database,
         "SPADE_ROLLOUT_QUEUE": json.dumps({"kind": "redis", "url": REDIS_URL, "prefix": prefix}),
     }
-    return {"env": env, "disk": disk, "data": data, "latest": weights / "latest"}
+    return {"env": env, "disk": disk, "data": data, "latest": weights / "latest", "now": now}
 
 
 def test_each_figure_is_read_where_it_is_durable(cluster_state: dict[str, Any], prefix: str) -> None:
-    env, data = cluster_state["env"], cluster_state["data"]
-    report = StatusReader(env, data, clock=lambda: NOW).report(["rollout-1", "rollout-2"], window_min=10)
+    env, data, now = cluster_state["env"], cluster_state["data"], cluster_state["now"]
+    report = StatusReader(env, data, clock=lambda: now).report(["rollout-1", "rollout-2"], window_min=10)
 
     # The published version from the `latest` pointer, its time the pointer's own.
     weights = report["weights"]
@@ -232,7 +232,7 @@ def test_a_source_that_does_not_answer_leaves_the_others(cluster_state: dict[str
         "SPADE_ROLLOUT_QUEUE": json.dumps({"kind": "redis", "url": "redis://127.0.0.1:1/0", "prefix": "x:"}),
         "SPADE_LEARNER_CHECKPOINT_DIR": str(tmp_path / "nothing"),
     }
-    report = StatusReader(env, cluster_state["data"], clock=lambda: NOW).report([], window_min=10)
+    report = StatusReader(env, cluster_state["data"], clock=lambda: cluster_state["now"]).report([], window_min=10)
     assert "ConnectionError" in report["streams"]["error"]
     assert report["learner"] == {
         "note": f"no buffer record yet ({tmp_path / 'nothing/buffer.json'}): the learner has not polled"
@@ -245,7 +245,8 @@ def test_status_never_writes_to_a_database_nor_guesses_which_one(cluster_state: 
     empty (no tables created); without the rollout's URL it says so instead of reading the memory's."""
     empty = tmp_path / "empty.db"
     env = {**cluster_state["env"], "SPADE_ROLLOUT_STATE_URL": f"sqlite:///{empty}"}
-    report = StatusReader(env, cluster_state["data"], clock=lambda: NOW).report(["rollout-1"], window_min=10)
+    reader = StatusReader(env, cluster_state["data"], clock=lambda: cluster_state["now"])
+    report = reader.report(["rollout-1"], window_min=10)
     assert "error" in report["rollout"]
     engine = sa.create_engine(f"sqlite:///{empty}")
     try:
@@ -253,7 +254,7 @@ def test_status_never_writes_to_a_database_nor_guesses_which_one(cluster_state: 
     finally:
         engine.dispose()
     unset = {k: v for k, v in cluster_state["env"].items() if k != "SPADE_ROLLOUT_STATE_URL"}
-    report = StatusReader(unset, cluster_state["data"], clock=lambda: NOW).report([], window_min=10)
+    report = StatusReader(unset, cluster_state["data"], clock=lambda: cluster_state["now"]).report([], window_min=10)
     assert "SPADE_ROLLOUT_STATE_URL is not set" in report["rollout"]["error"]
 
 
