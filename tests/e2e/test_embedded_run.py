@@ -38,6 +38,7 @@ def policy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RunResul
         envs_per_step=1,
         designer_attempts=2,
         designer_max_new_tokens=64,
+        pool_envs_per_step=1,  # one seed-pool env a step beside the designed one: half the plays to train on
         lr=1e-4,
         **{**TRAINING, "held_out_eval": True, "eval_limit": 4, "eval_difficulties": 1},  # type: ignore[arg-type]
     )
