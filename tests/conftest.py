@@ -66,19 +66,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 MEASURED_S = {
-    "e2e/test_chaos.py": 590,
-    "e2e/test_embedded_run.py": 560,
-    "integration/eval/test_suites_real_model.py": 260,
-    "integration/eval/test_batch_invariance.py": 240,
-    "e2e/test_compose.py": 240,
-    "e2e/test_embedded_pool_designer.py": 180,
-    "e2e/test_distributed.py": 145,
-    "integration/eval/test_cli_resume.py": 140,
-    "e2e/test_cluster_status.py": 125,
-    "integration/warmstart/test_tiny_sft.py": 120,
-    "e2e/test_embedded_no_idle.py": 110,
+    "e2e/test_compose.py": 520,
+    "e2e/test_embedded_run.py": 490,
+    "e2e/test_chaos.py": 380,
+    "integration/eval/test_suites_real_model.py": 270,
+    "integration/eval/test_batch_invariance.py": 135,
+    "e2e/test_cluster_status.py": 130,
+    "integration/inference/test_batch_invariance.py": 105,
+    "integration/eval/test_cli_resume.py": 100,
+    "e2e/test_embedded_pool_designer.py": 95,
+    "e2e/test_distributed.py": 90,
+    "integration/learner/test_restarts.py": 90,
+    "integration/warmstart/test_tiny_sft.py": 85,
+    "e2e/test_embedded_no_idle.py": 85,
 }
-"""The costliest modules' seconds in a full ``make test`` (CI, 2026-12-03), for ``longest_first`` alone."""
+"""The costliest modules' seconds in a full ``make test`` (a fresh clone, 2026-12-03: each module's setup, calls
+and teardowns under ``--durations=0``), for ``longest_first`` alone."""
 
 COST_ORDER = ("e2e", "slow", "model", "sandbox")
 """The markers that say a module is costly, costliest first: ``longest_first``'s order for the rest."""
