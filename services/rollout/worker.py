@@ -75,7 +75,7 @@ from spade.retry import RetryPolicy
 from spade.runspec import RunSpec
 from spade.sandbox.errors import SandboxFault
 from spade.serving import lifecycle
-from spade.serving.logs import get_logger
+from spade.serving.logs import get_logger, log_event
 from spade.signal import group_has_signal
 from spade.v1 import queues_pb2
 
@@ -127,12 +127,6 @@ async def outage(exc: BaseException, dependencies: Sequence[Dependency] = ()) ->
 
     down = [d for d in await asyncio.gather(*(probe(d) for d in dependencies)) if d]
     return down[0] if down else None
-
-
-def event(name: str, level: int = logging.INFO, **fields: Any) -> None:
-    """One structured log line: ``name`` and its fields, readable as text and as JSON (``extra``)."""
-    text = " ".join(f"{k}={v}" for k, v in fields.items())
-    log.log(level, "%s %s", name, text, extra={"event": name, **fields})
 
 
 @dataclass(frozen=True)
@@ -296,7 +290,7 @@ class RolloutWorker:
         lifecycle.note_finished(slots_in_flight=len(jobs))
         if not jobs:
             return
-        event("rollout_stopping", in_flight=len(jobs), grace_s=self.config.shutdown_grace_s)
+        log_event(log, "rollout_stopping", in_flight=len(jobs), grace_s=self.config.shutdown_grace_s)
         _, pending = await asyncio.wait(jobs, timeout=self.config.shutdown_grace_s)
         for task in pending:
             task.cancel()
@@ -304,7 +298,7 @@ class RolloutWorker:
         self.counts.released_on_stop += len(pending)
         lifecycle.note_finished(slots_finished=len(jobs) - len(pending), slots_handed_back=len(pending))
         if pending:
-            event("rollout_stopped", level=logging.WARNING, cancelled_slots=len(pending))
+            log_event(log, "rollout_stopped", level=logging.WARNING, cancelled_slots=len(pending))
 
     # ---- envs.ready --------------------------------------------------------------------------------
 
@@ -323,7 +317,8 @@ class RolloutWorker:
         """Add an announced env to the active set (first registration wins); None when refused."""
         if msg.spec_id and msg.spec_id != self.spec.spec_id:
             self.counts.refused_envs += 1
-            event(
+            log_event(
+                log,
                 "env_refused",
                 level=logging.ERROR,
                 env_id=msg.env_id,
@@ -335,7 +330,7 @@ class RolloutWorker:
         try:
             stored = await self._memory.get_environment(msg.env_id)
         except EnvNotFound:
-            event("env_refused", level=logging.ERROR, env_id=msg.env_id, reason="the memory does not hold it")
+            log_event(log, "env_refused", level=logging.ERROR, env_id=msg.env_id, reason="the memory does not hold it")
             return None
         setting = Setting.parse(stored.setting)  # the memory's record; the message carries a copy
         env = await self.store.register(
@@ -349,7 +344,7 @@ class RolloutWorker:
                 spec_id=msg.spec_id or self.spec.spec_id,
             )
         )
-        event("env_registered", env_id=env.env_id, window=env.window, design_version=env.design_version)
+        log_event(log, "env_registered", env_id=env.env_id, window=env.window, design_version=env.design_version)
         return env
 
     # ---- weights.published -------------------------------------------------------------------------
@@ -363,7 +358,8 @@ class RolloutWorker:
             msg = decode(delivery)
             assert isinstance(msg, queues_pb2.WeightsPublished)
             if msg.spec_id and msg.spec_id != self.spec.spec_id:
-                event(
+                log_event(
+                    log,
                     "weights_refused",
                     level=logging.ERROR,
                     weight_version=msg.weight_version,
@@ -429,7 +425,7 @@ class RolloutWorker:
                 return  # another worker holds the slot now: its plays carry the same ids
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.store.release(env_id, owner))
-            event("slot_released", env_id=env_id, slot=claim.slot, reason="stopping")
+            log_event(log, "slot_released", env_id=env_id, slot=claim.slot, reason="stopping")
             raise
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
@@ -438,7 +434,8 @@ class RolloutWorker:
                 await self.store.release(env_id, owner, error=reason, hold_s=self.config.lease_s, uncount=bool(down))
             except Exception as lost_too:  # the state store is down as well: the lease lapses in lease_s
                 log.warning("could not hand back the lease on %s (%s); it lapses by itself", env_id, lost_too)
-            event(
+            log_event(
+                log,
                 "slot_failed",
                 level=logging.WARNING,
                 env_id=env_id,
@@ -467,7 +464,7 @@ class RolloutWorker:
                 continue
             if not renewed:
                 self.counts.lost_leases += 1
-                event("lease_lost", level=logging.WARNING, env_id=env_id, consumer=c.consumer)
+                log_event(log, "lease_lost", level=logging.WARNING, env_id=env_id, consumer=c.consumer)
                 lost.set()
                 work.cancel()
                 return
@@ -481,7 +478,9 @@ class RolloutWorker:
             spec = await self._memory.get_environment(env.env_id)
         except EnvNotFound:
             await self.store.close_unplayed(env.env_id, "the memory no longer holds the env")
-            event("slot_skipped", level=logging.ERROR, env_id=env.env_id, slot=slot, reason="env not in the memory")
+            log_event(
+                log, "slot_skipped", level=logging.ERROR, env_id=env.env_id, slot=slot, reason="env not in the memory"
+            )
             return
         if env.window_start is None:
             env = await self._fix_window(env)
@@ -495,7 +494,8 @@ class RolloutWorker:
                     env.env_id, f"retired as {MemoryEnvStatus.TRIVIALLY_WON.value}: {verdict.reason}"
                 )
                 self.counts.audit_retired += 1
-                event(
+                log_event(
+                    log,
                     "env_trivially_won",
                     level=logging.WARNING,
                     env_id=env.env_id,
@@ -509,7 +509,8 @@ class RolloutWorker:
         self.counts.late_slots += late
         await self.store.complete_slot(env.env_id, slot)
         self.counts.slots += 1
-        event(
+        log_event(
+            log,
             "slot_done",
             env_id=env.env_id,
             window_start=ref.window_start,
@@ -525,7 +526,8 @@ class RolloutWorker:
         asked = current_version(env.design_version, await self.store.latest_version())
         window = await self._memory.set_window(env.env_id, asked, env.window)
         fixed = await self.store.fix_window(env.env_id, window.start, window.versions)
-        event(
+        log_event(
+            log,
             "window_fixed",
             env_id=env.env_id,
             window_start=window.start,
@@ -549,7 +551,7 @@ class RolloutWorker:
         else:
             await self.store.skip_slot(env.env_id, slot, reason)
         self.counts.skipped_slots += 1
-        event("slot_skipped", level=logging.ERROR, env_id=env.env_id, slot=slot, reason=reason)
+        log_event(log, "slot_skipped", level=logging.ERROR, env_id=env.env_id, slot=slot, reason=reason)
 
     async def _audited_slot_0(self, env: ActiveEnv, spec: EnvSpec, ref: SlotRef, late: bool) -> AuditVerdict | None:
         """Slot 0's real plays and the env's audit, side by side; no real play is kept before the verdict.
@@ -588,7 +590,8 @@ class RolloutWorker:
             done = await _all_or_none([self._audit_one(spec, seed, policy) for policy in AuditPolicy for seed in seeds])
             verdict = decide(env.env_id, done, self.spec.audit_max_win_rate)
             self.counts.audited_envs += 1
-            event(
+            log_event(
+                log,
                 "env_audited",
                 env_id=env.env_id,
                 trivially_won=verdict.trivially_won,
@@ -640,7 +643,8 @@ class RolloutWorker:
                 break
             seeds = play_seeds(spec.env_id, ref.window_index, group * (extension + 1))[group * extension :]
             self.counts.extended_groups += 1
-            event(
+            log_event(
+                log,
                 "group_extended",
                 env_id=spec.env_id,
                 window_index=ref.window_index,
@@ -709,7 +713,8 @@ class RolloutWorker:
                 raise _TriviallyWon(audited)
         await self._keep(play, spec, ref)
         self.counts.plays += 1
-        event(
+        log_event(
+            log,
             "play",
             env_id=spec.env_id,
             version=ref.version,
@@ -759,7 +764,8 @@ class RolloutWorker:
             await self._memory.retire_environment(env.env_id, last, trivially_won=trivial)
             await self.store.mark_retired(env.env_id)
             skipped = await self.store.skipped(env.env_id)
-            event(
+            log_event(
+                log,
                 "env_retired",
                 env_id=env.env_id,
                 last_version=last,
