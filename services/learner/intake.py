@@ -15,6 +15,7 @@ What the buffer holds is decided on by ``core/plan.py``; ``apply`` removes what 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -39,7 +40,7 @@ from services.learner.settings import LearnerSettings
 from spade.envs.types import Setting
 from spade.queues.base import ENVS_AUDITED, SAMPLES_AGENT, SAMPLES_DESIGNER, WorkQueue
 from spade.runspec import RunSpec
-from spade.serving.logs import get_logger
+from spade.serving.logs import get_logger, log_event
 from spade.v1 import queues_pb2
 
 logger = get_logger(__name__)
@@ -247,7 +248,7 @@ class Intake:
         )
         if spec_id not in self._foreign_specs:
             self._foreign_specs.add(spec_id)
-            logger.error(message, extra={"event": "sample_refused", "reason": "spec_mismatch", "spec_id": spec_id})
+            log_event(logger, "sample_refused", message, level=logging.ERROR, reason="spec_mismatch", spec_id=spec_id)
         else:
             logger.debug(message)
         return False

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -55,7 +56,7 @@ from services.learner.versions import ResumeError, Versions, VersionWriter, chec
 from spade.queues.base import WorkQueue
 from spade.runspec import RunSpec
 from spade.serving import lifecycle
-from spade.serving.logs import get_logger
+from spade.serving.logs import get_logger, log_event
 from spade.signal import SkillBaselines
 
 __all__ = ["Learner", "ResumeError", "RewardCallback", "StepReport"]
@@ -307,20 +308,23 @@ class Learner:
         self.baselines = plan.baselines
         for s in plan.scored:
             if s.trivially_won:
-                logger.warning(
-                    "designer sample %s is rescored invalid: %s",
-                    s.attempt.sample_id,
-                    s.reason,
-                    extra={"event": "designer_trivially_won", "env_id": s.attempt.env_id, "spec_id": self.spec.spec_id},
+                log_event(
+                    logger,
+                    "designer_trivially_won",
+                    f"designer sample {s.attempt.sample_id} is rescored invalid: {s.reason}",
+                    level=logging.WARNING,
+                    env_id=s.attempt.env_id,
+                    spec_id=self.spec.spec_id,
                 )
         for s in plan.designer.unscorable:
             code = s.reason_code.value if s.reason_code is not None else "unknown"
-            logger.warning(
-                "designer sample %s is not scored (%s): %s",
-                s.attempt.sample_id,
-                code,
-                s.reason,
-                extra={"event": "designer_unscored", "reason": code, "spec_id": self.spec.spec_id},
+            log_event(
+                logger,
+                "designer_unscored",
+                f"designer sample {s.attempt.sample_id} is not scored ({code}): {s.reason}",
+                level=logging.WARNING,
+                reason=code,
+                spec_id=self.spec.spec_id,
             )
         return plan, counts
 
@@ -341,8 +345,7 @@ class Learner:
         now = time.monotonic()
         if report.trained:
             self._idle_since = now
-            fields = {
-                "event": "learner_step",
+            fields: dict[str, Any] = {
                 "spec_id": self.spec.spec_id,
                 "version": report.version,
                 "groups": report.counters.get("agent_groups", 0),
@@ -351,22 +354,21 @@ class Learner:
                 "publish": report.publish.version if report.publish is not None else None,
                 "checkpoint": str(report.checkpoint) if report.checkpoint is not None else None,
             }
-            logger.info(
-                "learner_step %s", json.dumps({**fields, **report.flat_metrics()}, sort_keys=True), extra=fields
-            )
+            figures = json.dumps({"event": "learner_step", **fields, **report.flat_metrics()}, sort_keys=True)
+            log_event(logger, "learner_step", f"learner_step {figures}", **fields)
         elif now - self._last_wait_log >= self.settings.wait_log_s:
             self._last_wait_log = now
             waited = now - self._idle_since
-            logger.info(
-                "learner waiting for samples: %d of %d agent groups complete, %d plays buffered, %d designer samples "
-                "waiting for their windows; %.0f s since the last trained step (version %d)",
-                len(self.intake.complete_groups()),
-                self.settings.agent_groups_per_step,
-                sum(len(v) for v in self.intake.groups.values()),
-                len(self.intake.window.pending),
-                waited,
-                self.version,
-                extra={"event": "waiting", "for": "samples", "waited_s": round(waited), "spec_id": self.spec.spec_id},
+            waiting: dict[str, Any] = {"for": "samples", "waited_s": round(waited), "spec_id": self.spec.spec_id}
+            log_event(
+                logger,
+                "waiting",
+                f"learner waiting for samples: {len(self.intake.complete_groups())} of "
+                f"{self.settings.agent_groups_per_step} agent groups complete, "
+                f"{sum(len(v) for v in self.intake.groups.values())} plays buffered, "
+                f"{len(self.intake.window.pending)} designer samples waiting for their windows; {waited:.0f} s since "
+                f"the last trained step (version {self.version})",
+                **waiting,
             )
 
     async def checkpoint_now(self) -> Path | None:
@@ -390,7 +392,7 @@ class Learner:
             return None
         self.journal.discard(state["journal_from"])
         write_json_atomic(self.settings.checkpoint_dir / "learner_state.json", state)
-        logger.info("checkpointed version %d at %s", self.version, path, extra={"event": "checkpoint"})
+        log_event(logger, "checkpoint", f"checkpointed version {self.version} at {path}")
         return path
 
     async def run(self, max_steps: int | None = None, stop: asyncio.Event | None = None) -> list[StepReport]:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from spade.serving.logs import get_logger
+from spade.serving.logs import get_logger, log_event
 
 T = TypeVar("T")
 
@@ -58,12 +58,12 @@ async def logged_wait(
             if stopper is not None and stopper in done:
                 raise StoppedWhileWaiting(f"stopped while waiting for {what}")
             waited = time.monotonic() - started
-            logger.warning(
-                "%s waiting for %s: %.0f s so far",
-                service,
-                what,
-                waited,
-                extra={"event": "waiting", "for": what, "waited_s": round(waited)},
+            log_event(
+                logger,
+                "waiting",
+                f"{service} waiting for {what}: {waited:.0f} s so far",
+                level=logging.WARNING,
+                **{"for": what, "waited_s": round(waited)},
             )
     finally:
         if stopper is not None:

@@ -25,7 +25,7 @@ from services.designer.core.parsing import ParseFailure, parse_output
 from services.designer.core.ports import EnvironmentMemory, EnvironmentRecord, EnvReady, Outbox, Validator
 from services.designer.core.reachability import CriteriaReachable
 from spade.envs.types import CheckResult, Setting
-from spade.serving.logs import get_logger
+from spade.serving.logs import get_logger, log_event
 
 log = get_logger(__name__)
 
@@ -63,7 +63,6 @@ class PipelineConfig:
 def log_attempt(record: AttemptRecord) -> None:
     """The one structured line per attempt (outcome, failed check, skill, round, spec id, ...)."""
     fields = {
-        "event": ATTEMPT_EVENT,
         "outcome": record.label,
         "failed_check": record.failed_check,
         "skill": record.skill,
@@ -81,20 +80,13 @@ def log_attempt(record: AttemptRecord) -> None:
         "error": record.error,
     }
     level = logging.WARNING if not record.outcome.yields_sample else logging.INFO
-    log.log(
-        level,
-        "designer attempt %s: %s%s (round %s slot %d attempt %d, %s, spec %s)%s",
-        record.sample_id[:12],
-        record.label,
-        f" [{record.env_id}]" if record.env_id else "",
-        record.batch_id,
-        record.slot,
-        record.attempt,
-        record.skill,
-        record.spec_id or "-",
-        f": {record.error}" if record.error else "",
-        extra=fields,
+    stored = f" [{record.env_id}]" if record.env_id else ""
+    text = (
+        f"designer attempt {record.sample_id[:12]}: {record.label}{stored} (round {record.batch_id} slot "
+        f"{record.slot} attempt {record.attempt}, {record.skill}, spec {record.spec_id or '-'})"
+        + (f": {record.error}" if record.error else "")
     )
+    log_event(log, ATTEMPT_EVENT, text, level=level, **fields)
 
 
 class AttemptPipeline:
