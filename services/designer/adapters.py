@@ -226,7 +226,7 @@ class MemoryServiceEnvironments:
         from spade.memory.records import DesignerAttempt
 
         # The core's summary has the memory record's fields (the store stamps created_at).
-        records = [DesignerAttempt(**dataclasses.asdict(a)) for a in attempts]
+        records = [DesignerAttempt(**{**dataclasses.asdict(a), "setting": Setting.parse(a.setting)}) for a in attempts]
         retrying = self._record_retry.async_retrying(
             MemoryUnavailable, logger=log, what=f"recording {len(records)} designer attempts in the memory"
         )

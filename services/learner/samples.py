@@ -149,4 +149,5 @@ def play_sample_from_json(data: dict[str, Any]) -> AgentPlaySample:
         advantage=float(s["advantage"]),
         constrained=bool(s.get("constrained", False)),
     )
-    return AgentPlaySample(train, data["group_key"], float(data["episode_return"]), data["finish_reason"])
+    reason = FinishReason(data["finish_reason"])
+    return AgentPlaySample(train, data["group_key"], float(data["episode_return"]), reason)

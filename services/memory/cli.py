@@ -97,7 +97,7 @@ def filter_options(f: Any) -> Any:
 
 def _filter(kw: dict[str, Any]) -> EnvFilter:
     return EnvFilter(
-        setting=kw.get("setting"),
+        setting=Setting.parse(kw["setting"]) if kw.get("setting") else None,
         skill=kw.get("skill"),
         status=EnvStatus(kw["status"]) if kw.get("status") else None,
         min_regret=kw.get("min_regret"),
@@ -206,7 +206,7 @@ def show(database_url: str, env_id: str, code_only: bool) -> None:
     for p in plays:
         c.print(
             f"  v{p.weight_version} slot {p.window_index} seed {p.seed} {'hinted ' if p.hinted else 'unhinted'} "
-            f"return {p.episode_return:.2f} turns {p.turns} {p.finish_reason}"
+            f"return {p.episode_return:.2f} turns {p.turns} {p.finish_reason or ''}"
         )
 
 

@@ -168,7 +168,9 @@ def detail(e: Environment) -> EnvDetail:
 
 
 def play_out(p: Play) -> PlayOut:
-    return PlayOut(**{k: getattr(p, k) for k in PlayOut.model_fields})
+    values = {k: getattr(p, k) for k in PlayOut.model_fields}
+    values["finish_reason"] = p.finish_reason or ""  # "" when the producer named none, as stored
+    return PlayOut(**values)
 
 
 def attempt_out(a: DesignerAttempt) -> AttemptOut:

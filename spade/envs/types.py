@@ -98,12 +98,17 @@ class FinishReason(StrEnum):
 
     @classmethod
     def stored(cls, value: str) -> FinishReason | None:
-        """A stored finish reason: ``""`` (a play recorded without one) is None.
+        """A stored finish reason; ``""`` (a play recorded without one) and a value this code does not
+        know (an older producer's) are None, which is not a resource fault, as
+        :meth:`names_resource_fault` reads them.
 
-        Raises:
-            ValueError: Not a ``FinishReason`` value.
+        >>> FinishReason.stored("fault_cpu"), FinishReason.stored(""), FinishReason.stored("stop")
+        (<FinishReason.FAULT_CPU: 'fault_cpu'>, None, None)
         """
-        return cls(value) if value else None
+        try:
+            return cls(value) if value else None
+        except ValueError:
+            return None
 
     @classmethod
     def names_resource_fault(cls, finish_reason: str | None) -> bool:

@@ -403,7 +403,10 @@ class DesignerWindow:
         for a in data.get("audits", []):  # absent in snapshots written before audits
             window.audits[a["env_id"]] = Audit(**a)
         for env, plays in data["plays"].items():
-            window.plays[env] = {p["sample_id"]: Play(**p) for p in plays}
+            window.plays[env] = {
+                p["sample_id"]: Play(**{**p, "finish_reason": FinishReason(p.get("finish_reason", "terminated"))})
+                for p in plays
+            }
         for a in data["pending"]:
             attempt = DesignerAttempt(
                 **{

@@ -59,6 +59,8 @@ from spade.sql import insert_new
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 MAX_WINDOW_VERSIONS = 1_000_000
 """Longest window an env may be given (the seed pool's spans a whole run)."""
+KNOWN_FINISH_REASONS = frozenset(reason.value for reason in FinishReason)
+"""What a play's finish reason may be when it is stored (None, no reason said, is stored as ``""``)."""
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -359,12 +361,17 @@ class SqlStore(RunRecords, WebSessions):
 
         Raises:
             EnvironmentNotFound: A play names an environment that is not stored.
-            InvalidArgument: A play without a trajectory id, a return outside [0, 1], negative turns
-                or a negative window slot.
+            InvalidArgument: A play without a trajectory id, a return outside [0, 1], negative turns,
+                a negative window slot or a finish reason that is not a ``FinishReason``.
         """
         for p in plays:
             if not p.trajectory_id:
                 raise InvalidArgument(f"play of env {p.env_id!r} seed {p.seed} has no trajectory_id")
+            if p.finish_reason is not None and p.finish_reason not in KNOWN_FINISH_REASONS:
+                raise InvalidArgument(
+                    f"play {p.trajectory_id!r} has finish reason {p.finish_reason!r}, not one of "
+                    f"{sorted(KNOWN_FINISH_REASONS)}"
+                )
             if not (math.isfinite(p.episode_return) and 0.0 <= p.episode_return <= 1.0) or p.turns < 0:
                 raise InvalidArgument(
                     f"play {p.trajectory_id!r} has return {p.episode_return} and turns {p.turns}; "

@@ -256,3 +256,29 @@ async def test_runspec_and_attempts_routes(http: httpx.AsyncClient, service: Mem
     await login(http)
     page = (await http.get("/")).text
     assert "Designer validity: 0/5 attempts valid (0%)" in page and "5 malformed" in page
+
+
+async def test_a_play_without_a_finish_reason_or_with_an_unknown_stored_one_is_listed_and_shown(
+    http: httpx.AsyncClient, service: MemoryService, empty_engine: Engine
+) -> None:
+    """A play recorded without a finish reason (None, stored as "") and a row holding a reason this
+    code does not know (an older producer's) are listed over REST and on the page, with "" for the
+    reason, and count as no resource fault; a new play naming an unknown reason is refused."""
+    from sqlalchemy import text
+
+    from spade.memory.errors import InvalidArgument
+
+    env_id = (await service.put_environment(new_env("Gamma"))).env_id
+    await service.record_plays([Play(env_id, 1, False, 1.0, 2, 0, "g1"), Play(env_id, 2, False, 0.0, 2, 0, "g2")])
+    with empty_engine.begin() as conn:
+        conn.execute(text("UPDATE plays SET finish_reason = 'stop' WHERE trajectory_id = 'g2'"))
+    r = await http.get(f"/v1/environments/{env_id}/plays", headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert {p["trajectory_id"]: p["finish_reason"] for p in r.json()["items"]} == {"g1": "", "g2": ""}
+    await login(http)
+    page = await http.get(f"/envs/{env_id}")
+    assert page.status_code == 200 and "g1" in page.text and "<td>None</td>" not in page.text
+    plays, _ = await service.plays(env_id)
+    assert [p.finish_reason for p in plays] == [None, None]
+    with pytest.raises(InvalidArgument, match="finish reason 'exploded'"):
+        await service.record_plays([Play(env_id, 3, False, 1.0, 2, 0, "g3", "exploded")])  # type: ignore[arg-type]
