@@ -5,8 +5,9 @@ case) through the clients of ``spade/``, which ``services.rollout.wiring`` build
 instead open them in its own process, as a laptop or a test does: the memory's database directly
 (``memory: {kind: sql, url}``, migrated on start) and an isolated sandbox pool (``sandbox: {kind:
 pool}``). Those are another service's internals, so they are built here, in the process's composition
-root (the import contracts of pyproject.toml allow it here and nowhere else in the rollout), and
-handed to ``rollout_worker``; the embedded run (``services/embedded``) hands in its own.
+root (the import contracts of pyproject.toml allow it here and nowhere else in the rollout), by
+openers ``rollout_worker`` calls at the point of its start-up where it would build the clients; the
+embedded run (``services/embedded``) hands in its own parts.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from functools import partial
 
 from services.rollout.memory import MemoryApi
 from services.rollout.sandbox import PoolSessions
@@ -28,20 +30,24 @@ from spade.endpoints import PoolSandbox
 async def standalone_worker(
     settings: RolloutSettings, *, stop: asyncio.Event | None = None
 ) -> AsyncIterator[RolloutWorker]:
-    """``rollout_worker(settings)`` with the in-process memory and sandbox the settings ask for built here.
+    """``rollout_worker(settings)`` with openers for the in-process memory and sandbox the settings ask for.
 
-    ``stop`` is passed on (SIGTERM while waiting at start). Everything opened here is closed on exit.
-    An in-process pool starts before the run spec is checked, so a contradicting setting (exit 2)
-    starts and stops it first.
+    The wiring calls them where it would build the clients: the memory after the state database and
+    the queue answer, the sandbox pool only once the run spec is checked (a contradicting setting exits
+    before any jail starts). ``stop`` is passed on (SIGTERM while waiting at start). Everything opened is
+    closed on exit.
     """
-    async with contextlib.AsyncExitStack() as stack:
-        memory = _sql_memory(settings.memory, stack) if isinstance(settings.memory, SqlMemory) else None
-        sessions = await _pool_sessions(settings.sandbox, stack) if isinstance(settings.sandbox, PoolSandbox) else None
-        async with rollout_worker(settings, stop=stop, memory=memory, sessions=sessions) as worker:
-            yield worker
+    memory, sandbox = settings.memory, settings.sandbox
+    async with rollout_worker(
+        settings,
+        stop=stop,
+        open_memory=partial(_sql_memory, memory) if isinstance(memory, SqlMemory) else None,
+        open_sessions=partial(_pool_sessions, sandbox) if isinstance(sandbox, PoolSandbox) else None,
+    ) as worker:
+        yield worker
 
 
-def _sql_memory(cfg: SqlMemory, stack: contextlib.AsyncExitStack) -> MemoryApi:
+async def _sql_memory(cfg: SqlMemory, stack: contextlib.AsyncExitStack) -> MemoryApi:
     from services.memory.service import MemoryService
     from services.memory.store.sql import SqlStore, make_engine, migrate
 

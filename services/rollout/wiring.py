@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -40,6 +40,9 @@ from spade.serving.startup import logged_wait
 log = get_logger(__name__)
 
 T = TypeVar("T")
+
+Opener = Callable[[contextlib.AsyncExitStack], Awaitable[T]]
+"""Opens an in-process part on the exit stack that closes it (a composition root's, passed in)."""
 
 WAIT_LOG_EVERY_S = 30.0
 """While the rollout waits at start (run spec, inference), a line says what for and how long so far."""
@@ -132,6 +135,8 @@ async def rollout_worker(
     memory: MemoryApi | None = None,
     sessions: SessionOpener | None = None,
     inference: InferenceClient | None = None,
+    open_memory: Opener[MemoryApi] | None = None,
+    open_sessions: Opener[SessionOpener] | None = None,
 ) -> AsyncIterator[RolloutWorker]:
     """Build a rollout worker from ``settings`` (injected objects are used as they are, never closed).
 
@@ -141,9 +146,13 @@ async def rollout_worker(
         stop: Set by SIGTERM: waiting at start (run spec, inference) gives up with
             ``StoppedWhileWaiting``.
         queue: The work queues (built from ``settings.queue`` when None).
-        memory: The memory (built from ``settings.memory`` when None).
-        sessions: The sandbox (built from ``settings.sandbox`` when None).
+        memory: The memory (when None: ``open_memory``'s, else a client of ``settings.memory``).
+        sessions: The sandbox (when None: ``open_sessions``'s, else a client of ``settings.sandbox``).
         inference: The inference client (built from ``settings.inference_urls`` when None).
+        open_memory: Opens an in-process memory on the given exit stack, at the point where the
+            memory is needed (after the state database and the queue answer, before the run spec);
+            a composition root's (``services.rollout.standalone``), as this wiring opens only clients.
+        open_sessions: Starts an in-process sandbox likewise, after the run spec is checked.
 
     Raises:
         SpecContradiction: The settings contradict the run spec (before anything else is started).
@@ -160,7 +169,7 @@ async def rollout_worker(
     async with contextlib.AsyncExitStack() as stack:
         await wait_ready(stores, stop)
         if memory is None:
-            memory = await _memory(settings, stack)
+            memory = await (open_memory(stack) if open_memory is not None else _memory(settings, stack))
         if spec is None:
             if not hasattr(memory, "get_run_spec"):
                 raise TypeError("the memory given to the rollout cannot read the run spec: pass spec=")
@@ -172,7 +181,7 @@ async def rollout_worker(
             queue = make_queue(settings.queue)
             stack.push_async_callback(queue.close)
         if sessions is None:
-            sessions = await _sessions(settings, stack)
+            sessions = await (open_sessions(stack) if open_sessions is not None else _sessions(settings, stack))
         if inference is None:
             inference = InferenceClient(
                 settings.inference_urls,
@@ -199,7 +208,7 @@ async def _memory(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -
     if not isinstance(cfg, MemoryEndpoint):
         raise TypeError(
             f"memory kind {cfg.kind!r} is opened in this process by a composition root "
-            "(services.rollout.standalone, services.embedded), which passes it in as memory="
+            "(services.rollout.standalone, services.embedded), which passes it in (memory= or open_memory=)"
         )
     client = MemoryClient.from_endpoint(cfg)
     stack.push_async_callback(client.close)
@@ -211,7 +220,7 @@ async def _sessions(settings: RolloutSettings, stack: contextlib.AsyncExitStack)
     if not isinstance(cfg, SandboxEndpoint):
         raise TypeError(
             f"sandbox kind {cfg.kind!r} is started in this process by a composition root "
-            "(services.rollout.standalone, services.embedded), which passes it in as sessions="
+            "(services.rollout.standalone, services.embedded), which passes it in (sessions= or open_sessions=)"
         )
     client = SandboxClient.from_endpoint(cfg)
     stack.push_async_callback(client.close)
