@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from services.rollout.memory import MemoryApi, MemoryServicePlays
 from services.rollout.policy import FormatterTemplate, InferenceGenerator
@@ -169,7 +169,8 @@ async def rollout_worker(
     async with contextlib.AsyncExitStack() as stack:
         await wait_ready(stores, stop)
         if memory is None:
-            memory = await (open_memory(stack) if open_memory is not None else _memory(settings, stack))
+            opened = open_memory(stack) if open_memory is not None else _client(settings.memory, "memory", stack)
+            memory = await opened
         if spec is None:
             if not hasattr(memory, "get_run_spec"):
                 raise TypeError("the memory given to the rollout cannot read the run spec: pass spec=")
@@ -181,7 +182,8 @@ async def rollout_worker(
             queue = make_queue(settings.queue)
             stack.push_async_callback(queue.close)
         if sessions is None:
-            sessions = await (open_sessions(stack) if open_sessions is not None else _sessions(settings, stack))
+            started = open_sessions(stack) if open_sessions is not None else _client(settings.sandbox, "sandbox", stack)
+            sessions = await started
         if inference is None:
             inference = InferenceClient(
                 settings.inference_urls,
@@ -203,25 +205,25 @@ async def rollout_worker(
         yield RolloutWorker(queue, store, MemoryServicePlays(memory), runner, worker_config(settings, spec), probes)
 
 
-async def _memory(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -> MemoryApi:
-    cfg = settings.memory
-    if not isinstance(cfg, MemoryEndpoint):
+async def _client(cfg: Any, part: str, stack: contextlib.AsyncExitStack) -> Any:
+    """A client of the ``memory`` or the ``sandbox`` service, closed with ``stack``.
+
+    Raises:
+        TypeError: ``cfg`` asks for the part in this process, which only a composition root opens.
+    """
+    endpoint, client_type, given = _CLIENTS[part]
+    if not isinstance(cfg, endpoint):
         raise TypeError(
-            f"memory kind {cfg.kind!r} is opened in this process by a composition root "
-            "(services.rollout.standalone, services.embedded), which passes it in (memory= or open_memory=)"
+            f"{part} kind {cfg.kind!r} runs in this process: a composition root (services.rollout.standalone, "
+            f"services.embedded) passes it in ({given}= or open_{given}=)"
         )
-    client = MemoryClient.from_endpoint(cfg)
+    client = client_type.from_endpoint(cfg)
     stack.push_async_callback(client.close)
     return client
 
 
-async def _sessions(settings: RolloutSettings, stack: contextlib.AsyncExitStack) -> SessionOpener:
-    cfg = settings.sandbox
-    if not isinstance(cfg, SandboxEndpoint):
-        raise TypeError(
-            f"sandbox kind {cfg.kind!r} is started in this process by a composition root "
-            "(services.rollout.standalone, services.embedded), which passes it in (sessions= or open_sessions=)"
-        )
-    client = SandboxClient.from_endpoint(cfg)
-    stack.push_async_callback(client.close)
-    return client
+_CLIENTS: dict[str, tuple[type, Any, str]] = {
+    "memory": (MemoryEndpoint, MemoryClient, "memory"),
+    "sandbox": (SandboxEndpoint, SandboxClient, "sessions"),
+}
+"""Each service part: its endpoint settings, its client, and ``rollout_worker``'s parameter for it."""
