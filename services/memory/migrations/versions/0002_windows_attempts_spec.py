@@ -19,13 +19,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from typing import TYPE_CHECKING
-
 import sqlalchemy as sa
 from alembic import op
-
-if TYPE_CHECKING:
-    from spade.envs.types import FinishReason
 
 revision = "0002"
 down_revision = "0001"
@@ -33,16 +28,6 @@ branch_labels = None
 depends_on = None
 
 SEQ = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-
-
-def _reason(value: str | None) -> FinishReason | None:
-    """An old row's finish reason (None when empty or unknown to this code: not a resource fault)."""
-    from spade.envs.types import FinishReason
-
-    try:
-        return FinishReason(value) if value else None
-    except ValueError:
-        return None
 
 
 def _add_columns() -> None:
@@ -130,6 +115,7 @@ def _create_tables() -> None:
 def _backfill() -> None:
     """Slots for old plays, program lengths, and every env rescored with spade.signal's definitions."""
     from services.memory.core.scoring import score, shape
+    from spade.envs.types import FinishReason
     from spade.memory.records import EnvStats, Play
     from spade.pool_metrics import program_length
 
@@ -159,7 +145,7 @@ def _backfill() -> None:
             {"i": env_id},
         ).all()
         plays = [
-            Play(env_id, r[0], bool(r[1]), min(max(float(r[2]), 0.0), 1.0), r[3], r[4], r[5], _reason(r[6]), None, r[7], r[8])
+            Play(env_id, r[0], bool(r[1]), min(max(float(r[2]), 0.0), 1.0), r[3], r[4], r[5], FinishReason.stored(r[6] or ""), None, r[7], r[8])
             for r in rows
         ]
         if isinstance(components, str):  # SQLite hands JSON back as text through a plain text() query
