@@ -55,9 +55,7 @@ def _hash(suite: ReasoningGymSuite, entry: dict[str, object]) -> str:
 
 async def test_bfcl_multi_turn_slice(client: InferenceClient, tmp_path: Path) -> None:
     chat = ClientChatModel(client, Sampling(temperature=0.0, top_p=1.0, max_new_tokens=64), "eval:bfcl:0")
-    # One step a turn before BFCL's force-quit: every reply re-reads a prompt of thousands of tokens
-    # on the CPU (it took 200 s at 3 steps); the loop, the tool calls and the verdict are the same.
-    suite = BfclMultiTurnSuite(chat, 0, tmp_path, ["multi_turn_base"], items_per_category=1, max_steps=1)
+    suite = BfclMultiTurnSuite(chat, 0, tmp_path, ["multi_turn_base"], items_per_category=1, max_steps=3)
     item = suite.items()[0]
     result = await suite.run(item)
     assert result.id == item.id and result.score in (0.0, 1.0)
