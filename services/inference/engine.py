@@ -41,7 +41,7 @@ import collections
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,7 @@ from services.inference.sampling import (
     StopRule,
     finish_for_token,
     matched_stop_string,
-    sample_token,
+    sample_tokens,
     trim_at_stop,
 )
 from services.inference.settings import WeightsMode
@@ -667,7 +667,7 @@ class BatchEngine:
                     row.finish = {"type": "length", "length": 0}
                     lane.add(row, -1, -1)  # retired at once
                 else:
-                    self._append_token(row, logits[-1])
+                    self._append_tokens([row], logits[-1:])
                     lane.add(row, row.output_ids[-1], len(job.input_ids))
                 if invariant:
                     lane.kv.add_rows([cache])
@@ -705,11 +705,22 @@ class BatchEngine:
                 out.append((float(torch.log_softmax(logits[i - 1].float(), dim=-1)[ids[i]].item()), ids[i]))
         return out
 
-    def _append_token(self, row: _Row, logits: torch.Tensor) -> None:
-        if row.constraint is not None:
+    def _append_tokens(self, rows: Sequence[_Row], logits: torch.Tensor) -> None:
+        """Sample the next token of every row of ``rows`` from its row of ``logits`` (``[rows, vocab]``) in
+        one batched draw (``sample_tokens``), and record each."""
+        constrained = [i for i, row in enumerate(rows) if row.constraint is not None]
+        if constrained:
             # SGLang applies the grammar mask before the sampler: logprobs are the constrained ones.
-            logits = row.constraint.mask(logits)
-        token, logprob = sample_token(logits, row.pending.job.params, row.generator)
+            logits = logits.float().clone()
+            for i in constrained:
+                constraint = rows[i].constraint
+                assert constraint is not None
+                logits[i] = constraint.mask(logits[i])
+        drawn = sample_tokens(logits, [row.pending.job.params for row in rows], [row.generator for row in rows])
+        for row, (token, logprob) in zip(rows, drawn, strict=True):
+            self._record_token(row, token, logprob)
+
+    def _record_token(self, row: _Row, token: int, logprob: float) -> None:
         self.work.generated_tokens += 1
         row.output_ids.append(token)
         row.logprobs.append(logprob)
@@ -749,8 +760,8 @@ class BatchEngine:
         self.peak_batch_rows = max(self.peak_batch_rows, len(lane.rows))
         self.work.decode_steps += 1
         self.work.decode_rows += len(lane.rows)
+        self._append_tokens(lane.rows, logits)
         for i, row in enumerate(lane.rows):
-            self._append_token(row, logits[i])
             lane.next_tokens[i] = row.output_ids[-1]
             lane.positions[i] += 1
         self.last_progress = time.monotonic()

@@ -26,7 +26,7 @@ def is_greedy(params: SamplingParams) -> bool:
 def sample_token(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
 ) -> tuple[int, float]:
-    """Sample one token from a row of logits.
+    """Sample one token from a row of logits (:func:`sample_tokens` of one row).
 
     Args:
         logits: ``[vocab]`` float logits for the next position.
@@ -36,13 +36,56 @@ def sample_token(
     Returns:
         ``(token_id, logprob)`` with the logprob convention of this module.
     """
+    return sample_tokens(logits.unsqueeze(0), [params], [generator])[0]
+
+
+def sample_tokens(
+    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
+) -> list[tuple[int, float]]:
+    """Sample one token from each row of ``logits``, row ``i`` under ``params[i]`` with ``generators[i]``.
+
+    One pass over the batch: the log-softmax, the cumulative distribution and the logprob gather are
+    batched; per row there is only its filter, when it asks for one (top-k, top-p, min-p), and one
+    uniform draw from its own RNG (``generators[i]``: the request's, seeded with ``sampling_seed``;
+    None: the global one), turned into a token by inverting the row's cumulative distribution. A
+    greedy row draws nothing. The draw is exact: token ``t`` is chosen with probability
+    ``p_t / sum(p)`` over the kept tokens, and a token with zero probability never.
+
+    Args:
+        logits: ``[rows, vocab]`` float logits for the next position of each row.
+        params: each row's sampling parameters.
+        generators: each row's RNG.
+
+    Returns:
+        ``(token_id, logprob)`` per row, with the logprob convention of this module.
+    """
     logits = logits.float()
-    if is_greedy(params):
-        logprobs = torch.log_softmax(logits, dim=-1)  # SGLang: greedy logprobs are untempered
-        token = int(torch.argmax(logits).item())
-        return token, float(logprobs[token].item())
-    logprobs = torch.log_softmax(logits / params.temperature, dim=-1)
-    probs = logprobs.exp()
+    greedy = [is_greedy(p) for p in params]
+    temperatures = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)])
+    # SGLang: greedy logprobs are untempered, sampled ones tempered and unfiltered.
+    logprobs = torch.log_softmax(logits / temperatures.unsqueeze(1), dim=-1)
+    tokens = torch.argmax(logits, dim=-1)
+    sampled = [i for i, g in enumerate(greedy) if not g]
+    if sampled:
+        probs = logprobs[sampled].exp()
+        for j, i in enumerate(sampled):
+            if _filters(params[i]):
+                probs[j] = _filtered(probs[j], params[i])
+        # float64: the cumulative sum of a 50k-token vocabulary keeps every token's own share.
+        cdf = probs.double().cumsum(dim=-1)
+        uniforms = torch.cat([torch.rand(1, generator=generators[i], dtype=torch.float64) for i in sampled])
+        drawn = torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+        tokens[sampled] = drawn.clamp(max=logits.shape[-1] - 1)
+    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    return list(zip(tokens.tolist(), chosen.tolist(), strict=True))
+
+
+def _filters(params: SamplingParams) -> bool:
+    return params.top_k > 0 or params.min_p > 0.0 or params.top_p < 1.0
+
+
+def _filtered(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """``probs`` (one row) with the tokens top-k, min-p and top-p leave out set to zero."""
     keep = torch.ones_like(probs, dtype=torch.bool)
     if params.top_k > 0 and params.top_k < probs.numel():
         kth = torch.topk(probs, params.top_k).values[-1]
@@ -57,9 +100,7 @@ def sample_token(
         drop = torch.zeros_like(keep)
         drop[order] = drop_sorted
         keep &= ~drop
-    filtered = torch.where(keep, probs, torch.zeros_like(probs))
-    token = int(torch.multinomial(filtered / filtered.sum(), 1, generator=generator).item())
-    return token, float(logprobs[token].item())
+    return torch.where(keep, probs, torch.zeros_like(probs))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from services.inference.sampling import StopRule, finish_for_token, matched_stop_string, sample_token, trim_at_stop
+from services.inference.sampling import (
+    StopRule,
+    finish_for_token,
+    matched_stop_string,
+    sample_token,
+    sample_tokens,
+    trim_at_stop,
+)
 from spade.inference.protocol import SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
@@ -38,6 +45,36 @@ def test_seeded_generators_reproduce_samples() -> None:
     a = [sample_token(LOGITS, params, g)[0] for g in [torch.Generator().manual_seed(5)] for _ in range(50)]
     b = [sample_token(LOGITS, params, g)[0] for g in [torch.Generator().manual_seed(5)] for _ in range(50)]
     assert a == b and len(set(a)) > 1
+
+
+def test_draws_follow_the_tempered_distribution() -> None:
+    # 40,000 seeded draws at T = 0.8: every token's frequency within 4.5 standard errors of its probability.
+    params, n = SamplingParams(temperature=0.8), 40_000
+    gen = torch.Generator().manual_seed(11)
+    counts = torch.bincount(torch.tensor([sample_token(LOGITS, params, gen)[0] for _ in range(n)]), minlength=6)
+    probs = torch.softmax(LOGITS / 0.8, -1)
+    error = (probs * (1 - probs) / n).sqrt()
+    assert ((counts / n - probs).abs() <= 4.5 * error + 1e-9).all(), (counts / n, probs)
+    # ...and a token the filter leaves out is never drawn, however many draws.
+    kept = {sample_token(LOGITS, SamplingParams(temperature=5.0, top_k=3), gen)[0] for _ in range(3000)}
+    assert kept == {0, 1, 2}
+
+
+def test_a_batch_draws_what_each_row_draws_alone() -> None:
+    rows = torch.stack([LOGITS, LOGITS.flip(0), LOGITS * 0.5, LOGITS])
+    params = [SamplingParams(temperature=1.2), SamplingParams(temperature=0.0), SamplingParams(top_p=0.7),
+              SamplingParams(temperature=0.6)]  # fmt: skip
+    batch_gens = [torch.Generator().manual_seed(s) for s in (1, 2, 3, 1)]
+    alone_gens = [torch.Generator().manual_seed(s) for s in (1, 2, 3, 1)]
+    for _ in range(30):
+        batch = sample_tokens(rows, params, batch_gens)
+        alone = [sample_token(rows[i], params[i], alone_gens[i]) for i in range(4)]
+        assert [t for t, _ in batch] == [t for t, _ in alone]
+        for (_, a), (_, b) in zip(batch, alone, strict=True):
+            assert abs(a - b) < 1e-6
+    # The greedy row took the argmax of its own row, untempered, and drew nothing from its RNG.
+    assert batch[1][0] == 5 and abs(batch[1][1] - float(torch.log_softmax(LOGITS.flip(0), -1)[5])) < 1e-6
+    assert torch.equal(batch_gens[1].get_state(), torch.Generator().manual_seed(2).get_state())
 
 
 def test_stop_rules() -> None:
