@@ -127,10 +127,12 @@ def role_settings(
                 "block_ms": 50,
                 "inference_urls": [inference_url],
                 "tokenizer_path": model,
-                # Every env of a step at once: an env whose real plays are done may still be waiting
-                # for its paced audit, and must not hold back the next env's real plays (the model's
-                # concurrency is max_concurrent_plays either way).
+                # Every env of a step at once (the step plays them with play_due): an env whose real
+                # plays are done may still be waiting for its paced audit, and must not hold back the
+                # next env's real plays; and every play of them at once, so the server decodes them in
+                # one batch (its max_batch_size bounds the batch; the rest queue there).
                 "max_concurrent_envs": envs,
+                "max_concurrent_plays": min(64, 2 * settings.group_size * envs),
                 # ... and every env's audit at once: audit plays only wait (a real turn's pace each turn).
                 "max_concurrent_audit_plays": min(128, max(16, 2 * settings.audit_plays * envs)),
             }

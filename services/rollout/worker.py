@@ -388,6 +388,38 @@ class RolloutWorker:
         await self._run_claim(claim)
         return done + 1 + await self._retire_closed()
 
+    async def play_due(self, skip: Collection[str] = ()) -> int:
+        """Play every due slot at once, up to ``max_concurrent_envs`` envs in flight; return the slots run.
+
+        The embedded step's rollout: where :meth:`step_window` plays one slot and returns, this keeps
+        claiming as slots finish (an env's next due slot, the envs beyond the bound) until nothing is
+        due, so one env's plays never wait for another's. The plays share ``max_concurrent_plays``.
+        Cancelled, it cancels the slots in flight (their leases are handed back, as :meth:`run`'s are).
+
+        Args:
+            skip: Envs whose due slots are left for later, as for :meth:`step_window`.
+        """
+        c = self.config
+        started = 0
+        try:
+            while True:
+                await self._retire_closed()
+                while len(self._jobs) < c.max_concurrent_envs:
+                    claim = await self.store.claim(c.consumer, c.lease_s, {*self._jobs.keys(), *skip})
+                    if claim is None:
+                        break
+                    self._start(claim)
+                    started += 1
+                if not self._jobs:
+                    return started
+                await asyncio.wait(list(self._jobs.values()), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            jobs = list(self._jobs.values())
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+            raise
+
     def _say_whose(self, claim: Claim) -> None:
         """The lifecycle line of a claim that replaced a lease: another worker's (lapsed) or this one's own."""
         env_id = claim.env.env_id

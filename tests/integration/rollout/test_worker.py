@@ -149,8 +149,7 @@ async def drain(worker: RolloutWorker) -> None:
     await worker.step_weights()
     while await worker.step_envs():
         pass
-    while await worker.step_window():
-        pass
+    await worker.play_due()
 
 
 async def test_first_plays_fix_the_window_and_play_both_arms_on_the_same_seeds(rig: Rig) -> None:
@@ -385,6 +384,73 @@ async def test_a_worker_that_lost_its_lease_stops_its_plays(rig: Rig) -> None:
     assert slow.counts.lost_leases == 1
     assert await rig.samples() == []
     slow.store.dispose()
+
+
+class _Barrier(ScriptedPolicy):
+    """A policy whose first ``waiting`` calls each wait until all of them are in flight at once."""
+
+    waiting: int = 0
+    arrived: int = 0
+    all_in: asyncio.Event
+
+    async def generate(self, input_ids: list[int], sampling: TurnSampling) -> Generation:
+        if self.arrived < self.waiting:
+            self.arrived += 1
+            if self.arrived == self.waiting:
+                self.all_in.set()
+            await self.all_in.wait()
+        return await super().generate(input_ids, sampling)
+
+
+async def test_play_due_plays_every_due_env_at_once(rig: Rig) -> None:
+    envs = [await rig.put_env(version=0, variant=str(i)) for i in range(3)]
+    barrier = _Barrier(rig.template, ["\\boxed{0}"], weight_version=None)
+    # Every first turn of all three envs' first slots (both arms) must be in flight together: one env
+    # after another, the first env's plays would wait for the others' forever.
+    barrier.waiting, barrier.all_in = 3 * 2 * G, asyncio.Event()
+    worker = rig.worker("w1", barrier, max_concurrent_plays=3 * 2 * G, max_concurrent_envs=3)
+    await worker.step_envs()
+    assert await asyncio.wait_for(worker.play_due(), 30) == 3
+    assert sorted((s.group_id, s.hinted) for s in await rig.samples()) == sorted(
+        (f"{e}@s0", hinted) for e in envs for hinted in (False, True) for _ in range(G)
+    )
+    assert await worker.store.due_envs() == set()  # their next slots come with the next version
+    await rig.publish_weights(7)  # slots 1 and 2 of every env are due, late: an env's slots one after another
+    await worker.step_weights()
+    assert await worker.store.due_envs() == set(envs)
+    await drain(worker)
+    later = await rig.samples()
+    assert sorted({(s.group_id, s.window_index) for s in later}) == sorted(
+        (f"{e}@s{i}", i) for e in envs for i in (1, 2)
+    )
+    assert len(later) == 3 * 2 * G and worker.counts.late_slots == 6
+    worker.store.dispose()
+
+
+async def test_play_due_bounded_by_max_concurrent_envs_and_skipping_what_it_is_told(rig: Rig) -> None:
+    envs = [await rig.put_env(version=0, variant=str(i)) for i in range(3)]
+    policy = _Barrier(rig.template, ["\\boxed{0}"], weight_version=None)
+    policy.waiting, policy.all_in = 2 * 2 * G + 1, asyncio.Event()  # more than two envs' plays: never
+    worker = rig.worker("w1", policy, max_concurrent_plays=3 * 2 * G, max_concurrent_envs=2)
+    await worker.step_envs()
+    task = asyncio.create_task(worker.play_due(skip={envs[2]}))
+    for _ in range(600):
+        if policy.arrived == 2 * 2 * G:
+            break
+        await asyncio.sleep(0.01)
+    assert policy.arrived == 2 * 2 * G  # two envs at once; the third is skipped
+    await asyncio.sleep(0.2)
+    assert policy.arrived == 2 * 2 * G and not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # Cancelled, it handed both leases back at once: another worker plays the two slots now.
+    assert [await worker.store.lease(e) for e in envs[:2]] == [(None, None), (None, None)]
+    other = rig.worker("other", max_concurrent_plays=3 * 2 * G, lease_s=600)
+    assert await other.play_due() == 3
+    assert {s.group_id for s in await rig.samples()} == {f"{e}@s0" for e in envs}
+    worker.store.dispose()
+    other.store.dispose()
 
 
 async def test_a_redelivered_env_is_registered_once_and_played_once(rig: Rig) -> None:
