@@ -14,6 +14,10 @@ steps and breaks each step down from its ``metrics.jsonl`` line, which the runne
   ``learner_train`` (the optimiser step), ``publish_reload`` (the server loading the new weights);
   the designer phase's ``other`` is what its components leave: parsing, repair, dedup and queueing
   (concurrent attempts can hide part of it);
+- the overlap (``overlap_learner``, on by default): the seconds of the learner's step that ran beside
+  the next step's generation (``time/learner_overlapped_s``, outside the step's wall time, whose
+  ``learner`` phase is what the loop still waited for) and how long its publication was held until that
+  generation was done;
 - rates: generated tokens per second of busy generation time and of the phase's wall time, plays per
   second of the rollout phase, and the inference server's share of the step: its own busy time
   (``time/inference_busy_s``: scheduler time with work, split into prefill and decode) and the
@@ -42,7 +46,8 @@ from one ``learner_step`` log line to the next; at each line the bench reads eve
 Usage::
 
     .venv/bin/python bench/loop_bench.py [--steps 2] [--envs 1] [--group-size 4]
-        [--mode embedded|distributed|both] [--weights float32|int8|int4] [--designer-init warm|base] [--json]
+        [--mode embedded|distributed|both] [--weights float32|int8|int4] [--designer-init warm|base]
+        [--no-overlap] [--json]
 
 ``--json`` prints one object (settings, ``os.getloadavg()`` at start and end, each step's breakdown
 under ``embedded`` and ``distributed``). ``--steps`` is the learner steps to see in each mode; the
@@ -114,7 +119,9 @@ def breakdown(record: dict[str, Any]) -> dict[str, Any]:
     rates["inference_busy_share"] = busy / wall if wall and busy is not None else None
     for part in ("prefill", "decode"):
         rates[f"inference_{part}_s"] = t.get(f"inference_{part}")
-    return {"step": record["step"], "wall_s": wall, "phases": phases, "rates": rates}
+    # overlap_learner: the learner's step beside the next step's generation (not in the step's wall time)
+    overlap = {"learner_overlapped_s": t.get("learner_overlapped"), "publish_held_s": t.get("learner_publish_held")}
+    return {"step": record["step"], "wall_s": wall, "phases": phases, "rates": rates, "overlap": overlap}
 
 
 def _fmt(value: Any, unit: str = "") -> str:
@@ -150,6 +157,13 @@ def print_table(steps: list[dict[str, Any]]) -> None:
             f"{_fmt(r['inference_prefill_s'], ' s')}, decode {_fmt(r['inference_decode_s'], ' s')}); "
             f"generation request-seconds {pct(r['inference_request_s_share'])} of the step"
         )
+        o = step.get("overlap") or {}
+        if o.get("learner_overlapped_s") is not None:
+            print(
+                f"  overlap: {o['learner_overlapped_s']:.2f} s of the learner's step ran beside the next step's "
+                f"generation (not in the step's wall time); its publication held {_fmt(o['publish_held_s'], ' s')} "
+                "until that generation was done"
+            )
 
 
 # -- a distributed step: the services as processes (``spade cluster``) ---------------------------------
@@ -325,6 +339,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         torch_threads=args.threads,
         designer_init=args.designer_init,
         inference={"weights": args.weights},
+        overlap_learner=not args.no_overlap,
     )
     start = time.perf_counter()
     result = await run(settings)
@@ -336,6 +351,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     "steps",
                     "envs_per_step",
                     "designer_attempts",
+                    "overlap_learner",
                     "designer_max_new_tokens",
                     "group_size",
                     "agent_max_turns",
@@ -398,6 +414,11 @@ def main() -> None:
         choices=("warm", "base"),
         default="warm",
         help="the policy the run starts from (base skips building the warm start on a fresh machine)",
+    )
+    parser.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="train each step before the next one generates (overlap_learner off: the breakdown before the overlap)",
     )
     parser.add_argument("--run-dir", default=None, help="keep the run here (default: a temporary directory)")
     parser.add_argument(

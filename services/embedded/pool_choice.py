@@ -28,7 +28,7 @@ it only costs time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from spade import signal
@@ -90,9 +90,15 @@ class PoolChoice:
         last = -1 if h.last_step is None else h.last_step
         return (tier, last, distance, h.order)
 
-    def choose(self) -> list[str]:
-        """The pool envs to play this step (at most ``per_step``), best first."""
-        live = [h for h in self.history.values() if h.barren < self.retire_after]
+    def choose(self, due: Collection[str] | None = None) -> list[str]:
+        """The pool envs to play this step (at most ``per_step``), best first.
+
+        Args:
+            due: The envs that have a slot to play now (None: all). An env's next slot comes with the
+                next weight version, so with the learner overlapped the envs of the last step wait a
+                step, and others are chosen meanwhile.
+        """
+        live = [h for h in self.history.values() if h.barren < self.retire_after and (due is None or h.env_id in due)]
         return [h.env_id for h in sorted(live, key=self._rank)[: self.per_step]]
 
     def skipped(self, chosen: Sequence[str]) -> set[str]:

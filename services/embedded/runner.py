@@ -16,12 +16,20 @@ One step of the loop, for weight version ``v``:
    that trains nothing says why in words (``metrics.why_not_trained``), and the next step's choice
    plays other envs.
 
+With ``overlap_learner`` (the default) step 3 runs beside the next step's 1 and 2: once the learner
+has taken the step's samples off the queues, the next step designs and plays on version ``v``, and
+the learner's version ``v+1`` is published when that generation is done (:class:`PublishGate`), so
+a step's plays and attempts always share one version, one behind the learner. On two cores the
+learner's training and the server's generation still share the CPU well: the training is
+compute-bound, small-batch decoding is bound by memory and Python.
+
 With ``held_out_eval`` the weights are scored on held-out envs before the first step and after the
 last, and the paired difference with its bootstrap interval heads the report.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import defaultdict
@@ -55,6 +63,7 @@ if TYPE_CHECKING:
     from services.learner.core.window import ScoredAttempt
     from services.learner.learner import Learner, StepReport
     from services.rollout.worker import RolloutWorker
+    from spade.memory.records import Play
     from spade.runspec import RunSpec
 
 __all__ = ["Progress", "RunResult", "RunSetupError", "StepListener", "run"]
@@ -132,9 +141,58 @@ def _reward_row(step: int, scored: ScoredAttempt) -> dict[str, Any]:
     return row
 
 
+class PublishGate:
+    """The learner's publisher, holding each publication until :attr:`open` is set.
+
+    With the learner overlapped (``RunSettings.overlap_learner``), a step's training runs while the
+    next step generates; its weights reach the server only when that generation is done, so every
+    play and designer attempt of a step is generated under one weight version, whatever the timing.
+    """
+
+    def __init__(self, publisher: Any) -> None:
+        self._publisher = publisher
+        self.open = asyncio.Event()
+        self.open.set()
+        self.held_s = 0.0
+        """Seconds publications were held since :meth:`take_held` (inside the learner's ``publish`` time)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._publisher, name)
+
+    async def publish(self, *args: Any, **kwargs: Any) -> Any:
+        mark = time.perf_counter()
+        await self.open.wait()
+        self.held_s += time.perf_counter() - mark
+        return await self._publisher.publish(*args, **kwargs)
+
+    def take_held(self) -> float:
+        held, self.held_s = self.held_s, 0.0
+        return held
+
+
+@dataclass
+class Generated:
+    """What one step's generation left for its ``metrics.jsonl`` line (see :meth:`StepLoop.generate`)."""
+
+    step: int
+    batch: BatchResult | None
+    chosen: list[str]
+    plays: list[Play]
+    phases: dict[str, float]
+    busy: dict[str, float]
+    counts: dict[str, int]
+    scored: list[ScoredAttempt] = field(default_factory=list)
+
+
 @dataclass
 class StepLoop:
-    """The roles of one run and what a step needs between them (built by :func:`run`)."""
+    """The roles of one run and what a step needs between them (built by :func:`run`).
+
+    A step is :meth:`generate` (the designer's round, then the plays), :meth:`start_training` (the
+    learner takes the step's samples) and :meth:`finish` (the learner's step done and published, the
+    step's line written). Sequentially they run one after another; overlapped, :func:`run` generates
+    the next step while this one trains (see ``RunSettings.overlap_learner``).
+    """
 
     settings: RunSettings
     spec: RunSpec
@@ -146,8 +204,10 @@ class StepLoop:
     clock: PhaseClock
     choice: PoolChoice
     scored: list[ScoredAttempt]
+    gate: PublishGate | None
     progress: Progress
     start: float
+    served_version: int = 0
 
     async def design(self, step: int) -> BatchResult | None:
         """A designer round, when one is due this step."""
@@ -155,7 +215,8 @@ class StepLoop:
             return None
         self.progress("designer", 0, 1)
         round_index = (step - 1) // self.settings.regenerate_every
-        batch = await self.designer.run_batch(round_index=round_index, weight_version=self.learner.version)
+        # The weights the server serves (one version behind the learner's while it trains, overlapped).
+        batch = await self.designer.run_batch(round_index=round_index, weight_version=self.served_version)
         self.progress("designer", 1, 1)
         return batch
 
@@ -166,10 +227,8 @@ class StepLoop:
         await worker.step_weights()
         while await worker.step_envs():
             pass
-        chosen = self.choice.choose()
-        skip = self.choice.skipped(chosen)
-        while await worker.step_window(skip=skip):
-            pass
+        chosen = self.choice.choose(due=await worker.store.due_envs())
+        await worker.play_due(skip=self.choice.skipped(chosen))
         returns: dict[str, list[float]] = defaultdict(list)
         for p in self.tapped.plays:
             if not p.hinted:
@@ -178,56 +237,88 @@ class StepLoop:
         self.progress("rollout", 1, 1)
         return chosen
 
-    async def train(self) -> StepReport | None:
-        """One learner step (None when it was told to stop)."""
+    async def generate(self, step: int) -> Generated:
+        """The step's designer round and plays, on the weights the server serves now."""
+        self.tapped.plays.clear()
+        engine = self.parts.server.engine.work  # the server's own busy time (requests overlap)
+        engine_mark = (engine.busy_s, engine.prefill_s, engine.decode_s)
+        phases: dict[str, float] = {}
+        mark = time.perf_counter()
+        batch = await self.design(step)
+        phases["designer"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        chosen = await self.play(step)
+        phases["rollout"] = time.perf_counter() - mark
+        for part, before in zip(("busy", "prefill", "decode"), engine_mark, strict=True):
+            phases[f"inference_{part}"] = getattr(engine, f"{part}_s") - before
+        busy, counts = self.clock.take()
+        return Generated(step, batch, chosen, list(self.tapped.plays), phases, busy, counts)
+
+    async def start_training(self, generated: Generated) -> asyncio.Task[StepReport]:
+        """Start the learner's step on ``generated``'s samples; return once it has taken them from the
+        queues (or ended), so that nothing generated later joins its batch."""
         self.progress("learner", 0, 1)
-        report = await self.learner.run_step()
+        mark = time.perf_counter()
+        assembled = asyncio.Event()
+        training = asyncio.create_task(self.learner.run_step(on_assembled=assembled.set))
+        waiting = asyncio.create_task(assembled.wait())
+        await asyncio.wait({training, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        generated.phases["learner"] = time.perf_counter() - mark
+        generated.scored = list(self.scored)  # the designer rewards the learner reported as it planned
+        self.scored.clear()
+        return training
+
+    async def finish(
+        self, generated: Generated, training: asyncio.Task[StepReport], evaluator: InRunEval | None
+    ) -> dict[str, Any]:
+        """Wait for the learner's step (publishing its weights now), then return the step's line.
+
+        ``time/learner_s`` is the time the loop waited for the learner; overlapped, the part of its
+        step that ran beside the next step's generation is ``time/learner_overlapped_s``.
+        """
+        from services.embedded.metrics import step_metrics, why_not_trained
+
+        phases = generated.phases
+        if self.gate is not None:
+            self.gate.open.set()
+        mark = time.perf_counter()
+        report = await training
+        phases["learner"] += time.perf_counter() - mark
         release_freed_memory()
         self.progress("learner", 1, 1)
         await self.worker.step_weights()
-        return report
-
-    async def step(self, step: int, evaluator: InRunEval | None) -> dict[str, Any]:
-        """Run one step and return its ``metrics.jsonl`` line."""
-        from services.embedded.metrics import step_metrics, why_not_trained
-
-        self.tapped.plays.clear()
-        self.scored.clear()
-        phases: dict[str, float] = {}
-        engine = self.parts.server.engine.work  # the server's own busy time (requests overlap)
-        engine_mark = (engine.busy_s, engine.prefill_s, engine.decode_s)
+        self.served_version = self.learner.version
+        if report.metrics is not None:
+            phases["learner_train"] = report.metrics.step_time_s
+        if self.gate is not None:
+            # The learner's own time (its publish time less the hold) beyond what the loop waited for
+            # it: what ran beside the next step's generation.
+            held = self.gate.take_held()
+            own = sum(report.timings.values()) - held
+            phases["learner_publish_held"] = held
+            phases["learner_overlapped"] = max(0.0, own - phases["learner"])
         mark = time.perf_counter()
-
-        def lap(name: str) -> None:
-            nonlocal mark
-            now = time.perf_counter()
-            phases[name], mark = now - mark, now
-
-        batch = await self.design(step)
-        lap("designer")
-        chosen = await self.play(step)
-        lap("rollout")
-        report = await self.train()
-        lap("learner")
         probed = await self.parts.memory.probe_pending(self.parts.pool)
         stats = await self.parts.memory.stats()
-        lap("stats")
+        phases["stats"] = time.perf_counter() - mark
         figures: dict[str, Any] = {}
-        if evaluator is not None and evaluator.due(step):
-            figures = await evaluator(step, self.learner.version)
-            lap("eval")
+        if evaluator is not None and evaluator.due(generated.step):
+            mark = time.perf_counter()
+            figures = await evaluator(generated.step, self.learner.version)
+            phases["eval"] = time.perf_counter() - mark
         infos = await self.parts.client.model_info()
-        busy, counts = self.clock.take()
+        busy, counts = self.clock.take()  # the publication, the probes, the evaluation
+        for name, seconds in generated.busy.items():
+            busy[name] = busy.get(name, 0.0) + seconds
+        for name, count in generated.counts.items():
+            counts[name] = counts.get(name, 0) + count
         phases.update(busy)
-        for part, before in zip(("busy", "prefill", "decode"), engine_mark, strict=True):
-            phases[f"inference_{part}"] = getattr(engine, f"{part}_s") - before
-        if report is not None and report.metrics is not None:
-            phases["learner_train"] = report.metrics.step_time_s
         record = step_metrics(
-            step,
+            generated.step,
             spec_id=self.spec.spec_id,
-            batch=batch,
-            plays=self.tapped.plays,
+            batch=generated.batch,
+            plays=generated.plays,
             report=report,
             stats=stats,
             weight_version=",".join(str(i.weight_version) for i in infos),
@@ -238,11 +329,43 @@ class StepLoop:
         )
         record.update(process_memory())
         record["pool/probed_this_step"] = probed
-        record["pool/chosen_this_step"] = len(chosen)
+        record["pool/chosen_this_step"] = len(generated.chosen)
         record["pool/retired_no_signal"] = len(self.choice.retired)
         if not record.get("learner/trained"):
             record["learner/why_not_trained"] = why_not_trained(record)
         return record
+
+    async def steps(self, evaluator: InRunEval | None, write: Callable[[dict[str, Any], Generated], None]) -> None:
+        """Run every step, each line written (``write``) as its learner step is done.
+
+        Sequential: generate, train, finish, one step after another. Overlapped (``gate`` set): step
+        ``n + 1`` generates on the weights step ``n`` started from while step ``n`` trains, its
+        publication held until that generation is done; the last step's training is waited for.
+        """
+        pending: tuple[Generated, asyncio.Task[StepReport]] | None = None
+        try:
+            self.progress("step", 0, self.settings.steps)
+            for step in range(1, self.settings.steps + 1):
+                if self.gate is not None and pending is not None:
+                    self.gate.open.clear()
+                generated = await self.generate(step)
+                if pending is not None:
+                    write(await self.finish(*pending, evaluator), pending[0])
+                    pending = None
+                training = await self.start_training(generated)
+                pending = (generated, training)
+                if self.gate is None:
+                    write(await self.finish(generated, training, evaluator), generated)
+                    pending = None
+            if pending is not None:
+                write(await self.finish(*pending, evaluator), pending[0])
+                pending = None
+        finally:
+            if pending is not None and not pending[1].done():
+                if self.gate is not None:
+                    self.gate.open.set()
+                pending[1].cancel()
+                await asyncio.gather(pending[1], return_exceptions=True)
 
 
 async def run(
@@ -275,6 +398,12 @@ async def run(
         progress("start", 1, 1)
         roles = role_settings(settings, inference_url=parts.server.url, model=parts.model, admin_key=parts.admin_key)
         check_context(settings, roles, parts.model)
+        if settings.overlap_learner and roles.learner.max_staleness < 1:
+            raise RunSetupError(
+                "overlap_learner trains each step while the next one generates, one weight version behind the "
+                f"learner, but the learner's max_staleness is {roles.learner.max_staleness}: every play would "
+                "be dropped; set learner.max_staleness >= 1 or overlap_learner: false"
+            )
         result.departures = departures(settings)
         if settings.seed_pool:
             result.seeded = await seed_pool(settings, parts, spec.spec_id)
@@ -286,11 +415,23 @@ async def run(
         tapped = TappedMemory(parts.memory, clock)
         scored: list[ScoredAttempt] = []
         learner = build_learner(roles.learner, spec=spec, queue=parts.queue, on_designer_reward=scored.append)
+        gate = None
         if learner.publisher is not None:
             learner.publisher = Timed(learner.publisher, clock, "publish_reload")  # type: ignore[assignment]
+            if settings.overlap_learner:
+                gate = PublishGate(learner.publisher)
+                learner.publisher = gate  # type: ignore[assignment]
         evaluator = InRunEval(settings, parts) if settings.eval_every or settings.held_out_eval else None
 
-        def write(record: dict[str, Any]) -> None:
+        def write(record: dict[str, Any], generated: Generated | None = None) -> None:
+            if generated is not None and generated.scored:
+                with rewards_path.open("a") as fh:
+                    fh.writelines(
+                        json.dumps(_reward_row(generated.step, s), default=str) + "\n" for s in generated.scored
+                    )
+            if generated is not None:
+                result.weight_version = learner.version
+                progress("step", generated.step, settings.steps)
             result.steps.append(record)
             with metrics_path.open("a") as fh:
                 fh.write(json.dumps(record, default=str) + "\n")
@@ -327,18 +468,12 @@ async def run(
                         retire_after=settings.pool_retire_after,
                     ),
                     scored=scored,
+                    gate=gate,
                     progress=progress,
                     start=start,
+                    served_version=learner.version,
                 )
-                for step in range(1, settings.steps + 1):
-                    progress("step", step - 1, settings.steps)
-                    record = await loop.step(step, evaluator)
-                    if scored:
-                        with rewards_path.open("a") as fh:
-                            fh.writelines(json.dumps(_reward_row(step, s), default=str) + "\n" for s in scored)
-                    write(record)
-                    result.weight_version = learner.version
-                    progress("step", step, settings.steps)
+                await loop.steps(evaluator, write)
                 result.audit_retired = [(v.env_id, v.reason) for v in await worker.store.audits(trivially_won=True)]
         finally:
             await close_learner(learner, close_queue=False)

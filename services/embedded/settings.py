@@ -271,6 +271,13 @@ class RunSettings(ServiceSettings):
         description="Validity shaping of invalid designer attempts (small models): "
         "-w * (1 - fraction of checks passed), a penalty that orders them and never outbids a valid env.",
     )
+    overlap_learner: bool = Field(
+        True,
+        description="Train each step's samples while the next step generates (on the weights that step started "
+        "from; the new weights are published once that generation is done): the plays of step n+1 are one "
+        "version behind the learner, which max_staleness allows and truncated importance sampling corrects. "
+        "Off: generate, train, publish, one after another.",
+    )
     eval_every: int = Field(
         0,
         ge=0,

@@ -239,11 +239,16 @@ class Learner:
 
     # ------------------------------------------------------------------ the step
 
-    async def run_step(self, stop: asyncio.Event | None = None) -> StepReport:
+    async def run_step(
+        self, stop: asyncio.Event | None = None, on_assembled: Callable[[], None] | None = None
+    ) -> StepReport:
         """Gather one batch and train on it (see the module docstring).
 
         Args:
             stop: When set, the fill is abandoned and the step returns untrained (``stopped``).
+            on_assembled: Called once the batch is taken from the queues and planned (the designer
+                rewards reported), before the training: what arrives on the queues after it belongs to
+                the next step. The embedded run's overlap starts the next step's generation there.
         """
         self.intake.counts.clear()  # a step that raised leaves nothing behind
         await self.intake.flush_acks()
@@ -269,6 +274,8 @@ class Learner:
         work = StepWork(plan.batch, publish_version, checkpoint_step, state)
         await self._broadcast(work)
         assembled = time.perf_counter()
+        if on_assembled is not None:
+            on_assembled()
         done = await asyncio.to_thread(execute, work, self.trainer, self.writer)
         timings = {"wait": filled - started, "assemble": assembled - filled, **done.timings}
         if done.checkpoint is not None:

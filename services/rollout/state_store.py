@@ -403,6 +403,17 @@ class RolloutStateStore:
                 return Claim(env, slot, int(attempts), error, m["lease_owner"], until)
         return None
 
+    async def due_envs(self) -> set[str]:
+        """The active envs with a slot due at the latest version, leased or not."""
+        return await asyncio.to_thread(self._due_envs)
+
+    def _due_envs(self) -> set[str]:
+        latest = self._latest()
+        c = rollout_windows.c
+        with self._engine.connect() as conn:
+            rows = conn.execute(sa.select(rollout_windows).where(c.status == EnvStatus.ACTIVE.value)).all()
+        return {env.env_id for env in map(_to_env, rows) if due_slot(env, latest) is not None}
+
     def held_slots(self) -> list[HeldSlot]:
         """Every slot under a lease now, lapsed or not, by owner (synchronous: an operator's report)."""
         c = rollout_windows.c

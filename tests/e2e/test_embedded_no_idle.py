@@ -44,6 +44,7 @@ def idle_first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RunR
         seed_pool=False,
         pool_envs_per_step=1,  # one env a step, in pool order first: the secret word, then the graded sum
         lr=1e-4,
+        overlap_learner=False,  # the sequential loop (tests/e2e/test_embedded_run.py runs the overlapped one)
         **TRAINING,  # type: ignore[arg-type]
     )
     return run_dir, asyncio.run(run(settings))
@@ -81,6 +82,9 @@ def test_designer_off_trains_only_the_agent_on_the_valid_envs_of_its_pool(
         assert record["designer/ran"] is False and record["designer/total/attempts"] == 0
         assert not record.get("learner/count/designer_received") and not record.get("designer/scored")
     assert records[-1]["learner/count/agent_received"] > 0
+    # Sequential: nothing of a learner step ran beside generation, and no play was behind the learner.
+    assert not any("time/learner_overlapped_s" in r for r in records)
+    assert all(not r.get("learner/staleness/agent_max") for r in records)
     assert len(result.static) == 2  # the broken env is left out
     envs = lines(run_dir / "envs.jsonl")
     assert {e["source"] for e in envs} == {"static pool"} and len(envs) == 2

@@ -9,6 +9,7 @@ share and why their plays are the same on every run.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,25 @@ def test_agent_figures_pool_metrics_and_the_learner_s_step(policy_run: tuple[Pat
     assert all(f'data-chart="{chart}"' in page for chart in chart_ids())
     assert 'id="summary"' in page and f"seed pool ({len(result.seeded)} envs)" in page and result.spec_id in page
     assert "Departures from the paper" in page and "seed_pool = True" in page
+
+
+def test_each_step_trains_beside_the_next_steps_generation_and_publishes_after_it(
+    policy_run: tuple[Path, RunResult],
+) -> None:
+    run_dir, result = policy_run
+    first, second = _steps(run_dir)
+    # Step 1 trained while step 2 generated; its weights were held until that generation was done,
+    # so every play of the run (steps 1 and 2) was generated under version 0 ...
+    assert first["learner/trained"] and first["time/learner_overlapped_s"] > 0
+    assert first["time/learner_publish_held_s"] > 0
+    with sqlite3.connect(run_dir / "memory.db") as db:
+        versions = {v for (v,) in db.execute("SELECT DISTINCT weight_version FROM plays")}
+    assert versions == {0}, versions
+    # ... one version behind the learner at step 2, as the staleness figures say; the last step is
+    # waited for (nothing to overlap) and its weights are the ones served at the end.
+    assert first["learner/staleness/agent_max"] == 0 and second["learner/staleness/agent_max"] == 1
+    assert second["time/learner_overlapped_s"] < 1 and second["time/learner_s"] > first["time/learner_s"]
+    assert int(second["inference/weight_version"]) == result.weight_version == 2
 
 
 def test_held_out_families_are_scored_before_the_first_step_and_after_the_last(

@@ -23,6 +23,15 @@ def test_a_step_after_one_that_trained_nothing_plays_something_new() -> None:
     assert set(choice.choose()).isdisjoint({*first, *second})
 
 
+def test_only_envs_with_a_slot_due_are_chosen_in_their_order() -> None:
+    choice = PoolChoice(["easy", "hard", "mid", "fresh", "near"], per_step=2, retire_after=3)
+    choice.observe(1, {"easy": [0.9, 1.0], "hard": [0.0, 0.1], "mid": [0.4, 0.6], "near": [0.8, 1.0]})
+    assert choice.choose() == ["mid", "fresh"]
+    # "mid" waits for its next weight version (overlapped learner): the next best in order instead.
+    assert choice.choose(due={"easy", "hard", "fresh", "near"}) == ["fresh", "near"]
+    assert choice.choose(due=set()) == []
+
+
 def test_envs_without_signal_for_several_slots_are_retired_and_never_chosen() -> None:
     choice = PoolChoice(["dead", "alive"], per_step=2, retire_after=2)
     for step in (1, 2):
