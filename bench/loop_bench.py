@@ -97,7 +97,9 @@ def breakdown(record: dict[str, Any]) -> dict[str, Any]:
             busy = t.get(part) if part == "learner_train" else t.get(f"{part}_busy")
             if busy is None:
                 continue
-            inside[part] = {"busy_s": busy, "of_phase": busy / t[phase] if t[phase] else None}
+            # An overlapped learner's parts ran mostly outside its phase (what the loop waited for): no share.
+            shared = bool(t[phase]) and not (phase == "learner" and t.get("learner_overlapped"))
+            inside[part] = {"busy_s": busy, "of_phase": busy / t[phase] if shared else None}
             if f"{part}_calls" in work:
                 inside[part]["calls"] = work[f"{part}_calls"]
         if phase == "designer":  # sequential within an attempt: what they leave is parsing, repair, dedup, queue
