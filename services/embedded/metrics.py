@@ -7,8 +7,8 @@ learner's step report. This module only names and groups them:
 
 - ``step``, ``elapsed_s``, ``spec_id``, ``time/<phase>_s`` (where the step's wall time went, in
   seconds: the loop's phases, each component's busy time, and the inference server's own busy,
-  prefill and decode time, ``time/inference_{busy,prefill,decode}_s``, which overlapping requests do
-  not add up) and ``work/<component>_calls`` and
+  prefill and decode time during the step's generation (designer and rollout phases),
+  ``time/inference_{busy,prefill,decode}_s``, which overlapping requests do not add up) and ``work/<component>_calls`` and
   ``work/<component>_tokens`` (how many calls each component served, tokens it generated). With the
   learner overlapped (``overlap_learner``), ``time/learner_s`` is what the loop waited for the
   learner, ``time/learner_overlapped_s`` the part of its step that ran beside the next step's

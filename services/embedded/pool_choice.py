@@ -95,8 +95,8 @@ class PoolChoice:
 
         Args:
             due: The envs that have a slot to play now (None: all). An env's next slot comes with the
-                next weight version, so with the learner overlapped the envs of the last step wait a
-                step, and others are chosen meanwhile.
+                next weight version: after a step that published none (with the learner overlapped,
+                step 2, which still plays on version 0) the envs just played wait, and others are chosen.
         """
         live = [h for h in self.history.values() if h.barren < self.retire_after and (due is None or h.env_id in due)]
         return [h.env_id for h in sorted(live, key=self._rank)[: self.per_step]]

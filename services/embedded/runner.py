@@ -1,4 +1,4 @@
-"""The embedded main job's step loop: designer, rollout and learner of one weight version at a time.
+"""The embedded main job's step loop: designer, rollout and learner, each step's learner beside the next step.
 
 Every part runs in this process (``system.py``: the sandbox pool, a SQLite memory, the in-process
 queue, the embedded inference server); each role gets the settings the run implies (``roles.py``);
@@ -254,16 +254,32 @@ class StepLoop:
         busy, counts = self.clock.take()
         return Generated(step, batch, chosen, list(self.tapped.plays), phases, busy, counts)
 
-    async def start_training(self, generated: Generated) -> asyncio.Task[StepReport]:
+    async def start_training(self, generated: Generated, *, hold: bool) -> asyncio.Task[StepReport]:
         """Start the learner's step on ``generated``'s samples; return once it has taken them from the
-        queues (or ended), so that nothing generated later joins its batch."""
+        queues (or ended), so that nothing generated later joins its batch.
+
+        Args:
+            hold: Hold its publication until :meth:`finish` (another step generates meanwhile).
+
+        Raises:
+            Exception: The learner's step failed before it took its batch (raised here, not later).
+        """
         self.progress("learner", 0, 1)
+        if self.gate is not None and hold:
+            self.gate.open.clear()  # before the step starts: it cannot publish before the next generation
         mark = time.perf_counter()
         assembled = asyncio.Event()
         training = asyncio.create_task(self.learner.run_step(on_assembled=assembled.set))
         waiting = asyncio.create_task(assembled.wait())
-        await asyncio.wait({training, waiting}, return_when=asyncio.FIRST_COMPLETED)
-        waiting.cancel()
+        try:
+            await asyncio.wait({training, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            training.cancel()
+            raise
+        finally:
+            waiting.cancel()
+        if training.done() and training.exception() is not None:
+            raise training.exception()  # type: ignore[misc]
         generated.phases["learner"] = time.perf_counter() - mark
         generated.scored = list(self.scored)  # the designer rewards the learner reported as it planned
         self.scored.clear()
@@ -288,7 +304,6 @@ class StepLoop:
         release_freed_memory()
         self.progress("learner", 1, 1)
         await self.worker.step_weights()
-        self.served_version = self.learner.version
         if report.metrics is not None:
             phases["learner_train"] = report.metrics.step_time_s
         if self.gate is not None:
@@ -308,6 +323,9 @@ class StepLoop:
             figures = await evaluator(generated.step, self.learner.version)
             phases["eval"] = time.perf_counter() - mark
         infos = await self.parts.client.model_info()
+        # What the server serves now (a learner publishing every version: the learner's version).
+        served = [int(v) for v in (i.weight_version for i in infos) if v is not None and v.isdigit()]
+        self.served_version = min(served, default=self.learner.version)
         busy, counts = self.clock.take()  # the publication, the probes, the evaluation
         for name, seconds in generated.busy.items():
             busy[name] = busy.get(name, 0.0) + seconds
@@ -346,13 +364,11 @@ class StepLoop:
         try:
             self.progress("step", 0, self.settings.steps)
             for step in range(1, self.settings.steps + 1):
-                if self.gate is not None and pending is not None:
-                    self.gate.open.clear()
                 generated = await self.generate(step)
                 if pending is not None:
                     write(await self.finish(*pending, evaluator), pending[0])
                     pending = None
-                training = await self.start_training(generated)
+                training = await self.start_training(generated, hold=step < self.settings.steps)
                 pending = (generated, training)
                 if self.gate is None:
                     write(await self.finish(generated, training, evaluator), generated)
@@ -361,11 +377,13 @@ class StepLoop:
                 write(await self.finish(*pending, evaluator), pending[0])
                 pending = None
         finally:
-            if pending is not None and not pending[1].done():
+            if pending is not None:  # a step failed (or the run was cancelled) while one trained
                 if self.gate is not None:
                     self.gate.open.set()
                 pending[1].cancel()
-                await asyncio.gather(pending[1], return_exceptions=True)
+                (outcome,) = await asyncio.gather(pending[1], return_exceptions=True)
+                if isinstance(outcome, Exception):
+                    log.error("the learner's step %d failed as well: %r", pending[0].step, outcome)
 
 
 async def run(

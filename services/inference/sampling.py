@@ -58,6 +58,9 @@ def sample_tokens(
 
     Returns:
         ``(token_id, logprob)`` per row, with the logprob convention of this module.
+
+    Raises:
+        ValueError: A row has no finite distribution (NaN logits, or every token masked out).
     """
     logits = logits.float()
     greedy = [is_greedy(p) for p in params]
@@ -77,6 +80,10 @@ def sample_tokens(
         drawn = torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
         tokens[sampled] = drawn.clamp(max=logits.shape[-1] - 1)
     chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    if not bool(torch.isfinite(chosen).all()):
+        # NaN logits (a diverged update) or a row with no allowed token: no token can be drawn honestly.
+        bad = [i for i, ok in enumerate(torch.isfinite(chosen).tolist()) if not ok]
+        raise ValueError(f"rows {bad} have no finite distribution to sample from (NaN or all -inf logits)")
     return list(zip(tokens.tolist(), chosen.tolist(), strict=True))
 
 

@@ -404,7 +404,8 @@ class RolloutStateStore:
         return None
 
     async def due_envs(self) -> set[str]:
-        """The active envs with a slot due at the latest version, leased or not."""
+        """The active envs with a slot due at the latest version, leased or not (an env held back after a
+        failed slot counts as due, though :meth:`claim` leaves it until its hold ends)."""
         return await asyncio.to_thread(self._due_envs)
 
     def _due_envs(self) -> set[str]:

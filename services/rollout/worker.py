@@ -413,7 +413,7 @@ class RolloutWorker:
                 if not self._jobs:
                     return started
                 await asyncio.wait(list(self._jobs.values()), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled, or the state store failed: no slot outlives the call
             jobs = list(self._jobs.values())
             for job in jobs:
                 job.cancel()

@@ -428,26 +428,28 @@ async def test_play_due_plays_every_due_env_at_once(rig: Rig) -> None:
 
 
 async def test_play_due_bounded_by_max_concurrent_envs_and_skipping_what_it_is_told(rig: Rig) -> None:
-    envs = [await rig.put_env(version=0, variant=str(i)) for i in range(3)]
+    envs = [await rig.put_env(version=0, variant=str(i)) for i in range(4)]
     policy = _Barrier(rig.template, ["\\boxed{0}"], weight_version=None)
-    policy.waiting, policy.all_in = 2 * 2 * G + 1, asyncio.Event()  # more than two envs' plays: never
-    worker = rig.worker("w1", policy, max_concurrent_plays=3 * 2 * G, max_concurrent_envs=2)
+    policy.waiting, policy.all_in = 3 * 2 * G, asyncio.Event()  # three envs' plays at once: never
+    worker = rig.worker("w1", policy, max_concurrent_plays=4 * 2 * G, max_concurrent_envs=2, lease_s=600)
     await worker.step_envs()
-    task = asyncio.create_task(worker.play_due(skip={envs[2]}))
+    task = asyncio.create_task(worker.play_due(skip={envs[3]}))
     for _ in range(600):
         if policy.arrived == 2 * 2 * G:
             break
         await asyncio.sleep(0.01)
-    assert policy.arrived == 2 * 2 * G  # two envs at once; the third is skipped
     await asyncio.sleep(0.2)
+    # Two envs at once (of the three it may play), the skipped one never claimed.
     assert policy.arrived == 2 * 2 * G and not task.done()
+    leases = [(await worker.store.lease(e))[0] for e in envs]
+    assert leases.count("w1") == 2 and leases[3] is None, leases
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    # Cancelled, it handed both leases back at once: another worker plays the two slots now.
-    assert [await worker.store.lease(e) for e in envs[:2]] == [(None, None), (None, None)]
-    other = rig.worker("other", max_concurrent_plays=3 * 2 * G, lease_s=600)
-    assert await other.play_due() == 3
+    # Cancelled, it handed both leases back at once: another worker plays every slot now.
+    assert [await worker.store.lease(e) for e in envs] == [(None, None)] * 4
+    other = rig.worker("other", max_concurrent_plays=4 * 2 * G, lease_s=600)
+    assert await other.play_due() == 4
     assert {s.group_id for s in await rig.samples()} == {f"{e}@s0" for e in envs}
     worker.store.dispose()
     other.store.dispose()

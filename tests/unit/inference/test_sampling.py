@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from services.inference.sampling import (
@@ -75,6 +76,17 @@ def test_a_batch_draws_what_each_row_draws_alone() -> None:
     # The greedy row took the argmax of its own row, untempered, and drew nothing from its RNG.
     assert batch[1][0] == 5 and abs(batch[1][1] - float(torch.log_softmax(LOGITS.flip(0), -1)[5])) < 1e-6
     assert torch.equal(batch_gens[1].get_state(), torch.Generator().manual_seed(2).get_state())
+
+
+def test_a_row_without_a_finite_distribution_is_refused_not_sampled() -> None:
+    params = [SamplingParams(temperature=0.7), SamplingParams(temperature=0.7)]
+    gens = [torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)]
+    nan = torch.stack([LOGITS, torch.full_like(LOGITS, float("nan"))])
+    with pytest.raises(ValueError, match=r"rows \[1\]"):
+        sample_tokens(nan, params, gens)
+    masked = torch.stack([torch.full_like(LOGITS, float("-inf")), LOGITS])  # a grammar allowing nothing
+    with pytest.raises(ValueError, match=r"rows \[0\]"):
+        sample_tokens(masked, params, gens)
 
 
 def test_stop_rules() -> None:
