@@ -8,12 +8,13 @@ learner's step report. This module only names and groups them:
 - ``step``, ``elapsed_s``, ``spec_id``, ``time/<phase>_s`` (where the step's wall time went, in
   seconds: the loop's phases, each component's busy time, and the inference server's own busy,
   prefill and decode time during the step's generation (designer and rollout phases),
-  ``time/inference_{busy,prefill,decode}_s``, which overlapping requests do not add up) and ``work/<component>_calls`` and
-  ``work/<component>_tokens`` (how many calls each component served, tokens it generated). With the
-  learner overlapped (``overlap_learner``), ``time/learner_s`` is what the loop waited for the
-  learner, ``time/learner_overlapped_s`` the part of its step that ran beside the next step's
-  generation (outside the step's wall time) and ``time/learner_publish_held_s`` how long its
-  publication was held until that generation was done (inside ``learner/time/publish_s``);
+  ``time/inference_{busy,prefill,decode}_s``, which overlapping requests do not add up) and
+  ``work/<component>_calls`` and ``work/<component>_tokens`` (how many calls each component served,
+  tokens it generated). With the learner overlapped (``overlap_learner``), ``time/learner_s`` is
+  what the loop waited for the learner, ``time/learner_overlapped_s`` the part of its step that ran
+  beside the next step's generation (outside the step's wall time) and
+  ``time/learner_publish_held_s`` how long its publication was held until that generation was done
+  (inside ``learner/time/publish_s``);
 - ``designer/...``: this step's round (``designer/attempts``, ``designer/valid``,
   ``designer/validity_rate``, ``designer/outcome/<outcome>`` for valid, malformed, duplicate and
   each failing check), the learner's scored rewards (``designer/regret_mean``, ``designer/blend_mean``
