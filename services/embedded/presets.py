@@ -123,6 +123,13 @@ PAPER: tuple[PaperValue, ...] = (
     ),
     PaperValue("seed_pool", False, False, "REFERENCE §6: the pool starts empty; every env is designed"),
     PaperValue(
+        "overlap_learner",
+        False,
+        False,
+        "REFERENCE §8: slime's colocated loop rolls out, then trains, then syncs the weights: every rollout "
+        "on the weights just trained",
+    ),
+    PaperValue(
         "designer_init",
         "base",
         "base",
@@ -188,6 +195,8 @@ PAPER: tuple[PaperValue, ...] = (
 """Every value of the paper's setup this project can set, with its source."""
 
 WHY: Mapping[str, str] = {
+    "overlap_learner": "on a 2-core CPU a step's training runs beside the next step's generation (three default "
+    "steps 373 s -> 302 s); those plays are one weight version behind, which truncated importance sampling corrects",
     "steps": "a run that ends on a laptop (each step costs minutes on CPU)",
     "envs_per_step": "CPU generation: each designer answer takes minutes with the 135M model",
     "skills_per_round": "with 2 envs per round, one skill keeps a pair to centre each designer blend on",
