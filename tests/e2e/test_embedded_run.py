@@ -117,10 +117,11 @@ def test_each_step_trains_beside_the_next_steps_generation_and_publishes_after_i
 ) -> None:
     run_dir, result = policy_run
     first, second = _steps(run_dir)
-    # Step 1 trained while step 2 generated; its weights were held until that generation was done,
+    # Step 1 trained while step 2 generated; its weights could not reach the server before that
+    # generation was done (held when the training ended first: how long depends on the machine's load),
     # so every play of the run (steps 1 and 2) was generated under version 0 ...
     assert first["learner/trained"] and first["time/learner_overlapped_s"] > 0
-    assert first["time/learner_publish_held_s"] > 0
+    assert first["time/learner_publish_held_s"] >= 0
     with sqlite3.connect(run_dir / "memory.db") as db:
         versions = {v for (v,) in db.execute("SELECT DISTINCT weight_version FROM plays")}
         designed = {v for (v,) in db.execute("SELECT DISTINCT weight_version FROM designer_attempts")}
