@@ -261,11 +261,7 @@ class RolloutWorker:
         while not stop.is_set():
             try:
                 await self._retire_closed()
-                while len(self._jobs) < self.config.max_concurrent_envs:
-                    claim = await self.store.claim(self.config.consumer, self.config.lease_s, self._jobs.keys())
-                    if claim is None:
-                        break
-                    self._start(claim)
+                await self._fill()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -273,6 +269,18 @@ class RolloutWorker:
             waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait()), *self._jobs.values()]
             await asyncio.wait(waits, timeout=self.config.poll_s, return_when=asyncio.FIRST_COMPLETED)
             waits[0].cancel()
+
+    async def _fill(self, skip: Collection[str] = ()) -> int:
+        """Claim due slots (never of an env in flight or in ``skip``) until ``max_concurrent_envs`` are in
+        flight or nothing is due; return how many were started."""
+        started = 0
+        while len(self._jobs) < self.config.max_concurrent_envs:
+            claim = await self.store.claim(self.config.consumer, self.config.lease_s, {*self._jobs.keys(), *skip})
+            if claim is None:
+                break
+            self._start(claim)
+            started += 1
+        return started
 
     def _start(self, claim: Claim) -> None:
         env_id = claim.env.env_id
@@ -399,17 +407,11 @@ class RolloutWorker:
         Args:
             skip: Envs whose due slots are left for later, as for :meth:`step_window`.
         """
-        c = self.config
         started = 0
         try:
             while True:
                 await self._retire_closed()
-                while len(self._jobs) < c.max_concurrent_envs:
-                    claim = await self.store.claim(c.consumer, c.lease_s, {*self._jobs.keys(), *skip})
-                    if claim is None:
-                        break
-                    self._start(claim)
-                    started += 1
+                started += await self._fill(skip)
                 if not self._jobs:
                     return started
                 await asyncio.wait(list(self._jobs.values()), return_when=asyncio.FIRST_COMPLETED)
