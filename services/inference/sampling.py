@@ -23,22 +23,6 @@ def is_greedy(params: SamplingParams) -> bool:
     return params.temperature < _GREEDY_EPS or params.top_k == 1
 
 
-def sample_token(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
-) -> tuple[int, float]:
-    """Sample one token from a row of logits (:func:`sample_tokens` of one row).
-
-    Args:
-        logits: ``[vocab]`` float logits for the next position.
-        params: the request's sampling parameters.
-        generator: the request's RNG (seeded with ``sampling_seed``), or the global one.
-
-    Returns:
-        ``(token_id, logprob)`` with the logprob convention of this module.
-    """
-    return sample_tokens(logits.unsqueeze(0), [params], [generator])[0]
-
-
 def sample_tokens(
     logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
 ) -> list[tuple[int, float]]:

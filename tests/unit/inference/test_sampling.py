@@ -9,11 +9,18 @@ from services.inference.sampling import (
     StopRule,
     finish_for_token,
     matched_stop_string,
-    sample_token,
     sample_tokens,
     trim_at_stop,
 )
 from spade.inference.protocol import SamplingParams
+
+
+def sample_token(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+) -> tuple[int, float]:
+    """One row through the engine's batched sampler."""
+    return sample_tokens(logits.unsqueeze(0), [params], [generator])[0]
+
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
 
