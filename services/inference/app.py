@@ -24,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Iterator
+from typing import Any, TypeVar
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -64,12 +64,20 @@ from spade.inference.protocol import (
 from spade.serving.errors import ErrorKinds
 from spade.serving.http import HttpMetrics, bearer_auth, install_error_handlers, ops_router
 
+T = TypeVar("T")
+
+
+class ClientHungUp(Exception):
+    """The client disconnected while its request waited; nobody reads the answer."""
+
+
 ENGINE_ERRORS: ErrorKinds = {
     InvalidRequest: (ErrorKind.INVALID, "invalid_request"),
     ChatFormatError: (ErrorKind.INVALID, "invalid_request"),
     Overloaded: (ErrorKind.UNAVAILABLE, "overloaded"),
     EngineClosed: (ErrorKind.UNAVAILABLE, "unavailable"),
     EngineFault: (ErrorKind.INTERNAL, "engine_fault"),
+    ClientHungUp: (ErrorKind.UNAVAILABLE, "client_hung_up"),
 }
 """The engine's errors as domain errors (the engine is a library of this adapter, not a ``ServiceError`` user)."""
 
@@ -171,7 +179,7 @@ def create_app(
 
     @app.put("/generate", dependencies=user, operation_id="generate_put")  # one operation id per method
     @app.post("/generate", dependencies=user)
-    async def generate(body: GenerateRequest) -> Any:
+    async def generate(body: GenerateRequest, request: Request) -> Any:
         if body.stream:
             raise InvalidRequest("streaming is not supported by the embedded server; send stream=false")
         if body.input_ids is not None:
@@ -187,7 +195,7 @@ def create_app(
             logprob_start_len=body.logprob_start_len,
             rid=body.rid or uuid.uuid4().hex,
         )
-        outcomes = await engine.generate_n(job)
+        outcomes = await until_hung_up(request, engine.generate_n(job))
         answers = [generate_response(o, body.return_logprob).model_dump(mode="json") for o in outcomes]
         # SGLang: n > 1 turns the request into a batch, answered with a list of n results.
         return answers if job.n > 1 else answers[0]
@@ -264,7 +272,7 @@ def create_app(
         }
 
     @app.post("/v1/chat/completions", dependencies=user)
-    async def chat_completions(body: ChatCompletionRequest) -> Any:
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         tools = body.tools if body.tool_choice != "none" else None
         prompt = formatter.apply(body.messages, tools)
         job = GenerationJob(input_ids=prompt, params=body.sampling(), return_logprob=body.logprobs)
@@ -272,7 +280,36 @@ def create_app(
         if body.stream:
             job = await engine.prepare(job)  # a bad request is a 400, not an error inside a 200 stream
             return StreamingResponse(stream_chat(engine, body, job, model, bool(tools)), media_type="text/event-stream")
-        outcomes = await engine.generate_n(job)
+        outcomes = await until_hung_up(request, engine.generate_n(job))
         return chat_response(engine, body, outcomes, model, bool(tools))
 
     return app
+
+
+#: How often a request waiting for its generation checks whether its client hung up.
+HANG_UP_POLL_S = 0.5
+
+
+async def until_hung_up(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` (an engine call); if the client hangs up first, cancel it and raise.
+
+    SGLang aborts a request whose client disconnected (its tokenizer manager polls for it while the
+    request waits); so does this: the engine's rows of a cancelled request are dropped at its next
+    step, so an abandoned request (a designer attempt made unnecessary, a timed-out caller) stops
+    costing decode steps. Streaming requests need no watch: closing the stream cancels them.
+
+    Raises:
+        ClientHungUp: The client disconnected before the generation finished.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=HANG_UP_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientHungUp("the client disconnected before its generation finished")
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -53,6 +53,7 @@ class ChatCompletionRequest(BaseModel):
     stream_options: dict[str, Any] | None = None
     regex: str | None = None
     ebnf: str | None = None
+    ignore_eos: bool = False  # SGLang's extra parameter, as on /generate
     response_format: dict[str, Any] | None = None
 
     def json_schema(self) -> str | None:
@@ -85,6 +86,7 @@ class ChatCompletionRequest(BaseModel):
             "regex": self.regex,
             "ebnf": self.ebnf,
             "json_schema": self.json_schema(),
+            "ignore_eos": self.ignore_eos or None,
         }
         try:
             return SamplingParams(**{k: v for k, v in values.items() if v is not None})

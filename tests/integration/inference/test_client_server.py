@@ -160,3 +160,38 @@ def test_a_real_server_on_port_0(model_dir: Path) -> None:
     finally:
         handle.stop()
     assert not handle.engine.running
+
+
+@pytest.mark.parametrize("route", ["/generate", "/v1/chat/completions"])
+def test_a_request_whose_client_hangs_up_stops_decoding(model_dir: Path, route: str) -> None:
+    """A cancelled caller (a designer attempt made unnecessary) must not keep the batch decoding: the
+    server sees the disconnect and drops the request's rows, as SGLang aborts it."""
+    handle = serve_in_thread(admin_settings(model_path=model_dir, http={"port": 0}, max_batch_size=4, torch_threads=1))
+    engine = handle.engine
+    try:
+
+        async def hang_up() -> None:
+            long = {"max_new_tokens": 4000, "ignore_eos": True, "temperature": 0}
+            body: dict[str, Any] = (
+                {"input_ids": [1, 2, 3, 4], "sampling_params": long}
+                if route == "/generate"
+                else {"messages": [{"role": "user", "content": "Count."}], "max_tokens": 4000, "ignore_eos": True}
+            )
+            async with httpx.AsyncClient(base_url=handle.url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as c:
+                request = asyncio.ensure_future(c.post(route, json=body, timeout=600))
+                for _ in range(600):  # until the engine decodes it (a 4000-token answer takes minutes here)
+                    if engine.num_running:
+                        break
+                    await asyncio.sleep(0.1)
+                assert engine.num_running == 1
+                request.cancel()  # httpx closes the connection
+                await asyncio.gather(request, return_exceptions=True)
+            for _ in range(300):
+                if not engine.num_running:
+                    break
+                await asyncio.sleep(0.1)
+            assert engine.num_running == 0, "the abandoned request is still decoding"
+
+        asyncio.run(hang_up())
+    finally:
+        handle.stop()
