@@ -77,7 +77,17 @@ class DesignerSettings(ServiceSettings):
     max_attempts_per_env: int = Field(
         default=2, ge=1, le=32, description="Attempts per slot before the slot is given up (each one is a sample)."
     )
-    concurrency: int = Field(default=2, ge=1, le=1024, description="Designer attempts in flight at once.")
+    attempts_at_once: int = Field(
+        default=1,
+        ge=1,
+        le=32,
+        description="A slot's attempts generated together rather than each after the previous one failed; "
+        "they are still finished in order and those after the first valid one are discarded, so the samples "
+        "are the same, at the cost of the discarded generations (1: the paper's one at a time).",
+    )
+    concurrency: int = Field(
+        default=2, ge=1, le=1024, description="Designer generations in flight at once, over all slots of a round."
+    )
     batch_timeout_s: float = Field(
         default=900.0, gt=0, le=86_400, description="Deadline of one round; finished attempts are always kept."
     )
@@ -292,6 +302,7 @@ class DesignerSettings(ServiceSettings):
             envs_per_round=spec.envs_per_round,
             skills_per_round=spec.skills_per_round,
             max_attempts_per_env=self.max_attempts_per_env,
+            attempts_at_once=self.attempts_at_once,
             concurrency=self.concurrency,
             batch_timeout_s=self.batch_timeout_s,
             grace_s=self.grace_s,

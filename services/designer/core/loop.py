@@ -8,8 +8,17 @@ parse, repair, validate, judge, store, announce, sample, record).
 
 A round (``batch_id`` = round id) has ``envs_per_round`` slots whose skills rotate as the paper's
 (``core/skills.py``); a slot retries up to ``max_attempts_per_env`` times until one attempt is
-valid; at most ``concurrency`` attempts run at once. The round's deadline and a stop request end it
-early without losing finished work (``core/rounds.py``).
+valid; at most ``concurrency`` generations run at once. The round's deadline and a stop request end
+it early without losing finished work (``core/rounds.py``).
+
+**Attempts at once.** A slot's attempts are independent until validation (each has its own document,
+example and seed), so with ``attempts_at_once`` = k a slot generates its next k attempts together
+instead of waiting for each one to fail before the next starts. Their answers are still finished
+(validated, stored, published, sampled) one by one in attempt order, and once one is valid the rest
+are cancelled or, if already generated, discarded unseen: the slot's samples are exactly the
+attempts the one-at-a-time loop would have made (the same prefix, up to the first valid), so the
+designer's reward is what it would be; only compute is spent on the discarded ones. ``1`` is the
+paper's loop, a retry after each failure.
 """
 
 from __future__ import annotations
@@ -59,7 +68,8 @@ class DesignerConfig:
         envs_per_round: Environment slots per round (run spec).
         skills_per_round: Skills of the setting's six used per round (run spec).
         max_attempts_per_env: Attempts per slot before giving it up.
-        concurrency: Attempts in flight at once.
+        attempts_at_once: A slot's attempts generated together (module docstring); 1: one after another.
+        concurrency: Generations in flight at once (over all slots).
         batch_timeout_s: Deadline for a round; finished work is kept when it fires.
         grace_s: After a stop request, how long answers already generated may take to be finished.
         sampling: Sampling parameters of each generation (``regex`` set: structured output).
@@ -78,6 +88,7 @@ class DesignerConfig:
     envs_per_round: int = 6
     skills_per_round: int = 3
     max_attempts_per_env: int = 2
+    attempts_at_once: int = 1
     concurrency: int = 2
     batch_timeout_s: float = 900.0
     grace_s: float = 20.0
@@ -151,12 +162,23 @@ class Designer:
         gate = asyncio.Semaphore(config.concurrency)
 
         async def slot_task(slot: int, skill: Skill) -> None:
-            for attempt in range(config.max_attempts_per_env):
-                async with gate:
-                    record = await self._attempt(index, batch_id, slot, attempt, skill, state, weight_version)
-                state.records.append(record)
-                if record.outcome is AttemptOutcome.VALID:
-                    return
+            first = 0
+            while first < config.max_attempts_per_env:
+                wave = range(first, min(first + config.attempts_at_once, config.max_attempts_per_env))
+                generating = [
+                    asyncio.ensure_future(self._generate(gate, index, batch_id, slot, attempt, skill, weight_version))
+                    for attempt in wave
+                ]
+                taken = 0
+                try:
+                    for record in generating:
+                        generated = await record
+                        taken += 1
+                        if await self._finish_in_turn(generated, state):
+                            return
+                finally:
+                    await _discard(generating[taken:], state, batch_id)
+                first = wave.stop
 
         return await run_slots(
             batch_id,
@@ -168,15 +190,23 @@ class Designer:
             grace_s=config.grace_s,
         )
 
-    async def _attempt(
+    async def _generate(
         self,
+        gate: asyncio.Semaphore,
         round_index: int,
         batch_id: str,
         slot: int,
         attempt: int,
         skill: Skill,
-        state: RoundState,
         weight_version: int,
+    ) -> AttemptRecord:
+        """One attempt's prompt and generation (under ``gate``): its record, with the output, or with the
+        generation's ``error`` (the record is ``GENERATION_FAILED`` until the pipeline finishes it)."""
+        async with gate:
+            return await self._prompt_and_generate(round_index, batch_id, slot, attempt, skill, weight_version)
+
+    async def _prompt_and_generate(
+        self, round_index: int, batch_id: str, slot: int, attempt: int, skill: Skill, weight_version: int
     ) -> AttemptRecord:
         config = self.config
         document = self._documents.next_document()
@@ -224,8 +254,8 @@ class Designer:
             raise
         except Exception as error:
             log.warning("designer generation failed (round %s slot %d): %s", batch_id, slot, error)
-            return self._pipeline.give_up(replace(record, error=f"{type(error).__name__}: {error}"))
-        record = replace(
+            return replace(record, error=f"{type(error).__name__}: {error}")
+        return replace(
             record,
             output_ids=tuple(generation.output_ids),
             logprobs=tuple(generation.logprobs),
@@ -233,8 +263,16 @@ class Designer:
             finish_reason=generation.finish_reason,
             text=generation.text,
         )
-        # From here on the output exists: finish it even if the round's end cancels this slot.
-        return await state.finish(self._pipeline.finish(record))
+
+    async def _finish_in_turn(self, record: AttemptRecord, state: RoundState) -> bool:
+        """Finish a generated attempt (its turn in the slot has come); whether it filled the slot."""
+        if record.error:  # the generation failed
+            state.records.append(self._pipeline.give_up(record))
+            return False
+        # From here on the answer is the slot's: finish it even if the round's end cancels the slot.
+        finished = await state.finish(self._pipeline.finish(record))
+        state.records.append(finished)
+        return finished.outcome is AttemptOutcome.VALID
 
     async def _memory_examples(self, skill: Skill) -> MemoryExamples:
         config = self.config
@@ -246,3 +284,26 @@ class Designer:
             # A prompt without memory examples is still a good prompt; an outage must not stop design.
             log.warning("memory examples unavailable, designing without them: %s", error)
             return MemoryExamples()
+
+
+async def _discard(generating: Sequence[asyncio.Future[AttemptRecord]], state: RoundState, batch_id: str) -> None:
+    """Cancel a slot's attempts still generating; count and log those already generated, which are
+    never finished (an earlier attempt filled the slot, or the round ended): no sample, no record."""
+    for task in generating:
+        task.cancel()
+    await asyncio.gather(*generating, return_exceptions=True)
+    for task in generating:
+        if task.cancelled() or task.exception() is not None:
+            continue
+        record = task.result()
+        if record.error:  # its generation failed: nothing was generated
+            continue
+        state.discarded += 1
+        log.info(
+            "designer round %s slot %d: attempt %d generated %d tokens and is discarded unfinished "
+            "(the slot was filled by an earlier attempt, or the round ended)",
+            batch_id,
+            record.slot,
+            record.attempt,
+            len(record.output_ids),
+        )

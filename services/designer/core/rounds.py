@@ -44,6 +44,8 @@ class BatchResult:
         records: Every finished attempt, in completion order.
         timed_out: Whether the round's deadline cut it short.
         stopped: Whether a stop request (SIGTERM) cut it short.
+        discarded: Attempts generated together with an earlier one of their slot and never finished,
+            because that one filled the slot (``DesignerConfig.attempts_at_once``) or the round ended.
     """
 
     batch_id: str
@@ -51,6 +53,7 @@ class BatchResult:
     timed_out: bool
     round_index: int = 0
     stopped: bool = False
+    discarded: int = 0
 
     @property
     def env_ids(self) -> list[str]:
@@ -73,10 +76,12 @@ class BatchResult:
 
 @dataclass
 class RoundState:
-    """What the slots of one round share: finished records and the answers still being finished."""
+    """What the slots of one round share: finished records, the answers still being finished, and a
+    count of generated attempts discarded unfinished."""
 
     records: list[AttemptRecord]
     finishing: set[asyncio.Task[AttemptRecord]]
+    discarded: int = 0
 
     @classmethod
     def empty(cls) -> RoundState:
@@ -151,6 +156,7 @@ async def run_slots(
         timed_out=timed_out,
         round_index=round_index,
         stopped=stopped,
+        discarded=state.discarded,
     )
     log.info("designer round %s (index %d): %s", batch_id, round_index, dict(result.outcomes))
     return result

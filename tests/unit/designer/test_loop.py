@@ -353,3 +353,65 @@ async def test_after_a_stop_an_answer_stuck_in_validation_is_abandoned_after_the
     stop.set()
     result = await round_task
     assert result.stopped and result.records == () and outbox.samples == []
+
+
+async def test_attempts_at_once_generate_together_and_keep_exactly_the_one_at_a_time_samples(
+    config_for: Callable[..., DesignerConfig],
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
+    memory_service: MemoryService,
+    documents: CorpusSampler,
+) -> None:
+    from services.designer.wiring import designer_seeds
+
+    seeds = designer_seeds("spec-a")
+    no_hint = "```python\nclass AEnv:\n    pass\n```\n"
+    # Attempt 0 is malformed and the slowest to generate; 1 and 2 are valid and done first. All three
+    # are in flight at once, yet 1 is finished only after 0 (attempt order) and fills the slot: 2 is
+    # discarded, as the one-at-a-time loop would never have made it.
+    policy = ScriptedPolicy([no_hint, answer("First"), answer("Second")], delays=[0.3, 0.05, 0.0])
+    # No memory examples: nothing is awaited before an attempt's generation, so calls come in attempt order.
+    config = config_for(max_attempts_per_env=4, attempts_at_once=3, concurrency=3, n_positive=0, n_negative=0)
+    result = await make(config, policy, outbox, memory, documents, seeds=seeds).run_batch(round_index=2)
+
+    assert policy.max_in_flight == 3 and len(policy.prompts) == 3  # no fourth attempt: the slot was filled
+    finished = [(r.attempt, r.outcome) for r in result.records]
+    assert finished == [(0, AttemptOutcome.MALFORMED), (1, AttemptOutcome.VALID)]
+    assert result.discarded == 1
+    assert [(s.outcome, s.valid) for s in outbox.samples] == [("malformed", False), ("valid", True)]
+    assert [r.env_id for r in outbox.ready] == result.env_ids and "class FirstEnv" in result.records[1].code
+    assert (await memory_service.stats()).attempts.attempts == 2  # the discarded one is not an attempt
+    # Each attempt keeps its own seed: the samples are what attempts 0 and 1 would have generated alone.
+    assert [s.seed for s in policy.samplings] == [seeds(2, 0, a, "design", 0) for a in range(3)]
+
+
+async def test_an_attempt_still_generating_when_the_slot_is_filled_is_cancelled(
+    config_for: Callable[..., DesignerConfig],
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
+    documents: CorpusSampler,
+) -> None:
+    policy = ScriptedPolicy([answer("Quick"), answer("Never")], delays=[0.0, float("inf")])
+    config = config_for(max_attempts_per_env=2, attempts_at_once=2, concurrency=2, n_positive=0, n_negative=0)
+    result = await make(config, policy, outbox, memory, documents).run_batch()
+    assert policy.cancelled.is_set() and policy.in_flight == 0
+    assert [r.outcome for r in result.records] == [AttemptOutcome.VALID] and result.discarded == 0
+    assert not result.timed_out  # the round did not wait for the generation it no longer needed
+
+
+async def test_a_slot_whose_attempts_at_once_all_fail_generates_the_next_ones(
+    config_for: Callable[..., DesignerConfig],
+    outbox: RecordingOutbox,
+    memory: MemoryServiceEnvironments,
+    documents: CorpusSampler,
+) -> None:
+    bad = answer("Bad", marker="fail:solution_replay")
+    policy = ScriptedPolicy([bad, RuntimeError("server down"), answer("Third")])
+    config = config_for(max_attempts_per_env=3, attempts_at_once=2, concurrency=4, n_positive=0, n_negative=0)
+    result = await make(config, policy, outbox, memory, documents).run_batch()
+    assert [(r.attempt, r.outcome) for r in result.records] == [
+        (0, AttemptOutcome.INVALID),
+        (1, AttemptOutcome.GENERATION_FAILED),
+        (2, AttemptOutcome.VALID),
+    ]
+    assert result.discarded == 0 and [s.valid for s in outbox.samples] == [False, True]
