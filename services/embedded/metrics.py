@@ -105,7 +105,8 @@ def env_signal(plays: Sequence[Play]) -> dict[str, Any]:
 
 
 def designer_metrics(batch: BatchResult | None) -> dict[str, Any]:
-    """This step's designer round: attempts, valid envs, and each outcome's count."""
+    """This step's designer round: attempts, valid envs, each outcome's count, and the generations
+    discarded unfinished (generated beside an attempt that filled their slot)."""
     if batch is None:
         return {"designer/ran": False}
     record: dict[str, Any] = {
@@ -114,6 +115,7 @@ def designer_metrics(batch: BatchResult | None) -> dict[str, Any]:
         "designer/attempts": len(batch.records),
         "designer/valid": len(batch.env_ids),
         "designer/validity_rate": batch.validity_rate if batch.records else None,
+        "designer/discarded": batch.discarded,
     }
     record.update({f"designer/outcome/{label}": n for label, n in sorted(batch.outcomes.items())})
     return record
@@ -209,6 +211,8 @@ def console_line(record: Mapping[str, Any], steps: int) -> str:
             f"designer wrote {record.get('designer/valid', 0)} valid env(s) in {record.get('designer/attempts', 0)} "
             f"attempts ({outcome_words(record)})"
         )
+        if record.get("designer/discarded"):
+            designer += f", {record['designer/discarded']} more generated beside them and discarded"
     else:
         designer = "no designer round"
     plays = record.get("agent/plays", 0)

@@ -100,12 +100,17 @@ def role_settings(
     from services.rollout.settings import RolloutSettings
 
     run_dir = settings.run_dir.resolve()
+    # A slot's attempts all at once (a retry no longer waits for the failed attempt before it), and
+    # every slot's at once: the server decodes them in one batch.
+    at_once = settings.designer.values().get("attempts_at_once", settings.designer_attempts)
     designer = DesignerSettings(
         **settings.designer.over(
             {
                 "dev_mode": True,
                 "setting": settings.setting,
                 "max_attempts_per_env": settings.designer_attempts,
+                "attempts_at_once": settings.designer_attempts,
+                "concurrency": min(1024, settings.envs_per_step * at_once),
                 "max_prompt_tokens": settings.designer_max_prompt_tokens,
                 "regenerate_every": settings.regenerate_every,
                 "frozen": settings.designer_mode == "frozen",

@@ -66,7 +66,7 @@ def test_designer_outcomes_learner_and_memory_figures_keep_their_names() -> None
         _record(AttemptOutcome.DUPLICATE, 2),
         _record(AttemptOutcome.VALID, 3),
     )
-    batch = BatchResult("round-1", records, timed_out=False)
+    batch = BatchResult("round-1", records, timed_out=False, discarded=1)
     attempt = DesignerAttempt("s3", "env", "game", "Optimization", "round-1", 0, True, 1.0, (), (), ())
     components = signal.designer_blend(0.06, 0.5)
     report = StepReport(
@@ -103,6 +103,7 @@ def test_designer_outcomes_learner_and_memory_figures_keep_their_names() -> None
     )
     assert record["designer/outcome/malformed"] == 2 and record["designer/outcome/valid"] == 1
     assert record["designer/validity_rate"] == 0.25 and record["designer/attempts"] == 4
+    assert record["designer/discarded"] == 1  # generated, never an attempt
     assert record["designer/total/outcome/malformed"] == 2 and record["designer/total/validity_rate"] == 0.25
     assert record["designer/blend_mean"] == components.blend and record["designer/scored"] == 1
     assert record["designer/advantage_nonzero_frac"] == 0.5 and record["agent/advantage_abs_mean"] == 0.8
@@ -111,6 +112,7 @@ def test_designer_outcomes_learner_and_memory_figures_keep_their_names() -> None
     assert record["time/designer_s"] == 1.5
     line = console_line(record, 3)
     assert "designer wrote 1 valid env(s) in 4 attempts (1 valid, 2 malformed, 1 duplicate)" in line
+    assert ", 1 more generated beside them and discarded" in line
     assert "scored 1 designer sample(s)" in line and "50% with a nonzero advantage" in line
     assert line.endswith("weights v2; step 2 s, run 3 s so far")  # the step's own time, then the run's
 
