@@ -143,6 +143,13 @@ PAPER: tuple[PaperValue, ...] = (
         ("designer.max_attempts_per_env",),
     ),
     PaperValue(
+        "designer.attempts_at_once",
+        1,
+        1,
+        "REFERENCE §2 (7. Retry): each attempt after the previous one failed",
+        ("designer.attempts_at_once",),
+    ),
+    PaperValue(
         "designer_max_prompt_tokens",
         16384,
         16384,
@@ -201,6 +208,8 @@ WHY: Mapping[str, str] = {
     "envs_per_step": "CPU generation: each designer answer takes minutes with the 135M model",
     "skills_per_round": "with 2 envs per round, one skill keeps a pair to centre each designer blend on",
     "designer_attempts": "fewer CPU generations per slot",
+    "designer.attempts_at_once": "a slot's retry decodes beside its first attempt in one CPU batch instead of after it "
+    "failed; the samples are the same (docs/designer.md)",
     "designer_max_new_tokens": "CPU generation time (640 fits every environment family's answer, 345-540 tokens)",
     "designer_max_prompt_tokens": "CPU prefill and training time of every designer sample (SmolLM2's context is 8192)",
     "designer.context_tokens": "SmolLM2-135M's context is 8192 tokens",
