@@ -1,0 +1,114 @@
+"""Benchmark: the decode step's matrix products on this CPU, fp32 against bf16 and int8 weights.
+
+A decode step of SmolLM2-135M is mostly products of a few rows of activations with the model's
+weight matrices; at one row each is a GEMV that reads the whole matrix, so its speed is the speed at
+which the kernel reads weights. What a weight format can gain in the engine depends on the CPU's
+instructions (``torch.backends.cpu.get_cpu_capability()``: AVX2 on one project VM, AVX512 with
+bf16 and VNNI on another), so this measures it where it runs: 60 matrices of the model's MLP shape
+(1536 × 576), as the engine calls them — fp32 ``x @ w.T``, bf16 ``x @ w.T``, and the int8 kernel
+the engine's ``weights: int8`` uses (``aten._weight_int8pack_mm``, bf16 activations and scales) —
+at 1, 4 and 16 rows, the median of ``--repeats`` passes, each format's ratio to fp32 measured in
+the same run, and the bytes each pass reads over its time.
+
+Usage::
+
+    .venv/bin/python bench/kernel_bench.py [--threads 2] [--repeats 30] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from services.inference.quant import quantize_rows
+
+SHAPE = (1536, 576)  # SmolLM2-135M's MLP projection (out, in)
+MATRICES = 60  # its 30 layers' gate and up projections
+ROWS = (1, 4, 16)
+
+
+def _median_ms(call: Callable[[], object], repeats: int) -> float:
+    call()  # warm: first-call allocations and kernel selection
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def _products(x: torch.Tensor, weights: Sequence[torch.Tensor]) -> Callable[[], object]:
+    return lambda: [x @ w.T for w in weights]
+
+
+def _int8_products(
+    x: torch.Tensor, weights: Sequence[torch.Tensor], scales: Sequence[torch.Tensor]
+) -> Callable[[], object]:
+    kernel = torch.ops.aten._weight_int8pack_mm
+    return lambda: [kernel(x, q, s) for q, s in zip(weights, scales, strict=True)]
+
+
+def measure(repeats: int) -> dict[str, Any]:
+    """Each format's time for one pass over the matrices at each row count, and its ratio to fp32."""
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(*SHAPE, generator=gen) * 0.02 for _ in range(MATRICES)]
+    bf16 = [w.bfloat16() for w in weights]
+    int8, scales = zip(*(quantize_rows(w) for w in weights), strict=True)  # the engine's int8 weights
+    elements = MATRICES * SHAPE[0] * SHAPE[1]
+    bytes_read = {"fp32": 4 * elements, "bf16": 2 * elements, "int8": elements}
+    results: dict[str, Any] = {
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "load_average_at_start": os.getloadavg()[0],
+        "rows": {},
+    }
+    for rows in ROWS:
+        x = torch.randn(rows, SHAPE[1], generator=gen)
+        xb = x.bfloat16()
+        calls: dict[str, Callable[[], object]] = {
+            "fp32": _products(x, weights),
+            "bf16": _products(xb, bf16),
+            "int8": _int8_products(xb, int8, scales),
+        }
+        ms = {name: _median_ms(call, repeats) for name, call in calls.items()}
+        results["rows"][rows] = {
+            name: {
+                "ms": round(t, 3),
+                "vs_fp32": round(ms["fp32"] / t, 2),
+                "read_gb_s": round(bytes_read[name] / (t / 1000) / 1e9, 1),
+            }
+            for name, t in ms.items()
+        }
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (the engine's, on a 2-core machine)")
+    parser.add_argument("--repeats", type=int, default=30, help="timed passes per format and row count")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    results = measure(args.repeats)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(
+        f"CPU capability: {results['capability']}; {MATRICES} matrices of {SHAPE[0]}x{SHAPE[1]}, {args.threads} threads"
+    )
+    for rows, formats in results["rows"].items():
+        line = ", ".join(
+            f"{name} {f['ms']:.2f} ms ({f['vs_fp32']:.2f}x fp32, {f['read_gb_s']:.1f} GB/s of weights)"
+            for name, f in formats.items()
+        )
+        print(f"{rows:>2} row(s): {line}")
+
+
+if __name__ == "__main__":
+    main()
