@@ -42,6 +42,8 @@ def test_a_preset_run_departs_from_the_paper_in_nothing(name: str, tmp_path: Pat
     )
     roles = role_settings(settings, inference_url="http://127.0.0.1:1", model=tmp_path)
     assert roles.designer.max_attempts_per_env == 5 and roles.designer.regenerate_every == spec.window_for(setting)
+    # The reference retries after each failure: one generation per slot in flight, 24 slots at once.
+    assert (roles.designer.attempts_at_once, roles.designer.concurrency) == (1, 24)
     assert (roles.learner.lr, roles.learner.weight_decay, roles.learner.beta1, roles.learner.beta2) == (
         1e-6,
         0.1,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
 
 from services.embedded.cli import run as run_command
+from services.embedded.departures import departures
 from services.embedded.roles import CPU_MICRO_BATCH_TOKENS, role_settings, run_spec
 from services.embedded.settings import RunSettings, ServiceOverrides
 from services.sandbox.isolation.settings import IsolationSettings
@@ -154,3 +156,18 @@ def test_spade_run_refuses_bad_settings_in_one_line_per_problem_before_starting(
     config.write_text("- a list\n")
     result = CliRunner().invoke(run_command, ["--config", str(config)])
     assert result.exit_code == 2 and "expected a mapping of settings" in result.output
+
+
+def test_the_embedded_designer_generates_a_slot_s_attempts_together_in_one_batch(tmp_path: Path) -> None:
+    def designer(**values: Any) -> Any:
+        settings = RunSettings(run_dir=tmp_path, **values)
+        return role_settings(settings, inference_url="http://127.0.0.1:1", model=tmp_path).designer
+
+    default = designer()
+    assert default.attempts_at_once == default.max_attempts_per_env == 2
+    assert default.concurrency == 2 * 2  # every slot's attempts: one batch on the server
+    told = designer(envs_per_step=3, designer_attempts=4, designer={"attempts_at_once": 1})
+    assert (told.max_attempts_per_env, told.attempts_at_once, told.concurrency) == (4, 1, 3)
+    assert any(
+        line.startswith("designer.attempts_at_once = 2 (paper: 1") for line in departures(RunSettings(run_dir=tmp_path))
+    )
