@@ -66,7 +66,7 @@ import torch
 from services.inference.app import create_app
 from services.inference.engine import BatchEngine
 from services.inference.prefix_cache import RadixPrefixCache
-from services.inference.quant import Int4Linear, Int8Linear
+from services.inference.quant import Bf16Linear, Int4Linear, Int8Linear
 from services.inference.settings import WeightsMode
 from services.learner.core.batching import Role, TrainSample
 from services.learner.core.collate import pack
@@ -282,7 +282,7 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
     (looked up one row a token; the LM head that shares it is a quantized layer of its own)."""
     total = 0
     for module in model.modules():
-        if isinstance(module, Int8Linear | Int4Linear):
+        if isinstance(module, Bf16Linear | Int8Linear | Int4Linear):
             total += module.decode_bytes()
         elif not isinstance(module, torch.nn.Embedding):
             total += sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
@@ -322,6 +322,7 @@ def print_limits(machine: dict[str, Any], load: float) -> None:
     print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (load average at start {load:.1f})")
     names = {
         "ours": "ours (fp32)",
+        "ours_bf16": "ours (bf16)",
         "ours_int8": "ours (int8)",
         "ours_int4": "ours (int4)",
         "llamacpp": "llama.cpp (GGUF)",

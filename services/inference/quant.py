@@ -1,4 +1,5 @@
-"""Int8 and int4 weights for decoding: the served model's linear layers read a quarter or an eighth of fp32's bytes.
+"""Bf16, int8 and int4 weights for decoding: the served model's linear layers read a half, a quarter or an eighth
+of fp32's bytes.
 
 Decoding one token per sequence is bound by reading the weights (every weight once per step; the
 default model's fp32 weights are 538 MB a token), not by arithmetic. :func:`prepare_weights`
@@ -9,6 +10,13 @@ out) in the engine's decode steps (inside :func:`decode_step`). Prefills are com
 fp32 GEMM is faster; they use the dequantized weights (``int8 × scale`` in fp32), the same values,
 so prefill and decode serve one model. The choice follows the pass, not its shape: a one-token
 prefill after a radix-cache hit computes what a full prefill of the same prompt computes.
+
+**Bf16** (``weights: bf16``): every linear layer becomes a :class:`Bf16Linear`, its weights rounded
+to bf16 once; decode steps multiply them with bf16 activations (torch's bf16 GEMM, fp32
+accumulation), prefills use the same rounded weights in fp32. Half of fp32's bytes, and no
+quantization kernel: its speed depends least on the CPU (``bench/kernel_bench.py``: about 2× fp32's
+matrix products at 1, 4 and 16 rows on an AVX-512 VM, where int8's kernel is 4.9× at one row but
+1.55× at 16), and its rounding (8 bits of mantissa per weight) is finer than int8's per-row step.
 
 **Int4** (``weights: int4``): every linear layer but the LM head becomes an :class:`Int4Linear`:
 4-bit codes in groups of 32 inputs with a scale and a minimum per group (llama.cpp's Q4_1 layout,
@@ -28,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TypeVar, get_args
 
 import torch
@@ -130,6 +138,30 @@ class Int8Linear(_QuantizedLinear):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
+class Bf16Linear(_QuantizedLinear):
+    """A linear layer served from its weights rounded to bf16 (see the module docstring).
+
+    Attributes:
+        weight16: ``[out, in]`` bf16 weights, for decode steps.
+        weight: the same values in fp32 (``[out, in]``), for prefills.
+        bias: the original bias (fp32) or ``None``.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        rounded = linear.weight.detach().to(torch.bfloat16).contiguous()
+        super().__init__(linear, rounded.float())
+        self.weight16 = rounded
+
+    def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(rows, self.weight16)
+
+    def decode_bytes(self) -> int:
+        return self.weight16.numel() * self.weight16.element_size() + self._bias_bytes()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bf16"
+
+
 def quantize_groups(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
     """4-bit codes per group of ``group`` inputs with a scale and a minimum (Q4_1's layout).
 
@@ -188,7 +220,8 @@ class Int4Linear(_QuantizedLinear):
 def prepare_weights(model: _Model, mode: WeightsMode) -> _Model:
     """``model`` as served in ``mode``, its linear layers replaced in place; returns ``model``.
 
-    ``float32``: unchanged. ``int8``: every linear layer an :class:`Int8Linear`. ``int4``: every one an
+    ``float32``: unchanged. ``bf16``: every linear layer a :class:`Bf16Linear`. ``int8``: every linear
+    layer an :class:`Int8Linear`. ``int4``: every one an
     :class:`Int4Linear`, but the LM head (the model's output embeddings) and any layer whose inputs are
     not whole groups of :data:`INT4_GROUP`, which become :class:`Int8Linear`.
 
@@ -197,6 +230,9 @@ def prepare_weights(model: _Model, mode: WeightsMode) -> _Model:
         QuantizationUnavailable: This torch has no weight-only CPU kernel the mode needs.
     """
     if mode == "float32":
+        return model
+    if mode == "bf16":
+        _replace_linears(model, Bf16Linear)
         return model
     if mode not in KERNELS:
         raise ValueError(f"unknown weights mode {mode!r}; choose one of {', '.join(get_args(WeightsMode))}")
@@ -207,10 +243,18 @@ def prepare_weights(model: _Model, mode: WeightsMode) -> _Model:
             )
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
+
+    def served(child: nn.Linear) -> _QuantizedLinear:
+        four = mode == "int4" and child is not head and child.in_features % INT4_GROUP == 0
+        return Int4Linear(child) if four else Int8Linear(child)
+
+    _replace_linears(model, served)
+    return model
+
+
+def _replace_linears(model: nn.Module, served: Callable[[nn.Linear], _QuantizedLinear]) -> None:
+    """Replace every ``nn.Linear`` of ``model``, in place, with ``served(layer)``."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if not isinstance(child, nn.Linear):
-                continue
-            four = mode == "int4" and child is not head and child.in_features % INT4_GROUP == 0
-            setattr(module, name, Int4Linear(child) if four else Int8Linear(child))
-    return model
+            if isinstance(child, nn.Linear):
+                setattr(module, name, served(child))

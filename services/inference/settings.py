@@ -13,7 +13,7 @@ from spade.config import ServiceSettings
 from spade.serving.settings import ServerAddress
 
 #: What the served weights are: fp32 (exact against a float32 learner) or int8 for decoding (:mod:`.quant`).
-WeightsMode = Literal["float32", "int8", "int4"]
+WeightsMode = Literal["float32", "bf16", "int8", "int4"]
 
 
 class InferenceSettings(ServiceSettings):
@@ -57,7 +57,9 @@ class InferenceSettings(ServiceSettings):
     )
     weights: WeightsMode = Field(
         default="float32",
-        description="float32: serve the checkpoint's weights (logprobs within 1e-4 of a float32 learner); int8: "
+        description="float32: serve the checkpoint's weights (logprobs within 1e-4 of a float32 learner); bf16: "
+        "decode from the weights rounded to bf16 (half fp32's bytes; about 2x fp32's matrix products on CPU at any "
+        "batch, bench/kernel_bench.py); int8: "
         "decode from int8 weights with one scale per row (about 1.5x the single-stream tokens/s on CPU; the learner "
         "corrects the logprob difference by truncated importance sampling); int4: 4-bit layers in groups of 32 (the "
         "model file's own Q4_1 grid) with an int8 LM head. Every weight update is quantized the same way.",

@@ -1,4 +1,4 @@
-"""Quantized decode weights (int8, int4) on the real model: logprobs near the fp32 learner's, every update quantized."""
+"""Rounded decode weights (bf16, int8, int4) on the real model: logprobs near the fp32 learner's, every update too."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from services.inference.engine import BatchEngine, GenerationJob
-from services.inference.quant import Int4Linear, Int8Linear
+from services.inference.quant import Bf16Linear, Int4Linear, Int8Linear
 from spade.inference.models import load_model
 from spade.inference.protocol import SamplingParams
 from tests.integration.inference.conftest import chat_ids, teacher_forced_logprobs
@@ -20,7 +20,7 @@ from tests.integration.inference.conftest import chat_ids, teacher_forced_logpro
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", params=["int8", "int4"])
+@pytest.fixture(scope="module", params=["bf16", "int8", "int4"])
 def quantized(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[BatchEngine]:
     eng = BatchEngine(model_dir, max_batch_size=8, torch_threads=1, weights=request.param)
     eng.start()
@@ -52,7 +52,7 @@ async def test_quantized_logprobs_stay_near_the_fp32_models(quantized: BatchEngi
     # Close enough for truncated importance sampling to correct: its cap is a ratio of 2 (0.69 in logprob).
     assert statistics.fmean(diffs) < 0.15, diffs
     assert sum(d > math.log(2.0) for d in diffs) <= len(diffs) // 10, diffs
-    # ... and not fp32's exactness: these are the int8 weights' logprobs, not a float32 model's.
+    # ... and not fp32's exactness: these are the rounded weights' logprobs, not a float32 model's.
     assert max(diffs) > 1e-3, diffs
 
 
@@ -68,7 +68,7 @@ async def test_a_weight_update_is_quantized_like_the_first_load(
         outcome = await quantized.update_weights(perturbed_dir, "1")
         assert outcome.success, outcome.message
         assert not any(isinstance(m, torch.nn.Linear) for m in quantized.model.modules())
-        assert served_kind is (Int8Linear if quantized.weights == "int8" else Int4Linear)
+        assert served_kind is {"bf16": Bf16Linear, "int8": Int8Linear, "int4": Int4Linear}[quantized.weights]
         assert torch.equal(_first_q_proj(quantized.model).weight, expected)
         assert quantized.weight_version == "1"
         assert await _greedy(quantized, prompt) != before

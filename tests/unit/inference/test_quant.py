@@ -9,6 +9,7 @@ from torch import nn
 
 from services.inference.quant import (
     INT4_GROUP,
+    Bf16Linear,
     Int4Linear,
     Int8Linear,
     decode_step,
@@ -100,6 +101,30 @@ def test_an_int4_decode_step_and_a_prefill_multiply_the_same_weights() -> None:
     torch.testing.assert_close(decoded, prefill[:, -1:, :], rtol=2e-2, atol=3e-2)
 
 
+def test_a_bf16_decode_step_and_a_prefill_multiply_the_same_rounded_weights() -> None:
+    linear = _linear(bias=True)
+    layer = Bf16Linear(linear)
+    assert layer.weight16.dtype == torch.bfloat16
+    assert torch.equal(layer.weight, linear.weight.detach().to(torch.bfloat16).float())  # rounded once
+    x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(5))
+    prefill = layer(x)
+    assert torch.equal(prefill, nn.functional.linear(x, layer.weight, layer.bias))
+    with decode_step():
+        decoded = layer(x[:, -1:, :])  # bf16 activations times the bf16 weights
+    assert decoded.dtype == torch.float32 and not torch.equal(decoded, prefill[:, -1:, :])
+    torch.testing.assert_close(decoded, prefill[:, -1:, :], rtol=2e-2, atol=2e-2)
+    # Finer than int8's per-row step: the rounded model is the original one to ~3 significant digits.
+    int8_error = (Int8Linear(linear).weight - linear.weight).abs().mean()
+    assert float((layer.weight - linear.weight).abs().mean()) < float(int8_error) / 2
+    assert layer.decode_bytes() == 48 * 64 * 2 + 48 * 4
+
+
+def test_bf16_replaces_every_linear_layer_the_lm_head_included() -> None:
+    model = prepare_weights(_WithHead(), "bf16")
+    assert all(isinstance(m, Bf16Linear) for m in (model.body[0], model.body[1], model.lm_head))
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+
+
 class _WithHead(nn.Module):
     """A model with an LM head, as a Hugging Face causal LM names it."""
 
@@ -122,13 +147,14 @@ def test_int4_keeps_the_lm_head_and_layers_of_partial_groups_at_int8() -> None:
 def test_float32_serves_the_model_as_loaded_and_an_unknown_mode_is_refused() -> None:
     model = nn.Sequential(_linear())
     assert prepare_weights(model, "float32") is model and isinstance(model[0], nn.Linear)
-    with pytest.raises(ValueError, match="unknown weights mode 'int2'; choose one of float32, int8, int4"):
+    with pytest.raises(ValueError, match="unknown weights mode 'int2'; choose one of float32, bf16, int8, int4"):
         prepare_weights(model, "int2")  # type: ignore[arg-type]
 
 
 def test_the_setting_names_its_choices() -> None:
     assert InferenceSettings().weights == "float32"
+    assert InferenceSettings(weights="bf16").weights == "bf16"
     assert InferenceSettings(weights="int8").weights == "int8"
     assert InferenceSettings(weights="int4").weights == "int4"
-    with pytest.raises(pydantic.ValidationError, match="'float32', 'int8' or 'int4'"):
+    with pytest.raises(pydantic.ValidationError, match="'float32', 'bf16', 'int8' or 'int4'"):
         InferenceSettings(weights="int2")
