@@ -46,7 +46,7 @@ from one ``learner_step`` log line to the next; at each line the bench reads eve
 Usage::
 
     .venv/bin/python bench/loop_bench.py [--steps 2] [--envs 1] [--group-size 4]
-        [--mode embedded|distributed|both] [--weights float32|int8|int4] [--designer-init warm|base]
+        [--mode embedded|distributed|both] [--weights float32|bf16|int8|int4] [--designer-init warm|base]
         [--no-overlap] [--json]
 
 ``--json`` prints one object (settings, ``os.getloadavg()`` at start and end, each step's breakdown

@@ -29,7 +29,7 @@ def test_an_exposed_host_is_refused_outside_dev_mode(tmp_path: Path) -> None:
 
 def test_the_weights_option_names_its_choices() -> None:
     result = CliRunner().invoke(main, ["serve", "inference", "--help"])
-    assert "--weights [float32|int8|int4]" in result.output
+    assert "--weights [float32|bf16|int8|int4]" in result.output
     result = CliRunner().invoke(main, ["serve", "inference", "--weights", "int2"])
     assert result.exit_code == 2
-    assert "'int2' is not one of 'float32', 'int8', 'int4'" in result.output
+    assert "'int2' is not one of 'float32', 'bf16', 'int8', 'int4'" in result.output
