@@ -109,7 +109,7 @@ def role_settings(
                 "dev_mode": True,
                 "setting": settings.setting,
                 "max_attempts_per_env": settings.designer_attempts,
-                "attempts_at_once": settings.designer_attempts,
+                "attempts_at_once": at_once,
                 "concurrency": min(1024, settings.envs_per_step * at_once),
                 "max_prompt_tokens": settings.designer_max_prompt_tokens,
                 "regenerate_every": settings.regenerate_every,

@@ -18,6 +18,9 @@ from spade.envs import CHECK_NAMES
 from .conftest import MarkerValidator, RecordingOutbox, ScriptedPolicy, answer
 from .conftest import make_designer as make
 
+NO_HINT = "```python\nclass AEnv:\n    pass\n```\n"
+"""An answer with code and no hint: malformed."""
+
 
 async def test_a_valid_attempt_is_stored_enqueued_and_becomes_a_trainable_sample(
     config_for: Callable[..., DesignerConfig],
@@ -67,8 +70,7 @@ async def test_a_malformed_answer_is_a_sample_with_the_reason_and_the_slot_retri
     memory: MemoryServiceEnvironments,
     documents: CorpusSampler,
 ) -> None:
-    no_hint = "```python\nclass AEnv:\n    pass\n```\n"
-    policy = ScriptedPolicy([no_hint, answer("Second")])
+    policy = ScriptedPolicy([NO_HINT, answer("Second")])
     result = await make(config_for(max_attempts_per_env=3), policy, outbox, memory, documents).run_batch()
 
     assert [r.outcome for r in result.records] == [AttemptOutcome.MALFORMED, AttemptOutcome.VALID]
@@ -190,8 +192,7 @@ async def test_generations_are_seeded_from_run_round_slot_and_attempt(
     from services.designer.wiring import designer_seeds
 
     seeds = designer_seeds("spec-a")
-    no_hint = "```python\nclass AEnv:\n    pass\n```\n"
-    policy = ScriptedPolicy([no_hint, answer("B"), answer("C")])
+    policy = ScriptedPolicy([NO_HINT, answer("B"), answer("C")])
     config = config_for(envs_per_round=2, max_attempts_per_env=2, concurrency=1)
     await make(config, policy, outbox, memory, documents, seeds=seeds).run_batch(round_index=5)
     used = [s.seed for s in policy.samplings]
@@ -365,11 +366,10 @@ async def test_attempts_at_once_generate_together_and_keep_exactly_the_one_at_a_
     from services.designer.wiring import designer_seeds
 
     seeds = designer_seeds("spec-a")
-    no_hint = "```python\nclass AEnv:\n    pass\n```\n"
     # Attempt 0 is malformed and the slowest to generate; 1 and 2 are valid and done first. All three
     # are in flight at once, yet 1 is finished only after 0 (attempt order) and fills the slot: 2 is
     # discarded, as the one-at-a-time loop would never have made it.
-    policy = ScriptedPolicy([no_hint, answer("First"), answer("Second")], delays=[0.3, 0.05, 0.0])
+    policy = ScriptedPolicy([NO_HINT, answer("First"), answer("Second")], delays=[0.3, 0.05, 0.0])
     # No memory examples: nothing is awaited before an attempt's generation, so calls come in attempt order.
     config = config_for(max_attempts_per_env=4, attempts_at_once=3, concurrency=3, n_positive=0, n_negative=0)
     result = await make(config, policy, outbox, memory, documents, seeds=seeds).run_batch(round_index=2)
