@@ -34,6 +34,7 @@ async def _serve(settings: LearnerSettings, max_steps: int | None, stop: asyncio
 
 async def _serve_with(settings: LearnerSettings, memory: Any, max_steps: int | None, stop: asyncio.Event) -> None:
     from services.learner.collective import Follower
+    from services.learner.distributed import close_world
     from services.learner.versions import ResumeError
     from services.learner.wiring import (
         build_rank,
@@ -57,7 +58,10 @@ async def _serve_with(settings: LearnerSettings, memory: Any, max_steps: int | N
     except (ConfigError, ResumeError) as exc:
         raise Refused(str(exc)) from None
     if isinstance(learner, Follower):
-        await asyncio.to_thread(learner.follow)
+        try:
+            await asyncio.to_thread(learner.follow)
+        finally:
+            close_world()
         return
     lifecycle.started(
         f"learner starting at weight version {learner.version} under run spec {spec.spec_id}: "
@@ -77,6 +81,7 @@ async def _serve_with(settings: LearnerSettings, memory: Any, max_steps: int | N
             await learner.run(max_steps=max_steps, stop=stop)
     finally:
         await close_learner(learner)
+        close_world()
     lifecycle.note_finished(
         f"learner stopped at weight version {learner.version}",
         version=learner.version,

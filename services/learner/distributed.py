@@ -76,3 +76,14 @@ def init_world(backend: str | None = None) -> World:
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     return World(rank=dist.get_rank(), size=dist.get_world_size())
+
+
+def close_world() -> None:
+    """Leave the process group, if this process joined one (every rank, at the end of its work).
+
+    Without it gloo's worker threads outlive the interpreter's teardown and the rank can abort
+    (``terminate called without an active exception``) after its work is done. Not collective: a
+    rank whose peer died can still call it.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from services.learner.checkpoint import full_model_state
-from services.learner.distributed import init_world
+from services.learner.distributed import close_world, init_world
 from services.learner.learner import Learner
 from services.learner.wiring import build_follower, build_learner
 from spade.queues.inprocess import InProcessQueue
@@ -47,7 +46,8 @@ def main(out: Path, base: Path) -> None:
     state = full_model_state(trainer.model)
     if world.is_main:
         torch.save({"metrics": metrics, "state": state, "version": learner.version}, out / "result.pt")
-    dist.destroy_process_group()
+    world.barrier()  # rank 0's result is on disk before either rank leaves the group
+    close_world()
 
 
 if __name__ == "__main__":
