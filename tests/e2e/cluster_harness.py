@@ -140,6 +140,10 @@ class RunnerCluster:
             # CI-sized runner budgets: a member that cannot start fails in minutes; `down` does not linger.
             "SPADE_CLUSTER_HEALTH_TIMEOUT_S": "300",
             "SPADE_CLUSTER_STOP_GRACE_S": "20",
+            # Content env ids: the designed env's play and audit seeds derive from its id, so with random
+            # ids about 1 run in 100 had the audit's random policy beat number_hunt's cap and retire it.
+            # The prefix above keeps this run's queue keys apart from any other run on this Redis.
+            "SPADE_MEMORY_CONTENT_ENV_IDS": "true",
             **extra,
         }
         # A developer's shell may hold SPADE_* variables (keys, ports): only the test's own apply.
