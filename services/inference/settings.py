@@ -12,7 +12,7 @@ from spade.auth import ApiKey, KeyRing, Principal, Role, check_unique_keys
 from spade.config import ServiceSettings
 from spade.serving.settings import ServerAddress
 
-#: What the served weights are: fp32 (exact against a float32 learner) or int8 for decoding (:mod:`.quant`).
+#: The served weights: fp32 (exact against a float32 learner), or bf16, int8 or int4 for decoding (:mod:`.quant`).
 WeightsMode = Literal["float32", "bf16", "int8", "int4"]
 
 

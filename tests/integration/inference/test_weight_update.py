@@ -25,6 +25,14 @@ async def _wait_until_running(engine: BatchEngine) -> None:
     raise AssertionError("the in-flight request never started")
 
 
+async def _wait_until_swap_pending(engine: BatchEngine) -> None:
+    for _ in range(2000):
+        if engine.swap_pending:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the swap never became pending")
+
+
 async def test_update_swaps_weights_and_version(
     http: httpx.AsyncClient, engine: BatchEngine, model_dir: Path, perturbed_dir: Path
 ) -> None:
@@ -66,19 +74,20 @@ async def test_in_flight_requests_finish_on_the_old_weights_and_new_ones_wait(
     prompt = chat_ids(engine, "Tell me about the moon.")
     old_model, old_version = engine.model, engine.weight_version
     new_model = load_model(perturbed_dir)
+    # Long enough to be still decoding once the new weights are prepared (float32's transposed copies).
     in_flight = asyncio.create_task(
-        engine.generate(GenerationJob(prompt, SamplingParams(max_new_tokens=16, temperature=1.0, ignore_eos=True)))
+        engine.generate(GenerationJob(prompt, SamplingParams(max_new_tokens=96, temperature=1.0, ignore_eos=True)))
     )
     await _wait_until_running(engine)
     try:
         swap = asyncio.create_task(engine.swap_weights(new_model, perturbed_dir, "8"))
-        await asyncio.sleep(0)  # the swap is pending: admission has stopped
+        await _wait_until_swap_pending(engine)  # the new weights are prepared: admission has stopped
         later = asyncio.create_task(engine.generate(GenerationJob(prompt, SamplingParams(max_new_tokens=4))))
         outcome = await swap
         assert outcome.success and outcome.num_paused_requests == 1
 
         drained = await in_flight
-        assert drained.weight_version == old_version and len(drained.output_ids) == 16
+        assert drained.weight_version == old_version and len(drained.output_ids) == 96
         reference = teacher_forced_logprobs(old_model, prompt, drained.output_ids, 1.0)
         assert max(abs(a - b) for a, b in zip(drained.output_logprobs, reference, strict=True)) < 1e-4
 
