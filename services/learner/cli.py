@@ -58,10 +58,8 @@ async def _serve_with(settings: LearnerSettings, memory: Any, max_steps: int | N
     except (ConfigError, ResumeError) as exc:
         raise Refused(str(exc)) from None
     if isinstance(learner, Follower):
-        try:
-            await asyncio.to_thread(learner.follow)
-        finally:
-            close_world()
+        await asyncio.to_thread(learner.follow)
+        close_world()  # only after a clean stop: leaving while peers are inside a collective can hang them
         return
     lifecycle.started(
         f"learner starting at weight version {learner.version} under run spec {spec.spec_id}: "
@@ -81,7 +79,7 @@ async def _serve_with(settings: LearnerSettings, memory: Any, max_steps: int | N
             await learner.run(max_steps=max_steps, stop=stop)
     finally:
         await close_learner(learner)
-        close_world()
+    close_world()
     lifecycle.note_finished(
         f"learner stopped at weight version {learner.version}",
         version=learner.version,

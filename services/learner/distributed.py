@@ -79,11 +79,11 @@ def init_world(backend: str | None = None) -> World:
 
 
 def close_world() -> None:
-    """Leave the process group, if this process joined one (every rank, at the end of its work).
+    """Leave the process group, if this process joined one (every rank, once its work ended cleanly).
 
     Without it gloo's worker threads outlive the interpreter's teardown and the rank can abort
-    (``terminate called without an active exception``) after its work is done. Not collective: a
-    rank whose peer died can still call it.
+    (``terminate called without an active exception``) after its work is done. Not after a failure:
+    leaving while other ranks are inside a collective can hang them (PyTorch's shutdown notes).
     """
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
