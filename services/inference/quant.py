@@ -153,11 +153,6 @@ class Fp32Linear(nn.Module):
         y = torch.mm(x.reshape(rows, self.in_features), self.weight_t).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
-    def decode_bytes(self) -> int:
-        """Bytes a decode step reads from this layer (its weights, once, and its bias)."""
-        bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
-        return self.weight.numel() * self.weight.element_size() + bias
-
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, float32"
 

@@ -4,6 +4,7 @@ requests in flight finish on the old weights; a bad checkpoint changes nothing."
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -17,20 +18,12 @@ from tests.integration.inference.conftest import chat_ids, teacher_forced_logpro
 pytestmark = pytest.mark.slow
 
 
-async def _wait_until_running(engine: BatchEngine) -> None:
+async def _wait_until(done: Callable[[], object], what: str) -> None:
     for _ in range(2000):
-        if engine.num_running:
+        if done():
             return
         await asyncio.sleep(0.01)
-    raise AssertionError("the in-flight request never started")
-
-
-async def _wait_until_swap_pending(engine: BatchEngine) -> None:
-    for _ in range(2000):
-        if engine.swap_pending:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the swap never became pending")
+    raise AssertionError(f"{what} never happened")
 
 
 async def test_update_swaps_weights_and_version(
@@ -78,10 +71,10 @@ async def test_in_flight_requests_finish_on_the_old_weights_and_new_ones_wait(
     in_flight = asyncio.create_task(
         engine.generate(GenerationJob(prompt, SamplingParams(max_new_tokens=96, temperature=1.0, ignore_eos=True)))
     )
-    await _wait_until_running(engine)
+    await _wait_until(lambda: engine.num_running, "the in-flight request's start")
     try:
         swap = asyncio.create_task(engine.swap_weights(new_model, perturbed_dir, "8"))
-        await _wait_until_swap_pending(engine)  # the new weights are prepared: admission has stopped
+        await _wait_until(lambda: engine.swap_pending, "the swap")  # weights prepared: admission stopped
         later = asyncio.create_task(engine.generate(GenerationJob(prompt, SamplingParams(max_new_tokens=4))))
         outcome = await swap
         assert outcome.success and outcome.num_paused_requests == 1
@@ -120,7 +113,7 @@ async def test_abort_all_requests_aborts_in_flight_work(engine: BatchEngine, mod
     task = asyncio.create_task(
         engine.generate(GenerationJob(prompt, SamplingParams(max_new_tokens=200, ignore_eos=True)))
     )
-    await _wait_until_running(engine)
+    await _wait_until(lambda: engine.num_running, "the in-flight request's start")
     outcome = await engine.update_weights(model_dir, "0-reloaded", abort_all_requests=True)
     assert outcome.success
     aborted = await task
