@@ -1,16 +1,17 @@
-"""Benchmark: the decode step's matrix products on this CPU, fp32 against transposed fp32, bf16 and int8 weights.
+"""Benchmark: the decode step's matrix products on this CPU, fp32 against packed fp32, bf16 and int8 weights.
 
 A decode step of SmolLM2-135M is mostly products of a few rows of activations with the model's
 weight matrices; at one row each is a GEMV that reads the whole matrix, so its speed is the speed at
 which the kernel reads weights. What a weight format can gain in the engine depends on the CPU's
 instructions (``torch.backends.cpu.get_cpu_capability()``: AVX2 on one project VM, AVX512 with
 bf16 and VNNI on another), so this measures it where it runs: 60 matrices of the model's MLP shape
-(1536 × 576), as the engine calls them — fp32 ``x @ w.T`` (``F.linear``'s product), fp32 ``x @ wt``
-with the weights stored transposed (``fp32_t``: what ``weights: float32`` decode steps of at most
-``services.inference.quant.FEW_ROWS`` rows multiply), bf16 ``x @ w.T``, and the int8 kernel the
-engine's ``weights: int8`` uses (``aten._weight_int8pack_mm``, bf16 activations and scales) — at 1,
-2, 3, 4 and 16 rows, the median of ``--repeats`` passes, each format's ratio to fp32 measured in the
-same run, and the bytes each pass reads over its time.
+(1536 × 576), as the engine calls them — fp32 ``x @ w.T`` (``F.linear``'s product), fp32 with the
+weights prepacked for oneDNN (``fp32_packed``: what ``weights: float32`` multiplies,
+``services.inference.quant.Fp32Linear``), bf16 ``x @ w.T`` (``weights: bf16``), bf16 prepacked for
+oneDNN (``bf16_packed``, not served), and the int8 kernel the engine's ``weights: int8`` uses
+(``aten._weight_int8pack_mm``, bf16 activations and scales) — at 1, 2, 3, 4 and 16 rows, the median
+of ``--repeats`` passes, each format's ratio to fp32 measured in the same run, and the bytes each
+pass reads over its time.
 
 Usage::
 
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from services.inference.quant import quantize_rows
+from services.inference.quant import PACK_ROWS, quantize_rows
 
 SHAPE = (1536, 576)  # SmolLM2-135M's MLP projection (out, in)
 MATRICES = 60  # its 30 layers' gate and up projections
@@ -50,8 +51,9 @@ def _products(x: torch.Tensor, weights: Sequence[torch.Tensor]) -> Callable[[], 
     return lambda: [x @ w.T for w in weights]
 
 
-def _transposed_products(x: torch.Tensor, transposed: Sequence[torch.Tensor]) -> Callable[[], object]:
-    return lambda: [x @ wt for wt in transposed]
+def _packed_products(x: torch.Tensor, packed: Sequence[torch.Tensor]) -> Callable[[], object]:
+    kernel = torch.ops.mkldnn._linear_pointwise
+    return lambda: [kernel(x, p, None, "none", [], "") for p in packed]
 
 
 def _int8_products(
@@ -65,11 +67,18 @@ def measure(repeats: int) -> dict[str, Any]:
     """Each format's time for one pass over the matrices at each row count, and its ratio to fp32."""
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(*SHAPE, generator=gen) * 0.02 for _ in range(MATRICES)]
-    transposed = [w.T.contiguous() for w in weights]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in weights]
     bf16 = [w.bfloat16() for w in weights]
+    bf16_packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in bf16]
     int8, scales = zip(*(quantize_rows(w) for w in weights), strict=True)  # the engine's int8 weights
     elements = MATRICES * SHAPE[0] * SHAPE[1]
-    bytes_read = {"fp32": 4 * elements, "fp32_t": 4 * elements, "bf16": 2 * elements, "int8": elements}
+    bytes_read = {
+        "fp32": 4 * elements,
+        "fp32_packed": 4 * elements,
+        "bf16": 2 * elements,
+        "bf16_packed": 2 * elements,
+        "int8": elements,
+    }
     results: dict[str, Any] = {
         "capability": torch.backends.cpu.get_cpu_capability(),
         "load_average_at_start": os.getloadavg()[0],
@@ -80,8 +89,9 @@ def measure(repeats: int) -> dict[str, Any]:
         xb = x.bfloat16()
         calls: dict[str, Callable[[], object]] = {
             "fp32": _products(x, weights),
-            "fp32_t": _transposed_products(x, transposed),
+            "fp32_packed": _packed_products(x, packed),
             "bf16": _products(xb, bf16),
+            "bf16_packed": _packed_products(xb, bf16_packed),
             "int8": _int8_products(xb, int8, scales),
         }
         ms = {name: _median_ms(call, repeats) for name, call in calls.items()}

@@ -25,18 +25,16 @@ back onto their own grid), multiplied by torch's CPU int4 kernel (``aten._weight
 bf16 scales and zeros). The LM head stays an :class:`Int8Linear` (the GGUF keeps it at 8 bits too:
 at 4 bits it moved logprobs several times more than all the other layers together).
 
-**Float32** (``weights: float32``, the default): the checkpoint's weights as loaded. Each linear layer
-with at least as many outputs as inputs (attention's q and o, the MLP's gate and up, the LM head) is
-an :class:`Fp32Linear`, which also keeps its weights transposed (``[in, out]``, contiguous) for
-decode steps of at most :data:`FEW_ROWS` rows. torch's fp32 product of a few rows by ``[out, in]``
-weights (``F.linear``) reads them at ~10 GB/s on this CPU, and 2 or 3 rows cost more than 4; the
-transposed product (``torch.mm``) is faster for these shapes (AVX-512 VM, 2 threads, weights streamed
-from memory, µs per matrix at 1 / 2 / 3 rows): gate and up 331 / 502 / 600 against 200 / 297 / 381,
-q and o 134 / 176 / 203 against 118 / 150 / 180, the LM head 10,436 / 26,354 / 37,476 against 5,693 /
-13,211 / 20,566. Down, k and v (fewer outputs than inputs) are as fast or faster as they are, and at
-4 rows ``F.linear`` wins everywhere. The products differ from ``F.linear``'s by fp32 rounding (~1e-6),
-as any change of batch shape does. Prefills and larger decode steps use ``F.linear``. The copies
-take 405 MB more memory for the default model.
+**Float32** (``weights: float32``, the default): the checkpoint's weights as loaded, each linear layer
+an :class:`Fp32Linear` that also keeps them prepacked in oneDNN's blocked layout and, without
+autograd (every engine pass), multiplies the packed copy (``torch.ops.mkldnn._linear_pointwise``,
+the kernel Inductor's CPU freezing packs linear layers for). torch's own fp32 product (``F.linear``,
+MKL's sgemm on ``[out, in]`` weights) reads a few rows' weights at ~10 GB/s on this CPU, and 2 or 3
+rows cost more than 4; the packed product reads them at up to ~55 GB/s (AVX-512 VM, 2 threads,
+weights streamed from memory, ms for the model's 211 matrices: 32.4 → 14.8 at one row, 50.1 → 12.7
+at 4, 66.3 → 20.2 at 16; prefill-sized products of 512 rows 1.8-2.3x). The products differ from
+``F.linear``'s by fp32 rounding (~1e-6), as any change of batch shape does. The packed copies take
+the weights' size again (538 MB for the default model); a torch without oneDNN serves ``F.linear``.
 
 What it costs in exactness: logprobs move from the fp32 learner's by the rounding of the weights
 and the bf16 rounding of the activations and logits (``bench/inference_bench.py`` reports
@@ -126,16 +124,31 @@ class _QuantizedLinear(nn.Module):
         return 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
 
 
-#: Decode steps of at most this many rows multiply :class:`Fp32Linear`'s transposed weights.
-FEW_ROWS = 3
+def packed_fp32_available() -> bool:
+    """Whether this torch can multiply fp32 weights prepacked for oneDNN (:class:`Fp32Linear`)."""
+    ops = torch.ops.mkldnn
+    return bool(
+        torch.backends.mkldnn.is_available()
+        and hasattr(ops, "_reorder_linear_weight")
+        and hasattr(ops, "_linear_pointwise")
+    )
+
+
+#: The row count :class:`Fp32Linear` packs its weights for (oneDNN picks the blocked layout by it; the
+#: packed weights serve every row count, and 1 to 512 rows ran 1.5-8x ``F.linear``'s speed packed for 4).
+PACK_ROWS = 4
 
 
 class Fp32Linear(nn.Module):
-    """A linear layer served from its own fp32 weights, and from a transposed copy in few-row decode steps.
+    """A linear layer served from its own fp32 weights, prepacked once in oneDNN's blocked layout.
+
+    Without autograd (the engine's passes run under ``torch.inference_mode``) every product, prefill
+    or decode step of any size, multiplies the packed copy (``torch.ops.mkldnn._linear_pointwise``);
+    with autograd it is ``F.linear`` on the layer's own weights.
 
     Attributes:
-        weight: the layer's own ``[out, in]`` parameter (still tied where it was), for everything else.
-        weight_t: the same values ``[in, out]``, contiguous (not in the state dict).
+        weight: the layer's own ``[out, in]`` parameter (still tied where it was), in the state dict.
+        packed: the same values in oneDNN's layout for :data:`PACK_ROWS` rows (not in the state dict).
         bias: the layer's own bias or ``None``.
     """
 
@@ -144,17 +157,16 @@ class Fp32Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        self.weight_t = linear.weight.detach().t().contiguous()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().float(), PACK_ROWS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // self.in_features
-        if not getattr(_pass, "decoding", False) or rows > FEW_ROWS or x.dtype != self.weight_t.dtype:
+        if torch.is_grad_enabled() or x.dtype != torch.float32:
             return nn.functional.linear(x, self.weight, self.bias)
-        y = torch.mm(x.reshape(rows, self.in_features), self.weight_t).reshape(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+        bias = None if self.bias is None else self.bias.detach()
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, float32"
+        return f"in_features={self.in_features}, out_features={self.out_features}, float32 packed"
 
 
 class Int8Linear(_QuantizedLinear):
@@ -264,8 +276,8 @@ class Int4Linear(_QuantizedLinear):
 def prepare_weights(model: _Model, mode: WeightsMode) -> _Model:
     """``model`` as served in ``mode``, its linear layers replaced in place; returns ``model``.
 
-    ``float32``: every linear layer with at least as many outputs as inputs an :class:`Fp32Linear`
-    (the same weights, transposed too); the others unchanged.
+    ``float32``: every linear layer an :class:`Fp32Linear` (the same weights, prepacked too) where
+    torch has oneDNN (:func:`packed_fp32_available`); unchanged otherwise.
     ``bf16``: every linear layer a :class:`Bf16Linear`. ``int8``: every linear
     layer an :class:`Int8Linear`. ``int4``: every one an
     :class:`Int4Linear`, but the LM head (the model's output embeddings) and any layer whose inputs are
@@ -276,7 +288,8 @@ def prepare_weights(model: _Model, mode: WeightsMode) -> _Model:
         QuantizationUnavailable: This torch has no weight-only CPU kernel the mode needs.
     """
     if mode == "float32":
-        _replace_linears(model, lambda child: Fp32Linear(child) if child.out_features >= child.in_features else child)
+        if packed_fp32_available():
+            _replace_linears(model, Fp32Linear)
         return model
     if mode == "bf16":
         _replace_linears(model, Bf16Linear)

@@ -8,14 +8,15 @@ import torch
 from torch import nn
 
 from services.inference.quant import (
-    FEW_ROWS,
     INT4_GROUP,
+    PACK_ROWS,
     Bf16Linear,
     Fp32Linear,
     Int4Linear,
     Int8Linear,
     decode_step,
     dequantize_groups,
+    packed_fp32_available,
     prepare_weights,
     quantize_groups,
     quantize_rows,
@@ -146,19 +147,22 @@ def test_int4_keeps_the_lm_head_and_layers_of_partial_groups_at_int8() -> None:
     assert isinstance(model.lm_head, Int8Linear)
 
 
-def test_float32_transposes_only_layers_with_as_many_outputs_as_inputs_and_refuses_unknown_modes() -> None:
+needs_packing = pytest.mark.skipif(not packed_fp32_available(), reason="this torch has no oneDNN fp32 packing")
+
+
+@needs_packing
+def test_float32_packs_every_linear_layer_keeps_the_state_dict_and_refuses_unknown_modes() -> None:
     model = _WithHead()
-    narrowing = model.body[1] = _linear(40, 48, seed=1)  # fewer outputs than inputs: kept as it is
     before = {k: v.clone() for k, v in model.state_dict().items()}
     assert prepare_weights(model, "float32") is model
-    assert isinstance(model.body[0], Fp32Linear) and isinstance(model.lm_head, Fp32Linear)
-    assert model.body[1] is narrowing
+    assert [type(m) for m in (*model.body, model.lm_head)] == [Fp32Linear, Fp32Linear, Fp32Linear]
     after = model.state_dict()
     assert list(after) == list(before) and all(torch.equal(after[k], before[k]) for k in before)
     with pytest.raises(ValueError, match="unknown weights mode 'int2'; choose one of float32, bf16, int8, int4"):
         prepare_weights(model, "int2")  # type: ignore[arg-type]
 
 
+@needs_packing
 def test_float32_keeps_a_tied_head_tied() -> None:
     class Tied(nn.Module):
         def __init__(self) -> None:
@@ -172,31 +176,26 @@ def test_float32_keeps_a_tied_head_tied() -> None:
     assert len(list(model.parameters())) == 1
 
 
+@needs_packing
 @pytest.mark.parametrize("bias", [False, True])
-def test_a_few_row_decode_step_multiplies_the_transposed_weights_and_everything_else_the_layers_own(
-    bias: bool,
-) -> None:
+def test_without_autograd_every_product_multiplies_the_packed_weights_and_with_it_the_layers_own(bias: bool) -> None:
     linear = _linear(96, 64, bias=bias, seed=3)
     layer = Fp32Linear(linear)
-    for rows in range(1, FEW_ROWS + 2):
+    for rows in (1, 2, 3, PACK_ROWS, 16, 300):  # decode steps of any size and prefills
         x = torch.randn(rows, 1, 64, generator=torch.Generator().manual_seed(rows))
         plain = nn.functional.linear(x, linear.weight, linear.bias)
-        with torch.no_grad(), decode_step():
-            decoded = layer(x)
-        assert torch.equal(layer(x), plain)  # outside a decode step: the layer's own product
-        if rows > FEW_ROWS:
-            assert torch.equal(decoded, plain)
-            continue
-        transposed = torch.mm(x.reshape(rows, 64), linear.weight.t().contiguous()).reshape(rows, 1, 96)
-        assert torch.equal(decoded, transposed if linear.bias is None else transposed + linear.bias)
-        torch.testing.assert_close(decoded, plain, rtol=1e-5, atol=1e-5)
-    # The copy is what a few-row decode step reads (so a stale copy would show): zero it and see.
-    layer.weight_t.zero_()
-    x = torch.randn(2, 1, 64)
-    with torch.no_grad(), decode_step():
-        expected = torch.zeros(2, 1, 96) if linear.bias is None else linear.bias.detach().expand(2, 1, 96)
+        assert torch.equal(layer(x), plain)  # with autograd (the learner's way): the layer's own product
+        with torch.inference_mode():
+            packed = layer(x)
+        assert packed.shape == plain.shape
+        torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)  # fp32 rounding only
+    # The packed copy is what a pass without autograd reads (a stale copy would show): swap in zeros.
+    layer.packed = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(96, 64), PACK_ROWS)
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        expected = torch.zeros(5, 96) if linear.bias is None else linear.bias.detach().expand(5, 96)
         assert torch.equal(layer(x), expected)
-        assert bool(layer(torch.randn(FEW_ROWS + 1, 1, 64)).abs().sum() > 0)  # more rows: the layer's own
+    assert bool(layer(x).abs().sum() > 0)  # with autograd: the layer's own weights
 
 
 def test_the_setting_names_its_choices() -> None:
