@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from services.inference.quant import PACK_ROWS, quantize_rows
+from services.inference.quant import quantize_rows
+from spade.cpu_linear import PACK_ROWS, pack, packed_linear
 
 SHAPE = (1536, 576)  # SmolLM2-135M's MLP projection (out, in)
 MATRICES = 60  # its 30 layers' gate and up projections
@@ -52,8 +53,7 @@ def _products(x: torch.Tensor, weights: Sequence[torch.Tensor]) -> Callable[[], 
 
 
 def _packed_products(x: torch.Tensor, packed: Sequence[torch.Tensor]) -> Callable[[], object]:
-    kernel = torch.ops.mkldnn._linear_pointwise
-    return lambda: [kernel(x, p, None, "none", [], "") for p in packed]
+    return lambda: [packed_linear(x, p) for p in packed]
 
 
 def _int8_products(
@@ -67,9 +67,9 @@ def measure(repeats: int) -> dict[str, Any]:
     """Each format's time for one pass over the matrices at each row count, and its ratio to fp32."""
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(*SHAPE, generator=gen) * 0.02 for _ in range(MATRICES)]
-    packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in weights]
+    packed = [pack(w) for w in weights]
     bf16 = [w.bfloat16() for w in weights]
-    bf16_packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in bf16]
+    bf16_packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in bf16]  # pack()'s layout, bf16
     int8, scales = zip(*(quantize_rows(w) for w in weights), strict=True)  # the engine's int8 weights
     elements = MATRICES * SHAPE[0] * SHAPE[1]
     bytes_read = {

@@ -54,6 +54,7 @@ import torch
 from torch import nn
 
 from services.inference.settings import WeightsMode
+from spade import cpu_linear
 
 _INT8_MAX = 127.0
 #: Inputs per int4 group (Q4_1's block).
@@ -124,21 +125,6 @@ class _QuantizedLinear(nn.Module):
         return 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
 
 
-def packed_fp32_available() -> bool:
-    """Whether this torch can multiply fp32 weights prepacked for oneDNN (:class:`Fp32Linear`)."""
-    ops = torch.ops.mkldnn
-    return bool(
-        torch.backends.mkldnn.is_available()
-        and hasattr(ops, "_reorder_linear_weight")
-        and hasattr(ops, "_linear_pointwise")
-    )
-
-
-#: The row count :class:`Fp32Linear` packs its weights for (oneDNN picks the blocked layout by it; the
-#: packed weights serve every row count, and 1 to 512 rows ran 1.5-8x ``F.linear``'s speed packed for 4).
-PACK_ROWS = 4
-
-
 class Fp32Linear(nn.Module):
     """A linear layer served from its own fp32 weights, prepacked once in oneDNN's blocked layout.
 
@@ -148,7 +134,7 @@ class Fp32Linear(nn.Module):
 
     Attributes:
         weight: the layer's own ``[out, in]`` parameter (still tied where it was), in the state dict.
-        packed: the same values in oneDNN's layout for :data:`PACK_ROWS` rows (not in the state dict).
+        packed: the same values in oneDNN's layout (:func:`spade.cpu_linear.pack`; not in the state dict).
         bias: the layer's own bias or ``None``.
     """
 
@@ -157,13 +143,12 @@ class Fp32Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().float(), PACK_ROWS)
+        self.packed = cpu_linear.pack(linear.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or x.dtype != torch.float32:
             return nn.functional.linear(x, self.weight, self.bias)
-        bias = None if self.bias is None else self.bias.detach()
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, bias, "none", [], "")
+        return cpu_linear.packed_linear(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, float32 packed"
@@ -277,7 +262,7 @@ def prepare_weights(model: _Model, mode: WeightsMode) -> _Model:
     """``model`` as served in ``mode``, its linear layers replaced in place; returns ``model``.
 
     ``float32``: every linear layer an :class:`Fp32Linear` (the same weights, prepacked too) where
-    torch has oneDNN (:func:`packed_fp32_available`); unchanged otherwise.
+    torch has oneDNN (:func:`spade.cpu_linear.available`); unchanged otherwise.
     ``bf16``: every linear layer a :class:`Bf16Linear`. ``int8``: every linear
     layer an :class:`Int8Linear`. ``int4``: every one an
     :class:`Int4Linear`, but the LM head (the model's output embeddings) and any layer whose inputs are
@@ -288,7 +273,7 @@ def prepare_weights(model: _Model, mode: WeightsMode) -> _Model:
         QuantizationUnavailable: This torch has no weight-only CPU kernel the mode needs.
     """
     if mode == "float32":
-        if packed_fp32_available():
+        if cpu_linear.available():
             _replace_linears(model, Fp32Linear)
         return model
     if mode == "bf16":

@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from services.learner.core.collate import Collated
+from spade import cpu_linear
 
 SEGMENT_ATTENTION = "spade_segments"
 """Name under which :func:`segment_attention` is registered in ``transformers``' ``AttentionInterface``."""
@@ -141,7 +142,7 @@ def _attention(model: nn.Module, use_segments: bool) -> Iterator[None]:
 def _chunk_logprobs(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, temperature: float
 ) -> torch.Tensor:
-    logits = nn.functional.linear(hidden, weight, bias)
+    logits = cpu_linear.linear(hidden, weight, bias)  # F.linear; oneDNN's for fp32 on the CPU
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     if temperature != 1.0:

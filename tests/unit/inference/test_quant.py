@@ -9,19 +9,18 @@ from torch import nn
 
 from services.inference.quant import (
     INT4_GROUP,
-    PACK_ROWS,
     Bf16Linear,
     Fp32Linear,
     Int4Linear,
     Int8Linear,
     decode_step,
     dequantize_groups,
-    packed_fp32_available,
     prepare_weights,
     quantize_groups,
     quantize_rows,
 )
 from services.inference.settings import InferenceSettings
+from spade import cpu_linear
 
 
 def _linear(out_features: int = 48, in_features: int = 64, *, bias: bool = False, seed: int = 0) -> nn.Linear:
@@ -147,7 +146,7 @@ def test_int4_keeps_the_lm_head_and_layers_of_partial_groups_at_int8() -> None:
     assert isinstance(model.lm_head, Int8Linear)
 
 
-needs_packing = pytest.mark.skipif(not packed_fp32_available(), reason="this torch has no oneDNN fp32 packing")
+needs_packing = pytest.mark.skipif(not cpu_linear.available(), reason="this torch has no oneDNN fp32 packing")
 
 
 @needs_packing
@@ -181,7 +180,7 @@ def test_float32_keeps_a_tied_head_tied() -> None:
 def test_without_autograd_every_product_multiplies_the_packed_weights_and_with_it_the_layers_own(bias: bool) -> None:
     linear = _linear(96, 64, bias=bias, seed=3)
     layer = Fp32Linear(linear)
-    for rows in (1, 2, 3, PACK_ROWS, 16, 300):  # decode steps of any size and prefills
+    for rows in (1, 2, 3, cpu_linear.PACK_ROWS, 16, 300):  # decode steps of any size and prefills
         x = torch.randn(rows, 1, 64, generator=torch.Generator().manual_seed(rows))
         plain = nn.functional.linear(x, linear.weight, linear.bias)
         assert torch.equal(layer(x), plain)  # with autograd (the learner's way): the layer's own product
@@ -190,7 +189,7 @@ def test_without_autograd_every_product_multiplies_the_packed_weights_and_with_i
         assert packed.shape == plain.shape
         torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)  # fp32 rounding only
     # The packed copy is what a pass without autograd reads (a stale copy would show): swap in zeros.
-    layer.packed = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(96, 64), PACK_ROWS)
+    layer.packed = cpu_linear.pack(torch.zeros(96, 64))
     x = torch.randn(5, 64)
     with torch.no_grad():
         expected = torch.zeros(5, 96) if linear.bias is None else linear.bias.detach().expand(5, 96)
