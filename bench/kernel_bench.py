@@ -7,11 +7,11 @@ instructions (``torch.backends.cpu.get_cpu_capability()``: AVX2 on one project V
 bf16 and VNNI on another), so this measures it where it runs: 60 matrices of the model's MLP shape
 (1536 × 576), as the engine calls them — fp32 ``x @ w.T`` (``F.linear``'s product), fp32 with the
 weights prepacked for oneDNN (``fp32_packed``: what ``weights: float32`` multiplies,
-``services.inference.quant.Fp32Linear``), bf16 ``x @ w.T`` (``weights: bf16``), bf16 prepacked for
-oneDNN (``bf16_packed``, not served), and the int8 kernel the engine's ``weights: int8`` uses
-(``aten._weight_int8pack_mm``, bf16 activations and scales) — at 1, 2, 3, 4 and 16 rows, the median
-of ``--repeats`` passes, each format's ratio to fp32 measured in the same run, and the bytes each
-pass reads over its time.
+``services.inference.quant.Fp32Linear``), bf16 ``x @ w.T`` (``weights: bf16`` before oneDNN), bf16
+prepacked for oneDNN (``bf16_packed``: what ``weights: bf16`` decode steps multiply), and the int8
+kernel the engine's ``weights: int8`` uses (``aten._weight_int8pack_mm``, bf16 activations and
+scales) — at 1, 2, 3, 4 and 16 rows, the median of ``--repeats`` passes, each format's ratio to fp32
+measured in the same run, and the bytes each pass reads over its time.
 
 Usage::
 
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from services.inference.quant import quantize_rows
-from spade.cpu_linear import PACK_ROWS, pack, packed_linear
+from spade.cpu_linear import pack, packed_linear
 
 SHAPE = (1536, 576)  # SmolLM2-135M's MLP projection (out, in)
 MATRICES = 60  # its 30 layers' gate and up projections
@@ -69,7 +69,7 @@ def measure(repeats: int) -> dict[str, Any]:
     weights = [torch.randn(*SHAPE, generator=gen) * 0.02 for _ in range(MATRICES)]
     packed = [pack(w) for w in weights]
     bf16 = [w.bfloat16() for w in weights]
-    bf16_packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in bf16]  # pack()'s layout, bf16
+    bf16_packed = [pack(w, torch.bfloat16) for w in weights]
     int8, scales = zip(*(quantize_rows(w) for w in weights), strict=True)  # the engine's int8 weights
     elements = MATRICES * SHAPE[0] * SHAPE[1]
     bytes_read = {

@@ -42,9 +42,12 @@ def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` (``[out, in]``, fp32) reordered once for :func:`packed_linear` (an opaque oneDNN tensor)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().float().contiguous(), PACK_ROWS)
+def pack(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``weight`` (``[out, in]``) in ``dtype`` (fp32 or bf16), reordered once for :func:`packed_linear`.
+
+    Returns an opaque oneDNN tensor; :func:`packed_linear` multiplies activations of the same dtype by it.
+    """
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous(), PACK_ROWS)
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

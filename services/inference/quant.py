@@ -12,8 +12,9 @@ so prefill and decode serve one model. The choice follows the pass, not its shap
 prefill after a radix-cache hit computes what a full prefill of the same prompt computes.
 
 **Bf16** (``weights: bf16``): every linear layer becomes a :class:`Bf16Linear`, its weights rounded
-to bf16 once; decode steps multiply them with bf16 activations (torch's bf16 GEMM, fp32
-accumulation), prefills use the same rounded weights in fp32. Half of fp32's bytes, and no
+to bf16 once; decode steps multiply them with bf16 activations (fp32 accumulation; prepacked for
+oneDNN where torch has it, ``bench/kernel_bench.py``'s ``bf16_packed``), prefills use the same
+rounded weights in fp32 (prepacked too). Half of fp32's bytes, and no
 quantization kernel: its speed depends least on the CPU (``bench/kernel_bench.py``: about 2× fp32's
 matrix products at 1, 4 and 16 rows on an AVX-512 VM, where int8's kernel is 4.9× at one row but
 1.55× at 16), and its rounding (8 bits of mantissa per weight) is finer than int8's per-row step.
@@ -24,6 +25,9 @@ the one the default model's GGUF stores its layer matrices in, so the base model
 back onto their own grid), multiplied by torch's CPU int4 kernel (``aten._weight_int4pack_mm_for_cpu``,
 bf16 scales and zeros). The LM head stays an :class:`Int8Linear` (the GGUF keeps it at 8 bits too:
 at 4 bits it moved logprobs several times more than all the other layers together).
+
+In every quantized mode, prefills (passes without autograd outside a decode step) multiply the
+dequantized fp32 weights prepacked for oneDNN (:mod:`spade.cpu_linear`), another fp32 copy's memory.
 
 **Float32** (``weights: float32``, the default): the checkpoint's weights as loaded, each linear layer
 an :class:`Fp32Linear` that also keeps them prepacked in oneDNN's blocked layout and, without
@@ -95,7 +99,8 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class _QuantizedLinear(nn.Module):
     """A linear layer whose decode steps multiply quantized weights (:meth:`_kernel`) and prefills the
-    dequantized ones (``weight``, fp32: the same values)."""
+    dequantized ones (``weight``, fp32: the same values; ``prefill_packed``, prepacked for oneDNN as
+    :class:`Fp32Linear`'s, where torch has it, in passes without autograd)."""
 
     weight: nn.Parameter
     bias: nn.Parameter | None
@@ -105,6 +110,7 @@ class _QuantizedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = nn.Parameter(dequantized.contiguous(), requires_grad=False)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+        self.prefill_packed = cpu_linear.pack(dequantized) if cpu_linear.available() else None
 
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
         """``[rows, in]`` bf16 activations times the quantized weights: ``[rows, out]`` bf16."""
@@ -116,7 +122,9 @@ class _QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not getattr(_pass, "decoding", False):
-            return nn.functional.linear(x, self.weight, self.bias)
+            if self.prefill_packed is None or torch.is_grad_enabled() or x.dtype != torch.float32:
+                return nn.functional.linear(x, self.weight, self.bias)
+            return cpu_linear.packed_linear(x, self.prefill_packed, self.bias)
         y = self._kernel(x.reshape(-1, self.in_features).to(torch.bfloat16))
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
@@ -184,6 +192,7 @@ class Bf16Linear(_QuantizedLinear):
 
     Attributes:
         weight16: ``[out, in]`` bf16 weights, for decode steps.
+        packed16: the same prepacked for oneDNN (``None`` without it), what decode steps multiply.
         weight: the same values in fp32 (``[out, in]``), for prefills.
         bias: the original bias (fp32) or ``None``.
     """
@@ -192,9 +201,12 @@ class Bf16Linear(_QuantizedLinear):
         rounded = linear.weight.detach().to(torch.bfloat16).contiguous()
         super().__init__(linear, rounded.float())
         self.weight16 = rounded
+        self.packed16 = cpu_linear.pack(rounded, torch.bfloat16) if cpu_linear.available() else None
 
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(rows, self.weight16)
+        if self.packed16 is None:
+            return nn.functional.linear(rows, self.weight16)
+        return cpu_linear.packed_linear(rows, self.packed16)
 
     def decode_bytes(self) -> int:
         return self.weight16.numel() * self.weight16.element_size() + self._bias_bytes()

@@ -204,3 +204,31 @@ def test_the_setting_names_its_choices() -> None:
     assert InferenceSettings(weights="int4").weights == "int4"
     with pytest.raises(pydantic.ValidationError, match="'float32', 'bf16', 'int8' or 'int4'"):
         InferenceSettings(weights="int2")
+
+
+@needs_packing
+@pytest.mark.parametrize("kind", [Int8Linear, Int4Linear, Bf16Linear])
+def test_a_quantized_layers_prefill_without_autograd_multiplies_its_packed_dequantized_weights(
+    kind: type[Int8Linear] | type[Int4Linear] | type[Bf16Linear],
+) -> None:
+    layer = kind(_linear(bias=True))
+    x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        prefill = layer(x)
+    torch.testing.assert_close(prefill, nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    layer.prefill_packed = cpu_linear.pack(torch.zeros(48, 64))  # a stale copy would show
+    with torch.inference_mode():
+        assert layer.bias is not None and torch.equal(layer(x), layer.bias.detach().expand(3, 5, 48))
+
+
+@needs_packing
+def test_a_bf16_decode_step_multiplies_the_packed_bf16_weights() -> None:
+    layer = Bf16Linear(_linear(seed=7))
+    x = torch.randn(4, 1, 64, generator=torch.Generator().manual_seed(7))
+    with torch.inference_mode(), decode_step():
+        decoded = layer(x)
+        torch.testing.assert_close(
+            decoded, nn.functional.linear(x.bfloat16(), layer.weight16).float(), rtol=1e-2, atol=1e-2
+        )
+        layer.packed16 = cpu_linear.pack(torch.zeros(48, 64), torch.bfloat16)
+        assert torch.equal(layer(x), torch.zeros(4, 1, 48))
