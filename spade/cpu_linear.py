@@ -17,6 +17,7 @@ at training sizes, differing only by fp32 rounding (~1e-6; ``bench/kernel_bench.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from torch import nn
 PACK_ROWS = 4
 
 
+@functools.cache
 def available() -> bool:
     """Whether this torch has oneDNN's fp32 inner product and weight packing for the CPU."""
     ops = torch.ops.mkldnn
