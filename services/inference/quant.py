@@ -191,8 +191,8 @@ class Bf16Linear(_QuantizedLinear):
     """A linear layer served from its weights rounded to bf16 (see the module docstring).
 
     Attributes:
-        weight16: ``[out, in]`` bf16 weights, for decode steps.
-        packed16: the same prepacked for oneDNN (``None`` without it), what decode steps multiply.
+        packed16: ``[out, in]`` bf16 weights prepacked for oneDNN, what decode steps multiply.
+        weight16: the same values as a plain tensor, only where torch has no oneDNN (else ``None``).
         weight: the same values in fp32 (``[out, in]``), for prefills.
         bias: the original bias (fp32) or ``None``.
     """
@@ -200,16 +200,18 @@ class Bf16Linear(_QuantizedLinear):
     def __init__(self, linear: nn.Linear) -> None:
         rounded = linear.weight.detach().to(torch.bfloat16).contiguous()
         super().__init__(linear, rounded.float())
-        self.weight16 = rounded
-        self.packed16 = cpu_linear.pack(rounded, torch.bfloat16) if cpu_linear.available() else None
+        packing = cpu_linear.available()
+        self.packed16 = cpu_linear.pack(rounded, torch.bfloat16) if packing else None
+        self.weight16 = None if packing else rounded
 
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        if self.packed16 is None:
-            return nn.functional.linear(rows, self.weight16)
-        return cpu_linear.packed_linear(rows, self.packed16)
+        if self.packed16 is not None:
+            return cpu_linear.packed_linear(rows, self.packed16)
+        assert self.weight16 is not None
+        return nn.functional.linear(rows, self.weight16)
 
     def decode_bytes(self) -> int:
-        return self.weight16.numel() * self.weight16.element_size() + self._bias_bytes()
+        return self.weight.numel() * 2 + self._bias_bytes()  # bf16: two bytes a weight
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bf16"
