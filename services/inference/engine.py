@@ -62,6 +62,7 @@ from services.inference.sampling import (
     trim_at_stop,
 )
 from services.inference.settings import WeightsMode
+from spade import openmp
 from spade.inference.models import load_model, load_tokenizer, resolve_model_path
 from spade.inference.protocol import SamplingParams
 from spade.serving.logs import get_logger
@@ -344,6 +345,7 @@ class BatchEngine:
         eos = eos if eos is not None else self.tokenizer.eos_token_id
         self.eos_ids: list[int] = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_ids)
+        openmp.release_threads()  # loading ran parallel regions on this thread; the scheduler's must spin
 
         self._cond = threading.Condition()
         self._waiting: collections.deque[_Pending] = collections.deque()
@@ -513,7 +515,10 @@ class BatchEngine:
 
     def _load(self, path: Path) -> Any:
         """A checkpoint's weights, as this engine serves them (quantized in the ``int8`` and ``int4`` modes)."""
-        return prepare_weights(load_model(path, self.dtype, like=self.model), self.weights)
+        try:
+            return prepare_weights(load_model(path, self.dtype, like=self.model), self.weights)
+        finally:
+            openmp.release_threads()  # an executor thread, idle afterwards
 
     def _update_lock(self) -> asyncio.Lock:
         """Serialises weight updates (one asyncio lock per event loop that calls us)."""
@@ -533,9 +538,15 @@ class BatchEngine:
         """
         if int(model.config.vocab_size) != self.vocab_size:
             return WeightUpdateOutcome(False, f"vocabulary size {model.config.vocab_size} != {self.vocab_size}")
-        model = await asyncio.to_thread(prepare_weights, model, self.weights)
+        model = await asyncio.to_thread(self._prepare, model)
         async with self._update_lock():
             return await self._swap_in(model, model_path, weight_version, abort_all_requests)
+
+    def _prepare(self, model: Any) -> Any:
+        try:
+            return prepare_weights(model, self.weights)
+        finally:
+            openmp.release_threads()
 
     async def _swap_in(self, model: Any, path: Path, version: str, abort_all: bool) -> WeightUpdateOutcome:
         loop = asyncio.get_running_loop()
@@ -563,6 +574,8 @@ class BatchEngine:
             torch.set_num_threads(self.torch_threads)  # OpenMP: this thread only
         while True:
             with self._cond:
+                if not (self._stopping or self._waiting or self.num_running or self._swap):
+                    openmp.release_threads()  # idle: another thread's work may spin meanwhile
                 while not (self._stopping or self._waiting or self.num_running or self._swap):
                     self._cond.wait()
                 if self._stopping:

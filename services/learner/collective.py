@@ -16,6 +16,7 @@ from typing import Any
 from services.learner.core.batching import TrainSample
 from services.learner.trainer import StepMetrics, Trainer
 from services.learner.versions import VersionWriter, check_checkpoint_spec
+from spade import openmp
 from spade.serving.logs import get_logger
 
 logger = get_logger(__name__)
@@ -64,11 +65,14 @@ def execute(work: StepWork, trainer: Trainer, writer: VersionWriter) -> Executed
     checkpointed one.
     """
     out = Executed()
-    if work.batch:
-        clock = time.perf_counter()
-        out.metrics = trainer.train_step(work.batch)
-        out.timings["train"] = time.perf_counter() - clock
-    written = writer.write(work.publish_version, work.checkpoint_step, work.state)
+    try:
+        if work.batch:
+            clock = time.perf_counter()
+            out.metrics = trainer.train_step(work.batch)
+            out.timings["train"] = time.perf_counter() - clock
+        written = writer.write(work.publish_version, work.checkpoint_step, work.state)
+    finally:
+        openmp.release_threads()  # this executor thread idles until the next step (spade.openmp)
     out.weights, out.checkpoint = written.weights, written.checkpoint
     out.timings.update(written.timings)
     return out

@@ -22,7 +22,7 @@ from services.learner.publisher import WeightPublisher
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import OptimConfig, Trainer, shard_model
 from services.learner.versions import VersionWriter
-from spade import cpu_linear
+from spade import cpu_linear, openmp
 from spade.memory.records import StatsUpdate
 from spade.memory.runspec import RunSpecStore, fetch_run_spec, load_spec_file
 from spade.queues.base import WorkQueue
@@ -173,7 +173,9 @@ def build_trainer(
         temperature=spec.temperature,  # the rollout's and designer's: logprobs must match theirs
         bf16=settings.bf16,
     )
-    return Trainer(model, build_loss(settings.loss), optim, ref_model=ref, world=world, pad_id=pad_token_id(base))
+    trainer = Trainer(model, build_loss(settings.loss), optim, ref_model=ref, world=world, pad_id=pad_token_id(base))
+    openmp.release_threads()  # loading ran parallel regions on this thread, which trains elsewhere (spade.openmp)
+    return trainer
 
 
 def build_learner(
