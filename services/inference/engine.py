@@ -296,7 +296,9 @@ class BatchEngine:
             the learner's, which corrects them by truncated importance sampling); ``int4`` from 4-bit
             layers with an int8 LM head. Applied again to every weight update.
         torch_threads: intra-op threads of the scheduler thread (which does all model compute);
-            ``None``: torch's default. Set only for that thread, so the rest of the process keeps its own.
+            ``None``: torch's default. Set only for that thread, so the rest of the process keeps its own;
+            while another team in the process computes too (an embedded learner), a share of them
+            (:func:`spade.openmp.share`).
         prefix_cache_tokens: tokens whose KV the radix cache keeps for reuse (:mod:`.prefix_cache`); 0: off.
             The batch-invariant mode's cache of canonical chunks has a budget of its own of the same size.
         batch_invariant: compute every request batch-invariantly (SGLang's
@@ -575,12 +577,14 @@ class BatchEngine:
         while True:
             with self._cond:
                 if not (self._stopping or self._waiting or self.num_running or self._swap):
-                    openmp.release_threads()  # idle: another thread's work may spin meanwhile
+                    openmp.done_computing()  # idle: another thread's work may have the CPUs (spade.openmp)
                 while not (self._stopping or self._waiting or self.num_running or self._swap):
                     self._cond.wait()
                 if self._stopping:
                     break
                 admitted = self._take_admissions()
+            openmp.computing()
+            openmp.share()  # all its threads alone; a share while another team computes (the learner)
             start = time.perf_counter()
             try:
                 with torch.inference_mode():

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import httpx
+
+from services.inference.engine import BatchEngine, GenerationJob, TokenEvent
+from spade import openmp
+from spade.inference.protocol import SamplingParams
 
 
 def _error(response: httpx.Response) -> tuple[int, str, str]:
@@ -57,3 +64,19 @@ async def test_metrics_count_the_engines_work(http: httpx.AsyncClient) -> None:
     assert grew["decode_steps"] >= 1 and grew["decode_rows"] >= grew["decode_steps"]
     assert grew["busy_seconds"] > 0
     assert grew["prefill_seconds"] + grew["decode_seconds"] <= grew["busy_seconds"] + 1e-6
+
+
+async def test_the_scheduler_counts_as_computing_while_it_generates_and_not_once_idle(engine: BatchEngine) -> None:
+    """An idle engine leaves the CPUs to other teams in the process (spade.openmp): its scheduler is among
+    the computing teams only while it has work."""
+    scheduler = engine._thread.ident if engine._thread is not None else None
+    job = GenerationJob([1, 2, 3], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    seen_computing = False
+    async for event in engine.stream(job):
+        if isinstance(event, TokenEvent):
+            seen_computing = seen_computing or scheduler in openmp._computing
+    assert seen_computing
+    deadline = time.monotonic() + 10.0
+    while scheduler in openmp._computing and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert scheduler not in openmp._computing
