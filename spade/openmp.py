@@ -53,8 +53,14 @@ def _mapped_libgomps() -> list[str]:
 
 def _pause_functions() -> list[Callable[[int], int]]:
     """``omp_pause_resource_all`` of each loaded libgomp (looked up once some runtime is loaded)."""
-    if _pause:
-        return _pause
+    with _computing_lock:
+        if not _pause:
+            _pause.extend(_find_pause_functions())
+    return _pause
+
+
+def _find_pause_functions() -> list[Callable[[int], int]]:
+    found: list[Callable[[int], int]] = []
     for path in _mapped_libgomps():
         try:
             lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
@@ -63,8 +69,8 @@ def _pause_functions() -> list[Callable[[int], int]]:
         function = getattr(lib, "omp_pause_resource_all", None)
         if function is not None:
             function.argtypes, function.restype = [ctypes.c_int], ctypes.c_int
-            _pause.append(function)
-    return _pause
+            found.append(function)
+    return found
 
 
 def release_threads() -> bool:

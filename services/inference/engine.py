@@ -599,6 +599,7 @@ class BatchEngine:
                 logger.exception("inference scheduler step failed; failing the affected requests")
                 self._fail_all(admitted, EngineFault(f"generation failed: {type(exc).__name__}: {exc}"))
             self.work.busy_s += time.perf_counter() - start
+        openmp.done_computing()
         self._shutdown()
 
     def _take_admissions(self) -> list[_Pending]:
