@@ -21,8 +21,9 @@ parked behind another team's thread loses a time slice. A thread that computes i
 engine's scheduler, the learner's step) says so (:func:`computing` and :func:`done_computing`) and takes
 its :func:`share` of the threads it wants: that count divided among the teams computing now. In the
 embedded run on 2 cores (the engine and the learner in one process) the default three steps took
-59, 81 and 144 s with shares, against 60, 85 and 150 s with the idle pools freed alone, and 76, 92
-and 154 s before either (same tokens).
+59-65, 81-90 and 144-149 s with shares (three runs), against 60, 85 and 150 s with the idle pools
+freed alone (one run; sharing's gain is within the spread) and 76, 92 and 154 s before either (same
+tokens).
 """
 
 from __future__ import annotations
