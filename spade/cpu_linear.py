@@ -57,6 +57,16 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return _product(x, packed, None if bias is None else bias.detach())
 
 
+def served_linear(
+    x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a server: by ``packed`` (:func:`pack` of ``weight``, or ``None``)
+    in a pass without autograd on fp32 activations, by ``F.linear`` otherwise."""
+    if packed is None or torch.is_grad_enabled() or x.dtype != torch.float32:
+        return nn.functional.linear(x, weight, bias)
+    return packed_linear(x, packed, bias)
+
+
 def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
         x.device.type == "cpu"

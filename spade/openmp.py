@@ -1,4 +1,4 @@
-"""GNU OpenMP's thread pools: idle threads give their workers back, and busy ones share the CPUs.
+"""GNU OpenMP's thread pools: an idle thread gives its workers back, so the busy thread's workers spin.
 
 torch's CPU kernels run their parallel regions on GNU OpenMP (libgomp). Each thread that starts a
 parallel region gets its own pool of worker threads, kept for the thread's whole life. Between
@@ -15,15 +15,10 @@ libgomp frees the calling thread's pool; its next parallel region starts a new o
 microseconds).
 
 Threads that really compute at the same time still throttle each other, as they should: spinning on
-a core another team needs would cost more than the sleep. Better still, they share the CPUs instead
-of each running a full team on them: a team that waits at a barrier for a worker the kernel has
-parked behind another team's thread loses a time slice. A thread that computes in bursts (the
-engine's scheduler, the learner's step) says so (:func:`computing` and :func:`done_computing`) and takes
-its :func:`share` of the threads it wants: that count divided among the teams computing now. In the
-embedded run on 2 cores (the engine and the learner in one process) the default three steps took
-59-65, 81-90 and 144-149 s with shares (three runs), against 60, 85 and 150 s with the idle pools
-freed alone (one run; sharing's gain is within the spread) and 76, 92 and 154 s before either (same
-tokens).
+a core another team needs would cost more than the sleep. Dividing the cores between such teams
+(the engine and the learner at one thread each while both compute, set per decode step and per
+micro-batch) was measured in the embedded run and not kept: 59-65, 81-90 and 144-149 s over three
+runs against 60, 85 and 150 s without it, within the VM's run-to-run spread.
 """
 
 from __future__ import annotations
@@ -33,12 +28,11 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-
-import torch
+from typing import Any, TypeVar
 
 _OMP_PAUSE_SOFT = 1
-_computing: dict[int, int] = {}  # thread ident -> the torch threads it wants
-_computing_lock = threading.Lock()
+_lookup_lock = threading.Lock()
+_T = TypeVar("_T")
 _pause: list[Callable[[int], int]] = []
 
 
@@ -54,7 +48,7 @@ def _mapped_libgomps() -> list[str]:
 
 def _pause_functions() -> list[Callable[[int], int]]:
     """``omp_pause_resource_all`` of each loaded libgomp (looked up once some runtime is loaded)."""
-    with _computing_lock:
+    with _lookup_lock:
         if not _pause:
             _pause.extend(_find_pause_functions())
     return _pause
@@ -85,38 +79,10 @@ def release_threads() -> bool:
     return bool(functions) and all(function(_OMP_PAUSE_SOFT) == 0 for function in functions)
 
 
-def computing() -> None:
-    """Count the calling thread's team among those computing now, until :func:`done_computing`.
-
-    The thread's torch threads at its first call are what it wants (:func:`share` divides them).
-    """
-    with _computing_lock:
-        _computing.setdefault(threading.get_ident(), torch.get_num_threads())
-
-
-def done_computing() -> None:
-    """The calling thread's team computes no more for now: its threads back to what it wanted, its
-    OpenMP workers released."""
-    with _computing_lock:
-        wanted = _computing.pop(threading.get_ident(), None)
-    if wanted is not None and torch.get_num_threads() != wanted:
-        torch.set_num_threads(wanted)
-    release_threads()
-
-
-def share() -> int:
-    """Set the calling thread's torch threads to its share of the CPUs now; returns them.
-
-    A thread counted by :func:`computing` gets the threads it wanted divided among the teams
-    computing now (at least 1); any other thread keeps its own. torch's count is set only when it
-    changes.
-    """
-    ident = threading.get_ident()
-    with _computing_lock:
-        wanted, teams = _computing.get(ident), len(_computing)
-    if wanted is None:
-        return torch.get_num_threads()
-    threads = max(1, wanted // teams)
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)  # this thread's OpenMP count (and MKL's)
-    return threads
+def then_release(function: Callable[..., _T], /, *args: Any) -> _T:
+    """``function(*args)``, then :func:`release_threads`: torch work handed to a thread that idles after it
+    (``asyncio.to_thread(then_release, load, path)``)."""
+    try:
+        return function(*args)
+    finally:
+        release_threads()

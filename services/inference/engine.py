@@ -296,9 +296,7 @@ class BatchEngine:
             the learner's, which corrects them by truncated importance sampling); ``int4`` from 4-bit
             layers with an int8 LM head. Applied again to every weight update.
         torch_threads: intra-op threads of the scheduler thread (which does all model compute);
-            ``None``: torch's default. Set only for that thread, so the rest of the process keeps its own;
-            while another team in the process computes too (an embedded learner), a share of them
-            (:func:`spade.openmp.share`).
+            ``None``: torch's default. Set only for that thread, so the rest of the process keeps its own.
         prefix_cache_tokens: tokens whose KV the radix cache keeps for reuse (:mod:`.prefix_cache`); 0: off.
             The batch-invariant mode's cache of canonical chunks has a budget of its own of the same size.
         batch_invariant: compute every request batch-invariantly (SGLang's
@@ -503,7 +501,7 @@ class BatchEngine:
         async with self._update_lock():
             try:
                 path = resolve_model_path(Path(model_path))
-                model = await asyncio.to_thread(self._load, path)
+                model = await asyncio.to_thread(openmp.then_release, self._load, path)
             except Exception as exc:
                 return WeightUpdateOutcome(False, f"failed to load weights from {model_path}: {exc}")
             if int(model.config.vocab_size) != self.vocab_size:
@@ -517,10 +515,7 @@ class BatchEngine:
 
     def _load(self, path: Path) -> Any:
         """A checkpoint's weights, as this engine serves them (quantized in the ``int8`` and ``int4`` modes)."""
-        try:
-            return prepare_weights(load_model(path, self.dtype, like=self.model), self.weights)
-        finally:
-            openmp.release_threads()  # an executor thread, idle afterwards
+        return prepare_weights(load_model(path, self.dtype, like=self.model), self.weights)
 
     def _update_lock(self) -> asyncio.Lock:
         """Serialises weight updates (one asyncio lock per event loop that calls us)."""
@@ -540,15 +535,9 @@ class BatchEngine:
         """
         if int(model.config.vocab_size) != self.vocab_size:
             return WeightUpdateOutcome(False, f"vocabulary size {model.config.vocab_size} != {self.vocab_size}")
-        model = await asyncio.to_thread(self._prepare, model)
+        model = await asyncio.to_thread(openmp.then_release, prepare_weights, model, self.weights)
         async with self._update_lock():
             return await self._swap_in(model, model_path, weight_version, abort_all_requests)
-
-    def _prepare(self, model: Any) -> Any:
-        try:
-            return prepare_weights(model, self.weights)
-        finally:
-            openmp.release_threads()
 
     async def _swap_in(self, model: Any, path: Path, version: str, abort_all: bool) -> WeightUpdateOutcome:
         loop = asyncio.get_running_loop()
@@ -577,14 +566,12 @@ class BatchEngine:
         while True:
             with self._cond:
                 if not (self._stopping or self._waiting or self.num_running or self._swap):
-                    openmp.done_computing()  # idle: another thread's work may have the CPUs (spade.openmp)
+                    openmp.release_threads()  # idle: another thread's workers may spin meanwhile (spade.openmp)
                 while not (self._stopping or self._waiting or self.num_running or self._swap):
                     self._cond.wait()
                 if self._stopping:
                     break
                 admitted = self._take_admissions()
-            openmp.computing()
-            openmp.share()  # all its threads alone; a share while another team computes (the learner)
             start = time.perf_counter()
             try:
                 with torch.inference_mode():
@@ -599,7 +586,6 @@ class BatchEngine:
                 logger.exception("inference scheduler step failed; failing the affected requests")
                 self._fail_all(admitted, EngineFault(f"generation failed: {type(exc).__name__}: {exc}"))
             self.work.busy_s += time.perf_counter() - start
-        openmp.done_computing()
         self._shutdown()
 
     def _take_admissions(self) -> list[_Pending]:

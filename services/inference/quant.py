@@ -122,9 +122,7 @@ class _QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not getattr(_pass, "decoding", False):
-            if self.prefill_packed is None or torch.is_grad_enabled() or x.dtype != torch.float32:
-                return nn.functional.linear(x, self.weight, self.bias)
-            return cpu_linear.packed_linear(x, self.prefill_packed, self.bias)
+            return cpu_linear.served_linear(x, self.weight, self.prefill_packed, self.bias)
         y = self._kernel(x.reshape(-1, self.in_features).to(torch.bfloat16))
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
@@ -154,9 +152,7 @@ class Fp32Linear(nn.Module):
         self.packed = cpu_linear.pack(linear.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or x.dtype != torch.float32:
-            return nn.functional.linear(x, self.weight, self.bias)
-        return cpu_linear.packed_linear(x, self.packed, self.bias)
+        return cpu_linear.served_linear(x, self.weight, self.packed, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, float32 packed"

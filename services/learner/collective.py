@@ -65,7 +65,6 @@ def execute(work: StepWork, trainer: Trainer, writer: VersionWriter) -> Executed
     checkpointed one.
     """
     out = Executed()
-    openmp.computing()  # the trainer takes its share of the CPUs per micro-batch (spade.openmp)
     try:
         if work.batch:
             clock = time.perf_counter()
@@ -73,7 +72,7 @@ def execute(work: StepWork, trainer: Trainer, writer: VersionWriter) -> Executed
             out.timings["train"] = time.perf_counter() - clock
         written = writer.write(work.publish_version, work.checkpoint_step, work.state)
     finally:
-        openmp.done_computing()  # this executor thread idles until the next step (spade.openmp)
+        openmp.release_threads()  # this executor thread idles until the next step (spade.openmp)
     out.weights, out.checkpoint = written.weights, written.checkpoint
     out.timings.update(written.timings)
     return out

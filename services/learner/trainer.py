@@ -26,7 +26,6 @@ from services.learner.core.collate import Collated, collate, pack
 from services.learner.core.losses import LossInputs, PolicyLoss
 from services.learner.distributed import World
 from services.learner.logprobs import token_logprobs
-from spade import openmp
 
 __all__ = ["OptimConfig", "StepMetrics", "Trainer", "behaviour_logprobs", "shard_model", "token_logprobs"]
 
@@ -200,9 +199,6 @@ class Trainer:
         n_mb = 0
         for mb in self._aligned_micro_batches(local, samples[0]):
             n_mb += 1
-            # This step's share of the CPUs, again for each micro-batch: an engine in this process
-            # may start or stop generating meanwhile (spade.openmp; backward runs on this thread too).
-            openmp.share()
             batch = self._collate(mb)
             ref = None
             if self.ref_model is not None:

@@ -83,59 +83,25 @@ def test_release_leaves_another_threads_workers_alone() -> None:
         thread.join()
 
 
-def test_a_computing_team_gets_its_share_of_the_threads_and_all_of_them_alone() -> None:
-    other_computing = threading.Event()
-    other_may_stop = threading.Event()
+def test_then_release_returns_the_result_and_ends_the_workers_even_when_the_work_fails() -> None:
+    def work(value: int) -> int:
+        _parallel_region()
+        return value + 1
 
-    def other() -> None:
-        torch.set_num_threads(2)
-        openmp.computing()
-        other_computing.set()
-        other_may_stop.wait(30)
-        openmp.done_computing()
+    def fails() -> None:
+        _parallel_region()
+        raise ValueError("the work failed")
 
     def body(seen: dict[str, Any]) -> None:
-        seen["ident"] = threading.get_ident()
-        torch.set_num_threads(4)
-        seen["unregistered"] = openmp.share()  # a thread that never said it computes keeps its own
-        openmp.computing()
-        seen["alone"] = (openmp.share(), torch.get_num_threads())
-        thread = threading.Thread(target=other)
-        thread.start()
-        assert other_computing.wait(30)
-        seen["beside"] = (openmp.share(), torch.get_num_threads())
-        other_may_stop.set()
-        thread.join()
-        seen["alone_again"] = (openmp.share(), torch.get_num_threads())
-        openmp.computing()  # a second call keeps what the thread first wanted
-        torch.set_num_threads(1)
-        seen["still_four"] = openmp.share()
         torch.set_num_threads(2)
-        openmp.done_computing()
-        seen["restored"] = torch.get_num_threads()
+        seen["before"] = _threads()
+        seen["result"] = openmp.then_release(work, 41)
+        seen["after"] = _settled(seen["before"])
+        with pytest.raises(ValueError, match="the work failed"):
+            openmp.then_release(fails)
+        seen["after_failure"] = _settled(seen["before"])
 
     seen = _in_thread(body)
-    assert seen["unregistered"] == 4
-    assert seen["alone"] == (4, 4)
-    assert seen["beside"] == (2, 2)
-    assert seen["alone_again"] == (4, 4)
-    assert seen["still_four"] == 4
-    assert seen["restored"] == 4  # done: back to the threads it wanted
-    assert seen["ident"] not in openmp._computing  # done: no longer counted
-
-
-def test_a_share_is_never_below_one_thread() -> None:
-    def body(seen: dict[str, Any]) -> None:
-        torch.set_num_threads(1)
-        openmp.computing()
-        others = [threading.Thread(target=openmp.computing) for _ in range(2)]  # they never say done
-        for thread in others:
-            thread.start()
-            thread.join()
-        seen["share"] = openmp.share()
-        with openmp._computing_lock:
-            for thread in others:
-                openmp._computing.pop(thread.ident or 0, None)
-        openmp.done_computing()
-
-    assert _in_thread(body)["share"] == 1
+    assert seen["result"] == 42
+    assert seen["after"] == seen["before"]
+    assert seen["after_failure"] == seen["before"]

@@ -231,42 +231,39 @@ def _train_and_save(
         training_sequence,
     )
 
-    try:
-        if settings.torch_threads is not None:
-            torch.set_num_threads(settings.torch_threads)
-        seed_everything(settings.seed)
-        model, tokenizer = load_for_training(stuff.base)
-        sequences = [training_sequence(p.prompt_ids, p.answer_ids) for p in pairs.pairs]
-        probes = [training_sequence(p.prompt_ids, p.answer_ids) for p in probe.pairs]
-        progress("loss", 0, 2 * len(probes))
-        before = answer_loss(model, probes) if probes else None
-        progress("loss", len(probes), 2 * len(probes))
-        config = SFTConfig(
-            epochs=settings.epochs,
-            lr=settings.lr,
-            batch_size=settings.batch_size,
-            weight_decay=settings.weight_decay,
-            grad_clip=settings.grad_clip,
-            warmup_steps=settings.warmup_steps,
-            prompt_gradient=settings.prompt_gradient,
-            seed=settings.seed,
-        )
-        result = train(model, sequences, config, progress=progress)
-        after = answer_loss(model, probes) if probes else None
-        progress("loss", 2 * len(probes), 2 * len(probes))
-        save_checkpoint(model, tokenizer, staging)
-        return {
-            "sft": result.to_dict(),
-            "loss": {
-                "probe_pairs": len(probes),
-                "probe_before": before,
-                "probe_after": after,
-                "train_first_epoch": result.epoch_loss(0),
-                "train_last_epoch": result.epoch_loss(result.epochs - 1),
-            },
-        }
-    finally:
-        openmp.release_threads()  # this executor thread may serve the run's engine or learner next (spade.openmp)
+    if settings.torch_threads is not None:
+        torch.set_num_threads(settings.torch_threads)
+    seed_everything(settings.seed)
+    model, tokenizer = load_for_training(stuff.base)
+    sequences = [training_sequence(p.prompt_ids, p.answer_ids) for p in pairs.pairs]
+    probes = [training_sequence(p.prompt_ids, p.answer_ids) for p in probe.pairs]
+    progress("loss", 0, 2 * len(probes))
+    before = answer_loss(model, probes) if probes else None
+    progress("loss", len(probes), 2 * len(probes))
+    config = SFTConfig(
+        epochs=settings.epochs,
+        lr=settings.lr,
+        batch_size=settings.batch_size,
+        weight_decay=settings.weight_decay,
+        grad_clip=settings.grad_clip,
+        warmup_steps=settings.warmup_steps,
+        prompt_gradient=settings.prompt_gradient,
+        seed=settings.seed,
+    )
+    result = train(model, sequences, config, progress=progress)
+    after = answer_loss(model, probes) if probes else None
+    progress("loss", 2 * len(probes), 2 * len(probes))
+    save_checkpoint(model, tokenizer, staging)
+    return {
+        "sft": result.to_dict(),
+        "loss": {
+            "probe_pairs": len(probes),
+            "probe_before": before,
+            "probe_after": after,
+            "train_first_epoch": result.epoch_loss(0),
+            "train_last_epoch": result.epoch_loss(result.epochs - 1),
+        },
+    }
 
 
 async def build(settings: WarmStartSettings, staging: Path, progress: Progress) -> dict[str, Any]:
@@ -301,7 +298,11 @@ async def build(settings: WarmStartSettings, staging: Path, progress: Progress) 
                 settings, stuff, stuff.base, validate, digests, progress, "eval base"
             )
             clock.lap("eval_base")
-        record.update(await asyncio.to_thread(_train_and_save, settings, stuff, pairs, probe, staging, progress))
+        # This executor thread may serve the run's engine or learner next: it gives its OpenMP pool back.
+        trained = await asyncio.to_thread(
+            openmp.then_release, _train_and_save, settings, stuff, pairs, probe, staging, progress
+        )
+        record.update(trained)
         clock.lap("train")
         if settings.evaluate:
             evaluation["after"] = await evaluate_one(settings, stuff, staging, validate, digests, progress, "eval warm")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+from pathlib import Path
 
 import httpx
 
 from services.inference.engine import BatchEngine, GenerationJob, TokenEvent
-from spade import openmp
 from spade.inference.protocol import SamplingParams
 
 
@@ -66,17 +67,27 @@ async def test_metrics_count_the_engines_work(http: httpx.AsyncClient) -> None:
     assert grew["prefill_seconds"] + grew["decode_seconds"] <= grew["busy_seconds"] + 1e-6
 
 
-async def test_the_scheduler_counts_as_computing_while_it_generates_and_not_once_idle(engine: BatchEngine) -> None:
-    """An idle engine leaves the CPUs to other teams in the process (spade.openmp): its scheduler is among
-    the computing teams only while it has work."""
-    scheduler = engine._thread.ident if engine._thread is not None else None
-    job = GenerationJob([1, 2, 3], SamplingParams(max_new_tokens=8, ignore_eos=True))
-    seen_computing = False
-    async for event in engine.stream(job):
-        if isinstance(event, TokenEvent):
-            seen_computing = seen_computing or scheduler in openmp._computing
-    assert seen_computing
-    deadline = time.monotonic() + 10.0
-    while scheduler in openmp._computing and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-    assert scheduler not in openmp._computing
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+async def test_an_idle_scheduler_gives_its_openmp_workers_back(model_dir: Path) -> None:
+    """Once it has nothing to do, the scheduler frees its OpenMP pool (spade.openmp): an idle pool would cut
+    every other pool's spinning short."""
+    engine = BatchEngine(model_dir, torch_threads=2)  # the scheduler and one OpenMP worker beside it
+    engine.start()
+    try:
+        await asyncio.sleep(0.5)  # the scheduler reaches its first wait
+        idle = _threads()
+        job = GenerationJob(list(range(100, 300)), SamplingParams(max_new_tokens=8, ignore_eos=True))
+        busy = idle
+        async for event in engine.stream(job):
+            if isinstance(event, TokenEvent):
+                busy = max(busy, _threads())
+        deadline = time.monotonic() + 10.0
+        while _threads() > idle and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert busy > idle  # the worker existed while it generated
+        assert _threads() == idle
+    finally:
+        engine.close()
