@@ -215,6 +215,7 @@ class RolloutWorker:
         pace = runner.pace if config.audit_paced else None
         self._auditor = AuditPlayer(runner.sessions, runner.limits.max_turns, pace)
         self._jobs: dict[str, asyncio.Task[None]] = {}
+        self._jobs_ended = 0  # slots that left _jobs: one that ends while _fill claims may make its next slot due
 
     @property
     def spec(self) -> RunSpec:
@@ -286,7 +287,11 @@ class RolloutWorker:
         env_id = claim.env.env_id
         task = asyncio.create_task(self._run_claim(claim), name=f"slot {env_id}#{claim.slot}")
         self._jobs[env_id] = task
-        task.add_done_callback(lambda _: self._jobs.pop(env_id, None))
+        task.add_done_callback(lambda _: self._end_job(env_id))
+
+    def _end_job(self, env_id: str) -> None:
+        self._jobs.pop(env_id, None)
+        self._jobs_ended += 1
 
     async def _shutdown(self) -> None:
         """Let the slots in flight finish for ``shutdown_grace_s``, then cancel them (their leases are released).
@@ -411,7 +416,10 @@ class RolloutWorker:
         try:
             while True:
                 await self._retire_closed()
+                ended = self._jobs_ended
                 started += await self._fill(skip)
+                if self._jobs_ended != ended:
+                    continue  # a slot ended while _fill claimed (busy then): its env's next slot may be due now
                 if not self._jobs:
                     return started
                 await asyncio.wait(list(self._jobs.values()), return_when=asyncio.FIRST_COMPLETED)

@@ -15,7 +15,7 @@ import logging
 import random
 import socket
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from services.rollout.core.seeds import play_seeds
 from services.rollout.memory import MemoryServicePlays
 from services.rollout.policy import FormatterTemplate, Generation
 from services.rollout.samples import SlotRef, sample_id
-from services.rollout.state_store import RolloutStateStore
+from services.rollout.state_store import Claim, RolloutStateStore
 from services.rollout.worker import RolloutWorker, WorkerConfig
 from spade.agent.episode import EpisodeRunner, PlayLimits
 from spade.agent.ports import TurnSampling
@@ -424,6 +424,35 @@ async def test_play_due_plays_every_due_env_at_once(rig: Rig) -> None:
         (f"{e}@s{i}", i) for e in envs for i in (1, 2)
     )
     assert len(later) == 3 * 2 * G and worker.counts.late_slots == 6
+    worker.store.dispose()
+
+
+class _SlowClaims(RolloutStateStore):
+    """A state store whose claims, while slots are in flight, answer only after those slots ended (a slow
+    query on a loaded machine): the claim skipped them as busy, and their envs' next slots are due now."""
+
+    async def claim(self, owner: str, lease_s: float, busy: Collection[str] = ()) -> Claim | None:
+        names = {f"slot {env_id}" for env_id in busy}
+        while any(t.get_name().partition("#")[0] in names for t in asyncio.all_tasks()):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # the ended slots' done callbacks
+        return await super().claim(owner, lease_s, busy)
+
+
+async def test_play_due_plays_the_next_slot_of_an_env_whose_slot_ended_while_it_claimed(rig: Rig) -> None:
+    env_id = await rig.put_env(version=0)
+    worker = rig.worker("w1", max_concurrent_envs=2)
+    worker.store.dispose()
+    worker.store = _SlowClaims.from_url(rig.state_url)
+    await worker.step_envs()
+    assert await worker.play_due() == 1
+    assert {s.group_id for s in await rig.samples()} == {f"{env_id}@s0"}
+    await rig.publish_weights(7)  # slots 1 and 2 due: each ends while play_due claims beside it
+    await worker.step_weights()
+    assert await worker.play_due() == 2
+    assert {s.group_id for s in await rig.samples()} == {f"{env_id}@s1", f"{env_id}@s2"}
+    stored = await worker.store.get(env_id)
+    assert stored is not None and stored.status is EnvStatus.RETIRED  # its window closed and was retired in the call
     worker.store.dispose()
 
 
