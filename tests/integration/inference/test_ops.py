@@ -77,8 +77,7 @@ async def test_an_idle_scheduler_gives_its_openmp_workers_back(model_dir: Path) 
     engine = BatchEngine(model_dir, torch_threads=2)  # the scheduler and one OpenMP worker beside it
     engine.start()
     try:
-        await asyncio.sleep(0.5)  # the scheduler reaches its first wait
-        idle = _threads()
+        idle = _threads()  # the scheduler's thread is running; it has no OpenMP pool before its first work
         job = GenerationJob(list(range(100, 300)), SamplingParams(max_new_tokens=8, ignore_eos=True))
         busy = idle
         async for event in engine.stream(job):
