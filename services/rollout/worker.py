@@ -215,7 +215,7 @@ class RolloutWorker:
         pace = runner.pace if config.audit_paced else None
         self._auditor = AuditPlayer(runner.sessions, runner.limits.max_turns, pace)
         self._jobs: dict[str, asyncio.Task[None]] = {}
-        self._jobs_ended = 0  # slots that left _jobs: one that ends while _fill claims may make its next slot due
+        self._jobs_ended = 0  # slots that left _jobs (see _schedule_once)
 
     @property
     def spec(self) -> RunSpec:
@@ -261,15 +261,26 @@ class RolloutWorker:
         """Keep up to ``max_concurrent_envs`` slots in flight, each under its own lease."""
         while not stop.is_set():
             try:
-                await self._retire_closed()
-                await self._fill()
+                _, again = await self._schedule_once()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("scheduling slots failed; retrying in %.1fs", self.config.poll_s)
+                again = False
+            if again:
+                continue
             waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait()), *self._jobs.values()]
             await asyncio.wait(waits, timeout=self.config.poll_s, return_when=asyncio.FIRST_COMPLETED)
             waits[0].cancel()
+
+    async def _schedule_once(self, skip: Collection[str] = ()) -> tuple[int, bool]:
+        """Retire closed windows and claim due slots (:meth:`_fill`); return the slots started and whether
+        a slot ended meanwhile. A claim skips the envs in flight, so an env whose slot ended during it
+        may have its next slot due: schedule again at once."""
+        ended = self._jobs_ended
+        await self._retire_closed()
+        started = await self._fill(skip)
+        return started, self._jobs_ended != ended
 
     async def _fill(self, skip: Collection[str] = ()) -> int:
         """Claim due slots (never of an env in flight or in ``skip``) until ``max_concurrent_envs`` are in
@@ -415,11 +426,10 @@ class RolloutWorker:
         started = 0
         try:
             while True:
-                await self._retire_closed()
-                ended = self._jobs_ended
-                started += await self._fill(skip)
-                if self._jobs_ended != ended:
-                    continue  # a slot ended while _fill claimed (busy then): its env's next slot may be due now
+                started_now, again = await self._schedule_once(skip)
+                started += started_now
+                if again:
+                    continue
                 if not self._jobs:
                     return started
                 await asyncio.wait(list(self._jobs.values()), return_when=asyncio.FIRST_COMPLETED)
