@@ -445,11 +445,11 @@ async def test_play_due_plays_the_next_slot_of_an_env_whose_slot_ended_while_it_
     worker.store.dispose()
     worker.store = _SlowClaims.from_url(rig.state_url)
     await worker.step_envs()
-    assert await worker.play_due() == 1
+    assert await asyncio.wait_for(worker.play_due(), 60) == 1
     assert {s.group_id for s in await rig.samples()} == {f"{env_id}@s0"}
     await rig.publish_weights(7)  # slots 1 and 2 due: each ends while play_due claims beside it
     await worker.step_weights()
-    assert await worker.play_due() == 2
+    assert await asyncio.wait_for(worker.play_due(), 60) == 2
     assert {s.group_id for s in await rig.samples()} == {f"{env_id}@s1", f"{env_id}@s2"}
     stored = await worker.store.get(env_id)
     assert stored is not None and stored.status is EnvStatus.RETIRED  # its window closed and was retired in the call
