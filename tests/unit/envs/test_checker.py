@@ -12,7 +12,7 @@ from spade.envs.checker import CHECKS, check_env_source
 from spade.envs.examples import EXAMPLES
 from spade.envs.findings import CheckFailed
 from spade.envs.types import CHECK_NAMES, CheckConfig, Setting, ValidationReport
-from tests.unit.envs.sample_envs import GUESS_GAME, NOTES_TOOL, mutate
+from tests.unit.envs.sample_envs import EXAMPLE_CHECKS, GUESS_GAME, NOTES_TOOL, mutate
 
 
 def failed(report: ValidationReport) -> list[str]:
@@ -22,7 +22,7 @@ def failed(report: ValidationReport) -> list[str]:
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_every_example_env_passes_every_check(name: str) -> None:
     example = EXAMPLES[name]
-    report = check_env_source(example.code, example.setting)
+    report = check_env_source(example.code, example.setting, EXAMPLE_CHECKS)
     assert report.valid, report.summary()
     assert [c.name for c in report.checks] == list(CHECK_NAMES)
     assert all(c.detail for c in report.checks)
