@@ -215,7 +215,9 @@ class RolloutWorker:
         pace = runner.pace if config.audit_paced else None
         self._auditor = AuditPlayer(runner.sessions, runner.limits.max_turns, pace)
         self._jobs: dict[str, asyncio.Task[None]] = {}
-        self._jobs_ended = 0  # slots that left _jobs (see _schedule_once)
+        # Slots that left _jobs (see _schedule_once). A count, not a snapshot of the tasks in flight: a
+        # slot that _fill itself started can end before _fill's last claim.
+        self._jobs_ended = 0
 
     @property
     def spec(self) -> RunSpec:
