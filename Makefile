@@ -20,10 +20,12 @@ run: $(STAMP)
 # of the suite waits on jails, servers and stores, not the CPU. Passive OpenMP threads yield the cores
 # instead of spinning while another worker's model runs. 4 workers ran out of the machine's 24 GB
 # (two `spade run`s and a cluster at once); TEST_WORKERS=0 runs everything in one process. Modules go
-# out costliest first (tests/conftest.py: longest_first), not xdist's most-tests-first order.
+# out costliest first (tests/conftest.py: longest_first), not xdist's most-tests-first order. A worker
+# that dies (a crash in native code) ends the run at once with that test failed: xdist 3.8 replaces a
+# dead worker and then, under --dist loadfile, waits forever (reproduced with a test that aborts).
 TEST_WORKERS ?= 3
 test: $(STAMP)
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --max-worker-restart=0 --durations=25 $(PYTEST_ARGS)
 
 # The fast tier: no Postgres, Redis, jails, model, slow or e2e test (the markers: tests/conftest.py).
 # Two workers, one per core: 1,235 tests took 122 s in one process and 69 s in two (2026-12-03).

@@ -9,6 +9,7 @@ Run ``python -m spade.protogen`` after editing a proto.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,27 +32,32 @@ def generate(out_dir: Path) -> list[Path]:
         The generated files, sorted.
 
     Raises:
-        RuntimeError: When ``protoc`` rejects a proto; the message carries its output.
-    """
-    import grpc_tools
-    from grpc_tools import protoc
+        RuntimeError: When ``protoc`` rejects a proto or dies; the message carries its output.
 
-    include = Path(grpc_tools.__file__).parent / "_proto"
+    ``protoc`` runs in a child interpreter (``python -m grpc_tools.protoc``, which adds the
+    well-known types' include itself), not through ``grpc_tools.protoc.main`` in this process: protoc
+    runs its ``protoc-gen-mypy`` plugin as a child of its own and aborts the whole process when it
+    cannot reap it, which a process already running threads and children of its own (a test
+    worker's engines, an asyncio child watcher) made happen. In a child, such an end is one error.
+    """
     target = out_dir / "spade" / "v1"
     target.mkdir(parents=True, exist_ok=True)
     plugin = Path(sys.executable).parent / "protoc-gen-mypy"
     args = [
-        "protoc",
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
         f"--plugin=protoc-gen-mypy={plugin}",
         f"-I{PROTO_ROOT}",
-        f"-I{include}",
         f"--python_out={out_dir}",
         f"--grpc_python_out={out_dir}",
         f"--mypy_out={out_dir}",
         *[str(p) for p in proto_files()],
     ]
-    if protoc.main(args) != 0:
-        raise RuntimeError(f"protoc failed for {[p.name for p in proto_files()]}; see its output above")
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        names = [p.name for p in proto_files()]
+        raise RuntimeError(f"protoc failed for {names} (exit {done.returncode}):\n{done.stderr.strip()}")
     init = target / "__init__.py"
     init.write_text('"""Generated gRPC stubs for the ``spade.v1`` protos (see ``spade.protogen``)."""\n')
     return sorted(p for p in target.iterdir() if p.is_file())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from spade import protogen
 
 
@@ -21,3 +23,12 @@ def test_every_proto_has_stubs() -> None:
     assert {"sandbox", "queues"} <= names
     for stem in names:
         assert (protogen.REPO_ROOT / "spade" / "v1" / f"{stem}_pb2.py").exists()
+
+
+def test_a_broken_proto_fails_with_protocs_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    protos = tmp_path / "proto" / "spade" / "v1"
+    protos.mkdir(parents=True)
+    (protos / "broken.proto").write_text('syntax = "proto3";\npackage spade.v1;\nmessage Broken { nope x = 1; }\n')
+    monkeypatch.setattr(protogen, "PROTO_ROOT", tmp_path / "proto")
+    with pytest.raises(RuntimeError, match=r"broken\.proto.*\n.*nope"):
+        protogen.generate(tmp_path / "out")
