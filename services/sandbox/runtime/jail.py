@@ -169,17 +169,34 @@ def drop_capabilities() -> None:
     _check(_libc.capset(header, data), "capset(drop all)")
 
 
-def apply_rlimits(limits: Limits) -> None:
-    """Apply the request's rlimits (soft = hard, so the program cannot raise them back)."""
+def apply_rlimits(limits: Limits, *, open_files: bool = True) -> None:
+    """Apply the request's rlimits (soft = hard, so the program cannot raise them back).
+
+    ``open_files=False`` leaves ``RLIMIT_NOFILE`` as it is: pid 1 of a jail, which passes the request's
+    channels to its waiter (SCM_RIGHTS), keeps the zygote's (``raise_open_files``). The kernel refuses
+    such a pass (ETOOMANYREFS) from a process without ``CAP_SYS_RESOURCE`` in the host's namespace,
+    which no jail has, while its user has more fds in flight than the sender's ``RLIMIT_NOFILE``; and
+    every jail runs as the one sandbox uid, whose programs can put fds in flight and keep them there
+    (a socket that holds its own fd outlives its process until the kernel's collector finds it).
+    Only the waiter, which passes nothing, takes the request's limit.
+    """
     cpu = max(1, limits.cpu_seconds)
     # The hard CPU limit one second later turns an ignored SIGXCPU into a SIGKILL.
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
     resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
+    if open_files:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_bytes, limits.file_size_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
+
+
+def raise_open_files() -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard one; returns it (see ``apply_rlimits``)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
 
 
 def load_seccomp(program: bytes) -> None:

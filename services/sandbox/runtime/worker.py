@@ -174,7 +174,8 @@ def run(config: dict[str, Any], program: bytes | None, assignment_fd: int) -> in
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     limits = dict(request["limits"])
     try:
-        jail.apply_rlimits(jail.Limits.from_dict(limits))
+        # Not the request's open-file limit: pid 1 must still pass the channels to the waiter.
+        jail.apply_rlimits(jail.Limits.from_dict(limits), open_files=False)
     except Exception as exc:
         waiter.discard()
         report_fault(CTL, f"applying the request's limits failed: {exc}")

@@ -263,6 +263,7 @@ def kill_jail(jail_pid: int) -> None:
 
 def main() -> None:
     config = json.loads(sys.argv[1])
+    jail.raise_open_files()  # for passing channels to its jails, and theirs to their waiters
     zygote = Zygote(config)
     try:
         zygote.prepare()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 
@@ -12,7 +13,7 @@ from services.sandbox.isolation import ExecStatus, IsolationSettings, SandboxFau
 from spade.envs import CheckConfig, Outcome
 from spade.envs.examples import EXAMPLES
 from spade.envs.repair import repair_code
-from tests.unit.envs.sample_envs import EXAMPLE_CHECKS
+from tests.unit.envs.sample_envs import EXAMPLE_CHECKS, GUESS_GAME
 
 pytestmark = pytest.mark.sandbox
 
@@ -206,6 +207,42 @@ async def test_concurrent_requests_never_cross_channels() -> None:
             *(pool.execute(program, stdin=token, files={f"f{i}": b""}) for i, token in enumerate(tokens))
         )
         assert [r.stdout for r in results] == [token + b" 1" for token in tokens]
+
+
+# An env that, on reset, puts as many fds in flight as the kernel lets it (SCM_RIGHTS to a socket of
+# its own that never reads them) and keeps them there while its session lasts.
+FLOODS_FDS = GUESS_GAME.replace(
+    "    def reset(self, seed=None):\n",
+    "    def reset(self, seed=None):\n"
+    "        import socket\n"
+    "        self.held = socket.socketpair()\n"
+    "        sent = 0\n"
+    "        try:\n"
+    "            while True:\n"
+    "                socket.send_fds(self.held[0], [b'x'], [1] * 250)\n"
+    "                sent += 250\n"
+    "        except OSError as exc:\n"
+    "            return f'{sent} fds in flight, then errno {exc.errno}', {}\n",
+)
+
+
+async def test_fds_one_jails_program_keeps_in_flight_do_not_fail_other_requests() -> None:
+    # Every jail runs as the one sandbox uid, and the kernel refuses to pass fds for a process
+    # without CAP_SYS_RESOURCE while that uid has more in flight than the sender's RLIMIT_NOFILE
+    # (ETOOMANYREFS). Pid 1 of each jail passes the request's channels to its waiter so: one tenant's
+    # program holding fds in flight must not make every other request fail.
+    settings = IsolationSettings()
+    async with SandboxPool(settings) as pool:
+        flood = await pool.open_session(FLOODS_FDS, "game", 1, CheckConfig())
+        assert flood.initial.outcome is Outcome.OK
+        assert flood.initial.observation == f"250 fds in flight, then errno {errno.ETOOMANYREFS}"
+        assert settings.open_files < 250  # more than a jail's own limit is in flight
+        result = await pool.execute("print('ran')")
+        assert (result.status, result.stdout) == (ExecStatus.OK, b"ran\n"), result.stderr
+        session = await pool.open_session(EXAMPLES["counterfeit_coin"].code, "game", 7, CheckConfig())
+        assert session.initial.outcome is Outcome.OK, session.initial.observation
+        await session.close()
+        await flood.close()
 
 
 async def test_a_cancelled_step_ends_the_session_instead_of_desynchronising_it() -> None:
