@@ -516,8 +516,13 @@ async def _with_policy(settings: RunSettings, progress: Progress) -> RunSettings
     from services.embedded.warmstart.build import WarmStartError
 
     warm = WarmStartSettings.from_run(settings, eval_base=False)  # `spade warmstart` measures the base model
+
+    def labelled(phase: str, done: float, total: float) -> None:
+        # Built once per machine and cached; its bars say whose they are (a first run spends minutes here).
+        progress(f"warm start: {phase}", done, total)
+
     try:
-        path = await warm_start(warm, progress=progress)
+        path = await warm_start(warm, progress=labelled)
     except WarmStartError as exc:
         raise RunSetupError(f"the designer warm start failed: {exc}; pass --designer-init base to skip it") from None
     release_freed_memory()  # the warm start's fine-tune, when it ran in this process
