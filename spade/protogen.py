@@ -35,10 +35,11 @@ def generate(out_dir: Path) -> list[Path]:
         RuntimeError: When ``protoc`` rejects a proto or dies; the message carries its output.
 
     ``protoc`` runs in a child interpreter (``python -m grpc_tools.protoc``, which adds the
-    well-known types' include itself), not through ``grpc_tools.protoc.main`` in this process: protoc
-    runs its ``protoc-gen-mypy`` plugin as a child of its own and aborts the whole process when it
-    cannot reap it, which a process already running threads and children of its own (a test
-    worker's engines, an asyncio child watcher) made happen. In a child, such an end is one error.
+    well-known types' include itself), not through ``grpc_tools.protoc.main`` in this process. Once,
+    in a test worker that had inference engines and an asyncio child watcher running, protoc aborted
+    inside ``main`` ("Fatal Python error: Aborted") and took the worker with it; why is not known
+    (protoc runs its ``protoc-gen-mypy`` plugin as a child of its own). In a child, such an end is
+    this one error.
     """
     target = out_dir / "spade" / "v1"
     target.mkdir(parents=True, exist_ok=True)

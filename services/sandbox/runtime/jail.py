@@ -192,11 +192,10 @@ def apply_rlimits(limits: Limits, *, open_files: bool = True) -> None:
     resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
 
 
-def raise_open_files() -> int:
-    """Raise the soft ``RLIMIT_NOFILE`` to the hard one; returns it (see ``apply_rlimits``)."""
+def raise_open_files() -> None:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard one (see ``apply_rlimits``)."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return hard
 
 
 def load_seccomp(program: bytes) -> None:
