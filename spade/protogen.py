@@ -44,6 +44,7 @@ def generate(out_dir: Path) -> list[Path]:
     target = out_dir / "spade" / "v1"
     target.mkdir(parents=True, exist_ok=True)
     plugin = Path(sys.executable).parent / "protoc-gen-mypy"
+    protos = proto_files()
     args = [
         sys.executable,
         "-m",
@@ -53,11 +54,11 @@ def generate(out_dir: Path) -> list[Path]:
         f"--python_out={out_dir}",
         f"--grpc_python_out={out_dir}",
         f"--mypy_out={out_dir}",
-        *[str(p) for p in proto_files()],
+        *[str(p) for p in protos],
     ]
     done = subprocess.run(args, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        names = [p.name for p in proto_files()]
+        names = [p.name for p in protos]
         raise RuntimeError(f"protoc failed for {names} (exit {done.returncode}):\n{done.stderr.strip()}")
     init = target / "__init__.py"
     init.write_text('"""Generated gRPC stubs for the ``spade.v1`` protos (see ``spade.protogen``)."""\n')

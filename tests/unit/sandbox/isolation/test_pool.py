@@ -232,11 +232,11 @@ async def test_fds_one_jails_program_keeps_in_flight_do_not_fail_other_requests(
     # (ETOOMANYREFS). Pid 1 of each jail passes the request's channels to its waiter so: one tenant's
     # program holding fds in flight must not make every other request fail.
     settings = IsolationSettings()
+    assert settings.open_files < 250  # the flood puts more in flight than a jail's own limit
     async with SandboxPool(settings) as pool:
         flood = await pool.open_session(FLOODS_FDS, "game", 1, CheckConfig())
         assert flood.initial.outcome is Outcome.OK
         assert flood.initial.observation == f"250 fds in flight, then errno {errno.ETOOMANYREFS}"
-        assert settings.open_files < 250  # more than a jail's own limit is in flight
         result = await pool.execute("print('ran')")
         assert (result.status, result.stdout) == (ExecStatus.OK, b"ran\n"), result.stderr
         session = await pool.open_session(EXAMPLES["counterfeit_coin"].code, "game", 7, CheckConfig())
