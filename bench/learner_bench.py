@@ -13,6 +13,8 @@ default: TRL's fp32 pass over all 8 × 1024 padded tokens needs more than the 23
   max-len``: the plays are packed (no padding) into as few passes as fit;
 - ``ours-padded`` (``--sides``): the same trainer with packing off (one right-padded row per play,
   the budget counting padded tokens), to see what packing buys;
+- ``ours-bf16`` (``--sides``): the same trainer with ``cpu_bf16`` (bf16 autocast on the CPU, fp32
+  weights, gradients and optimiser state), what the embedded run trains with on a CPU with native bf16;
 - ``trl``: a real ``GRPOTrainer`` (its ``compute_loss`` + backward + its optimizer and clipping) on
   inputs built the way it builds them (``tool_mask`` = the untrained observation tokens), without
   generation, with its own gradient accumulation over K chunks of ``batch / K`` plays (each padded
@@ -50,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDES = ("ours", "ours-padded", "trl")
+SIDES = ("ours", "ours-padded", "ours-bf16", "trl")
 
 
 def _status_kib(field: str) -> int:
@@ -100,16 +102,15 @@ def plays(args: argparse.Namespace, vocab: int, sizes: list[int] | None = None) 
     return out
 
 
-def run_ours(args: argparse.Namespace, model_dir: Path, packed: bool) -> dict[str, float]:
+def run_ours(args: argparse.Namespace, model_dir: Path, packed: bool, bf16: bool = False) -> dict[str, float]:
     import torch
-    from transformers import AutoModelForCausalLM
 
     from services.learner.core.batching import Role, TrainSample
     from services.learner.core.losses import GrpoLossConfig, build_loss
     from services.learner.trainer import OptimConfig, Trainer
+    from services.learner.wiring import load_policy
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    model.config.use_cache = False
+    model = load_policy(model_dir, torch.device("cpu"))  # the learner's own: oneDNN products on the CPU
 
     def samples(batch: list[Play]) -> list[TrainSample]:
         return [
@@ -117,13 +118,14 @@ def run_ours(args: argparse.Namespace, model_dir: Path, packed: bool) -> dict[st
             for i, p in enumerate(batch)
         ]
 
-    batch = samples(plays(args, model.config.vocab_size))
-    warm = samples(plays(args, model.config.vocab_size, [args.prompt + 8, args.prompt + 16]))
+    vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    batch = samples(plays(args, vocab))
+    warm = samples(plays(args, vocab, [args.prompt + 8, args.prompt + 16]))
     budget = args.batch // args.micro_batches * args.max_len  # what one TRL micro-batch holds, padded
     trainer = Trainer(
         model,
         build_loss(GrpoLossConfig(tis=args.tis)),
-        OptimConfig(lr=1e-6, grad_clip=1.0, micro_batch_tokens=budget, temperature=1.0, packed=packed),
+        OptimConfig(lr=1e-6, grad_clip=1.0, micro_batch_tokens=budget, temperature=1.0, packed=packed, cpu_bf16=bf16),
         pad_id=0,
     )
     return _time(lambda: trainer.train_step(warm), lambda: trainer.train_step(batch), args)
@@ -269,7 +271,7 @@ def main() -> None:
         if args.side == "trl":
             result = run_trl(args, model_dir)
         else:
-            result = run_ours(args, model_dir, packed=args.side == "ours")
+            result = run_ours(args, model_dir, packed=args.side != "ours-padded", bf16=args.side == "ours-bf16")
         print(json.dumps(result))
         return
 
@@ -319,10 +321,15 @@ def main() -> None:
         ratios["packed_vs_padded_tokens_per_s"] = results["ours"]["tokens_per_s"] / padded["tokens_per_s"]
         ratios["packed_vs_padded_tokens_per_cpu_s"] = results["ours"]["tokens_per_cpu_s"] / padded["tokens_per_cpu_s"]
         ratios["packed_vs_padded_peak_mib"] = results["ours"]["peak_mib"] / max(padded["peak_mib"], 1e-9)
+    if "ours" in results and "ours-bf16" in results:
+        bf16 = results["ours-bf16"]
+        ratios["bf16_vs_fp32_tokens_per_s"] = bf16["tokens_per_s"] / results["ours"]["tokens_per_s"]
+        ratios["bf16_vs_fp32_tokens_per_cpu_s"] = bf16["tokens_per_cpu_s"] / results["ours"]["tokens_per_cpu_s"]
+        ratios["bf16_vs_fp32_peak_mib"] = bf16["peak_mib"] / max(results["ours"]["peak_mib"], 1e-9)
     settings = {
         "model": "SmolLM2-135M-Instruct",
         "device": "cpu",
-        "dtype": "float32",
+        "dtype": "float32 (ours-bf16: bf16 products under autocast)",
         "batch": args.batch,
         "lengths": sizes,
         "tokens": tokens,

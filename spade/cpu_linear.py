@@ -39,6 +39,18 @@ def available() -> bool:
     )
 
 
+@functools.cache
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX) through oneDNN.
+
+    There a bf16 product takes about half an fp32 one's time (a training step of the default model
+    ~1.8x as fast on the AMD EPYC VM); elsewhere bf16 is converted on the way and gains little.
+    """
+    cpu = torch.cpu
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return available() and any(bool(getattr(cpu, check, lambda: False)()) for check in checks)
+
+
 def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias``, ``weight`` ``[out, in]`` plain or packed by :func:`pack`."""
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")

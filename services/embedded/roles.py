@@ -143,6 +143,8 @@ def role_settings(
             }
         )
     )
+    from spade.cpu_linear import native_bf16
+
     learner_values = settings.learner.over(
         {
             "dev_mode": True,
@@ -155,6 +157,8 @@ def role_settings(
             "lr": settings.lr,
             "device": "cpu",
             "micro_batch_tokens": CPU_MICRO_BATCH_TOKENS,
+            # Mixed precision, as a GPU learner trains: bf16 products, fp32 weights, gradients and Adam.
+            "cpu_bf16": native_bf16(),
             "fill_timeout_s": 1.0,
             "inference_urls": [inference_url],
             "queue": {"kind": "inprocess"},

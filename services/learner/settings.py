@@ -142,6 +142,12 @@ class LearnerSettings(ServiceSettings):
         default=8192, ge=16, le=10_000_000, description="Tokens per micro-batch (packed: one forward/backward pass)."
     )
     bf16: bool = Field(default=True, description="bf16 autocast on GPU (ignored on CPU).")
+    cpu_bf16: bool = Field(
+        default=False,
+        description="bf16 autocast on the CPU too (fp32 master weights, gradients and optimiser state). Meant for "
+        "a CPU with native bf16 (AVX-512 BF16 or AMX), where a training step is ~1.8x as fast; the learner's "
+        "logprobs then differ from an fp32 rollout's by ~1e-2, which truncated importance sampling corrects.",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Training device.")
     seed: int = Field(default=0, ge=0, description="torch seed.")
 

@@ -41,6 +41,9 @@ class OptimConfig:
     micro_batch_tokens: int = 8192
     temperature: float = 1.0
     bf16: bool = True
+    """bf16 autocast on a GPU (fp32 master weights, gradients and optimiser state)."""
+    cpu_bf16: bool = False
+    """bf16 autocast on the CPU as well (see ``LearnerSettings.cpu_bf16``)."""
     packed: bool = True
     """Pack each micro-batch into one row without padding (``False``: one right-padded row per
     sample, the budget then counting padded tokens; kept to measure what packing buys)."""
@@ -142,6 +145,8 @@ class Trainer:
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.optim_config.bf16 and self.device.type == "cuda":
             return torch.autocast("cuda", dtype=torch.bfloat16)
+        if self.optim_config.cpu_bf16 and self.device.type == "cpu":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def _micro_batches(self, samples: Sequence[TrainSample]) -> list[list[TrainSample]]:

@@ -120,7 +120,7 @@ def pick_device(settings: LearnerSettings, world: World) -> torch.device:
 
 
 def load_policy(path: Path, device: torch.device) -> nn.Module:
-    """Load a causal LM for training (float32 master weights; bf16 comes from autocast on GPU).
+    """Load a causal LM for training (float32 master weights; bf16 comes from autocast, `Trainer._autocast`).
 
     On the CPU its linear layers multiply through oneDNN (:mod:`spade.cpu_linear`).
     """
@@ -172,6 +172,7 @@ def build_trainer(
         micro_batch_tokens=settings.micro_batch_tokens,
         temperature=spec.temperature,  # the rollout's and designer's: logprobs must match theirs
         bf16=settings.bf16,
+        cpu_bf16=settings.cpu_bf16,
     )
     trainer = Trainer(model, build_loss(settings.loss), optim, ref_model=ref, world=world, pad_id=pad_token_id(base))
     openmp.release_threads()  # loading ran parallel regions on this thread, which trains elsewhere (spade.openmp)

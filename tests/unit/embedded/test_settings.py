@@ -109,6 +109,17 @@ def test_the_cpu_learner_trains_in_small_micro_batches_unless_told_otherwise(tmp
     )
 
 
+def test_the_cpu_learner_trains_in_bf16_where_the_cpu_has_it_unless_told_otherwise(tmp_path: Path) -> None:
+    from spade.cpu_linear import native_bf16
+
+    roles = role_settings(RunSettings(run_dir=tmp_path), inference_url="http://127.0.0.1:1", model=tmp_path / "m")
+    assert roles.learner.cpu_bf16 is native_bf16()
+    for told in (False, True):
+        settings = RunSettings(run_dir=tmp_path, learner={"cpu_bf16": told})
+        learner = role_settings(settings, inference_url="http://127.0.0.1:1", model=tmp_path / "m").learner
+        assert learner.cpu_bf16 is told
+
+
 def test_a_rule_across_a_service_s_fields_is_checked_when_its_settings_are_built(tmp_path: Path) -> None:
     settings = RunSettings(run_dir=tmp_path, designer={"doc_min_words": 700})  # above the default 600 words
     with pytest.raises(ValidationError, match="doc_min_words"):

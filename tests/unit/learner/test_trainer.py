@@ -141,3 +141,31 @@ def test_constrained_samples_are_on_policy_at_the_step(packed):
     # Unconstrained, the same far-off logprobs cap every token's TIS weight at 2: twice the gradient.
     assert m_far.tis_capped_fraction == 1.0
     assert m_far.grad_norm == pytest.approx(2 * m_exact.grad_norm, rel=1e-3)
+
+
+def test_cpu_bf16_multiplies_in_bf16_keeps_fp32_state_and_learns():
+    """``cpu_bf16``: the products run in bf16 (what makes a CPU step ~1.8x as fast), the weights,
+    gradients and Adam's moments stay fp32, and the step still lowers the batch's loss."""
+    batch = random_batch(n=6, seed=11)
+    seen: dict[bool, set[torch.dtype]] = {}
+    logp: dict[bool, list[torch.Tensor]] = {}
+    for cpu_bf16 in (False, True):
+        model = tiny_llama(seed=3)
+        trainer = Trainer(model, build_loss(GrpoLossConfig()), OptimConfig(lr=1e-3, cpu_bf16=cpu_bf16))
+        dtypes: set[torch.dtype] = set()
+        hook = model.model.layers[0].mlp.down_proj.register_forward_hook(
+            lambda m, i, o, seen_here=dtypes: seen_here.add(o.dtype)
+        )
+        old = trainer.batch_logprobs(batch)
+        before = trainer.batch_loss(batch, old)
+        trainer.train_step(batch)
+        hook.remove()
+        assert trainer.batch_loss(batch, old) < before
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+        assert {p.grad is None for p in model.parameters()} == {True}  # zeroed after the step
+        moments = [s["exp_avg"].dtype for s in trainer.optimizer.state.values()]
+        assert moments and set(moments) == {torch.float32}
+        seen[cpu_bf16], logp[cpu_bf16] = dtypes, old
+    assert seen == {False: {torch.float32}, True: {torch.bfloat16}}
+    diff = max(float((a - b).abs().max()) for a, b in zip(logp[False], logp[True], strict=True))
+    assert 0 < diff < 0.5  # bf16's rounding, not another model
