@@ -17,6 +17,7 @@ weights on the same machine.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -46,6 +47,7 @@ class SFTConfig:
         prompt_gradient: Back-propagate through the prompt's positions (exact); False treats the
             prompt as fixed context (cheaper, approximate).
         seed: Seeds the order of the pairs and torch.
+        cpu_bf16: The passes under bf16 autocast on the CPU (fp32 weights, gradients and AdamW state).
     """
 
     epochs: int = 2
@@ -56,6 +58,7 @@ class SFTConfig:
     warmup_steps: int = 2
     prompt_gradient: bool = True
     seed: int = 0
+    cpu_bf16: bool = False
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,11 @@ def _adamw(model: nn.Module, config: SFTConfig) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, foreach=True, **kwargs)
 
 
+def _autocast(config: SFTConfig) -> contextlib.AbstractContextManager[Any]:
+    """bf16 products on the CPU where ``config.cpu_bf16`` (the loss itself is taken in fp32)."""
+    return torch.autocast("cpu", dtype=torch.bfloat16) if config.cpu_bf16 else contextlib.nullcontext()
+
+
 def schedule(step: int, total: int, warmup: int) -> float:
     """The learning-rate factor at ``step`` (0-based): linear warm-up, then linear decay to 0 at ``total``.
 
@@ -255,7 +263,8 @@ def train(
             batch_tokens = sum(s.answer_len for s in batch)
             loss_sum = 0.0
             for sequence in batch:
-                nll, _ = answer_nll(model, sequence, prompt_gradient=config.prompt_gradient)
+                with _autocast(config):
+                    nll, _ = answer_nll(model, sequence, prompt_gradient=config.prompt_gradient)
                 (nll / batch_tokens).backward()
                 loss_sum += float(nll.detach())
             norm = float(nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
@@ -291,7 +300,10 @@ def load_for_training(path: Path) -> tuple[nn.Module, Any]:
     offline()
     from transformers import AutoModelForCausalLM
 
+    from spade import cpu_linear
+
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
+    cpu_linear.use_onednn_linears(model)  # fp32 products through oneDNN, as the learner multiplies
     return model, load_tokenizer(path)
 
 

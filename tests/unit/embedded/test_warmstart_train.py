@@ -87,6 +87,19 @@ def test_a_few_steps_lower_the_answer_loss_and_every_step_is_recorded(tiny_model
     assert result.epoch_loss(0) == pytest.approx(result.curve[0].loss)
 
 
+def test_cpu_bf16_multiplies_in_bf16_keeps_fp32_weights_and_still_learns(tiny_model: torch.nn.Module) -> None:
+    sequences = [training_sequence([5, 6, 7, 8], [40, 41, 42, 2]), training_sequence([9, 8, 7], [50, 51, 2])]
+    dtypes: set[torch.dtype] = set()
+    down = tiny_model.get_submodule("model.layers.0.mlp.down_proj")
+    hook = down.register_forward_hook(lambda m, i, o: dtypes.add(o.dtype))
+    before = answer_loss(tiny_model, sequences)
+    train(tiny_model, sequences, SFTConfig(epochs=4, lr=1e-2, batch_size=2, warmup_steps=0, cpu_bf16=True))
+    hook.remove()
+    assert torch.bfloat16 in dtypes  # the training passes (the loss probes above and below run in fp32)
+    assert {p.dtype for p in tiny_model.parameters()} == {torch.float32}
+    assert answer_loss(tiny_model, sequences) < before - 0.5
+
+
 def test_training_is_seeded(tiny_model: torch.nn.Module) -> None:
     sequences = [training_sequence([5, 6, 7, 8], [40, 41, 42, 2]), training_sequence([9, 8, 7], [50, 51, 2])]
     state = {k: v.clone() for k, v in tiny_model.state_dict().items()}
