@@ -13,6 +13,8 @@ at training sizes, differing only by fp32 rounding (~1e-6; ``bench/kernel_bench.
   oneDNN does not apply (not fp32 on the CPU, autocast on, or a torch without oneDNN).
 - :func:`use_onednn_linears`: every ``nn.Linear`` of a model multiplies with :func:`linear` (same
   parameters, same state dict).
+- :func:`native_bf16`: whether the CPU multiplies bf16 natively, where the learner and the warm
+  start's SFT train with bf16 products by default in the embedded run (``cpu_bf16``).
 """
 
 from __future__ import annotations
