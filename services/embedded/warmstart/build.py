@@ -249,14 +249,14 @@ def _train_and_save(
         warmup_steps=settings.warmup_steps,
         prompt_gradient=settings.prompt_gradient,
         seed=settings.seed,
-        cpu_bf16=settings.sft_bf16(),
+        cpu_bf16=settings.cpu_bf16,
     )
     result = train(model, sequences, config, progress=progress)
     after = answer_loss(model, probes) if probes else None
     progress("loss", 2 * len(probes), 2 * len(probes))
     save_checkpoint(model, tokenizer, staging)
     return {
-        "sft": {**result.to_dict(), "cpu_bf16": config.cpu_bf16},
+        "sft": result.to_dict(),
         "loss": {
             "probe_pairs": len(probes),
             "probe_before": before,

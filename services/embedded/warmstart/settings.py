@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.sandbox.isolation.settings import IsolationSettings
+from spade.cpu_linear import native_bf16
 from spade.envs import CheckConfig
 from spade.envs.types import Setting
 
@@ -66,10 +67,10 @@ class WarmStartSettings(BaseModel):
         description="Back-propagate through the prompt's positions (exact SFT). False runs the prompt without "
         "gradient (its keys and values as fixed context): about 1.8x cheaper per pair, an approximate gradient.",
     )
-    cpu_bf16: bool | None = Field(
-        None,
+    cpu_bf16: bool = Field(
+        default_factory=native_bf16,
         description="bf16 products in the SFT's passes (weights, gradients and AdamW stay fp32), as the embedded "
-        "learner trains: ~1.8x as fast on a CPU with native bf16. Unset: on exactly where the CPU has it.",
+        "learner trains: ~1.8x as fast on a CPU with native bf16. Default: on exactly where the CPU has it.",
     )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds the pairs' draw, the order and torch.")
     max_prompt_tokens: int = Field(
@@ -163,17 +164,8 @@ class WarmStartSettings(BaseModel):
             values["cpu_bf16"] = learner["cpu_bf16"]
         return cls(**{**values, **overrides})
 
-    def sft_bf16(self) -> bool:
-        """Whether the SFT multiplies in bf16: ``cpu_bf16``, or where unset, whether the CPU has native bf16."""
-        if self.cpu_bf16 is not None:
-            return self.cpu_bf16
-        from spade.cpu_linear import native_bf16
-
-        return native_bf16()
-
     def key_fields(self) -> dict[str, Any]:
         """The settings that change the trained model, as JSON values (for the cache key)."""
         dumped = self.model_dump(mode="json", exclude=set(NOT_IN_KEY))
         dumped["model_path"] = None  # the base model enters the key by its content, not its path
-        dumped["cpu_bf16"] = self.sft_bf16()  # what the SFT runs with, not whether it was asked
         return dumped

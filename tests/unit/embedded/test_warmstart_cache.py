@@ -13,6 +13,7 @@ import spade.envs.families as families_package
 from services.embedded.warmstart import cache
 from services.embedded.warmstart.cache import RECORD, cache_key, ensure_warm_start, families_digest, read_record
 from services.embedded.warmstart.settings import WarmStartSettings
+from spade.cpu_linear import native_bf16
 
 DIGESTS = {"model": "m", "families": "f", "sources": "s", "corpus": "c"}
 
@@ -52,11 +53,9 @@ def test_the_key_covers_training_settings_but_not_the_evaluation() -> None:
 
 
 def test_the_key_says_whether_the_sft_multiplied_in_bf16() -> None:
-    from spade.cpu_linear import native_bf16
-
     keys = {told: cache_key(WarmStartSettings(cpu_bf16=told), **DIGESTS) for told in (False, True)}
     assert keys[False] != keys[True]
-    assert WarmStartSettings().sft_bf16() is native_bf16()  # unset: what this CPU does best
+    assert WarmStartSettings().cpu_bf16 is native_bf16()  # by default: what this CPU does best
     assert cache_key(WarmStartSettings(), **DIGESTS) == keys[native_bf16()]
 
 
@@ -121,10 +120,10 @@ def test_settings_follow_the_embedded_run() -> None:
     settings = WarmStartSettings.from_run(run, pairs=5)
     assert (settings.max_prompt_tokens, settings.max_answer_tokens, settings.agent_max_turns) == (1024, 900, 4)
     assert settings.pairs == 5 and settings.checks == run.checks and settings.temperature == run.temperature
-    assert settings.cpu_bf16 is None  # unset: what the CPU does best
+    assert settings.cpu_bf16 is native_bf16()  # the learner section sets none: what the CPU does best
     for told in (False, True):  # the learner section's choice is the SFT's too
         told_run = RunSettings(run_dir=Path("runs/x"), learner={"cpu_bf16": told})
-        assert WarmStartSettings.from_run(told_run).sft_bf16() is told
+        assert WarmStartSettings.from_run(told_run).cpu_bf16 is told
 
 
 def test_every_setting_is_documented() -> None:
