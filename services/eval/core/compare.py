@@ -82,7 +82,9 @@ def compare(
         )
     by_id_a = {item.id: item for item in items_a}
     by_id_b = {item.id: item for item in items_b}
-    common = [i for i in by_id_a if i in by_id_b]
+    # In item-id order, not the files' (an eval writes items as they finish): the bootstrap resamples by
+    # position, so the same scores must always sit in the same places to give the same interval.
+    common = sorted(i for i in by_id_a if i in by_id_b)
     if not common:
         raise CompareError(
             f"the runs have no item in common ({len(by_id_a)} and {len(by_id_b)} items); "

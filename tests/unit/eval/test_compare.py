@@ -39,6 +39,19 @@ def test_paired_difference_per_category_and_overall(tmp_path: Path) -> None:
     assert result.differences["logic"].mean == 0.0
 
 
+def test_the_interval_does_not_depend_on_the_order_items_finished_in(tmp_path: Path) -> None:
+    # Two embedded runs with the same scores once gave [+0.000, +0.234] and [+0.030, +0.229]: the "before"
+    # eval had written two items in the other order, and the report's verdict flipped with it.
+    scores = {"a": 0.2, "b": 0.0, "c": 0.0, "d": 0.1, "e": 0.0, "f": 0.4, "g": 0.0, "h": 0.0}
+    after = {"a": 0.7, "b": 0.0, "c": 0.5, "d": 0.1, "e": 0.0, "f": 0.7, "g": 0.0, "h": 0.3}
+    b = write_run(tmp_path / "b", header(model="ckpt-b"), [item(k, v) for k, v in after.items()])
+    intervals = []
+    for name, order in (("a1", "abcdefgh"), ("a2", "hgfedcba"), ("a3", "cadbfehg")):
+        a = write_run(tmp_path / name, header(), [item(k, scores[k]) for k in order])
+        intervals.append(compare(read_run(a), read_run(b), resamples=500).differences[OVERALL])
+    assert intervals[0] == intervals[1] == intervals[2]
+
+
 @pytest.mark.parametrize(
     ("change", "why"),
     [({"seed": 1}, "seed 0 vs 1"), ({"suite": "pool"}, "suite 'reasoning-gym' vs 'pool'")],
