@@ -26,6 +26,7 @@ from services.learner.core.collate import Collated, collate, pack
 from services.learner.core.losses import LossInputs, PolicyLoss
 from services.learner.distributed import World
 from services.learner.logprobs import token_logprobs
+from spade import training
 
 __all__ = ["OptimConfig", "StepMetrics", "Trainer", "behaviour_logprobs", "shard_model", "token_logprobs"]
 
@@ -101,11 +102,7 @@ def shard_model(model: nn.Module) -> None:
 
 def _adamw(params: list[nn.Parameter], optim: OptimConfig) -> torch.optim.AdamW:
     """AdamW, fused where torch has a fused kernel for the parameters (several times faster on CPU)."""
-    kwargs = {"lr": optim.lr, "betas": optim.betas, "weight_decay": optim.weight_decay}
-    try:
-        return torch.optim.AdamW(params, fused=True, **kwargs)  # type: ignore[arg-type]
-    except (RuntimeError, ValueError, TypeError):
-        return torch.optim.AdamW(params, foreach=True, **kwargs)  # type: ignore[arg-type]
+    return training.adamw(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
 
 
 class Trainer:
@@ -143,11 +140,8 @@ class Trainer:
         self.optimizer = _adamw([p for p in model.parameters() if p.requires_grad], optim)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.optim_config.bf16 and self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        if self.optim_config.cpu_bf16 and self.device.type == "cpu":
-            return torch.autocast("cpu", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        on_cuda = self.device.type == "cuda"
+        return training.autocast(self.device, self.optim_config.bf16 if on_cuda else self.optim_config.cpu_bf16)
 
     def _micro_batches(self, samples: Sequence[TrainSample]) -> list[list[TrainSample]]:
         budget = self.optim_config.micro_batch_tokens

@@ -17,7 +17,6 @@ weights on the same machine.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import time
@@ -28,6 +27,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from spade import training
 
 IGNORE = -100
 """Label of a position the loss does not cover (the prompt's)."""
@@ -203,16 +204,7 @@ def seed_everything(seed: int) -> None:
 
 def _adamw(model: nn.Module, config: SFTConfig) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
-    kwargs: dict[str, Any] = {"lr": config.lr, "weight_decay": config.weight_decay}
-    try:
-        return torch.optim.AdamW(params, fused=True, **kwargs)
-    except (RuntimeError, ValueError, TypeError):  # no fused kernel for these parameters here
-        return torch.optim.AdamW(params, foreach=True, **kwargs)
-
-
-def _autocast(config: SFTConfig) -> contextlib.AbstractContextManager[Any]:
-    """bf16 products on the CPU where ``config.cpu_bf16`` (the loss itself is taken in fp32)."""
-    return torch.autocast("cpu", dtype=torch.bfloat16) if config.cpu_bf16 else contextlib.nullcontext()
+    return training.adamw(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
 def schedule(step: int, total: int, warmup: int) -> float:
@@ -263,7 +255,7 @@ def train(
             batch_tokens = sum(s.answer_len for s in batch)
             loss_sum = 0.0
             for sequence in batch:
-                with _autocast(config):
+                with training.autocast(torch.device("cpu"), config.cpu_bf16):
                     nll, _ = answer_nll(model, sequence, prompt_gradient=config.prompt_gradient)
                 (nll / batch_tokens).backward()
                 loss_sum += float(nll.detach())
