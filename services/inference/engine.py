@@ -65,7 +65,7 @@ from services.inference.sampling import (
     trim_at_stop,
 )
 from services.inference.settings import WeightsMode
-from services.inference.speculative import PromptLookup, accept_or_sample
+from services.inference.speculative import PromptLookup
 from spade import openmp
 from spade.inference.models import load_model, load_tokenizer, resolve_model_path
 from spade.inference.protocol import SamplingParams
@@ -825,8 +825,8 @@ class BatchEngine:
     def _speculative_step(self, lane: _Lane, drafts: list[list[int]]) -> None:
         """One forward pass over every row's next token and its draft, then each draft verified.
 
-        Row ``i`` feeds ``1 + len(drafts[i])`` positions (padded to the widest); the sampler keeps a
-        prefix of its draft and draws one more token (:func:`.speculative.accept_or_sample`), so a row
+        Row ``i`` feeds ``1 + len(drafts[i])`` positions (padded to the widest) and keeps the prefix of
+        its draft that its sampler draws, plus the token drawn after it (:meth:`_verify`), so a row
         gains 1 to ``1 + len(drafts[i])`` tokens. The positions of refused drafts stay in the KV
         buffer, masked out, until :meth:`KVBatch.compact` drops them.
         """
@@ -860,17 +860,20 @@ class BatchEngine:
 
     def _verify(self, row: _Row, logits: torch.Tensor, draft: list[int]) -> int:
         """Record ``row``'s tokens of a speculative step from its positions' ``logits``; return the
-        drafted tokens kept (fed positions whose KV stays)."""
+        drafted tokens kept (fed positions whose KV stays).
+
+        Each position is sampled as a plain decode step samples it (``sample_tokens``, the row's
+        generator, its grammar's mask); the draft is kept while the drawn tokens are its tokens.
+        """
         params = row.pending.job.params
         kept = 0
         for j in range(len(draft) + 1):
             position = logits[j] if row.constraint is None else row.constraint.mask(logits[j])
-            proposal = draft[j] if j < len(draft) else None
-            token, logprob, was_kept = accept_or_sample(position, params, row.generator, proposal)
+            [(token, logprob)] = sample_tokens(position.unsqueeze(0), [params], [row.generator])
             self._record_token(row, token, logprob)
             assert row.lookup is not None
             row.lookup.extend([token])
-            if not was_kept or row.finish is not None:
+            if j == len(draft) or token != draft[j] or row.finish is not None:
                 break
             kept += 1
         return kept

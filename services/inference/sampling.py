@@ -71,25 +71,6 @@ def sample_tokens(
     return list(zip(tokens.tolist(), chosen.tolist(), strict=True))
 
 
-def row_distribution(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One row's logprobs (this module's convention) and, when it samples, the weights it draws from.
-
-    Args:
-        logits: ``[vocab]`` logits of the row.
-        params: Its sampling parameters.
-
-    Returns:
-        ``(logprobs, probs)``: ``probs`` the tempered probabilities with the row's filters applied, not
-        renormalized (a token is drawn with probability ``probs[t] / probs.sum()``), or None when greedy.
-    """
-    logits = logits.float()
-    if is_greedy(params):
-        return torch.log_softmax(logits, dim=-1), None
-    logprobs = torch.log_softmax(logits / params.temperature, dim=-1)
-    probs = logprobs.exp()
-    return logprobs, _filtered(probs, params) if _filters(params) else probs
-
-
 def _filters(params: SamplingParams) -> bool:
     return params.top_k > 0 or params.min_p > 0.0 or params.top_p < 1.0
 

@@ -9,24 +9,18 @@ the same forward pass as the row's next token (``1 + k`` query positions a row i
 CPU a pass over a few more positions costs little more than one, since the pass reads all the weights
 either way).
 
-:func:`accept_or_sample` then decides each drafted token by speculative sampling with a deterministic
-draft: token ``d`` is kept with the probability the sampler gives it, ``p(d)``; at the first one
-refused, the token is drawn from ``p`` without ``d`` (renormalized); after a fully kept draft one more
-token is drawn from the last position. Every emitted token therefore has exactly the distribution
-plain sampling gives it (greedy: the argmax, drafted or not), with the same logprob convention
-(``services.inference.sampling``); only the random numbers consumed differ, so a seeded request
-stays reproducible with drafting on, but draws other tokens than with drafting off.
+Verification samples each position exactly as plain decoding samples it (the same sampler, the row's
+own generator, one draw a position) and keeps the draft for as long as the drawn token is the drafted
+one; the first token that differs is kept too and ends the step. A drafted token is therefore kept
+with the probability the sampler gives it, and every emitted token is the token plain decoding would
+have drawn from the same logits with the same random numbers: a seeded request gives the same tokens
+with drafting as without (up to the float rounding a pass of another shape brings, as batching does),
+with the same logprobs.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-
-import torch
-
-from services.inference.sampling import is_greedy, row_distribution
-from spade.inference.protocol import SamplingParams
 
 #: The longest and shortest n-gram a draft is looked up by (the longest match found wins).
 MAX_NGRAM = 3
@@ -80,52 +74,3 @@ class PromptLookup:
             if end is not None:
                 return self.tokens[end : end + k]
         return []
-
-
-def accept_or_sample(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, proposal: int | None
-) -> tuple[int, float, bool]:
-    """The token at one position, given the draft's ``proposal`` for it (None: no draft left).
-
-    Args:
-        logits: ``[vocab]`` logits of the position (a grammar's mask already applied).
-        params: The row's sampling parameters.
-        generator: The row's RNG (None: the global one).
-        proposal: The drafted token, or None after the draft (then this is a plain draw).
-
-    Returns:
-        ``(token, logprob, kept)``: ``kept`` when ``token`` is the proposal (the next position's draft
-        may be tried), with the logprob convention of :mod:`services.inference.sampling`.
-
-    Raises:
-        ValueError: The position has no finite distribution (NaN logits, or every token masked out).
-    """
-    logprobs, probs = row_distribution(logits, params)
-    if is_greedy(params):
-        token = int(torch.argmax(logits).item())
-    else:
-        assert probs is not None
-        total = float(probs.sum().item())
-        if not total > 0.0:
-            raise ValueError("no finite distribution to sample from (NaN or all -inf logits)")
-        if proposal is not None:
-            uniform = float(torch.rand(1, generator=generator, dtype=torch.float64).item())
-            if uniform * total < float(probs[proposal].item()):
-                return proposal, float(logprobs[proposal].item()), True
-            probs = probs.clone()
-            probs[proposal] = 0.0
-        token = _draw(probs, generator)
-    logprob = float(logprobs[token].item())
-    if not math.isfinite(logprob):
-        raise ValueError("no finite distribution to sample from (NaN or all -inf logits)")
-    return token, logprob, token == proposal
-
-
-def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token with probability ``probs[t] / sum(probs)`` (float64 cumulative sum, as the batched sampler)."""
-    cdf = probs.double().cumsum(dim=-1)
-    if not float(cdf[-1].item()) > 0.0:
-        raise ValueError("no token left to draw (every token refused or masked out)")
-    uniform = torch.rand(1, generator=generator, dtype=torch.float64)
-    token = int(torch.searchsorted(cdf, uniform * cdf[-1], right=True).item())
-    return min(token, probs.numel() - 1)

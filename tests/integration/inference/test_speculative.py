@@ -79,12 +79,30 @@ async def test_sampled_rows_in_one_batch_keep_teacher_forced_logprobs(drafting: 
         assert worst < 1e-4, f"logprob drift {worst} for {params}"
 
 
-async def test_a_seeded_request_is_reproducible_with_drafting(drafting: BatchEngine) -> None:
-    prompt = chat_ids(drafting, COPY)
-    params = SamplingParams(max_new_tokens=32, temperature=1.0, sampling_seed=1234)
-    first = await drafting.generate(GenerationJob(prompt, params))
-    second = await drafting.generate(GenerationJob(prompt, params))
-    assert first.output_ids == second.output_ids
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=48, temperature=0.6, sampling_seed=1234),
+        SamplingParams(max_new_tokens=48, temperature=1.0, top_p=0.9, sampling_seed=99),
+    ],
+)
+async def test_a_seeded_request_draws_the_tokens_plain_decoding_draws(
+    engine: BatchEngine, drafting: BatchEngine, params: SamplingParams
+) -> None:
+    """Each position is sampled with the row's own generator as plain decoding samples it, and the draft
+    is kept only where the draws agree with it: the same seed gives the same tokens with drafting on,
+    alone or among other rows (which change how much each row may draft)."""
+    prompt = chat_ids(engine, COPY)
+    plain = await engine.generate(GenerationJob(prompt, params))
+    kept = drafting.work.accepted_draft_tokens
+    alone = await drafting.generate(GenerationJob(prompt, params))
+    assert drafting.work.accepted_draft_tokens > kept, "no drafted token was kept"
+    crowd = [GenerationJob(prompt, SamplingParams(max_new_tokens=40, temperature=1.0)) for _ in range(5)]
+    together, *_ = await asyncio.gather(
+        drafting.generate(GenerationJob(prompt, params)), *(drafting.generate(job) for job in crowd)
+    )
+    assert alone.output_ids == plain.output_ids
+    assert together.output_ids == plain.output_ids
 
 
 async def test_the_budget_and_stop_strings_cut_a_kept_draft(engine: BatchEngine, drafting: BatchEngine) -> None:
