@@ -40,12 +40,6 @@ read bandwidth / weight bytes. The bandwidth is measured in the same run (best o
 over ``--bandwidth-mib`` MiB, larger than the last-level cache); the weight bytes are ours in fp32
 and the GGUF file's tensor bytes for llama.cpp. Weights that fit in the last-level cache can beat it.
 
-**Drafting** (``--speculative K``, default 4; 0 skips it): the fp32 engine once more with prompt-lookup
-speculative decoding (``speculative_tokens = K``, side ``draft``), on the same prompts and token
-counts. Its gain depends on how much of an answer repeats its prompt or itself: these prose prompts
-are a harder case than a designer's code. Its logprobs are checked against the fp32 model's as the
-quantized sides' are.
-
 ``--json`` prints one object instead: the figures, the baseline's figures, the ratios, the settings,
 llama.cpp's side, the machine's limits and ``os.getloadavg()`` at start, so runs can be compared.
 """
@@ -538,12 +532,6 @@ async def main() -> None:
         help="also measure our engine serving these weights (SPADE_INFERENCE_WEIGHTS); none: fp32 only",
     )
     parser.add_argument(
-        "--speculative",
-        type=int,
-        default=4,
-        help="also measure our fp32 engine drafting up to this many tokens by prompt lookup (side 'draft'); 0: skip",
-    )
-    parser.add_argument(
         "--bandwidth-mib", type=int, default=1024, help="buffer read to measure memory bandwidth (beyond the LLC)"
     )
     args = parser.parse_args()
@@ -568,15 +556,6 @@ async def main() -> None:
             weights=mode,
         )
         quantized_engines[mode].start()
-    if args.speculative:
-        quantized_engines["draft"] = BatchEngine(
-            None,
-            max_batch_size=engine.max_batch_size,
-            torch_threads=args.threads,
-            prefix_cache_tokens=args.prefix_cache_tokens,
-            speculative_tokens=args.speculative,
-        )
-        quantized_engines["draft"].start()
     prompt = group_prompt(engine, args.prompt_words)
     gguf = default_gguf_path()
     xlc = llamacpp_module() if args.llamacpp else None

@@ -105,9 +105,6 @@ class _EngineCollector(Collector):
             ("decode_steps", work.decode_steps, "Decode forward passes (the batch's; each batch-invariant row's)."),
             ("decode_rows", work.decode_rows, "Sequences summed over decode steps (over decode_steps: mean batch)."),
             ("invariant_prefills", work.invariant_prefills, "Prompts prefilled in the batch-invariant mode."),
-            ("speculative_steps", work.speculative_steps, "Decode steps that fed drafted tokens (speculative)."),
-            ("draft_tokens", work.draft_tokens, "Tokens drafted by prompt lookup and fed to the model."),
-            ("accepted_draft_tokens", work.accepted_draft_tokens, "Drafted tokens the sampler kept."),
         ):
             yield CounterMetricFamily(f"spade_inference_{name}", doc, value=value)
 

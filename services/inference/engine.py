@@ -7,10 +7,7 @@ A scheduler thread owns the model and the running batch. Each iteration it
    token budget), prefilling each new prompt alone and merging its KV cache into the batch
    (:mod:`services.inference.kv`), and
 3. decodes one token for every active sequence in a single forward pass, samples per row with the
-   row's own parameters, and retires the rows that finished. With ``speculative_tokens`` set, a row
-   may feed a draft of its next tokens in the same pass (looked up in its own prompt and output,
-   :mod:`services.inference.speculative`) and gain several tokens from it; every token still has the
-   distribution and the logprob plain decoding gives it.
+   row's own parameters, and retires the rows that finished.
 
 So requests join and leave a batch that keeps decoding; nobody waits for a whole batch to finish.
 The asyncio side (:meth:`BatchEngine.generate_n`, :meth:`BatchEngine.stream`) only enqueues and
@@ -65,20 +62,12 @@ from services.inference.sampling import (
     trim_at_stop,
 )
 from services.inference.settings import WeightsMode
-from services.inference.speculative import PromptLookup
 from spade import openmp
 from spade.inference.models import load_model, load_tokenizer, resolve_model_path
 from spade.inference.protocol import SamplingParams
 from spade.serving.logs import get_logger
 
 logger = get_logger(__name__)
-
-#: Drafted tokens one decode pass feeds at most, over all its rows (each row drafts up to
-#: ``speculative_tokens``, fewer when many rows share the pass; none from 17 rows on).
-DRAFT_BUDGET = 16
-#: Masked-out KV columns (refused drafts) a lane may carry before it is compacted, at least; and at
-#: most half its columns.
-_COMPACT_MIN_SLACK = 64
 
 
 @dataclass
@@ -107,12 +96,6 @@ class EngineWork:
     """Sequences summed over decode steps (``decode_rows / decode_steps``: the mean batch size)."""
     invariant_prefills: int = 0
     """Prompts prefilled in the batch-invariant mode (also counted in ``prefills``)."""
-    speculative_steps: int = 0
-    """Decode steps that fed drafted tokens (also counted in ``decode_steps``)."""
-    draft_tokens: int = 0
-    """Tokens drafted by prompt lookup and fed to the model."""
-    accepted_draft_tokens: int = 0
-    """Drafted tokens the sampler kept (``accepted_draft_tokens / draft_tokens``: the acceptance rate)."""
 
 
 class EngineError(RuntimeError):
@@ -235,8 +218,6 @@ class _Row:
     finish: dict[str, Any] | None = None
     stop_string: str | None = None
     cached_tokens: int = 0
-    lookup: PromptLookup | None = None
-    """The row's tokens for drafting (speculative decoding on, shared lane only)."""
 
 
 @dataclass
@@ -321,8 +302,6 @@ class BatchEngine:
         batch_invariant: compute every request batch-invariantly (SGLang's
             ``--enable-deterministic-inference``); otherwise only requests that ask for it.
         invariant_chunk_tokens: prefill chunk of the batch-invariant mode (:mod:`.invariance`).
-        speculative_tokens: most tokens drafted per row and decode step by prompt lookup and verified in
-            the same forward pass (:mod:`.speculative`); 0: off. Batch-invariant sequences never draft.
     """
 
     def __init__(
@@ -340,10 +319,7 @@ class BatchEngine:
         batch_invariant: bool = False,
         invariant_chunk_tokens: int = CHUNK_TOKENS,
         weights: WeightsMode = "float32",
-        speculative_tokens: int = 0,
     ) -> None:
-        if speculative_tokens < 0:
-            raise ValueError(f"speculative_tokens must be >= 0, got {speculative_tokens}")
         if weights != "float32" and dtype != torch.float32:
             raise ValueError(f"{weights} weights are quantized from float32 weights, not {dtype}")
         self.model_path = resolve_model_path(model_path)
@@ -357,7 +333,6 @@ class BatchEngine:
         self.prefix_cache = RadixPrefixCache(prefix_cache_tokens)
         self.batch_invariant = batch_invariant
         self.invariant_chunk_tokens = invariant_chunk_tokens
-        self.speculative_tokens = speculative_tokens
         #: Only KV of whole canonical chunks (:mod:`.invariance`), so reuse equals recomputing.
         self.invariant_cache = RadixPrefixCache(prefix_cache_tokens, min_match=invariant_chunk_tokens)
         self.tokenizer = load_tokenizer(self.model_path)
@@ -688,7 +663,6 @@ class BatchEngine:
             budget = min(job.params.max_new_tokens, self.context_length - len(job.input_ids))
             rule = StopRule.build(job.params, self.eos_ids, budget)
             input_logprobs = self._input_logprobs(logits, job.input_ids, job.logprob_start_len) if want_inputs else []
-            lookup = PromptLookup(job.input_ids) if self.speculative_tokens and not invariant else None
             # One prefill, n rows: every sample starts from the same prompt KV and the same logits.
             for index in range(job.n):
                 generator = None
@@ -705,9 +679,6 @@ class BatchEngine:
                 else:
                     self._append_tokens([row], logits[-1:])
                     lane.add(row, row.output_ids[-1], len(job.input_ids))
-                    if lookup is not None:
-                        row.lookup = lookup.copy()
-                        row.lookup.extend(row.output_ids)
                 if invariant:
                     lane.kv.add_rows([cache])
                     self._solo.append(lane)
@@ -788,13 +759,6 @@ class BatchEngine:
             return
         if len(live) != len(lane.rows):
             self._retire()
-        # Drafts share a budget per pass: at a few rows a pass costs about the same for a few more
-        # positions (it reads every weight either way), at many it is compute-bound and they cost more.
-        per_row = min(self.speculative_tokens, DRAFT_BUDGET // len(lane.rows))
-        drafts = [self._draft(row, per_row) for row in lane.rows]
-        if any(drafts):
-            self._speculative_step(lane, drafts)
-            return
         mask = lane.kv.step_mask()
         with decode_step():
             logits = self._forward(
@@ -810,73 +774,7 @@ class BatchEngine:
         for i, row in enumerate(lane.rows):
             lane.next_tokens[i] = row.output_ids[-1]
             lane.positions[i] += 1
-            if row.lookup is not None:
-                row.lookup.extend(row.output_ids[-1:])
         self.last_progress = time.monotonic()
-
-    @staticmethod
-    def _draft(row: _Row, most: int) -> list[int]:
-        """Up to ``most`` tokens drafted for ``row`` after its next one, never more than its budget leaves room for."""
-        if row.lookup is None or most <= 0:
-            return []
-        room = row.rule.max_new_tokens - len(row.output_ids) - 1  # the step emits up to draft + 1 tokens
-        return row.lookup.draft(min(most, room))
-
-    def _speculative_step(self, lane: _Lane, drafts: list[list[int]]) -> None:
-        """One forward pass over every row's next token and its draft, then each draft verified.
-
-        Row ``i`` feeds ``1 + len(drafts[i])`` positions (padded to the widest) and keeps the prefix of
-        its draft that its sampler draws, plus the token drawn after it (:meth:`_verify`), so a row
-        gains 1 to ``1 + len(drafts[i])`` tokens. The positions of refused drafts stay in the KV
-        buffer, masked out, until :meth:`KVBatch.compact` drops them.
-        """
-        width = 1 + max(len(d) for d in drafts)
-        ids = [
-            [token, *draft, *[token] * (width - 1 - len(draft))]
-            for token, draft in zip(lane.next_tokens, drafts, strict=True)
-        ]
-        mask = lane.kv.spec_mask([1 + len(d) for d in drafts], width)
-        with decode_step():
-            logits = self._forward(
-                input_ids=torch.tensor(ids, dtype=torch.long),
-                position_ids=torch.tensor(lane.positions, dtype=torch.long).unsqueeze(1) + torch.arange(width),
-                attention_mask=mask,
-                cache=lane.kv.cache,
-            )
-        self.peak_batch_rows = max(self.peak_batch_rows, len(lane.rows))
-        self.work.decode_steps += 1
-        self.work.decode_rows += len(lane.rows)
-        self.work.speculative_steps += 1
-        for i, (row, draft) in enumerate(zip(lane.rows, drafts, strict=True)):
-            kept = self._verify(row, logits[i], draft)
-            self.work.draft_tokens += len(draft)
-            self.work.accepted_draft_tokens += kept
-            lane.kv.refuse(i, 1 + kept, width)
-            lane.next_tokens[i] = row.output_ids[-1]
-            lane.positions[i] += 1 + kept
-        if lane.kv.slack > max(_COMPACT_MIN_SLACK, lane.kv.length // 2):
-            lane.kv.compact()
-        self.last_progress = time.monotonic()
-
-    def _verify(self, row: _Row, logits: torch.Tensor, draft: list[int]) -> int:
-        """Record ``row``'s tokens of a speculative step from its positions' ``logits``; return the
-        drafted tokens kept (fed positions whose KV stays).
-
-        Each position is sampled as a plain decode step samples it (``sample_tokens``, the row's
-        generator, its grammar's mask); the draft is kept while the drawn tokens are its tokens.
-        """
-        params = row.pending.job.params
-        kept = 0
-        for j in range(len(draft) + 1):
-            position = logits[j] if row.constraint is None else row.constraint.mask(logits[j])
-            [(token, logprob)] = sample_tokens(position.unsqueeze(0), [params], [row.generator])
-            self._record_token(row, token, logprob)
-            assert row.lookup is not None
-            row.lookup.extend([token])
-            if j == len(draft) or token != draft[j] or row.finish is not None:
-                break
-            kept += 1
-        return kept
 
     def _retire(self) -> None:
         """Deliver finished and drop cancelled rows of every lane; compact the lanes."""
@@ -903,7 +801,7 @@ class BatchEngine:
                 # Keep the finished sequence's KV (prompt + all but the last token, which was sampled
                 # but never fed back) so a next turn that resends this conversation reuses it.
                 ids = row.pending.job.input_ids + row.output_ids[:-1]
-                self.prefix_cache.insert(ids, lane.kv.row_kv(i, len(ids)))
+                self.prefix_cache.insert(ids, lane.kv.row_kv(i))
         if len(keep) != len(lane.rows):
             # Compact before delivering, so a caller that sees its answer never sees its row running.
             lane.keep(keep)

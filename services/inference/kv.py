@@ -12,10 +12,6 @@ Design (the batching engine's memory layout):
   ``DynamicCache``'s ``torch.cat``); capacity grows geometrically.
 - Finished rows are dropped (:meth:`KVBatch.keep_rows`) and leading columns that became padding
   for every remaining row are trimmed, so a long finished sequence does not keep costing attention.
-- A speculative step appends several columns at once (a row's next token and its draft,
-  :meth:`KVBatch.spec_mask`); the drafted positions the sampler refuses are masked out where they
-  lie (:meth:`KVBatch.refuse`), so a row's real positions may have holes, until
-  :meth:`KVBatch.compact` right-aligns them again.
 
 Padded key/value slots hold zeros and are masked with ``-inf`` scores, so they get exactly zero
 attention weight: batching changes a sequence's logprobs only by floating-point reassociation.
@@ -149,78 +145,24 @@ class KVBatch:
             layer._sync()
         self.mask = mask[:, start:]
 
-    def row_kv(self, row: int, tokens: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One row's real (unmasked) KV, per layer, each ``[1, kv_heads, tokens, head_dim]``.
+    def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Views of one row's real (unpadded) KV, per layer, each ``[1, kv_heads, tokens, head_dim]``.
 
-        Args:
-            row: The row.
-            tokens: Only its first ``tokens`` real positions (None: all of them).
-
-        A row's real positions are the contiguous tail of the buffer (views, no copy) unless a
-        speculative step left refused draft positions masked out among them (then gathered, a copy).
+        A row's real tokens are always the contiguous tail of the buffer (rows are right-aligned and
+        every decode step appends one column to all rows).
         """
         if self.cache is None:
             return []
-        real = self.mask[row].nonzero().squeeze(1)
-        if tokens is not None:
-            real = real[:tokens]
-        used = int(real.numel())
-        start = int(real[0].item()) if used else self.length
-        contiguous = used == 0 or int(real[-1].item()) - start == used - 1
-        where: slice | torch.Tensor = slice(start, start + used) if contiguous else real  # views, or a gather
-        rows = slice(row, row + 1)
-        return [(layer.k_buf[rows, :, where], layer.v_buf[rows, :, where]) for layer in self._layers()]
+        used = int(self.mask[row].sum().item())
+        return [
+            (
+                layer.k_buf[row : row + 1, :, layer.length - used : layer.length],
+                layer.v_buf[row : row + 1, :, layer.length - used : layer.length],
+            )
+            for layer in self._layers()
+        ]
 
     def step_mask(self) -> torch.Tensor:
         """The attention mask for one decode step (every row gets one more real token)."""
         self.mask = torch.cat([self.mask, torch.ones((self.rows, 1), dtype=torch.long)], dim=1)
         return self.mask
-
-    def spec_mask(self, fed: list[int], width: int) -> torch.Tensor:
-        """The attention mask for a speculative step of ``width`` positions a row, row ``i`` feeding
-        ``fed[i]`` real ones (its next token and its draft; the rest is padding, masked out).
-
-        The buffer gains ``width`` columns for every row; :meth:`refuse` masks out the drafted
-        positions the sampler then refused.
-        """
-        added = torch.zeros((self.rows, width), dtype=torch.long)
-        for i, count in enumerate(fed):
-            added[i, :count] = 1
-        self.mask = torch.cat([self.mask, added], dim=1)
-        return self.mask
-
-    def refuse(self, row: int, kept: int, width: int) -> None:
-        """After a speculative step of ``width`` columns, keep only the first ``kept`` of ``row``'s."""
-        self.mask[row, self.length - width + kept :] = 0
-
-    @property
-    def slack(self) -> int:
-        """Columns beyond the longest row's real positions: what refused drafts left masked out."""
-        if not self.rows:
-            return 0
-        return self.length - int(self.mask.sum(dim=1).max().item())
-
-    def compact(self) -> None:
-        """Right-align every row's real positions again, dropping the columns refused drafts left.
-
-        One copy of the whole cache; the engine calls it when the refused columns reach a fraction of
-        the cache (attention reads every column).
-        """
-        if self.cache is None or not self.rows:
-            return
-        real = [self.mask[i].nonzero().squeeze(1) for i in range(self.rows)]
-        new_len = max(int(r.numel()) for r in real)
-        mask = torch.zeros((self.rows, new_len), dtype=torch.long)
-        for layer in self._layers():
-            shape = (self.rows, layer.k_buf.shape[1], new_len + _GROWTH, layer.k_buf.shape[3])
-            k = torch.zeros(shape, dtype=layer.k_buf.dtype)
-            v = torch.zeros(shape, dtype=layer.v_buf.dtype)
-            for i, columns in enumerate(real):
-                n = int(columns.numel())
-                k[i, :, new_len - n : new_len] = layer.k_buf[i, :, columns]
-                v[i, :, new_len - n : new_len] = layer.v_buf[i, :, columns]
-            layer.k_buf, layer.v_buf, layer.length = k, v, new_len
-            layer._sync()
-        for i, columns in enumerate(real):
-            mask[i, new_len - int(columns.numel()) :] = 1
-        self.mask = mask

@@ -64,14 +64,6 @@ class InferenceSettings(ServiceSettings):
         "corrects the logprob difference by truncated importance sampling); int4: 4-bit layers in groups of 32 (the "
         "model file's own Q4_1 grid) with an int8 LM head. Every weight update is quantized the same way.",
     )
-    speculative_tokens: int = Field(
-        default=0,
-        ge=0,
-        le=16,
-        description="Prompt-lookup speculative decoding (SGLang's and vLLM's ngram drafting): up to this many tokens "
-        "a sequence drafts each decode step from its own prompt and output, verified in the same forward pass, "
-        "every emitted token distributed exactly as without it; 0: off (docs/inference.md).",
-    )
     prefix_cache_tokens: int = Field(
         default=8192,
         ge=0,

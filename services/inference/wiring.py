@@ -51,7 +51,6 @@ def build_engine(settings: InferenceSettings) -> BatchEngine:
         prefix_cache_tokens=settings.prefix_cache_tokens,
         batch_invariant=settings.enable_deterministic_inference,
         weights=settings.weights,
-        speculative_tokens=settings.speculative_tokens,
     )
 
 
