@@ -142,6 +142,14 @@ class CheckContext:
         self.solutions: dict[int, Any] = {}
         self._deadline = time.monotonic() + config.total_time_limit_s
 
+    def fresh_seeds(self, count: int) -> tuple[int, ...]:
+        """``count`` more secret seeds from the play distribution, none of this validation's so far."""
+        used = {*self.seeds, *self.random_seeds}
+        fresh: list[int] = []
+        while len(fresh) < count:
+            fresh.extend(s for s in secret_seeds(count - len(fresh)) if s not in used and s not in fresh)
+        return tuple(fresh)
+
     @property
     def over_budget(self) -> bool:
         """Whether the validation has used up ``config.total_time_limit_s``."""

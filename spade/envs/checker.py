@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -267,25 +267,46 @@ def _replay_game(ctx: CheckContext, seed: int) -> int:
     )
 
 
-def check_random_policy(ctx: CheckContext) -> str:
+#: When the random policy's first ``random_policy_episodes`` win more than the limit, it plays this many
+#: times as many again on fresh secret seeds and the verdict is taken on all of them. Twenty episodes
+#: alone rejected an env whose random guess wins 4% (counterfeit_coin) about once in 150 validations
+#: (4 wins of 20), so a seed pool of several examples failed about once in 100 seedings; a trivial env
+#: (a third of random plays winning, or more) fails the longer count as surely as the short one.
+RANDOM_POLICY_CONFIRM_FACTOR = 4
+
+
+def _random_policy_wins(ctx: CheckContext, seeds: Sequence[int], *, noop_first: bool) -> int:
+    """Episodes of the random policy (the first a no-op one with ``noop_first``) won on ``seeds``."""
     rng = ctx.rng
-    episodes = ctx.config.random_policy_episodes
     wins = 0
-    for episode, seed in enumerate(ctx.random_seeds):
+    for episode, seed in enumerate(seeds):
         session, outcome = ctx.reset(seed)
         policy = ctx.policy(rng, exclude_seed=seed)
         noop = noop_action(ctx.setting)
         while not outcome.done:
-            action = noop if episode == 0 else policy.action(outcome.observation)
+            action = noop if noop_first and episode == 0 else policy.action(outcome.observation)
             outcome = session.step(action)
             if outcome.outcome not in (Outcome.OK, Outcome.LIMIT):
                 raise CheckFailed(
                     f"random play on seed {seed} broke the env after {short(action, 60)}: {outcome.observation}"
                 )
         wins += outcome.terminated and outcome.reward >= ctx.config.win_threshold
-    rate = wins / episodes
+    return wins
+
+
+def check_random_policy(ctx: CheckContext) -> str:
     limit = ctx.config.random_policy_max_win_rate
-    summary = f"random/no-op policy won {wins} of {episodes} episodes ({rate:.0%}); limit {limit:.0%}"
+    episodes = len(ctx.random_seeds)
+    wins = _random_policy_wins(ctx, ctx.random_seeds, noop_first=True)
+    confirmed = ""
+    if wins / episodes > limit:  # over the limit by chance, or trivial: a longer count decides
+        more = ctx.fresh_seeds(RANDOM_POLICY_CONFIRM_FACTOR * episodes)
+        first = f" ({wins} of the first {episodes})"
+        wins += _random_policy_wins(ctx, more, noop_first=False)
+        episodes += len(more)
+        confirmed = first
+    rate = wins / episodes
+    summary = f"random/no-op policy won {wins} of {episodes} episodes{confirmed} ({rate:.0%}); limit {limit:.0%}"
     if rate > limit:
         raise CheckFailed(
             summary + ": the reward is trivial or hackable; make winning depend on working out hidden state"

@@ -17,7 +17,6 @@ from services.sandbox.settings import SandboxSettings
 from services.sandbox.wiring import serving
 from spade.v1 import sandbox_pb2_grpc
 from tests.conftest import needs
-from tests.unit.envs.sample_envs import EXAMPLE_RANDOM_EPISODES
 
 ALICE_KEY = "alice-secret-key"
 BOB_KEY = "bob-secret-key"
@@ -61,7 +60,6 @@ def _settings() -> SandboxSettings:
         grpc={"host": "127.0.0.1", "port": 0},
         http={"host": "127.0.0.1", "port": 0},
         max_request_bytes=512 * 1024,
-        checks={"random_policy_episodes": EXAMPLE_RANDOM_EPISODES},  # every example validates (sample_envs)
         api_keys=[
             {"tenant": "alice", "key_sha256": hash_key(ALICE_KEY), "max_sessions": 2, "executions_per_minute": 1000},
             {"tenant": "bob", "key_sha256": hash_key(BOB_KEY), "max_sessions": 1, "executions_per_minute": 2},

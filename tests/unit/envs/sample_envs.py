@@ -1,15 +1,6 @@
-"""Small, valid env sources that tests mutate into one defect each, and the checks the examples pass."""
+"""Small, valid env sources that tests mutate into one defect each."""
 
 from __future__ import annotations
-
-from spade.envs import CheckConfig
-
-# The random-policy check's default 20 episodes on secret seeds reject counterfeit_coin (a random guess
-# wins ~4%; number_hunt's ~3%) about once in 100 validations: 4 wins of 20 pass the 15% limit (10 of
-# 2,000 validations on 2026-12-05). A test that asserts every example valid measures the same limit
-# over 200 episodes, which a 4% guess does not pass by chance.
-EXAMPLE_RANDOM_EPISODES = 200
-EXAMPLE_CHECKS = CheckConfig(random_policy_episodes=EXAMPLE_RANDOM_EPISODES)
 
 GUESS_GAME = r"""
 import random

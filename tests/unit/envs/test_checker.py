@@ -12,7 +12,7 @@ from spade.envs.checker import CHECKS, check_env_source
 from spade.envs.examples import EXAMPLES
 from spade.envs.findings import CheckFailed
 from spade.envs.types import CHECK_NAMES, CheckConfig, Setting, ValidationReport
-from tests.unit.envs.sample_envs import EXAMPLE_CHECKS, GUESS_GAME, NOTES_TOOL, mutate
+from tests.unit.envs.sample_envs import GUESS_GAME, NOTES_TOOL, mutate
 
 
 def failed(report: ValidationReport) -> list[str]:
@@ -22,7 +22,7 @@ def failed(report: ValidationReport) -> list[str]:
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_every_example_env_passes_every_check(name: str) -> None:
     example = EXAMPLES[name]
-    report = check_env_source(example.code, example.setting, EXAMPLE_CHECKS)
+    report = check_env_source(example.code, example.setting)
     assert report.valid, report.summary()
     assert [c.name for c in report.checks] == list(CHECK_NAMES)
     assert all(c.detail for c in report.checks)
@@ -345,3 +345,68 @@ def test_a_registered_check_runs_on_the_public_context_alone() -> None:
     CHECKS["structure"].run(valid)
     assert CHECKS["solution_replay"].run(valid).startswith("solution() wins on every seed")
     assert sorted(valid.solutions) == sorted(valid.seeds)  # recorded for the later checks
+
+
+# Any action wins on a "lucky" seed (one ending in 7) and none on another, so the tests choose the
+# random policy's win count (only the structure and random_policy checks run on it).
+LUCKY_GAME = mutate(
+    mutate(
+        mutate(
+            GUESS_GAME,
+            "        self.turn = 0\n        return",
+            "        self.turn = 0\n        self.lucky = seed % 10 == 7\n        return",
+        ),
+        "    def step(self, action):\n",
+        '    def step(self, action):\n        if self.lucky:\n            return "Lucky!", 1.0, True, False, {}\n',
+    ),
+    "elif int(match.group(1)) == self.secret:",
+    "elif False:",
+)
+
+
+def _seeds(count: int, lucky: int, start: int) -> tuple[int, ...]:
+    """``count`` distinct seeds from ``start`` on, the first ``lucky`` of them lucky."""
+    return tuple([start + 10 * i + 7 for i in range(lucky)] + [start + 10 * i + 1 for i in range(lucky, count)])
+
+
+def _random_policy_context(first: tuple[int, ...], more: tuple[int, ...]) -> tuple[CheckContext, list[int]]:
+    ctx = CheckContext(LUCKY_GAME, Setting.GAME, CheckConfig(), repairs=[])
+    CHECKS["structure"].run(ctx)
+    ctx.random_seeds = first
+    asked: list[int] = []
+
+    def fresh_seeds(count: int) -> tuple[int, ...]:
+        asked.append(count)
+        return more[:count]
+
+    ctx.fresh_seeds = fresh_seeds  # type: ignore[method-assign]
+    return ctx, asked
+
+
+def test_a_random_policy_over_the_limit_by_chance_is_confirmed_on_four_times_as_many_episodes() -> None:
+    """4 wins of 20 (20%) is what a 4% guess reaches about once in 150 validations: 80 more episodes on
+    fresh secret seeds decide, and 4 of 100 passes."""
+    ctx, asked = _random_policy_context(_seeds(20, 4, 1000), _seeds(80, 0, 5000))
+    assert CHECKS["random_policy"].run(ctx) == (
+        "random/no-op policy won 4 of 100 episodes (4 of the first 20) (4%); limit 15%"
+    )
+    assert asked == [80]
+
+
+def test_a_random_policy_that_keeps_winning_on_the_longer_count_fails() -> None:
+    ctx, _ = _random_policy_context(_seeds(20, 4, 1000), _seeds(80, 12, 5000))
+    with pytest.raises(CheckFailed, match=r"won 16 of 100 episodes \(4 of the first 20\) \(16%\).*trivial or hackable"):
+        CHECKS["random_policy"].run(ctx)
+
+
+def test_a_random_policy_under_the_limit_plays_no_more_episodes() -> None:
+    ctx, asked = _random_policy_context(_seeds(20, 3, 1000), ())
+    assert CHECKS["random_policy"].run(ctx) == "random/no-op policy won 3 of 20 episodes (15%); limit 15%"
+    assert asked == []
+
+
+def test_fresh_seeds_are_new_distinct_and_as_many_as_asked() -> None:
+    ctx = CheckContext(GUESS_GAME, Setting.GAME, CheckConfig(), repairs=[])
+    fresh = ctx.fresh_seeds(80)
+    assert len(fresh) == len(set(fresh)) == 80
+    assert not set(fresh) & {*ctx.seeds, *ctx.random_seeds}

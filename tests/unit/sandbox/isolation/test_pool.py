@@ -13,7 +13,7 @@ from services.sandbox.isolation import ExecStatus, IsolationSettings, SandboxFau
 from spade.envs import CheckConfig, Outcome
 from spade.envs.examples import EXAMPLES
 from spade.envs.repair import repair_code
-from tests.unit.envs.sample_envs import EXAMPLE_CHECKS, GUESS_GAME
+from tests.unit.envs.sample_envs import GUESS_GAME
 
 pytestmark = pytest.mark.sandbox
 
@@ -82,7 +82,7 @@ async def test_session_with_broken_code_is_an_env_error() -> None:
 async def test_examples_validate_inside_the_sandbox() -> None:
     async with SandboxPool(IsolationSettings()) as pool:
         reports = await asyncio.gather(
-            *(pool.validate(e.code, e.setting.value, EXAMPLE_CHECKS) for e in EXAMPLES.values())
+            *(pool.validate(e.code, e.setting.value, CheckConfig()) for e in EXAMPLES.values())
         )
     for example, report in zip(EXAMPLES.values(), reports, strict=True):
         assert report.valid, (example.name, report.summary())
