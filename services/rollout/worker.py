@@ -677,9 +677,6 @@ class RolloutWorker:
     ) -> list[Play]:
         """Play the missing plays of one slot: G seeds, both arms at slot 0 (same seeds), else unhinted.
 
-        With ``verdict`` (slot 0's audit, running alongside), each play waits for it before it is
-        kept; a ``trivially_won`` verdict raises ``_TriviallyWon`` and keeps nothing.
-
         A group without signal is extended: when the unhinted returns of the slot are all equal
         (``spade.signal.group_has_signal``: nothing the learner could train on), G fresh seeds of the
         same slot are played, in both arms at slot 0 so the regret's arms keep identical seeds, up to
@@ -687,10 +684,41 @@ class RolloutWorker:
         (``play_seeds`` is prefix-stable), so every worker and restart extends with the same seeds.
         The decision is taken on the plays this call played: a slot resumed after an interruption,
         whose earlier plays are done, decides on what it plays itself.
+
+        With ``verdict`` (slot 0's audit, running alongside), each play is kept once the audit has
+        passed it (as soon as it ends, once the verdict is in), and the slot goes on meanwhile: a group
+        is extended on its plays' returns without waiting for the verdict. A ``trivially_won`` verdict
+        stops the plays still running and raises ``_TriviallyWon``; no play is kept.
         """
+        judged = None if verdict is None else asyncio.ensure_future(verdict)
+        keeping: list[asyncio.Task[None]] = []
+
+        async def keep(play: Play) -> None:
+            if judged is None:
+                await self._kept(play, spec, ref, late)
+            else:
+                keeping.append(asyncio.create_task(self._kept_once_passed(judged, play, spec, ref, late)))
+
+        playing = asyncio.create_task(self._slot_plays(spec, ref, keep))
+        try:
+            if judged is not None:
+                await asyncio.wait({playing, judged}, return_when=asyncio.FIRST_COMPLETED)
+                if judged.done():
+                    _raise_if_trivially_won(judged.result())  # stops the plays still running
+            plays = await playing
+            await asyncio.gather(*keeping)
+        except BaseException:
+            for task in (playing, *keeping):
+                task.cancel()
+            await asyncio.gather(playing, *keeping, return_exceptions=True)
+            raise
+        return plays
+
+    async def _slot_plays(self, spec: EnvSpec, ref: SlotRef, keep: Callable[[Play], Awaitable[None]]) -> list[Play]:
+        """The slot's first group and its extensions (see :meth:`play_slot`), ``keep`` called on each play."""
         group = self.spec.group_size
         seeds = play_seeds(spec.env_id, ref.window_index, group)
-        plays = await self._play_seeds(spec, ref, seeds, late, verdict)
+        plays = await self._play_seeds(spec, ref, seeds, keep)
         for extension in range(1, self.config.zero_variance_extensions + 1):
             returns = [p.episode_return for p in plays if not p.hinted and not p.finish_reason.is_resource_fault]
             if len(returns) < 2 or group_has_signal(returns):
@@ -707,18 +735,14 @@ class RolloutWorker:
                 returns=sorted(set(returns)),
                 fresh_seeds=len(seeds),
             )
-            plays += await self._play_seeds(spec, ref, seeds, late, verdict)
+            plays += await self._play_seeds(spec, ref, seeds, keep)
         return plays
 
     async def _play_seeds(
-        self,
-        spec: EnvSpec,
-        ref: SlotRef,
-        seeds: Sequence[int],
-        late: bool,
-        verdict: Awaitable[AuditVerdict | None] | None = None,
+        self, spec: EnvSpec, ref: SlotRef, seeds: Sequence[int], keep: Callable[[Play], Awaitable[None]]
     ) -> list[Play]:
-        """Play ``seeds`` of one slot (both arms at slot 0), skipping plays already done.
+        """Play ``seeds`` of one slot (both arms at slot 0), skipping plays already done; ``keep`` each
+        play as it ends.
 
         Hinted and unhinted plays of a seed start together so their shared prompt prefix is
         prefilled once (the inference server's radix cache).
@@ -731,28 +755,21 @@ class RolloutWorker:
             for hinted in arms
             if sample_id(spec.env_id, ref.window_index, seed, hinted=hinted) not in done
         ]
-        return await _all_or_none([self._play_one(spec, ref, seed, hinted, late, verdict) for seed, hinted in todo])
+
+        async def one(seed: int, hinted: bool) -> Play:
+            play = await self._play_one(spec, ref, seed, hinted)
+            await keep(play)
+            return play
+
+        return await _all_or_none([one(seed, hinted) for seed, hinted in todo])
 
     def turn_seeds(self, env_id: str, ref: SlotRef, seed: int, hinted: bool) -> TurnSeeds:
         """The ``sampling_seed`` of each turn of one play: (run, env, slot version, seed, arm, turn)."""
         run, version, name = self.config.run_id, ref.version, arm(hinted)
         return lambda turn: derive_sampling_seed(run, env_id, version, seed, name, turn)
 
-    async def _play_one(
-        self,
-        spec: EnvSpec,
-        ref: SlotRef,
-        seed: int,
-        hinted: bool,
-        late: bool,
-        verdict: Awaitable[AuditVerdict | None] | None = None,
-    ) -> Play:
-        """One play, replayed from the start after a sandbox fault, then (after ``verdict``, when given:
-        the env's audit) published, recorded and marked done.
-
-        Raises:
-            _TriviallyWon: The audit retired the env; the play is not kept.
-        """
+    async def _play_one(self, spec: EnvSpec, ref: SlotRef, seed: int, hinted: bool) -> Play:
+        """One play, replayed from the start after a sandbox fault (not yet kept)."""
         what = f"playing {spec.env_id} seed {seed}"
         seeds = self.turn_seeds(spec.env_id, ref, seed, hinted)
         play: Play | None = None
@@ -761,10 +778,21 @@ class RolloutWorker:
                 async with self._plays:  # not held while backing off
                     play = await self._runner.play(spec, seed, hinted=hinted, turn_seeds=seeds)
         assert play is not None, "the retryer re-raises the last failure"
-        if verdict is not None:
-            audited = await verdict
-            if audited is not None and audited.trivially_won:
-                raise _TriviallyWon(audited)
+        return play
+
+    async def _kept_once_passed(
+        self, judged: asyncio.Future[AuditVerdict | None], play: Play, spec: EnvSpec, ref: SlotRef, late: bool
+    ) -> None:
+        """Keep ``play`` once its env's audit has passed it.
+
+        Raises:
+            _TriviallyWon: The audit retired the env; the play is not kept.
+        """
+        _raise_if_trivially_won(await judged)
+        await self._kept(play, spec, ref, late)
+
+    async def _kept(self, play: Play, spec: EnvSpec, ref: SlotRef, late: bool) -> None:
+        """Keep one play (:meth:`_keep`: published, recorded, marked done), counted and logged."""
         await self._keep(play, spec, ref)
         self.counts.plays += 1
         log_event(
@@ -775,8 +803,8 @@ class RolloutWorker:
             weight_version=play.trajectory.oldest_version,
             window_start=ref.window_start,
             window_index=ref.window_index,
-            arm=arm(hinted),
-            seed=seed,
+            arm=arm(play.hinted),
+            seed=play.seed,
             episode_return=play.episode_return,
             turns=play.turns,
             finish_reason=play.finish_reason.value,
@@ -785,7 +813,6 @@ class RolloutWorker:
             late=late,
             spec_id=ref.spec_id,
         )
-        return play
 
     async def _keep(self, play: Play, spec: EnvSpec, ref: SlotRef) -> None:
         """Publish, record and mark done, in that order (each step idempotent)."""
@@ -835,6 +862,11 @@ class _TriviallyWon(Exception):
     def __init__(self, verdict: AuditVerdict) -> None:
         super().__init__(verdict.reason)
         self.verdict = verdict
+
+
+def _raise_if_trivially_won(verdict: AuditVerdict | None) -> None:
+    if verdict is not None and verdict.trivially_won:
+        raise _TriviallyWon(verdict)
 
 
 async def _all_or_none(work: Sequence[Coroutine[Any, Any, _T]]) -> list[_T]:

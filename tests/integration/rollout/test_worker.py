@@ -776,6 +776,44 @@ async def test_extensions_stop_at_the_cap_and_off_means_never(rig: Rig) -> None:
     worker.store.dispose()
 
 
+async def test_an_audited_slot_extends_its_group_before_the_verdict_and_keeps_nothing_until_it(rig: Rig) -> None:
+    """Slot 0's plays wait for the env's audit only to be kept: a group without signal is extended at
+    once, while the audit still runs, and no play is published or recorded before the verdict."""
+    env_id = await rig.put_env()
+    never = ScriptedPolicy(rig.template, ["\\boxed{0}"], weight_version=None)  # every play loses: extended
+    worker = rig.worker("w1", never, zero_variance_extensions=1)
+    release = asyncio.Event()
+    audit = worker.audit
+
+    async def held_audit(*args: Any) -> Any:
+        await release.wait()
+        return await audit(*args)
+
+    played: list[tuple[int, bool]] = []
+    play = worker._runner.play
+
+    async def counted(spec: Any, seed: int, **kwargs: Any) -> Any:
+        done = await play(spec, seed, **kwargs)
+        played.append((seed, kwargs["hinted"]))
+        return done
+
+    worker.audit = held_audit  # type: ignore[method-assign]
+    worker._runner.play = counted  # type: ignore[method-assign]
+    draining = asyncio.create_task(drain(worker))
+    async with asyncio.timeout(30):
+        while len(played) < 4 * G:  # both arms of the first group and of its extension
+            await asyncio.sleep(0.01)
+    assert worker.counts.extended_groups == 1
+    assert worker.counts.plays == 0 and await rig.samples() == []
+    assert (await rig.memory.plays(env_id))[0] == []
+    release.set()
+    await draining
+    samples = await rig.samples()
+    assert sorted(s.seed for s in samples if not s.hinted) == sorted(play_seeds(env_id, 0, 2 * G))
+    assert worker.counts.plays == 4 * G
+    worker.store.dispose()
+
+
 async def test_a_group_with_variance_is_not_extended(rig: Rig) -> None:
     for variant in range(50):
         env_id = await rig.put_env(variant=f"v{variant}", announce=False)
