@@ -797,8 +797,8 @@ async def test_an_audited_slot_extends_its_group_before_the_verdict_and_keeps_no
         played.append((seed, kwargs["hinted"]))
         return done
 
-    worker.audit = held_audit  # type: ignore[method-assign]
-    worker._runner.play = counted  # type: ignore[method-assign]
+    worker.audit = held_audit  # type: ignore[method-assign,assignment]
+    worker._runner.play = counted  # type: ignore[method-assign,assignment]
     draining = asyncio.create_task(drain(worker))
     async with asyncio.timeout(30):
         while len(played) < 4 * G:  # both arms of the first group and of its extension
