@@ -244,10 +244,19 @@ def console_line(record: Mapping[str, Any], steps: int) -> str:
 
 
 def _seconds(record: Mapping[str, Any]) -> str:
-    """The step's own wall time beside the run's so far (the latter alone read as the step's)."""
-    phases = ("designer", "rollout", "learner", "stats", "eval")
-    step_s = sum(float(record.get(f"time/{phase}_s") or 0.0) for phase in phases)
-    return f"step {step_s:.0f} s, run {float(record.get('elapsed_s') or 0.0):.0f} s so far"
+    """The step's own wall time beside the run's so far (the latter alone read as the step's), and what
+    beyond generation it waited for, when it waited for something: the learner (the last step's, which
+    nothing overlaps, or a sequential run's) and the held-out evaluation."""
+
+    def took(phase: str) -> float:
+        return float(record.get(f"time/{phase}_s") or 0.0)
+
+    step_s = sum(took(phase) for phase in ("designer", "rollout", "learner", "stats", "eval"))
+    waits = [(f"the learner {took('learner'):.0f} s", took("learner") >= 1.0)]
+    waits.append((f"the held-out eval {took('eval'):.0f} s", took("eval") > 0.0))
+    shown = [what for what, waited in waits if waited]
+    detail = f" (generating {took('designer') + took('rollout'):.0f} s, {', '.join(shown)})" if shown else ""
+    return f"step {step_s:.0f} s{detail}, run {float(record.get('elapsed_s') or 0.0):.0f} s so far"
 
 
 def _count(record: Mapping[str, Any], name: str) -> int:
