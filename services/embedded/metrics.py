@@ -10,9 +10,12 @@ learner's step report. This module only names and groups them:
   prefill and decode time during the step's generation (designer and rollout phases),
   ``time/inference_{busy,prefill,decode}_s``, which overlapping requests do not add up) and
   ``work/<component>_calls`` and ``work/<component>_tokens`` (how many calls each component served,
-  tokens it generated). With the learner overlapped (``overlap_learner``), ``time/learner_s`` is
-  what the loop waited for the learner, ``time/learner_overlapped_s`` the part of its step that ran
-  beside the next step's generation (outside the step's wall time) and
+  tokens it generated), and the server's own token counts during that generation,
+  ``work/inference_{generated,prompt,cached}_tokens`` (tokens it generated, prompt tokens its
+  prefills computed, prompt tokens its prefix cache supplied). With the learner overlapped
+  (``overlap_learner``), ``time/learner_s`` is what the loop waited for the learner,
+  ``time/learner_overlapped_s`` the part of its step that ran beside the next step's generation
+  (outside the step's wall time) and
   ``time/learner_publish_held_s`` how long its publication was held until that generation was done
   (inside ``learner/time/publish_s``);
 - ``designer/...``: this step's round (``designer/attempts``, ``designer/valid``,

@@ -70,6 +70,9 @@ __all__ = ["Progress", "RunResult", "RunSetupError", "StepListener", "run"]
 
 log = get_logger(__name__)
 
+#: The server's token counts a step's line reports (``work/inference_<name>``): ``EngineWork`` fields.
+_ENGINE_TOKENS = ("generated_tokens", "prompt_tokens", "cached_tokens")
+
 Progress = Callable[[str, float, float], None]
 """``progress(phase, done, total)``: called as each phase advances (the CLI draws bars from it)."""
 
@@ -242,6 +245,7 @@ class StepLoop:
         self.tapped.plays.clear()
         engine = self.parts.server.engine.work  # the server's own busy time (requests overlap)
         engine_mark = (engine.busy_s, engine.prefill_s, engine.decode_s)
+        tokens_mark = {name: getattr(engine, name) for name in _ENGINE_TOKENS}
         phases: dict[str, float] = {}
         mark = time.perf_counter()
         batch = await self.design(step)
@@ -252,6 +256,8 @@ class StepLoop:
         for part, before in zip(("busy", "prefill", "decode"), engine_mark, strict=True):
             phases[f"inference_{part}"] = getattr(engine, f"{part}_s") - before
         busy, counts = self.clock.take()
+        for name, before in tokens_mark.items():
+            counts[f"inference_{name}"] = getattr(engine, name) - before
         return Generated(step, batch, chosen, list(self.tapped.plays), phases, busy, counts)
 
     async def start_training(self, generated: Generated, *, hold: bool) -> asyncio.Task[StepReport]:

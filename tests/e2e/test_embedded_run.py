@@ -104,6 +104,9 @@ def test_agent_figures_pool_metrics_and_the_learner_s_step(policy_run: tuple[Pat
     # Each figure is rounded to the millisecond, so their sum may pass the total by one rounding step.
     parts = first["time/inference_prefill_s"] + first["time/inference_decode_s"]
     assert parts <= first["time/inference_busy_s"] + 0.0015
+    # The server's own tokens: at least what the rollout's plays generated, and prompts it computed.
+    assert first["work/inference_generated_tokens"] >= first["work/rollout_generation_tokens"] > 0
+    assert first["work/inference_prompt_tokens"] > 0 and first["work/inference_cached_tokens"] >= 0
     assert not [k for k in first if k.startswith("time/") and not k.endswith("_s")], "time/ holds seconds only"
     assert int(records[-1]["inference/weight_version"]) == result.weight_version == 2
     base = weights(ensure_default_model())
