@@ -74,7 +74,15 @@ class _Publisher:
 
 
 def _loop(tmp_path: Path, designer: _Designer, learner: _Learner) -> StepLoop:
-    engine = SimpleNamespace(work=SimpleNamespace(busy_s=0.0, prefill_s=0.0, decode_s=0.0))
+    work = {
+        "busy_s": 0.0,
+        "prefill_s": 0.0,
+        "decode_s": 0.0,
+        "generated_tokens": 0,
+        "prompt_tokens": 0,
+        "cached_tokens": 0,
+    }
+    engine = SimpleNamespace(work=SimpleNamespace(**work))  # the EngineWork fields the loop reads
     return StepLoop(
         settings=RunSettings(run_dir=tmp_path, steps=3),
         spec=None,  # type: ignore[arg-type]
