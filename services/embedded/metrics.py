@@ -255,9 +255,8 @@ def _seconds(record: Mapping[str, Any]) -> str:
         return float(record.get(f"time/{phase}_s") or 0.0)
 
     step_s = sum(took(phase) for phase in ("designer", "rollout", "learner", "stats", "eval"))
-    waits = [(f"the learner {took('learner'):.0f} s", took("learner") >= 1.0)]
-    waits.append((f"the held-out eval {took('eval'):.0f} s", took("eval") > 0.0))
-    shown = [what for what, waited in waits if waited]
+    shown = [f"the learner {took('learner'):.0f} s"] if took("learner") >= 1.0 else []
+    shown += [f"the held-out eval {took('eval'):.0f} s"] if took("eval") > 0.0 else []
     detail = f" (generating {took('designer') + took('rollout'):.0f} s, {', '.join(shown)})" if shown else ""
     return f"step {step_s:.0f} s{detail}, run {float(record.get('elapsed_s') or 0.0):.0f} s so far"
 
