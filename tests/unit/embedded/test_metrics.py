@@ -117,38 +117,23 @@ def test_designer_outcomes_learner_and_memory_figures_keep_their_names() -> None
     assert line.endswith("weights v2; step 2 s, run 3 s so far")  # the step's own time, then the run's
 
 
+def _time_of_line(step: int, phases: dict[str, float], elapsed_s: float) -> str:
+    record = step_metrics(
+        step, spec_id="x", batch=None, plays=[], report=None, stats=None, weight_version=str(step),
+        elapsed_s=elapsed_s, phases=phases,
+    )  # fmt: skip
+    return console_line(record, 3).rsplit("; ", 1)[-1]
+
+
 def test_a_step_that_waited_for_the_learner_and_the_eval_says_so() -> None:
     """The last step holds the learner's last step (nothing overlaps it) and the held-out eval: its line
     says how much of its time each took, so a longer last step does not read as slower generation."""
-    phases = {"designer": 47.1, "rollout": 28.4, "learner": 28.4, "stats": 0.0, "eval": 13.7, "learner_train": 24.0}
-    record = step_metrics(
-        3,
-        spec_id="x",
-        batch=None,
-        plays=[],
-        report=None,
-        stats=None,
-        weight_version="3",
-        elapsed_s=255.0,
-        phases=phases,
-    )
-    line = console_line(record, 3)
-    assert line.endswith("step 118 s (generating 76 s, the learner 28 s, the held-out eval 14 s), run 255 s so far"), (
-        line
+    last = {"designer": 47.1, "rollout": 28.4, "learner": 28.4, "stats": 0.0, "eval": 13.7, "learner_train": 24.0}
+    assert _time_of_line(3, last, 255.0) == (
+        "step 118 s (generating 76 s, the learner 28 s, the held-out eval 14 s), run 255 s so far"
     )
     overlapped = {"designer": 25.0, "rollout": 26.8, "learner": 0.4, "stats": 2.8}
-    record = step_metrics(
-        1,
-        spec_id="x",
-        batch=None,
-        plays=[],
-        report=None,
-        stats=None,
-        weight_version="1",
-        elapsed_s=136.0,
-        phases=overlapped,
-    )
-    assert console_line(record, 3).endswith("step 55 s, run 136 s so far")
+    assert _time_of_line(1, overlapped, 136.0) == "step 55 s, run 136 s so far"
 
 
 def test_the_summary_says_what_happened_in_words() -> None:
