@@ -71,7 +71,8 @@ __all__ = ["Progress", "RunResult", "RunSetupError", "StepListener", "run"]
 log = get_logger(__name__)
 
 #: The server's token counts a step's line reports (``work/inference_<name>``): ``EngineWork`` fields.
-_ENGINE_TOKENS = ("generated_tokens", "prompt_tokens", "cached_tokens")
+_ENGINE_COUNTERS = ("generated_tokens", "prompt_tokens", "cached_tokens", "prefills", "decode_steps", "decode_rows")
+"""The engine's work counters each step reports as ``work/inference_<name>`` (see ``EngineWork``)."""
 
 Progress = Callable[[str, float, float], None]
 """``progress(phase, done, total)``: called as each phase advances (the CLI draws bars from it)."""
@@ -245,7 +246,7 @@ class StepLoop:
         self.tapped.plays.clear()
         engine = self.parts.server.engine.work  # the server's own busy time (requests overlap)
         engine_mark = (engine.busy_s, engine.prefill_s, engine.decode_s)
-        tokens_mark = {name: getattr(engine, name) for name in _ENGINE_TOKENS}
+        counters_mark = {name: getattr(engine, name) for name in _ENGINE_COUNTERS}
         phases: dict[str, float] = {}
         mark = time.perf_counter()
         batch = await self.design(step)
@@ -256,7 +257,7 @@ class StepLoop:
         for part, before in zip(("busy", "prefill", "decode"), engine_mark, strict=True):
             phases[f"inference_{part}"] = getattr(engine, f"{part}_s") - before
         busy, counts = self.clock.take()
-        for name, before in tokens_mark.items():
+        for name, before in counters_mark.items():
             counts[f"inference_{name}"] = getattr(engine, name) - before
         return Generated(step, batch, chosen, list(self.tapped.plays), phases, busy, counts)
 

@@ -107,6 +107,8 @@ def test_agent_figures_pool_metrics_and_the_learner_s_step(policy_run: tuple[Pat
     # The server's own tokens: at least what the rollout's plays generated, and prompts it computed.
     assert first["work/inference_generated_tokens"] >= first["work/rollout_generation_tokens"] > 0
     assert first["work/inference_prompt_tokens"] > 0 and first["work/inference_cached_tokens"] >= 0
+    assert first["work/inference_prefills"] > 0
+    assert first["work/inference_decode_rows"] >= first["work/inference_decode_steps"] > 0
     assert not [k for k in first if k.startswith("time/") and not k.endswith("_s")], "time/ holds seconds only"
     assert int(records[-1]["inference/weight_version"]) == result.weight_version == 2
     base = weights(ensure_default_model())

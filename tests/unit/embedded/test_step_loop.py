@@ -81,6 +81,9 @@ def _loop(tmp_path: Path, designer: _Designer, learner: _Learner) -> StepLoop:
         "generated_tokens": 0,
         "prompt_tokens": 0,
         "cached_tokens": 0,
+        "prefills": 0,
+        "decode_steps": 0,
+        "decode_rows": 0,
     }
     engine = SimpleNamespace(work=SimpleNamespace(**work))  # the EngineWork fields the loop reads
     return StepLoop(
