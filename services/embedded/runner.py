@@ -70,8 +70,15 @@ __all__ = ["Progress", "RunResult", "RunSetupError", "StepListener", "run"]
 
 log = get_logger(__name__)
 
-#: The server's token counts a step's line reports (``work/inference_<name>``): ``EngineWork`` fields.
-_ENGINE_COUNTERS = ("generated_tokens", "prompt_tokens", "cached_tokens", "prefills", "decode_steps", "decode_rows")
+_ENGINE_COUNTERS = (
+    "generated_tokens",
+    "prompt_tokens",
+    "cached_tokens",
+    "prefills",
+    "prefill_passes",
+    "decode_steps",
+    "decode_rows",
+)
 """The engine's work counters each step reports as ``work/inference_<name>`` (see ``EngineWork``)."""
 
 Progress = Callable[[str, float, float], None]

@@ -99,6 +99,7 @@ class _EngineCollector(Collector):
             ("prefill_seconds", work.prefill_s, "Scheduler time spent admitting and prefilling prompts."),
             ("decode_seconds", work.decode_s, "Scheduler time spent in batched decode steps."),
             ("prefills", work.prefills, "Prompts prefilled (one per request, whatever its n)."),
+            ("prefill_passes", work.prefill_passes, "Forward passes that prefilled prompts (short ones share one)."),
             ("prompt_tokens", work.prompt_tokens, "Prompt tokens computed by prefills."),
             ("cached_tokens", work.cached_tokens, "Prompt tokens reused from the prefix cache."),
             ("generated_tokens", work.generated_tokens, "Tokens generated."),

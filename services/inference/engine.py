@@ -51,7 +51,8 @@ from transformers.cache_utils import DynamicCache
 
 from services.inference.grammar import Constraint, GrammarCompiler, GrammarError
 from services.inference.invariance import CHUNK_TOKENS, canonical_prefill
-from services.inference.kv import KVBatch
+from services.inference.kv import KVBatch, layer_kv
+from services.inference.prefill import Prompt, cache_of, defer_shared, group_prefills, prefill_together
 from services.inference.prefix_cache import RadixPrefixCache
 from services.inference.quant import decode_step, prepare_weights
 from services.inference.sampling import (
@@ -85,6 +86,8 @@ class EngineWork:
     decode_s: float = 0.0
     prefills: int = 0
     """Prompts prefilled (one per request: the ``n`` samples of a request share one prefill)."""
+    prefill_passes: int = 0
+    """Forward passes that prefilled prompts (short prompts admitted together share one, :mod:`.prefill`)."""
     prompt_tokens: int = 0
     """Prompt tokens computed by prefills (not counting those reused from the prefix cache)."""
     cached_tokens: int = 0
@@ -271,10 +274,6 @@ def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], value
     loop.call_soon_threadsafe(apply)
 
 
-def _layer_kv(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    return layer.keys, layer.values
-
-
 def _next_version(current: str) -> str:
     return str(int(current) + 1) if current.isdigit() else current
 
@@ -288,6 +287,8 @@ class BatchEngine:
         max_batch_size: most sequences decoded together.
         max_waiting: most requests queued for admission; more are refused with :class:`Overloaded`.
         max_prefill_tokens: prompt tokens admitted per scheduler iteration (at least one request).
+        prefill_batch_tokens: most tokens one pass computes when it prefills several short prompts
+            together (:mod:`.prefill`); 0: every prompt is prefilled alone.
         context_length: longest prompt + completion; ``None``: the model's ``max_position_embeddings``.
         dtype: weights' dtype (float32 keeps logprobs within 1e-4 of a float32 learner).
         weights: ``float32`` serves the checkpoint's weights (prepacked for oneDNN too:
@@ -312,6 +313,7 @@ class BatchEngine:
         max_batch_size: int = 32,
         max_waiting: int = 1024,
         max_prefill_tokens: int = 8192,
+        prefill_batch_tokens: int = 1024,
         context_length: int | None = None,
         dtype: torch.dtype = torch.float32,
         torch_threads: int | None = None,
@@ -328,6 +330,7 @@ class BatchEngine:
         self.max_batch_size = max_batch_size
         self.max_waiting = max_waiting
         self.max_prefill_tokens = max_prefill_tokens
+        self.prefill_batch_tokens = prefill_batch_tokens
         self.dtype = dtype
         self.torch_threads = torch_threads
         self.prefix_cache = RadixPrefixCache(prefix_cache_tokens)
@@ -637,26 +640,18 @@ class BatchEngine:
         out = self.model(use_cache=True, return_dict=True, **kwargs)
         return out.logits
 
+    def _prefill_forward(self, **kwargs: Any) -> torch.Tensor:
+        self.work.prefill_passes += 1
+        return self._forward(**kwargs)
+
     def _admit(self, admitted: list[_Pending]) -> None:
+        live = [pending for pending in admitted if not pending.cancelled]
+        prefilled = self._prefill_admitted([pending.job for pending in live])
         shared: list[DynamicCache] = []
-        for pending in admitted:
+        for pending, (reused, cache, logits) in zip(live, prefilled, strict=True):
             job = pending.job
-            if pending.cancelled:
-                continue
             invariant = self.batch_invariant or job.params.batch_invariant
             want_inputs = job.return_logprob and job.logprob_start_len >= 0
-            if invariant:
-                reused, cache, logits = canonical_prefill(
-                    self._forward,
-                    self.config,
-                    job.input_ids,
-                    self.invariant_cache,
-                    chunk=self.invariant_chunk_tokens,
-                    all_logits=want_inputs,
-                )
-                self.work.invariant_prefills += 1
-            else:
-                reused, cache, logits = self._prefill(job.input_ids, want_inputs)
             self.work.prefills += 1
             self.work.prompt_tokens += len(job.input_ids) - reused
             self.work.cached_tokens += reused
@@ -686,23 +681,65 @@ class BatchEngine:
                     shared.append(cache)
         self._shared.kv.add_rows(shared)
 
-    def _prefill(self, ids: list[int], all_logits: bool) -> tuple[int, DynamicCache, torch.Tensor]:
-        """Prefill ``ids`` alone in one pass after the longest cached prefix; the prompt's KV goes to the cache.
+    def _prefill_admitted(self, jobs: list[GenerationJob]) -> list[tuple[int, DynamicCache, torch.Tensor]]:
+        """Prefill the prompts of ``jobs``: ``(tokens reused, KV cache, logits)`` for each, in order.
 
-        Returns ``(tokens reused, KV cache, logits)`` (every position's with ``all_logits``, which skips
-        the cache: cached positions have no logits).
+        Batch-invariant requests prefill in canonical chunks, requests for prompt logprobs alone with
+        every position's logits; the rest share the prefix cache and are prefilled in rounds: each
+        round matches them against the cache, defers those that wait for an earlier one's KV
+        (:func:`~services.inference.prefill.defer_shared`) and prefills the others, the short ones
+        several to a pass (:func:`~services.inference.prefill.group_prefills`).
         """
+        done: dict[int, tuple[int, DynamicCache, torch.Tensor]] = {}
+        waiting: list[int] = []
+        for i, job in enumerate(jobs):
+            if self.batch_invariant or job.params.batch_invariant:
+                done[i] = canonical_prefill(
+                    self._prefill_forward,
+                    self.config,
+                    job.input_ids,
+                    self.invariant_cache,
+                    chunk=self.invariant_chunk_tokens,
+                    all_logits=job.return_logprob and job.logprob_start_len >= 0,
+                )
+                self.work.invariant_prefills += 1
+            elif job.return_logprob and job.logprob_start_len >= 0:
+                done[i] = self._prefill(Prompt(job.input_ids, 0, None), all_logits=True)
+            else:
+                waiting.append(i)
+        while waiting:
+            prompts = [Prompt(jobs[i].input_ids, *self.prefix_cache.match(jobs[i].input_ids)) for i in waiting]
+            now, later = defer_shared(prompts)
+            for group in group_prefills([prompts[k] for k in now], self.prefill_batch_tokens):
+                members = [now[g] for g in group]
+                if len(members) == 1:
+                    done[waiting[members[0]]] = self._prefill(prompts[members[0]], all_logits=False)
+                    continue
+                group_prompts = [prompts[k] for k in members]
+                together = prefill_together(self._prefill_forward, self.config, group_prompts, self.dtype)
+                for k, (kv, logits) in zip(members, together, strict=True):
+                    self.prefix_cache.insert(prompts[k].ids, kv)
+                    done[waiting[k]] = (prompts[k].reused, cache_of(kv, self.config), logits)
+            waiting = [waiting[k] for k in later]
+        return [done[i] for i in range(len(jobs))]
+
+    def _prefill(self, prompt: Prompt, *, all_logits: bool) -> tuple[int, DynamicCache, torch.Tensor]:
+        """Prefill ``prompt`` alone in one pass after its cached prefix; the prompt's KV goes to the cache.
+
+        Returns ``(tokens reused, KV cache, logits)`` (every position's with ``all_logits``, which
+        needs a prompt without a cached prefix: cached positions have no logits).
+        """
+        ids, reused = prompt.ids, prompt.reused
         cache = DynamicCache(config=self.config)
-        reused, prefix = (0, None) if all_logits else self.prefix_cache.match(ids)
-        for layer_index, (keys, values) in enumerate(prefix or []):
+        for layer_index, (keys, values) in enumerate(prompt.prefix or []):
             cache.update(keys, values, layer_index)
-        logits = self._forward(
-            input_ids=torch.tensor([ids[reused:]], dtype=torch.long),
+        logits = self._prefill_forward(
+            input_ids=torch.tensor([list(ids[reused:])], dtype=torch.long),
             cache=cache,
             position_ids=torch.arange(reused, len(ids)).unsqueeze(0),
             logits_to_keep=0 if all_logits else 1,
         )[0]
-        self.prefix_cache.insert(ids, [_layer_kv(layer) for layer in cache.layers])
+        self.prefix_cache.insert(ids, [layer_kv(layer) for layer in cache.layers])
         return reused, cache, logits
 
     @staticmethod

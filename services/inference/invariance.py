@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache
 
+from services.inference.kv import layer_kv
 from services.inference.prefix_cache import RadixPrefixCache
 
 CHUNK_TOKENS = 128
@@ -47,10 +48,6 @@ at 64, 1.08x at 256 (SmolLM2, one thread, best of 4)."""
 
 Forward = Callable[..., torch.Tensor]
 """The model's forward pass returning logits (the engine's ``_forward``)."""
-
-
-def _kv(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    return layer.keys, layer.values
 
 
 def whole_chunks(tokens: int, chunk: int) -> int:
@@ -105,6 +102,6 @@ def canonical_prefill(
         )
     whole = whole_chunks(len(ids), chunk)
     if whole:
-        cache.insert(ids[:whole], [_kv(layer) for layer in kv.layers])
+        cache.insert(ids[:whole], [layer_kv(layer) for layer in kv.layers])
     logits = torch.cat(pieces) if all_logits else pieces[-1]
     return reused, kv, logits

@@ -27,7 +27,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 _GROWTH = 64
 
 
-def _kv(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
+def layer_kv(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
     """The key and value tensors of an initialised cache layer."""
     keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
     if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
@@ -107,16 +107,16 @@ class KVBatch:
         layers: list[_BufferLayer] = []
         old_layers = self._layers() if self.cache is not None and n_old else []
         for li in range(n_layers):
-            sample, _ = _kv(caches[0].layers[li])
+            sample, _ = layer_kv(caches[0].layers[li])
             shape = (n_total, sample.shape[1], new_len + _GROWTH, sample.shape[3])
             k = torch.zeros(shape, dtype=sample.dtype)
             v = torch.zeros(shape, dtype=sample.dtype)
             if old_layers:
-                old_k, old_v = _kv(old_layers[li])
+                old_k, old_v = layer_kv(old_layers[li])
                 k[:n_old, :, new_len - self.length : new_len] = old_k
                 v[:n_old, :, new_len - self.length : new_len] = old_v
             for i, (c, length) in enumerate(zip(caches, lengths, strict=True)):
-                new_k, new_v = _kv(c.layers[li])
+                new_k, new_v = layer_kv(c.layers[li])
                 k[n_old + i, :, new_len - length : new_len] = new_k[0]
                 v[n_old + i, :, new_len - length : new_len] = new_v[0]
             layers.append(_BufferLayer(k, v, new_len))

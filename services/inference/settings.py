@@ -49,6 +49,13 @@ class InferenceSettings(ServiceSettings):
     max_prefill_tokens: int = Field(
         default=8192, ge=1, le=1_000_000, description="Prompt tokens admitted per scheduler step."
     )
+    prefill_batch_tokens: int = Field(
+        default=1024,
+        ge=0,
+        le=1_000_000,
+        description="Most tokens one forward pass computes when it prefills several short prompts admitted together "
+        "(an agent's next turns); 0: every prompt is prefilled alone.",
+    )
     context_length: int | None = Field(
         default=None, ge=16, description="Longest prompt + completion; unset: the model's own limit."
     )

@@ -46,6 +46,7 @@ def build_engine(settings: InferenceSettings) -> BatchEngine:
         max_batch_size=settings.max_batch_size,
         max_waiting=settings.max_waiting,
         max_prefill_tokens=settings.max_prefill_tokens,
+        prefill_batch_tokens=settings.prefill_batch_tokens,
         context_length=settings.context_length,
         torch_threads=settings.torch_threads,
         prefix_cache_tokens=settings.prefix_cache_tokens,

@@ -82,6 +82,7 @@ def _loop(tmp_path: Path, designer: _Designer, learner: _Learner) -> StepLoop:
         "prompt_tokens": 0,
         "cached_tokens": 0,
         "prefills": 0,
+        "prefill_passes": 0,
         "decode_steps": 0,
         "decode_rows": 0,
     }

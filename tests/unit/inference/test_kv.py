@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache
 
-from services.inference.kv import KVBatch, _kv
+from services.inference.kv import KVBatch, layer_kv
 
 LAYERS, HEADS, DIM = 2, 3, 4
 
@@ -20,7 +20,7 @@ def _prefilled(length: int, fill: float) -> DynamicCache:
 
 def _keys(batch: KVBatch, layer: int) -> torch.Tensor:
     assert batch.cache is not None
-    return _kv(batch.cache.layers[layer])[0]
+    return layer_kv(batch.cache.layers[layer])[0]
 
 
 def test_rows_are_right_aligned_and_masked() -> None:

@@ -1,0 +1,160 @@
+"""Prefilling several prompts in one forward pass.
+
+A prompt's prefill is one forward pass over the tokens the prefix cache does not hold. Alone, a short
+one (an agent's next turn: a few dozen tokens after a cached conversation) costs nearly what a long one
+does on CPU, because the pass's fixed cost (every layer's kernels launched once, every weight read once)
+dwarfs its arithmetic. So the engine prefills the short prompts admitted together in one pass
+(:func:`prefill_together`), grouped by :func:`group_prefills`.
+
+Layout of a pass: every row feeds its last ``width`` tokens, ``width`` being the longest new part in
+the group; the KV before them comes from the row's cached prefix, right-aligned and left-padded with
+zeros (:class:`~services.inference.kv.KVBatch`, the decode batch's layout), so padded slots get
+exactly zero attention weight. A row whose new part is shorter than ``width`` therefore recomputes the
+last cached tokens before it (the same values, up to float rounding), and a row shorter than ``width``
+in all cannot join: it would need padded *queries*, whose fully masked attention is undefined.
+Batching changes a prompt's logits only by floating-point reassociation, as decode batching does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from services.inference.kv import KVBatch, layer_kv
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]
+
+PAD_SLACK = 1.5
+"""A group's pass may compute at most this many times the tokens its prompts need (new parts)."""
+
+SHARED_MIN = 16
+"""A prompt that shares this many tokens more with an earlier prompt admitted with it than the cache
+gives it waits for that one's KV (:func:`defer_shared`)."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt to prefill: its tokens and the prefix the cache gave it (``reused`` tokens' KV)."""
+
+    ids: Sequence[int]
+    reused: int
+    prefix: KV | None
+
+    @property
+    def new(self) -> int:
+        return len(self.ids) - self.reused
+
+
+def group_prefills(prompts: Sequence[Prompt], max_tokens: int) -> list[list[int]]:
+    """Partition ``prompts`` (by index) into groups to prefill one pass each.
+
+    A group's pass computes ``len(group) * width`` tokens (``width``: its longest new part); a group
+    takes a prompt only while that stays within ``max_tokens`` and within :data:`PAD_SLACK` times the
+    group's new tokens, and while every member is at least ``width`` tokens long. Prompts whose new
+    part alone is more than half of ``max_tokens`` are compute-bound anyway and go alone. Groups keep
+    admission order inside; ``max_tokens <= 0`` puts every prompt alone.
+    """
+    alone = [[i] for i, p in enumerate(prompts) if max_tokens <= 0 or 2 * p.new > max_tokens]
+    if max_tokens <= 0:
+        return alone
+    short = sorted((i for i, p in enumerate(prompts) if 2 * p.new <= max_tokens), key=lambda i: prompts[i].new)
+    groups: list[list[int]] = []
+    group: list[int] = []
+    for i in short:
+        members = [*group, i]
+        width = prompts[i].new  # sorted: the newcomer's new part is the longest
+        fits = (
+            len(members) * width <= max_tokens
+            and len(members) * width <= PAD_SLACK * sum(prompts[j].new for j in members)
+            and min(len(prompts[j].ids) for j in members) >= width
+        )
+        if group and not fits:
+            groups.append(group)
+            members = [i]
+        group = members
+    if group:
+        groups.append(group)
+    return sorted([sorted(g) for g in groups] + alone, key=lambda g: g[0])
+
+
+def defer_shared(prompts: Sequence[Prompt]) -> tuple[list[int], list[int]]:
+    """Split ``prompts`` (by index) into those to prefill now and those to prefill after them.
+
+    Prompts admitted together often share a prefix the cache does not hold yet (the plays of one
+    env's first turn, the designer's attempts on one corpus). Prefilled one after another, each
+    reused what the one before had just cached; prefilled in one pass, each would compute it again.
+    So a prompt that shares at least :data:`SHARED_MIN` more tokens with an earlier one than the
+    cache gives it waits, to be matched again once that one's KV is cached.
+    """
+    tensors = [torch.tensor(list(p.ids)) for p in prompts]
+    now: list[int] = []
+    later: list[int] = []
+    for j, p in enumerate(prompts):
+        m = p.reused + SHARED_MIN
+        shares = len(p.ids) > m and any(
+            len(prompts[i].ids) >= m and torch.equal(tensors[i][:m], tensors[j][:m]) for i in range(j)
+        )
+        (later if shares else now).append(j)
+    return now, later
+
+
+def _empty_kv(config: Any, layers: int, dtype: torch.dtype) -> KV:
+    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    empty = torch.zeros((1, heads, 0, dim), dtype=dtype)
+    return [(empty, empty) for _ in range(layers)]
+
+
+def cache_of(kv: KV, config: Any) -> DynamicCache:
+    """A ``DynamicCache`` holding ``kv`` (a batch of one)."""
+    cache = DynamicCache(config=config)
+    for index, (keys, values) in enumerate(kv):
+        cache.update(keys, values, index)
+    return cache
+
+
+def prefill_together(
+    forward: Callable[..., torch.Tensor], config: Any, prompts: Sequence[Prompt], dtype: torch.dtype
+) -> list[tuple[KV, torch.Tensor]]:
+    """Prefill ``prompts`` (a group of :func:`group_prefills`) in one forward pass.
+
+    Returns, per prompt, its whole KV (per layer ``[1, kv_heads, len(ids), head_dim]``, views of the
+    pass's buffer: copy what outlives the next pass) and its last position's logits (``[1, vocab]``).
+    """
+    width = max(p.new for p in prompts)
+    if any(len(p.ids) < width for p in prompts):
+        raise ValueError("every prompt of a batched prefill must be at least as long as its longest new part")
+    layers = int(config.num_hidden_layers)
+    kept = [len(p.ids) - width for p in prompts]  # tokens each row takes from its cached prefix
+    batch = KVBatch()
+    if any(kept):
+        caches = []
+        for p, keep in zip(prompts, kept, strict=True):
+            kv = p.prefix if p.prefix is not None and keep else _empty_kv(config, layers, dtype)
+            caches.append(cache_of([(k[:, :, :keep], v[:, :, :keep]) for k, v in kv], config))
+        batch.add_rows(caches)
+        assert batch.cache is not None
+        cache = batch.cache
+    else:
+        cache = DynamicCache(config=config)
+    rows = len(prompts)
+    cached = batch.mask if any(kept) else torch.zeros((rows, 0), dtype=torch.long)
+    mask = torch.cat([cached, torch.ones((rows, width), dtype=torch.long)], dim=1)
+    logits = forward(
+        input_ids=torch.tensor([list(p.ids[keep:]) for p, keep in zip(prompts, kept, strict=True)]),
+        position_ids=torch.stack([torch.arange(keep, keep + width) for keep in kept]),
+        attention_mask=mask,
+        cache=cache,
+        logits_to_keep=1,
+    )
+    layers_kv = [layer_kv(layer) for layer in cache.layers]
+    out: list[tuple[KV, torch.Tensor]] = []
+    for row, p in enumerate(prompts):
+        start = mask.shape[1] - len(p.ids)
+        kv = [(k[row : row + 1, :, start:], v[row : row + 1, :, start:]) for k, v in layers_kv]
+        out.append((kv, logits[row, -1:]))
+    return out
