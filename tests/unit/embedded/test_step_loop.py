@@ -128,3 +128,63 @@ async def test_a_learner_failing_before_it_takes_its_batch_fails_the_run_before_
     with pytest.raises(ValueError, match="could not read its queues"):
         await asyncio.wait_for(loop.steps(None, _no_line), 10)
     assert designer.rounds == [0]  # step 2 never generated on a learner that had already failed
+
+
+class _PlayingWorker(_Worker):
+    """A worker whose pool env ``p`` is announced before the step and whose round announces ``new``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.announced = ["p"]
+        self.registered: set[str] = set()
+        self.calls: list[str] = []
+        self.playing = asyncio.Event()
+
+    async def _due(self) -> set[str]:
+        self.calls.append(f"due {sorted(self.registered)}")
+        return set(self.registered)
+
+    async def step_weights(self) -> int:
+        self.calls.append("weights")
+        return 0
+
+    async def step_envs(self) -> int:
+        taken, self.announced = self.announced, []
+        for env_id in taken:
+            self.calls.append(f"register {env_id}")
+            self.registered.add(env_id)
+        return len(taken)
+
+    async def play_due(self, skip: Any = ()) -> int:
+        self.calls.append(f"play skip={sorted(skip)}")
+        self.playing.set()
+        return 0
+
+
+class _AnnouncingDesigner:
+    def __init__(self, worker: _PlayingWorker) -> None:
+        self.worker = worker
+
+    async def run_batch(self, *, round_index: int, weight_version: int) -> None:
+        # The round ends only once the pool's plays have started: they never wait for it.
+        await asyncio.wait_for(self.worker.playing.wait(), 5)
+        self.worker.calls.append("round done")
+        self.worker.announced.append("new")
+
+
+async def test_the_pool_plays_beside_the_designers_round_and_its_envs_play_after_it(tmp_path: Path) -> None:
+    worker = _PlayingWorker()
+    loop = _loop(tmp_path, _Designer(fail_at_round=99), _Learner())
+    loop.worker, loop.designer = worker, _AnnouncingDesigner(worker)  # type: ignore[assignment]
+    loop.choice = PoolChoice(["p", "q"], per_step=1, retire_after=1)
+    generated = await asyncio.wait_for(loop.generate(1), 10)
+    assert generated.chosen == ["p"]
+    assert worker.calls == [
+        "weights",  # first, so that an env registered now opens its window at the current version
+        "register p",  # the pool announced before the step is chosen from, not skipped for want of it
+        "due ['p']",
+        "play skip=['q']",  # the pool env not chosen waits; the plays start while the round runs
+        "round done",
+        "register new",
+        "play skip=['q']",  # the round's envs, never skipped
+    ]
