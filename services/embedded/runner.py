@@ -201,9 +201,8 @@ class StepLoop:
 
     A step is :meth:`generate` (the designer's round with the pool's plays beside it, then the plays of
     the round's envs), :meth:`start_training` (the learner takes the step's samples) and
-    :meth:`finish` (the learner's step done and published, the step's line written). Sequentially
-    they run one after another; overlapped, :func:`run` generates the next step while this one trains
-    (see ``RunSettings.overlap_learner``).
+    :meth:`finish` (the learner's step done and published, the step's line written). Sequentially they run one after another; overlapped, :func:`run` generates
+    the next step while this one trains (see ``RunSettings.overlap_learner``).
     """
 
     settings: RunSettings
@@ -241,9 +240,7 @@ class StepLoop:
         """
         self.progress("rollout", 0, 1)
         worker = self.worker
-        await worker.step_weights()  # before any env registers: its window opens at this version
-        while await worker.step_envs():  # what was announced before the round (the seed pool, at first)
-            pass
+        await worker.step_weights()  # before the round's envs register: their windows open at this version
         chosen = self.choice.choose(due=await worker.store.due_envs())
         await worker.play_due(skip=self.choice.skipped(chosen))
         return chosen
