@@ -199,9 +199,9 @@ class Generated:
 class StepLoop:
     """The roles of one run and what a step needs between them (built by :func:`run`).
 
-    A step is :meth:`generate` (the designer's round with the pool's plays beside it, then the plays of
-    the round's envs), :meth:`start_training` (the learner takes the step's samples) and
-    :meth:`finish` (the learner's step done and published, the step's line written). Sequentially they run one after another; overlapped, :func:`run` generates
+    A step is :meth:`generate` (the designer's round, then the plays), :meth:`start_training` (the
+    learner takes the step's samples) and :meth:`finish` (the learner's step done and published, the
+    step's line written). Sequentially they run one after another; overlapped, :func:`run` generates
     the next step while this one trains (see ``RunSettings.overlap_learner``).
     """
 
@@ -231,28 +231,15 @@ class StepLoop:
         self.progress("designer", 1, 1)
         return batch
 
-    async def play_pool(self) -> list[str]:
-        """Play the pool envs chosen for this step (and any other env with a due slot); returns the chosen.
-
-        It needs nothing from this step's designer round (the choice reads what earlier steps played),
-        so :meth:`generate` runs it beside the round: the server then decodes the designer's few long
-        answers in the same passes as the plays, instead of the plays waiting for them.
-        """
+    async def play(self, step: int) -> list[str]:
+        """Every due slot of a designed env, and of the pool envs chosen for this step; returns those."""
         self.progress("rollout", 0, 1)
         worker = self.worker
-        await worker.step_weights()  # before the round's envs register: their windows open at this version
+        await worker.step_weights()
+        while await worker.step_envs():
+            pass
         chosen = self.choice.choose(due=await worker.store.due_envs())
         await worker.play_due(skip=self.choice.skipped(chosen))
-        return chosen
-
-    async def play(self, step: int, pool: asyncio.Task[list[str]]) -> list[str]:
-        """Every due slot of the round's designed envs, once ``pool`` (:meth:`play_pool`) has played the
-        chosen pool envs; returns those."""
-        worker = self.worker
-        while await worker.step_envs():  # the round's envs: the pool's plays take them up as they go
-            pass
-        chosen = await pool
-        await worker.play_due(skip=self.choice.skipped(chosen))  # what the pool's plays did not take up
         returns: dict[str, list[float]] = defaultdict(list)
         for p in self.tapped.plays:
             if not p.hinted:
@@ -269,16 +256,11 @@ class StepLoop:
         counters_mark = {name: getattr(engine, name) for name in _ENGINE_COUNTERS}
         phases: dict[str, float] = {}
         mark = time.perf_counter()
-        pool = asyncio.create_task(self.play_pool())  # beside the designer's round (time/designer_s)
-        try:
-            batch = await self.design(step)
-            phases["designer"] = time.perf_counter() - mark
-            mark = time.perf_counter()
-            chosen = await self.play(step, pool)
-            phases["rollout"] = time.perf_counter() - mark  # the plays left once the round was done
-        finally:
-            pool.cancel()  # nothing when it is done; else a failed round leaves no play running
-            await asyncio.gather(pool, return_exceptions=True)
+        batch = await self.design(step)
+        phases["designer"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        chosen = await self.play(step)
+        phases["rollout"] = time.perf_counter() - mark
         for part, before in zip(("busy", "prefill", "decode"), engine_mark, strict=True):
             phases[f"inference_{part}"] = getattr(engine, f"{part}_s") - before
         busy, counts = self.clock.take()
