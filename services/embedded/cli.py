@@ -121,6 +121,7 @@ def run(
     from services.embedded.runner import RunSetupError
     from services.embedded.runner import run as run_loop
     from services.embedded.settings import RunSettings
+    from services.embedded.system import served_weights
     from spade.config import ConfigError, describe_error
 
     flags: dict[str, Any] = {
@@ -147,6 +148,11 @@ def run(
     configure_output("run", verbose)
     console = Console()
     console.print(f"[bold]SPADE[/bold] embedded run → {escape(str(settings.run_dir))}")
+    if served_weights(settings) != "float32":
+        console.print(
+            f"serving {served_weights(settings)} weights: faster decoding, but a seeded run's plays vary from run "
+            "to run (SPADE_RUN_INFERENCE__WEIGHTS=float32 repeats them)"
+        )
     with progress_bars(console) as (bars, progress):
 
         def on_step(record: dict[str, Any]) -> None:

@@ -93,8 +93,25 @@ class EmbeddedParts:
     admin_key: str
 
 
+def served_weights(settings: RunSettings) -> str:
+    """The weights the run's inference server decodes from: the run's ``inference.weights``, else bf16
+    on a CPU that multiplies bf16 natively and fp32 elsewhere.
+
+    There bf16 decode steps take about 0.6x fp32's, and the learner multiplies in bf16 too
+    (``roles.py``, ``cpu_bf16``), so the rollout's logprobs lie nearer the learner's than fp32's do. A
+    seeded run's plays then vary from run to run (bf16 rounding lets the batch's composition flip a
+    sampled token); ``inference: {weights: float32}`` (``SPADE_RUN_INFERENCE__WEIGHTS=float32``)
+    serves fp32 and repeats them.
+    """
+    from spade.cpu_linear import native_bf16
+
+    told = settings.inference.values().get("weights")
+    return str(told) if told is not None else ("bf16" if native_bf16() else "float32")
+
+
 def inference_settings(settings: RunSettings, model: Path, admin_digest: str) -> InferenceSettings:
-    """The embedded inference server's settings: on a free loopback port, with the run's admin key.
+    """The embedded inference server's settings: on a free loopback port, with the run's admin key,
+    decoding from :func:`served_weights`.
 
     ``admin_digest`` (the SHA-256 of the key the run's learner publishes with) is added to any
     ``admin_keys`` the run's ``inference`` section configures.
@@ -102,7 +119,12 @@ def inference_settings(settings: RunSettings, model: Path, admin_digest: str) ->
     from services.inference.settings import InferenceSettings
 
     values = settings.inference.over(
-        {"model_path": model, "http": {"port": 0}, "torch_threads": settings.torch_threads}
+        {
+            "model_path": model,
+            "http": {"port": 0},
+            "torch_threads": settings.torch_threads,
+            "weights": served_weights(settings),
+        }
     )
     values["admin_keys"] = [*(values.get("admin_keys") or []), {"tenant": RUN_LEARNER, "key_sha256": admin_digest}]
     return InferenceSettings(**values)

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from services.embedded.roles import role_settings
 from services.embedded.settings import RunSettings
-from services.embedded.system import RUN_LEARNER, inference_settings
+from services.embedded.system import RUN_LEARNER, inference_settings, served_weights
 from spade.auth import Role, hash_key
+from spade.cpu_linear import native_bf16
 
 
 def test_the_learner_gets_the_run_s_admin_key_and_no_one_else(tmp_path: Path) -> None:
@@ -44,3 +45,10 @@ def test_the_run_s_inference_server_takes_the_key_besides_any_configured(tmp_pat
     )
     both = inference_settings(configured, tmp_path / "m", hash_key("run-key")).keyring()
     assert both is not None and both.verify("ops-key") is not None and both.verify("run-key") is not None
+
+
+def test_the_run_serves_bf16_weights_where_the_cpu_multiplies_bf16_unless_told_otherwise(tmp_path: Path) -> None:
+    server = inference_settings(RunSettings(run_dir=tmp_path), tmp_path / "m", hash_key("run-key"))
+    assert server.weights == served_weights(RunSettings(run_dir=tmp_path)) == ("bf16" if native_bf16() else "float32")
+    told = RunSettings(run_dir=tmp_path, inference={"weights": "float32"})
+    assert inference_settings(told, tmp_path / "m", hash_key("run-key")).weights == "float32"
