@@ -98,7 +98,7 @@ def served_weights(settings: RunSettings) -> str:
     on a CPU that multiplies bf16 natively and fp32 elsewhere.
 
     There bf16 decode steps take about 0.6x fp32's, and the learner multiplies in bf16 too
-    (``roles.py``, ``cpu_bf16``), so the rollout's logprobs lie nearer the learner's than fp32's do. A
+    (``roles.py``, ``cpu_bf16``), so fp32 serving kept no logprob exactness (docs/inference.md). A
     seeded run's plays then vary from run to run (bf16 rounding lets the batch's composition flip a
     sampled token); ``inference: {weights: float32}`` (``SPADE_RUN_INFERENCE__WEIGHTS=float32``)
     serves fp32 and repeats them.
