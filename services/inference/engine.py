@@ -4,7 +4,8 @@ A scheduler thread owns the model and the running batch. Each iteration it
 
 1. applies a pending weight swap once the batch has drained (see below),
 2. admits waiting requests into the running batch (up to ``max_batch_size`` rows and a prefill
-   token budget), prefilling each new prompt alone and merging its KV cache into the batch
+   token budget), prefilling the new prompts (a long one alone, short ones several to a pass,
+   :mod:`services.inference.prefill`) and merging their KV caches into the batch
    (:mod:`services.inference.kv`), and
 3. decodes one token for every active sequence in a single forward pass, samples per row with the
    row's own parameters, and retires the rows that finished.

@@ -6,8 +6,9 @@ Design (the batching engine's memory layout):
   are right-aligned: all rows share the same cache length ``T`` and a shorter sequence is padded on
   the left with zeros, masked out by a ``[rows, T]`` attention mask. Each row carries its own
   position ids, so padding never shifts RoPE positions.
-- A new sequence is prefilled alone (batch of one, no padding, exactly a teacher-forced forward
-  pass) and then merged into the batch (:meth:`KVBatch.add_rows`), re-padding to the longer length.
+- A new sequence is prefilled (alone, or beside other short prompts in this same layout,
+  :mod:`services.inference.prefill`) and then merged into the batch (:meth:`KVBatch.add_rows`),
+  re-padding to the longer length.
 - Decoding appends one column for all rows in place (no per-step copy of the whole cache, unlike
   ``DynamicCache``'s ``torch.cat``); capacity grows geometrically.
 - Finished rows are dropped (:meth:`KVBatch.keep_rows`) and leading columns that became padding
@@ -97,7 +98,7 @@ class KVBatch:
         return [layer for layer in self.cache.layers if isinstance(layer, _BufferLayer)]
 
     def add_rows(self, caches: list[DynamicCache]) -> None:
-        """Append sequences prefilled alone (one ``DynamicCache`` of batch 1 each) as new rows."""
+        """Append prefilled sequences (one ``DynamicCache`` of batch 1 each) as new rows."""
         if not caches:
             return
         lengths = [c.get_seq_length() for c in caches]
