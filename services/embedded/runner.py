@@ -51,6 +51,7 @@ from services.embedded.system import (
     process_memory,
     release_freed_memory,
     seed_pool,
+    served_weights,
     static_pool,
 )
 from spade.serving.logs import get_logger
@@ -573,6 +574,7 @@ def _write_report(
             "designer": designer_kind,
             "model": str(settings.model_path or "SmolLM2-135M-Instruct (the base model)"),
             "run spec id": spec.spec_id,
+            "served weights": served_weights(settings),
             "steps": settings.steps,
             "weight version": result.weight_version,
             "environments in pool": len(envs),

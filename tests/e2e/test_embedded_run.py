@@ -120,6 +120,7 @@ def test_agent_figures_pool_metrics_and_the_learner_s_step(policy_run: tuple[Pat
     assert all(f'data-chart="{chart}"' in page for chart in chart_ids())
     assert 'id="summary"' in page and f"seed pool ({len(result.seeded)} envs)" in page and result.spec_id in page
     assert "Departures from the paper" in page and "seed_pool = True" in page
+    assert "<tr><th>served weights</th><td>float32</td></tr>" in page  # what the server decoded from (pinned)
 
 
 def test_each_step_trains_beside_the_next_steps_generation_and_publishes_after_it(
