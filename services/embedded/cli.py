@@ -148,9 +148,10 @@ def run(
     configure_output("run", verbose)
     console = Console()
     console.print(f"[bold]SPADE[/bold] embedded run → {escape(str(settings.run_dir))}")
-    if served_weights(settings) != "float32":
+    weights = served_weights(settings)
+    if weights != "float32":
         console.print(
-            f"serving {served_weights(settings)} weights: faster decoding, but a seeded run's plays vary from run "
+            f"serving {weights} weights: faster decoding, but a seeded run's plays vary from run "
             "to run (SPADE_RUN_INFERENCE__WEIGHTS=float32 repeats them)"
         )
     with progress_bars(console) as (bars, progress):

@@ -12,7 +12,9 @@ learner's step report. This module only names and groups them:
   ``work/<component>_calls`` and ``work/<component>_tokens`` (how many calls each component served,
   tokens it generated), and the server's own token counts during that generation,
   ``work/inference_{generated,prompt,cached}_tokens`` (tokens it generated, prompt tokens its
-  prefills computed, prompt tokens its prefix cache supplied). With the learner overlapped
+  prefills computed, prompt tokens its prefix cache supplied), ``work/inference_prefills`` in
+  ``work/inference_prefill_passes`` forward passes, and ``work/inference_decode_steps`` over
+  ``work/inference_decode_rows`` sequences (their ratio: the mean decode batch). With the learner overlapped
   (``overlap_learner``), ``time/learner_s`` is what the loop waited for the learner,
   ``time/learner_overlapped_s`` the part of its step that ran beside the next step's generation
   (outside the step's wall time) and

@@ -71,6 +71,9 @@ __all__ = ["Progress", "RunResult", "RunSetupError", "StepListener", "run"]
 
 log = get_logger(__name__)
 
+_ENGINE_SECONDS = ("busy", "prefill", "decode")
+"""The engine's ``<name>_s`` totals each step reports as ``time/inference_<name>_s``."""
+
 _ENGINE_COUNTERS = (
     "generated_tokens",
     "prompt_tokens",
@@ -252,9 +255,9 @@ class StepLoop:
     async def generate(self, step: int) -> Generated:
         """The step's designer round and plays, on the weights the server serves now."""
         self.tapped.plays.clear()
-        engine = self.parts.server.engine.work  # the server's own busy time (requests overlap)
-        engine_mark = (engine.busy_s, engine.prefill_s, engine.decode_s)
-        counters_mark = {name: getattr(engine, name) for name in _ENGINE_COUNTERS}
+        engine = self.parts.server.engine.work  # the server's own work (requests overlap)
+        fields = [f"{part}_s" for part in _ENGINE_SECONDS] + list(_ENGINE_COUNTERS)
+        engine_mark = {name: getattr(engine, name) for name in fields}
         phases: dict[str, float] = {}
         mark = time.perf_counter()
         batch = await self.design(step)
@@ -262,11 +265,13 @@ class StepLoop:
         mark = time.perf_counter()
         chosen = await self.play(step)
         phases["rollout"] = time.perf_counter() - mark
-        for part, before in zip(("busy", "prefill", "decode"), engine_mark, strict=True):
-            phases[f"inference_{part}"] = getattr(engine, f"{part}_s") - before
         busy, counts = self.clock.take()
-        for name, before in counters_mark.items():
-            counts[f"inference_{name}"] = getattr(engine, name) - before
+        for name, before in engine_mark.items():
+            grew = getattr(engine, name) - before
+            if name.endswith("_s"):
+                phases[f"inference_{name.removesuffix('_s')}"] = grew
+            else:
+                counts[f"inference_{name}"] = grew
         return Generated(step, batch, chosen, list(self.tapped.plays), phases, busy, counts)
 
     async def start_training(self, generated: Generated, *, hold: bool) -> asyncio.Task[StepReport]:

@@ -25,7 +25,7 @@ from spade.envs.types import Setting
 from spade.serving.logs import get_logger
 
 if TYPE_CHECKING:  # the parts' modules load torch and the model server: imported when the run starts
-    from services.inference.settings import InferenceSettings
+    from services.inference.settings import InferenceSettings, WeightsMode
     from services.inference.wiring import ServerHandle
     from services.sandbox.isolation import SandboxPool
     from spade.envs import CheckConfig, ValidationReport
@@ -93,7 +93,7 @@ class EmbeddedParts:
     admin_key: str
 
 
-def served_weights(settings: RunSettings) -> str:
+def served_weights(settings: RunSettings) -> WeightsMode:
     """The weights the run's inference server decodes from: the run's ``inference.weights``, else bf16
     on a CPU that multiplies bf16 natively and fp32 elsewhere.
 
@@ -105,8 +105,8 @@ def served_weights(settings: RunSettings) -> str:
     """
     from spade.cpu_linear import native_bf16
 
-    told = settings.inference.values().get("weights")
-    return str(told) if told is not None else ("bf16" if native_bf16() else "float32")
+    told: WeightsMode | None = settings.inference.values().get("weights")
+    return told if told is not None else ("bf16" if native_bf16() else "float32")
 
 
 def inference_settings(settings: RunSettings, model: Path, admin_digest: str) -> InferenceSettings:

@@ -716,8 +716,7 @@ class BatchEngine:
                 if len(members) == 1:
                     done[waiting[members[0]]] = self._prefill(prompts[members[0]], all_logits=False)
                     continue
-                group_prompts = [prompts[k] for k in members]
-                together = prefill_together(self._prefill_forward, self.config, group_prompts, self.dtype)
+                together = prefill_together(self._prefill_forward, self.config, [prompts[k] for k in members])
                 for k, (kv, logits) in zip(members, together, strict=True):
                     self.prefix_cache.insert(prompts[k].ids, kv)
                     done[waiting[k]] = (prompts[k].reused, cache_of(kv, self.config), logits)

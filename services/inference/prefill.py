@@ -102,13 +102,6 @@ def defer_shared(prompts: Sequence[Prompt]) -> tuple[list[int], list[int]]:
     return now, later
 
 
-def _empty_kv(config: Any, layers: int, dtype: torch.dtype) -> KV:
-    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-    dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    empty = torch.zeros((1, heads, 0, dim), dtype=dtype)
-    return [(empty, empty) for _ in range(layers)]
-
-
 def cache_of(kv: KV, config: Any) -> DynamicCache:
     """A ``DynamicCache`` holding ``kv`` (a batch of one)."""
     cache = DynamicCache(config=config)
@@ -118,7 +111,7 @@ def cache_of(kv: KV, config: Any) -> DynamicCache:
 
 
 def prefill_together(
-    forward: Callable[..., torch.Tensor], config: Any, prompts: Sequence[Prompt], dtype: torch.dtype
+    forward: Callable[..., torch.Tensor], config: Any, prompts: Sequence[Prompt]
 ) -> list[tuple[KV, torch.Tensor]]:
     """Prefill ``prompts`` (a group of :func:`group_prefills`) in one forward pass.
 
@@ -128,21 +121,23 @@ def prefill_together(
     width = max(p.new for p in prompts)
     if any(len(p.ids) < width for p in prompts):
         raise ValueError("every prompt of a batched prefill must be at least as long as its longest new part")
-    layers = int(config.num_hidden_layers)
-    kept = [len(p.ids) - width for p in prompts]  # tokens each row takes from its cached prefix
-    batch = KVBatch()
-    if any(kept):
-        caches = []
-        for p, keep in zip(prompts, kept, strict=True):
-            kv = p.prefix if p.prefix is not None and keep else _empty_kv(config, layers, dtype)
-            caches.append(cache_of([(k[:, :, :keep], v[:, :, :keep]) for k, v in kv], config))
-        batch.add_rows(caches)
-        assert batch.cache is not None
-        cache = batch.cache
-    else:
-        cache = DynamicCache(config=config)
+    # Tokens each row takes from its cached prefix (at most ``reused``: ``width`` >= its new part).
+    kept = [len(p.ids) - width for p in prompts]
     rows = len(prompts)
-    cached = batch.mask if any(kept) else torch.zeros((rows, 0), dtype=torch.long)
+    batch = KVBatch()
+    source = next((p.prefix for p, keep in zip(prompts, kept, strict=True) if keep), None)
+    if source is None:  # no row keeps a cached token: nothing before the pass's columns
+        cache, cached = DynamicCache(config=config), torch.zeros((rows, 0), dtype=torch.long)
+    else:
+        # A row without a prefix keeps nothing: an empty slice of another row's prefix stands for it.
+        batch.add_rows(
+            [
+                cache_of([(k[:, :, :keep], v[:, :, :keep]) for k, v in (p.prefix or source)], config)
+                for p, keep in zip(prompts, kept, strict=True)
+            ]
+        )
+        assert batch.cache is not None
+        cache, cached = batch.cache, batch.mask
     mask = torch.cat([cached, torch.ones((rows, width), dtype=torch.long)], dim=1)
     logits = forward(
         input_ids=torch.tensor([list(p.ids[keep:]) for p, keep in zip(prompts, kept, strict=True)]),

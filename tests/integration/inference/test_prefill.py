@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from services.inference.engine import BatchEngine, GenerationJob
+from services.inference.prefill import Prompt, prefill_together
 from spade.inference.protocol import SamplingParams
 from tests.integration.inference.conftest import chat_ids
 
@@ -80,3 +81,24 @@ def test_grouped_kv_continues_a_conversation_as_a_pass_alone_would(idle_engine: 
             assert reused == len(ids)
             drift = (torch.log_softmax(logits[-1].float(), dim=-1) - _last_logprobs(eng.model, follow)).abs().max()
             assert drift.item() < 1e-4
+
+
+def test_a_shared_pass_mixes_rows_with_and_without_a_cached_prefix(idle_engine: BatchEngine) -> None:
+    """Both layouts of a pass: rows whose start comes from the cache beside a row without any, and
+    rows none of which has a cached start."""
+    eng = idle_engine
+    eng.prefix_cache.clear()
+    chats = [chat_ids(eng, q) for q in QUESTIONS[:3]]
+    with torch.inference_mode():
+        eng._prefill_admitted([GenerationJob(chats[0], SamplingParams(max_new_tokens=1))])  # caches the system prompt
+        cached = [Prompt(ids, *eng.prefix_cache.match(ids)) for ids in chats[1:]]
+        assert all(p.reused > 0 for p in cached)
+        text = [int(t) for t in eng.tokenizer("one two three four five six seven eight nine ten " * 4)["input_ids"]]
+        fresh = Prompt(text[: max(p.new for p in cached) + 3], 0, None)  # the widest row, nothing cached
+        other = Prompt(text[5 : 5 + fresh.new], 0, None)
+        for group in ([*cached, fresh], [fresh, other]):
+            for prompt, (kv, logits) in zip(group, prefill_together(eng._forward, eng.config, group), strict=True):
+                assert kv[0][0].shape[2] == len(prompt.ids)
+                served = torch.log_softmax(logits[-1].float(), dim=-1)
+                drift = (served - _last_logprobs(eng.model, list(prompt.ids))).abs().max().item()
+                assert drift < 1e-4, f"drift {drift} for a row reusing {prompt.reused} tokens"

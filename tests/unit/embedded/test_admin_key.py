@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from services.embedded.roles import role_settings
 from services.embedded.settings import RunSettings
 from services.embedded.system import RUN_LEARNER, inference_settings, served_weights
+from spade import cpu_linear
 from spade.auth import Role, hash_key
-from spade.cpu_linear import native_bf16
 
 
 def test_the_learner_gets_the_run_s_admin_key_and_no_one_else(tmp_path: Path) -> None:
@@ -47,8 +49,13 @@ def test_the_run_s_inference_server_takes_the_key_besides_any_configured(tmp_pat
     assert both is not None and both.verify("ops-key") is not None and both.verify("run-key") is not None
 
 
-def test_the_run_serves_bf16_weights_where_the_cpu_multiplies_bf16_unless_told_otherwise(tmp_path: Path) -> None:
+@pytest.mark.parametrize("native", [True, False])
+def test_the_run_serves_bf16_weights_where_the_cpu_multiplies_bf16_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    monkeypatch.setattr(cpu_linear, "native_bf16", lambda: native)  # the CPU's capability, both ways
     server = inference_settings(RunSettings(run_dir=tmp_path), tmp_path / "m", hash_key("run-key"))
-    assert server.weights == served_weights(RunSettings(run_dir=tmp_path)) == ("bf16" if native_bf16() else "float32")
-    told = RunSettings(run_dir=tmp_path, inference={"weights": "float32"})
-    assert inference_settings(told, tmp_path / "m", hash_key("run-key")).weights == "float32"
+    assert server.weights == served_weights(RunSettings(run_dir=tmp_path)) == ("bf16" if native else "float32")
+    for told in ("float32", "int8"):
+        run = RunSettings(run_dir=tmp_path, inference={"weights": told})
+        assert inference_settings(run, tmp_path / "m", hash_key("run-key")).weights == served_weights(run) == told

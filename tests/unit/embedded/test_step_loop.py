@@ -17,6 +17,7 @@ from services.embedded.instruments import PhaseClock
 from services.embedded.pool_choice import PoolChoice
 from services.embedded.runner import PublishGate, StepLoop
 from services.embedded.settings import RunSettings
+from services.inference.engine import EngineWork
 
 
 class _Designer:
@@ -74,19 +75,7 @@ class _Publisher:
 
 
 def _loop(tmp_path: Path, designer: _Designer, learner: _Learner) -> StepLoop:
-    work = {
-        "busy_s": 0.0,
-        "prefill_s": 0.0,
-        "decode_s": 0.0,
-        "generated_tokens": 0,
-        "prompt_tokens": 0,
-        "cached_tokens": 0,
-        "prefills": 0,
-        "prefill_passes": 0,
-        "decode_steps": 0,
-        "decode_rows": 0,
-    }
-    engine = SimpleNamespace(work=SimpleNamespace(**work))  # the EngineWork fields the loop reads
+    engine = SimpleNamespace(work=EngineWork())  # the server's work counters, all zero
     return StepLoop(
         settings=RunSettings(run_dir=tmp_path, steps=3),
         spec=None,  # type: ignore[arg-type]
