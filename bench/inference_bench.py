@@ -40,6 +40,10 @@ read bandwidth / weight bytes. The bandwidth is measured in the same run (best o
 over ``--bandwidth-mib`` MiB, larger than the last-level cache); the weight bytes are ours in fp32
 and the GGUF file's tensor bytes for llama.cpp. Weights that fit in the last-level cache can beat it.
 
+**The lean decode step** (``services/inference/llama_decode.py``): ``--hf-decode`` adds, in the same
+run, fp32 and each ``--quantized`` mode decoded by transformers' forward (``lean_decode=False``, what the
+engine did before), as the sides ``fp32_hf``, ``bf16_hf``, ...
+
 ``--json`` prints one object instead: the figures, the baseline's figures, the ratios, the settings,
 llama.cpp's side, the machine's limits and ``os.getloadavg()`` at start, so runs can be compared.
 """
@@ -532,6 +536,12 @@ async def main() -> None:
         help="also measure our engine serving these weights (SPADE_INFERENCE_WEIGHTS); none: fp32 only",
     )
     parser.add_argument(
+        "--hf-decode",
+        action="store_true",
+        help="also measure fp32 and each --quantized mode decoded by transformers' forward, as before the "
+        "engine's lean decode step (sides fp32_hf, bf16_hf, ...)",
+    )
+    parser.add_argument(
         "--bandwidth-mib", type=int, default=1024, help="buffer read to measure memory bandwidth (beyond the LLC)"
     )
     args = parser.parse_args()
@@ -556,6 +566,17 @@ async def main() -> None:
             weights=mode,
         )
         quantized_engines[mode].start()
+    for mode in ["float32", *args.quantized] if args.hf_decode else []:
+        label = f"{'fp32' if mode == 'float32' else mode}_hf"
+        quantized_engines[label] = BatchEngine(
+            None,
+            max_batch_size=engine.max_batch_size,
+            torch_threads=args.threads,
+            prefix_cache_tokens=args.prefix_cache_tokens,
+            weights=mode,
+            lean_decode=False,
+        )
+        quantized_engines[label].start()
     prompt = group_prompt(engine, args.prompt_words)
     gguf = default_gguf_path()
     xlc = llamacpp_module() if args.llamacpp else None

@@ -7,8 +7,10 @@ A scheduler thread owns the model and the running batch. Each iteration it
    token budget), prefilling the new prompts (a long one alone, short ones several to a pass,
    :mod:`services.inference.prefill`) and merging their KV caches into the batch
    (:mod:`services.inference.kv`), and
-3. decodes one token for every active sequence in a single forward pass, samples per row with the
-   row's own parameters, and retires the rows that finished.
+3. decodes one token for every active sequence in a single forward pass (for a Llama-family model,
+   :mod:`services.inference.llama_decode`'s lean step, the same logits without transformers'
+   per-call plumbing), samples per row with the row's own parameters, and retires the rows that
+   finished.
 
 So requests join and leave a batch that keeps decoding; nobody waits for a whole batch to finish.
 The asyncio side (:meth:`BatchEngine.generate_n`, :meth:`BatchEngine.stream`) only enqueues and
@@ -53,6 +55,7 @@ from transformers.cache_utils import DynamicCache
 from services.inference.grammar import Constraint, GrammarCompiler, GrammarError
 from services.inference.invariance import CHUNK_TOKENS, canonical_prefill
 from services.inference.kv import KVBatch, layer_kv
+from services.inference.llama_decode import LlamaDecoder, llama_decoder
 from services.inference.prefill import Prompt, cache_of, defer_shared, group_prefills, prefill_together
 from services.inference.prefix_cache import RadixPrefixCache
 from services.inference.quant import decode_step, prepare_weights
@@ -253,6 +256,7 @@ class _Lane:
 @dataclass
 class _Swap:
     model: Any
+    decoder: LlamaDecoder | None
     path: Path
     version: str
     abort_all: bool
@@ -304,6 +308,9 @@ class BatchEngine:
         batch_invariant: compute every request batch-invariantly (SGLang's
             ``--enable-deterministic-inference``); otherwise only requests that ask for it.
         invariant_chunk_tokens: prefill chunk of the batch-invariant mode (:mod:`.invariance`).
+        lean_decode: decode a Llama-family model's steps without transformers' per-call plumbing
+            (:mod:`.llama_decode`; the same logits up to fp32 rounding); ``False``: transformers' forward
+            decodes, as it prefills (for comparison: ``bench/inference_bench.py --hf-decode``).
     """
 
     def __init__(
@@ -322,6 +329,7 @@ class BatchEngine:
         batch_invariant: bool = False,
         invariant_chunk_tokens: int = CHUNK_TOKENS,
         weights: WeightsMode = "float32",
+        lean_decode: bool = True,
     ) -> None:
         if weights != "float32" and dtype != torch.float32:
             raise ValueError(f"{weights} weights are quantized from float32 weights, not {dtype}")
@@ -341,7 +349,10 @@ class BatchEngine:
         self.invariant_cache = RadixPrefixCache(prefix_cache_tokens, min_match=invariant_chunk_tokens)
         self.tokenizer = load_tokenizer(self.model_path)
         self.weights: WeightsMode = weights
-        self.model = prepare_weights(load_model(self.model_path, dtype), weights)
+        self.lean_decode = lean_decode
+        #: The served model, and its decode step without transformers' plumbing where it has one
+        #: (:mod:`.llama_decode`; ``None``: transformers' forward decodes too).
+        self.model, self.decoder = self._serve(load_model(self.model_path, dtype))
         self.config = self.model.config
         self.context_length = context_length or int(getattr(self.config, "max_position_embeddings", 4096))
         self.vocab_size = int(self.config.vocab_size)
@@ -505,7 +516,7 @@ class BatchEngine:
         async with self._update_lock():
             try:
                 path = resolve_model_path(Path(model_path))
-                model = await asyncio.to_thread(openmp.then_release, self._load, path)
+                model, decoder = await asyncio.to_thread(openmp.then_release, self._load, path)
             except Exception as exc:
                 return WeightUpdateOutcome(False, f"failed to load weights from {model_path}: {exc}")
             if int(model.config.vocab_size) != self.vocab_size:
@@ -515,11 +526,17 @@ class BatchEngine:
                     f"{self.vocab_size}; a weight update must keep the tokenizer",
                 )
             version = weight_version if weight_version is not None else _next_version(self.weight_version)
-            return await self._swap_in(model, path, version, abort_all_requests)
+            return await self._swap_in(model, decoder, path, version, abort_all_requests)
 
-    def _load(self, path: Path) -> Any:
-        """A checkpoint's weights, as this engine serves them (quantized in the ``int8`` and ``int4`` modes)."""
-        return prepare_weights(load_model(path, self.dtype, like=self.model), self.weights)
+    def _load(self, path: Path) -> tuple[Any, LlamaDecoder | None]:
+        """A checkpoint's weights as this engine serves them (:meth:`_serve`)."""
+        return self._serve(load_model(path, self.dtype, like=self.model))
+
+    def _serve(self, model: Any) -> tuple[Any, LlamaDecoder | None]:
+        """``model`` as this engine serves it (its linear layers packed or quantized, in place) and its
+        lean decode step, if it has one."""
+        model = prepare_weights(model, self.weights).eval()
+        return model, (llama_decoder(model) if self.lean_decode else None)
 
     def _update_lock(self) -> asyncio.Lock:
         """Serialises weight updates (one asyncio lock per event loop that calls us)."""
@@ -539,13 +556,15 @@ class BatchEngine:
         """
         if int(model.config.vocab_size) != self.vocab_size:
             return WeightUpdateOutcome(False, f"vocabulary size {model.config.vocab_size} != {self.vocab_size}")
-        model = await asyncio.to_thread(openmp.then_release, prepare_weights, model, self.weights)
+        model, decoder = await asyncio.to_thread(openmp.then_release, self._serve, model)
         async with self._update_lock():
-            return await self._swap_in(model, model_path, weight_version, abort_all_requests)
+            return await self._swap_in(model, decoder, model_path, weight_version, abort_all_requests)
 
-    async def _swap_in(self, model: Any, path: Path, version: str, abort_all: bool) -> WeightUpdateOutcome:
+    async def _swap_in(
+        self, model: Any, decoder: LlamaDecoder | None, path: Path, version: str, abort_all: bool
+    ) -> WeightUpdateOutcome:
         loop = asyncio.get_running_loop()
-        swap = _Swap(model.eval(), path, version, abort_all, loop, loop.create_future())
+        swap = _Swap(model, decoder, path, version, abort_all, loop, loop.create_future())
         with self._cond:
             if self._stopping or self._thread is None:
                 return WeightUpdateOutcome(False, "the inference engine is not running")
@@ -628,6 +647,7 @@ class BatchEngine:
         old = self.model
         self.model, self.model_path, self.weight_version = swap.model, swap.path, swap.version
         self.config = swap.model.config
+        self.decoder = swap.decoder
         self.prefix_cache.clear()  # the cached KV was computed by the old weights
         self.invariant_cache.clear()
         del old
@@ -797,13 +817,16 @@ class BatchEngine:
         if len(live) != len(lane.rows):
             self._retire()
         mask = lane.kv.step_mask()
+        input_ids = torch.tensor(lane.next_tokens, dtype=torch.long).unsqueeze(1)
+        position_ids = torch.tensor(lane.positions, dtype=torch.long).unsqueeze(1)
+        assert lane.kv.cache is not None
         with decode_step():
-            logits = self._forward(
-                input_ids=torch.tensor(lane.next_tokens, dtype=torch.long).unsqueeze(1),
-                position_ids=torch.tensor(lane.positions, dtype=torch.long).unsqueeze(1),
-                attention_mask=mask,
-                cache=lane.kv.cache,
-            )[:, -1, :]
+            if self.decoder is not None:
+                logits = self.decoder(input_ids, position_ids, mask, lane.kv.cache)
+            else:
+                logits = self._forward(
+                    input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=lane.kv.cache
+                )[:, -1, :]
         self.peak_batch_rows = max(self.peak_batch_rows, len(lane.rows))
         self.work.decode_steps += 1
         self.work.decode_rows += len(lane.rows)
