@@ -13,9 +13,10 @@ prefill after a radix-cache hit computes what a full prefill of the same prompt 
 
 **Bf16** (``weights: bf16``): every linear layer becomes a :class:`Bf16Linear`, its weights rounded
 to bf16 once; decode steps multiply them with bf16 activations (fp32 accumulation; prepacked for
-oneDNN where torch has it, ``bench/kernel_bench.py``'s ``bf16_packed``), prefills use the same
-rounded weights in fp32 (prepacked too). Half of fp32's bytes, and no
-quantization kernel: its speed depends least on the CPU (``bench/kernel_bench.py``: about 2× fp32's
+oneDNN where torch has it, ``bench/kernel_bench.py``'s ``bf16_packed``). Prefills do the same where the
+CPU multiplies bf16 natively (:func:`spade.cpu_linear.native_bf16`: 1.6-1.8x fp32's products at 64-900
+rows on the AMD EPYC VM), and elsewhere use the same rounded weights in fp32 (prepacked too). Half of
+fp32's bytes, and no quantization kernel: its speed depends least on the CPU (``bench/kernel_bench.py``: about 2× fp32's
 matrix products at 1, 4 and 16 rows on an AVX-512 VM, where int8's kernel is 4.9× at one row but
 1.55× at 16), and its rounding (8 bits of mantissa per weight) is finer than int8's per-row step.
 
@@ -26,8 +27,9 @@ back onto their own grid), multiplied by torch's CPU int4 kernel (``aten._weight
 bf16 scales and zeros). The LM head stays an :class:`Int8Linear` (the GGUF keeps it at 8 bits too:
 at 4 bits it moved logprobs several times more than all the other layers together).
 
-In every quantized mode, prefills (passes without autograd outside a decode step) multiply the
-dequantized fp32 weights prepacked for oneDNN (:mod:`spade.cpu_linear`), another fp32 copy's memory.
+In the int8 and int4 modes, and in bf16 on a CPU without native bf16, prefills (passes without autograd
+outside a decode step) multiply the dequantized fp32 weights prepacked for oneDNN (:mod:`spade.cpu_linear`),
+another fp32 copy's memory.
 
 **Float32** (``weights: float32``, the default): the checkpoint's weights as loaded, each linear layer
 an :class:`Fp32Linear` that also keeps them prepacked in oneDNN's blocked layout and, without
@@ -105,12 +107,16 @@ class _QuantizedLinear(nn.Module):
     weight: nn.Parameter
     bias: nn.Parameter | None
 
+    #: Whether prefills multiply with :meth:`_kernel` too (passes without autograd), not the fp32 weights.
+    kernel_prefills = False
+
     def __init__(self, linear: nn.Linear, dequantized: torch.Tensor) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = nn.Parameter(dequantized.contiguous(), requires_grad=False)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
-        self.prefill_packed = cpu_linear.pack(dequantized) if cpu_linear.available() else None
+        fp32_prefills = cpu_linear.available() and not self.kernel_prefills
+        self.prefill_packed = cpu_linear.pack(dequantized) if fp32_prefills else None
 
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
         """``[rows, in]`` bf16 activations times the quantized weights: ``[rows, out]`` bf16."""
@@ -121,7 +127,8 @@ class _QuantizedLinear(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not getattr(_pass, "decoding", False):
+        kernel = getattr(_pass, "decoding", False) or (self.kernel_prefills and not torch.is_grad_enabled())
+        if not kernel:
             return cpu_linear.served_linear(x, self.weight, self.prefill_packed, self.bias)
         y = self._kernel(x.reshape(-1, self.in_features).to(torch.bfloat16))
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -187,14 +194,18 @@ class Bf16Linear(_QuantizedLinear):
     """A linear layer served from its weights rounded to bf16 (see the module docstring).
 
     Attributes:
-        packed16: ``[out, in]`` bf16 weights prepacked for oneDNN, what decode steps multiply.
+        packed16: ``[out, in]`` bf16 weights prepacked for oneDNN, what decode steps multiply, and
+            prefills too where the CPU multiplies bf16 natively (``kernel_prefills``).
         weight16: the same values as a plain tensor, only where torch has no oneDNN (else ``None``).
-        weight: the same values in fp32 (``[out, in]``), for prefills.
+        weight: the same values in fp32 (``[out, in]``), for prefills elsewhere and for autograd.
         bias: the original bias (fp32) or ``None``.
     """
 
     def __init__(self, linear: nn.Linear) -> None:
         rounded = linear.weight.detach().to(torch.bfloat16).contiguous()
+        # Where the CPU multiplies bf16 natively, prefills take the decode steps' product too (1.6-1.8x
+        # fp32's at prefill sizes on the AMD EPYC VM); elsewhere bf16 is converted on the way and fp32 wins.
+        self.kernel_prefills = cpu_linear.native_bf16()
         super().__init__(linear, rounded.float())
         packing = cpu_linear.available()
         self.packed16 = cpu_linear.pack(rounded, torch.bfloat16) if packing else None

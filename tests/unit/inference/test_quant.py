@@ -103,17 +103,34 @@ def test_an_int4_decode_step_and_a_prefill_multiply_the_same_weights() -> None:
     torch.testing.assert_close(decoded, prefill[:, -1:, :], rtol=2e-2, atol=3e-2)
 
 
-def test_a_bf16_decode_step_and_a_prefill_multiply_the_same_rounded_weights() -> None:
+@pytest.mark.parametrize("native", [False, True], ids=["no native bf16", "native bf16"])
+def test_a_bf16_decode_step_and_a_prefill_multiply_the_same_rounded_weights(
+    native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cpu_linear, "native_bf16", lambda: native)
     linear = _linear(bias=True)
     layer = Bf16Linear(linear)
     assert torch.equal(layer.weight, linear.weight.detach().to(torch.bfloat16).float())  # rounded once
     x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(5))
-    prefill = layer(x)
-    assert torch.equal(prefill, nn.functional.linear(x, layer.weight, layer.bias))
-    with decode_step():
-        decoded = layer(x[:, -1:, :])  # bf16 activations times the bf16 weights
-    assert decoded.dtype == torch.float32 and not torch.equal(decoded, prefill[:, -1:, :])
-    torch.testing.assert_close(decoded, prefill[:, -1:, :], rtol=2e-2, atol=2e-2)
+    fp32 = nn.functional.linear(x, layer.weight, layer.bias)
+    with torch.inference_mode():
+        prefill = layer(x)
+        with decode_step():
+            decoded = layer(x[:, -1:, :])  # bf16 activations times the bf16 weights
+    assert decoded.dtype == prefill.dtype == torch.float32
+    assert not torch.equal(decoded, fp32[:, -1:, :])
+    torch.testing.assert_close(decoded, fp32[:, -1:, :], rtol=2e-2, atol=2e-2)
+    # With native bf16 a prefill is the decode step's product (bf16 activations, no fp32 copy kept for it);
+    # without, the fp32 product of the same rounded weights.
+    assert layer.kernel_prefills is native and (layer.prefill_packed is None) is (native or not cpu_linear.available())
+    if native:
+        assert not torch.equal(prefill, fp32)
+        torch.testing.assert_close(prefill[:, -1:, :], decoded, rtol=1e-2, atol=1e-2)
+    else:
+        torch.testing.assert_close(prefill, fp32, rtol=1e-6, atol=1e-6)
+    # With autograd (nothing the engine runs) the layer is fp32's F.linear either way.
+    with torch.enable_grad():
+        assert torch.equal(layer(x), fp32)
     # Finer than int8's per-row step: the rounded model is the original one to ~3 significant digits.
     int8_error = (Int8Linear(linear).weight - linear.weight.detach()).abs().mean()
     assert float((layer.weight - linear.weight.detach()).abs().mean()) < float(int8_error) / 2
@@ -208,8 +225,9 @@ def test_the_setting_names_its_choices() -> None:
 @needs_packing
 @pytest.mark.parametrize("kind", [Int8Linear, Int4Linear, Bf16Linear])
 def test_a_quantized_layers_prefill_without_autograd_multiplies_its_packed_dequantized_weights(
-    kind: type[Int8Linear] | type[Int4Linear] | type[Bf16Linear],
+    kind: type[Int8Linear] | type[Int4Linear] | type[Bf16Linear], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(cpu_linear, "native_bf16", lambda: False)  # bf16 prefills in fp32 (else: the test above)
     layer = kind(_linear(bias=True))
     x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(6))
     with torch.inference_mode():
