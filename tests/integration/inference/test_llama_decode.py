@@ -60,7 +60,7 @@ def _lean_step(decoder: LlamaDecoder, kv: KVBatch, tokens: list[int], positions:
     # products sum each output in the same order); the bounds leave room for another CPU's kernels.
     [("float32", 1e-5), ("bf16", 5e-3), ("int8", 5e-3), ("int4", 5e-3)],
 )
-@pytest.mark.parametrize("rows", [[0], [0, 1, 2]], ids=["one row", "padded rows"])
+@pytest.mark.parametrize("rows", [[0], [0, 0], [0, 1, 2]], ids=["one row", "rows without padding", "padded rows"])
 def test_lean_steps_give_transformers_logits_and_kv(
     model_dir: Path, weights: WeightsMode, tolerance: float, rows: list[int]
 ) -> None:
