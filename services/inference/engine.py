@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
 from services.inference.grammar import Constraint, GrammarCompiler, GrammarError
@@ -528,11 +529,11 @@ class BatchEngine:
             version = weight_version if weight_version is not None else _next_version(self.weight_version)
             return await self._swap_in(model, decoder, path, version, abort_all_requests)
 
-    def _load(self, path: Path) -> tuple[Any, LlamaDecoder | None]:
+    def _load(self, path: Path) -> tuple[PreTrainedModel, LlamaDecoder | None]:
         """A checkpoint's weights as this engine serves them (:meth:`_serve`)."""
         return self._serve(load_model(path, self.dtype, like=self.model))
 
-    def _serve(self, model: Any) -> tuple[Any, LlamaDecoder | None]:
+    def _serve(self, model: PreTrainedModel) -> tuple[PreTrainedModel, LlamaDecoder | None]:
         """``model`` as this engine serves it (its linear layers packed or quantized, in place) and its
         lean decode step, if it has one."""
         model = prepare_weights(model, self.weights).eval()
