@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from services.inference.quant import Bf16Linear, Fp32Linear, Int8Linear
+from services.inference.quant import Bf16Linear, Fp32Linear, Int8Linear, through_kernel
 from spade import cpu_linear
 
 Product = Callable[[torch.Tensor], torch.Tensor]
@@ -63,7 +63,7 @@ def stacked_linear(layers: list[Any]) -> tuple[Product, list[int]] | None:
         packed16 = cpu_linear.pack(torch.cat([layer.weight.detach() for layer in layers]), torch.bfloat16)
 
         def bf16(x: torch.Tensor) -> torch.Tensor:
-            return cpu_linear.packed_linear(x.to(torch.bfloat16), packed16).to(x.dtype)
+            return through_kernel(x, lambda rows: cpu_linear.packed_linear(rows, packed16))
 
         return bf16, [layer.out_features for layer in layers]
     if all(type(layer) is Int8Linear for layer in layers):
@@ -71,9 +71,7 @@ def stacked_linear(layers: list[Any]) -> tuple[Product, list[int]] | None:
         scales = torch.cat([layer.scales for layer in layers])
 
         def int8(x: torch.Tensor) -> torch.Tensor:
-            rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-            y = torch.ops.aten._weight_int8pack_mm(rows, qweight, scales)
-            return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+            return through_kernel(x, lambda rows: torch.ops.aten._weight_int8pack_mm(rows, qweight, scales))
 
         return int8, [layer.out_features for layer in layers]
     return None

@@ -79,6 +79,13 @@ def decode_step() -> Iterator[None]:
         _pass.decoding = False
 
 
+def through_kernel(x: torch.Tensor, kernel: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``kernel`` (``[rows, in]`` bf16 activations to ``[rows, out]`` bf16) applied to ``x`` (``[..., in]``),
+    returned in ``x``'s dtype and leading shape: how every quantized decode product is taken."""
+    y = kernel(x.reshape(-1, x.shape[-1]).to(torch.bfloat16))
+    return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
+
+
 class QuantizationUnavailable(RuntimeError):
     """This torch build has no weight-only kernel of the asked width for the CPU."""
 
@@ -130,8 +137,7 @@ class _QuantizedLinear(nn.Module):
         kernel = getattr(_pass, "decoding", False) or (self.kernel_prefills and not torch.is_grad_enabled())
         if not kernel:
             return cpu_linear.served_linear(x, self.weight, self.prefill_packed, self.bias)
-        y = self._kernel(x.reshape(-1, self.in_features).to(torch.bfloat16))
-        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        y = through_kernel(x, self._kernel)
         return y if self.bias is None else y + self.bias
 
     def _bias_bytes(self) -> int:
