@@ -41,8 +41,9 @@ over ``--bandwidth-mib`` MiB, larger than the last-level cache); the weight byte
 and the GGUF file's tensor bytes for llama.cpp. Weights that fit in the last-level cache can beat it.
 
 **The lean decode step** (``services/inference/llama_decode.py``): ``--hf-decode`` adds, in the same
-run, fp32 and each ``--quantized`` mode decoded by transformers' forward (``lean_decode=False``, what the
-engine did before), as the sides ``fp32_hf``, ``bf16_hf``, ...
+run, fp32 and each ``--quantized`` mode decoded by transformers' forward (``lean_decode=False``, the
+engine's decode steps before the lean step; prefills are the same on both sides), as the sides
+``fp32_hf``, ``bf16_hf``, ...
 
 ``--json`` prints one object instead: the figures, the baseline's figures, the ratios, the settings,
 llama.cpp's side, the machine's limits and ``os.getloadavg()`` at start, so runs can be compared.
@@ -538,8 +539,8 @@ async def main() -> None:
     parser.add_argument(
         "--hf-decode",
         action="store_true",
-        help="also measure fp32 and each --quantized mode decoded by transformers' forward, as before the "
-        "engine's lean decode step (sides fp32_hf, bf16_hf, ...)",
+        help="also measure fp32 and each --quantized mode decoded by transformers' forward (the decode steps "
+        "before the engine's lean step; prefills as now), as the sides fp32_hf, bf16_hf, ...",
     )
     parser.add_argument(
         "--bandwidth-mib", type=int, default=1024, help="buffer read to measure memory bandwidth (beyond the LLC)"

@@ -34,10 +34,10 @@ from spade.serving.run import config_option, configure_logs, log_level_option
     "--weights",
     type=click.Choice(get_args(WeightsMode)),
     default=None,
-    help="float32 (default): serve the checkpoint's weights, logprobs exact to a float32 learner's; bf16: decode "
-    "from the weights rounded to bf16; int8: decode "
-    "from int8 weights, faster on CPU, logprobs corrected by the learner's TIS; int4: 4-bit layers, int8 LM head "
-    "(docs/inference.md).",
+    help="float32 (default): serve the checkpoint's weights, logprobs exact to a float32 learner's; bf16: serve "
+    "the weights rounded to bf16 (bf16 activations in decode steps, and in prefills where the CPU has native "
+    "bf16); int8: decode from int8 weights, faster on CPU, logprobs corrected by the learner's TIS; int4: 4-bit "
+    "layers, int8 LM head (docs/inference.md).",
 )
 @click.option("--dev", "dev_mode", is_flag=True, default=None, help="Dev mode: allow an exposed host.")
 @log_level_option

@@ -298,7 +298,8 @@ class BatchEngine:
         context_length: longest prompt + completion; ``None``: the model's ``max_position_embeddings``.
         dtype: weights' dtype (float32 keeps logprobs within 1e-4 of a float32 learner).
         weights: ``float32`` serves the checkpoint's weights (prepacked for oneDNN too:
-            :class:`.quant.Fp32Linear`); ``bf16`` decodes from bf16 weights; ``int8`` from int8 weights
+            :class:`.quant.Fp32Linear`); ``bf16`` decodes (and, where the CPU has native bf16, prefills) with bf16
+            weights; ``int8`` decodes from int8 weights
             (:mod:`.quant`: about 1.5× the single-stream tokens/s, logprobs no longer within 1e-4 of
             the learner's, which corrects them by truncated importance sampling); ``int4`` from 4-bit
             layers with an int8 LM head. Applied again to every weight update.

@@ -178,8 +178,9 @@ class LlamaDecoder:
             query, key = qk[:, :q_heads], qk[:, q_heads:]
             value = qkv[:, q_heads + kv_heads :]
             key, value = cache.layers[index].update(key, value)  # type: ignore[union-attr]
-            if padded or groups == 1:
-                # transformers' one-token path: each key/value head's query heads as its query positions.
+            if padded or groups == 1 or dim > 256:
+                # transformers' one-token path (sdpa_attention_forward: no enable_gqa with a mask or heads
+                # wider than 256): each key/value head's query heads as its query positions.
                 out = nn.functional.scaled_dot_product_attention(
                     query.reshape(rows, kv_heads, groups, dim), key, value, attn_mask=attn_mask, scale=self.scaling
                 )
@@ -198,8 +199,10 @@ class LlamaDecoder:
 def llama_decoder(model: Any) -> LlamaDecoder | None:
     """A :class:`LlamaDecoder` for ``model``, or ``None`` where the model is not one it computes exactly.
 
-    It must be a ``LlamaForCausalLM`` with SDPA attention, fp32 hidden states, SiLU MLPs, RMS norms and
-    layers transformers' own classes, without module hooks (offloading, adapters) on its layers.
+    It must be a ``LlamaForCausalLM`` with SDPA attention, fp32 hidden states, SiLU MLPs, RMS norms, and
+    layers, attention, MLPs and rotary embedding of transformers' own classes, without module hooks
+    (offloading, adapters) on its layers. The engine never installs hooks; a library that replaces a
+    module's ``forward`` instead of hooking it is not detected.
     """
     from transformers.models.llama import modeling_llama as llama
 
@@ -210,9 +213,12 @@ def llama_decoder(model: Any) -> LlamaDecoder | None:
         return None
     if model.model.embed_tokens.weight.dtype != torch.float32:
         return None
+    if type(model.model.rotary_emb) is not llama.LlamaRotaryEmbedding:
+        return None
     norms = [model.model.norm]
     for layer in model.model.layers:
-        if type(layer) is not llama.LlamaDecoderLayer or type(layer.mlp) is not llama.LlamaMLP:
+        kinds = (type(layer), type(layer.self_attn), type(layer.mlp))
+        if kinds != (llama.LlamaDecoderLayer, llama.LlamaAttention, llama.LlamaMLP):
             return None
         norms += [layer.input_layernorm, layer.post_attention_layernorm]
     if any(type(norm) is not llama.LlamaRMSNorm for norm in norms):

@@ -9,12 +9,14 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicCache
 
-from services.inference.engine import BatchEngine
+from services.inference.engine import BatchEngine, GenerationJob
 from services.inference.kv import KVBatch, layer_kv
 from services.inference.llama_decode import LlamaDecoder, llama_decoder
 from services.inference.quant import decode_step, prepare_weights
 from services.inference.settings import WeightsMode
 from spade.inference.models import load_model
+from spade.inference.protocol import SamplingParams
+from tests.integration.inference.conftest import chat_ids, teacher_forced_logprobs
 
 pytestmark = pytest.mark.slow
 
@@ -85,20 +87,27 @@ def test_lean_steps_give_transformers_logits_and_kv(
             assert (a - b).abs().max().item() < tolerance
 
 
-def test_only_models_it_computes_exactly_get_a_lean_step(model_dir: Path) -> None:
-    model = load_model(model_dir)
-    assert llama_decoder(model) is not None
-    hooked = load_model(model_dir)
-    hooked.model.layers[3].mlp.register_forward_hook(lambda *args: None)
-    assert llama_decoder(hooked) is None, "a hook on a layer would be skipped by the lean step"
-    eager = load_model(model_dir)
-    eager.config._attn_implementation = "eager"
-    assert llama_decoder(eager) is None
-
-
 def test_the_engine_decodes_its_served_model_with_the_lean_step(engine: BatchEngine) -> None:
     # The engine's exactness tests (teacher forcing, weight updates) then hold for the lean step: a
     # decoder left on old weights after an update would fail test_weight_update's logprob bounds.
     assert engine.decoder is not None
     assert engine.decoder.lm_head is engine.model.lm_head
     assert engine.decoder.layers[0].o_proj is engine.model.model.layers[0].self_attn.o_proj
+
+
+async def test_an_engine_without_the_lean_step_decodes_through_transformers_alike(
+    engine: BatchEngine, model_dir: Path
+) -> None:
+    plain = BatchEngine(model_dir, torch_threads=1, lean_decode=False)
+    plain.start()
+    try:
+        assert plain.decoder is None
+        prompt = chat_ids(engine, "Name three rivers.")
+        job = GenerationJob(prompt, SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True))
+        hf, lean = await plain.generate(job), await engine.generate(job)
+    finally:
+        plain.close()
+    assert hf.output_ids == lean.output_ids
+    reference = teacher_forced_logprobs(plain.model, prompt, hf.output_ids, 0.0)
+    assert max(abs(a - b) for a, b in zip(hf.output_logprobs, reference, strict=True)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(hf.output_logprobs, lean.output_logprobs, strict=True)) < 1e-4
