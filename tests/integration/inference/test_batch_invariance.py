@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -76,6 +77,21 @@ async def test_seeded_requests_give_the_same_tokens_and_logprobs_at_any_concurre
         assert a.output_ids == b.output_ids
         assert a.output_logprobs == b.output_logprobs  # bit for bit, not approximately
         assert len(a.output_ids) > 1
+
+
+async def test_bf16_weights_keep_the_mode(model_dir: Path) -> None:
+    # Bf16 weights prefill with bf16 products where the CPU has them (quant.Bf16Linear.kernel_prefills):
+    # the mode's fixed chunks and one-row decode steps still give one answer at any concurrency.
+    bf16 = BatchEngine(model_dir, max_batch_size=8, torch_threads=1, weights="bf16")
+    bf16.start()
+    try:
+        alone = await run(bf16, seeded_jobs(bf16, invariant=True, tokens=12), concurrency=1)
+        bf16.flush_cache()
+        crowded = await run(bf16, seeded_jobs(bf16, invariant=True, tokens=12), concurrency=4, other_traffic=True)
+    finally:
+        bf16.close()
+    for a, b in zip(alone, crowded, strict=True):
+        assert (a.output_ids, a.output_logprobs) == (b.output_ids, b.output_logprobs)
 
 
 async def test_without_the_mode_the_same_requests_move_with_the_concurrency(engine: BatchEngine) -> None:
