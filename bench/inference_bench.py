@@ -558,24 +558,18 @@ async def main() -> None:
     engine.start()
     app = create_app(engine)
     quantized_engines: dict[str, BatchEngine] = {}
-    for mode in args.quantized:
-        quantized_engines[mode] = BatchEngine(
-            None,
-            max_batch_size=engine.max_batch_size,
-            torch_threads=args.threads,
-            prefix_cache_tokens=args.prefix_cache_tokens,
-            weights=mode,
-        )
-        quantized_engines[mode].start()
-    for mode in ["float32", *args.quantized] if args.hf_decode else []:
-        label = f"{'fp32' if mode == 'float32' else mode}_hf"
+    # Each side: (label, weights, lean decode step); the fp32 engine above is the unlabelled side.
+    sides = [(mode, mode, True) for mode in args.quantized]
+    if args.hf_decode:
+        sides += [(f"{'fp32' if mode == 'float32' else mode}_hf", mode, False) for mode in ["float32", *args.quantized]]
+    for label, mode, lean in sides:
         quantized_engines[label] = BatchEngine(
             None,
             max_batch_size=engine.max_batch_size,
             torch_threads=args.threads,
             prefix_cache_tokens=args.prefix_cache_tokens,
             weights=mode,
-            lean_decode=False,
+            lean_decode=lean,
         )
         quantized_engines[label].start()
     prompt = group_prompt(engine, args.prompt_words)

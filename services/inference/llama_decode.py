@@ -15,7 +15,7 @@ packed or quantized, are called as they are) with:
   rotation's sign folded into the sine (``rotate_half(x) * sin == roll(x, d/2) * signed_sin``, exactly:
   negation is exact in floating point);
 - q, k and v multiplied by one product (their weights stacked), and gate and up by another, where the
-  served layers are fp32, bf16 or int8 ones (:func:`stacked_linear`); otherwise one product each;
+  served layers are fp32, bf16 or int8 ones (:func:`.quant.stacked_product`); otherwise one product each;
 - attention exactly as transformers' SDPA integration computes a one-token query: grouped query
   heads packed onto their key/value head, the boolean mask where a row has padding.
 
@@ -34,56 +34,14 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from services.inference.quant import Bf16Linear, Fp32Linear, Int8Linear, through_kernel
-from spade import cpu_linear
+from services.inference.quant import stacked_product
 
 Product = Callable[[torch.Tensor], torch.Tensor]
 
 
-def stacked_linear(layers: list[Any]) -> tuple[Product, list[int]] | None:
-    """One product for several served linear layers that read the same input, or ``None``.
-
-    The layers' weights are stacked (``[Σ out, in]``) in the served format, for decode steps: fp32
-    (:class:`.quant.Fp32Linear`) and bf16 (:class:`.quant.Bf16Linear`) packed once for oneDNN, int8
-    (:class:`.quant.Int8Linear`) codes and scales for torch's int8 kernel, each product as the layer's
-    own computes it. Returns the product and each layer's width, to split its output; ``None`` where the
-    layers are of another kind (int4, whose packed layout is the kernel's own), carry a bias, or torch
-    has no oneDNN.
-    """
-    if not cpu_linear.available() or any(getattr(layer, "bias", None) is not None for layer in layers):
-        return None
-    if all(type(layer) is Fp32Linear for layer in layers):
-        packed = cpu_linear.pack(torch.cat([layer.weight.detach() for layer in layers]))
-
-        def fp32(x: torch.Tensor) -> torch.Tensor:
-            return cpu_linear.packed_linear(x, packed)
-
-        return fp32, [layer.out_features for layer in layers]
-    if all(type(layer) is Bf16Linear and layer.packed16 is not None for layer in layers):
-        packed16 = cpu_linear.pack(torch.cat([layer.weight.detach() for layer in layers]), torch.bfloat16)
-
-        def bf16(x: torch.Tensor) -> torch.Tensor:
-            return through_kernel(x, lambda rows: cpu_linear.packed_linear(rows, packed16))
-
-        return bf16, [layer.out_features for layer in layers]
-    if all(type(layer) is Int8Linear for layer in layers):
-        qweight = torch.cat([layer.qweight for layer in layers])
-        scales = torch.cat([layer.scales for layer in layers])
-
-        def int8(x: torch.Tensor) -> torch.Tensor:
-            return through_kernel(x, lambda rows: torch.ops.aten._weight_int8pack_mm(rows, qweight, scales))
-
-        return int8, [layer.out_features for layer in layers]
-    return None
-
-
-def _separate(layers: list[Any]) -> tuple[Product, list[int]]:
-    """The layers' own products, one after another, concatenated (no stacked weights for them)."""
-
-    def each(x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([layer(x) for layer in layers], dim=-1)
-
-    return each, [int(layer.out_features) for layer in layers]
+def _separate(layers: list[Any]) -> Product:
+    """The layers' own products, one after another, side by side (no stacked weights for them)."""
+    return lambda x: torch.cat([layer(x) for layer in layers], dim=-1)
 
 
 @dataclass(frozen=True)
@@ -91,12 +49,10 @@ class _Layer:
     norm_in: torch.Tensor
     eps_in: float
     qkv: Product
-    qkv_widths: list[int]
     o_proj: Any
     norm_post: torch.Tensor
     eps_post: float
     gate_up: Product
-    gate_up_widths: list[int]
     down_proj: Any
 
 
@@ -127,21 +83,16 @@ class LlamaDecoder:
         layers = []
         for layer in inner.layers[: config.num_hidden_layers]:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = stacked_linear([attn.q_proj, attn.k_proj, attn.v_proj])
-            gate_up = stacked_linear([mlp.gate_proj, mlp.up_proj])
-            qkv = qkv or _separate([attn.q_proj, attn.k_proj, attn.v_proj])
-            gate_up = gate_up or _separate([mlp.gate_proj, mlp.up_proj])
+            qkv_layers, gate_up_layers = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
             layers.append(
                 _Layer(
                     norm_in=layer.input_layernorm.weight,
                     eps_in=float(layer.input_layernorm.variance_epsilon),
-                    qkv=qkv[0],
-                    qkv_widths=qkv[1],
+                    qkv=stacked_product(qkv_layers) or _separate(qkv_layers),
                     o_proj=attn.o_proj,
                     norm_post=layer.post_attention_layernorm.weight,
                     eps_post=float(layer.post_attention_layernorm.variance_epsilon),
-                    gate_up=gate_up[0],
-                    gate_up_widths=gate_up[1],
+                    gate_up=stacked_product(gate_up_layers) or _separate(gate_up_layers),
                     down_proj=mlp.down_proj,
                 )
             )
@@ -190,7 +141,7 @@ class LlamaDecoder:
             hidden = residual + layer.o_proj(out)
             residual = hidden
             x = _rms_norm(hidden, layer.norm_post, layer.eps_post)
-            gate, up = layer.gate_up(x).split(layer.gate_up_widths, dim=-1)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)  # gate and up: intermediate_size each
             hidden = residual + layer.down_proj(nn.functional.silu(gate) * up)
         hidden = _rms_norm(hidden, self.norm.weight, float(self.norm.variance_epsilon))
         return self.lm_head(hidden[:, -1, :])

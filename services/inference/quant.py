@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
-from typing import TypeVar, get_args
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar, get_args
 
 import torch
 from torch import nn
@@ -187,7 +187,7 @@ class Int8Linear(_QuantizedLinear):
         self.qweight, self.scales = q, scales
 
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self.scales)
+        return _int8_product(rows, self.qweight, self.scales)
 
     def decode_bytes(self) -> int:
         return self.qweight.numel() + self.scales.numel() * self.scales.element_size() + self._bias_bytes()
@@ -322,6 +322,37 @@ def prepare_weights(model: _Model, mode: WeightsMode) -> _Model:
 
     _replace_linears(model, served)
     return model
+
+
+def _int8_product(rows: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``[rows, in]`` bf16 activations times int8 weights with one bf16 scale per row: ``[rows, out]`` bf16."""
+    return torch.ops.aten._weight_int8pack_mm(rows, qweight, scales)
+
+
+def stacked_product(layers: Sequence[Any]) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """One decode-step product for served layers that read the same input: their outputs side by side.
+
+    Their weights are stacked (``[Σ out, in]``) once, in the layers' own format and multiplied as a
+    layer of that format multiplies in a decode step: fp32 (:class:`Fp32Linear`) and bf16
+    (:class:`Bf16Linear`, its weights already rounded) packed for oneDNN, int8 (:class:`Int8Linear`)
+    codes and scales. ``None`` for layers of mixed or other kinds (int4, whose packed layout is the
+    kernel's own), with a bias, or where torch has no oneDNN.
+    """
+    kind = type(layers[0])
+    if not cpu_linear.available() or any(type(m) is not kind or getattr(m, "bias", None) is not None for m in layers):
+        return None
+    if kind is Int8Linear:
+        qweight = torch.cat([m.qweight for m in layers])
+        scales = torch.cat([m.scales for m in layers])
+        return lambda x: through_kernel(x, lambda rows: _int8_product(rows, qweight, scales))
+    if kind not in (Fp32Linear, Bf16Linear):
+        return None
+    weights = torch.cat([m.weight.detach() for m in layers])
+    if kind is Fp32Linear:
+        packed = cpu_linear.pack(weights)
+        return lambda x: cpu_linear.packed_linear(x, packed)
+    packed16 = cpu_linear.pack(weights, torch.bfloat16)
+    return lambda x: through_kernel(x, lambda rows: cpu_linear.packed_linear(rows, packed16))
 
 
 def _replace_linears(model: nn.Module, served: Callable[[nn.Linear], nn.Module]) -> None:
