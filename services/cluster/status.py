@@ -225,8 +225,13 @@ class StatusReader:
         url = self.env.get(variable)  # never another service's database: a report must not guess
         if not url:
             raise DependencyUnavailable(f"{variable} is not set")
-        args = {"connect_timeout": DB_TIMEOUT_S} if url.startswith("postgresql") else {}
-        return sa.create_engine(url, connect_args=args)
+        if not url.startswith("postgresql"):
+            return sa.create_engine(url)
+        # A query waits DB_TIMEOUT_S at most too (a lock, a stalled server): the report still comes. The
+        # URL's own options (a search path, say) are kept: connect_args would replace them.
+        own = sa.engine.make_url(url).query.get("options", "")
+        options = " ".join([*([own] if isinstance(own, str) else own), f"-c statement_timeout={DB_TIMEOUT_S * 1000}"])
+        return sa.create_engine(url, connect_args={"connect_timeout": DB_TIMEOUT_S, "options": options.strip()})
 
     # -- all -----------------------------------------------------------------------------------------
 

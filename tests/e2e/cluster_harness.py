@@ -33,6 +33,7 @@ from spade.queues.redis_streams import RedisStreamQueue
 from spade.runspec import RunSpec
 from spade.v1 import queues_pb2, types_pb2
 from tests.conftest import REDIS_URL
+from tests.e2e.machine import timed_out
 
 ROOT = Path(__file__).resolve().parents[2]
 SPADE = [sys.executable, "-m", "spade.cli"]
@@ -157,10 +158,13 @@ class RunnerCluster:
 
     def spade(self, *args: str, timeout_s: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
         """``spade ARGS`` as a user runs it, from the repository root (so the env files are the default ones)."""
-        done = subprocess.run(
-            [*SPADE, *args],
-            cwd=ROOT, env=self.environ, capture_output=True, text=True, timeout=timeout_s, check=False,
-        )  # fmt: skip
+        try:
+            done = subprocess.run(
+                [*SPADE, *args],
+                cwd=ROOT, env=self.environ, capture_output=True, text=True, timeout=timeout_s, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"{timed_out(exc)}\n{self.logs()}") from exc
         if check:
             assert done.returncode == 0, (
                 f"spade {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}\n{self.logs()}"

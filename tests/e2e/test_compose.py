@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.machine import timed_out
+
 # Bounded so that a hung stack cannot eat CI's budget: a cold image build (about 6 minutes with a
 # warm pip cache, more when every wheel is downloaded) plus a slow stack fit.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2100)]
@@ -100,7 +102,12 @@ class Stack:
 
     def compose(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
         cmd = [str(PODMAN_COMPOSE), "-p", self.project, *COMPOSE_FILES, "--profile", "cpu", *args]
-        out = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        try:
+            out = subprocess.run(
+                cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(timed_out(exc)) from exc
         if check and out.returncode != 0:
             raise AssertionError(
                 f"{' '.join(args)} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"

@@ -240,6 +240,30 @@ def test_a_source_that_does_not_answer_leaves_the_others(cluster_state: dict[str
     assert report["weights"]["version"] == 3 and report["activity"]["plays"] == 6
 
 
+def test_a_locked_table_ends_its_section_not_the_report(cluster_state: dict[str, Any]) -> None:
+    """A query that would wait on a lock (here another session's ACCESS EXCLUSIVE lock on the rollout's
+    table, as a migration or a stalled transaction holds) gives up after the report's database timeout:
+    that section says so and the rest still comes, where the command once waited for the lock forever.
+    The URL's own options (the test schema's search path) still apply."""
+    from services.cluster.status import DB_TIMEOUT_S
+
+    env = cluster_state["env"]
+    holder = sa.create_engine(env["SPADE_ROLLOUT_STATE_URL"])
+    try:
+        with holder.connect() as conn, conn.begin():
+            conn.execute(sa.text("LOCK TABLE rollout_windows IN ACCESS EXCLUSIVE MODE"))
+            started = time.monotonic()
+            report = StatusReader(env, cluster_state["data"], clock=lambda: cluster_state["now"]).report(
+                ["rollout-1"], window_min=10
+            )
+            waited = time.monotonic() - started
+    finally:
+        holder.dispose()
+    assert "statement timeout" in report["rollout"]["error"], report["rollout"]
+    assert waited < 10 * DB_TIMEOUT_S, waited  # bounded, not forever (a generous bound on a loaded machine)
+    assert report["activity"]["plays"] == 6 and report["weights"]["version"] == 3
+
+
 def test_status_never_writes_to_a_database_nor_guesses_which_one(cluster_state: dict[str, Any], tmp_path: Path) -> None:
     """A report reads: the rollout's section against an empty database is an error, and the database stays
     empty (no tables created); without the rollout's URL it says so instead of reading the memory's."""
