@@ -15,6 +15,9 @@ default: TRL's fp32 pass over all 8 × 1024 padded tokens needs more than the 23
   the budget counting padded tokens), to see what packing buys;
 - ``ours-bf16`` (``--sides``): the same trainer with ``cpu_bf16`` (bf16 autocast on the CPU, fp32
   weights, gradients and optimiser state), what the embedded run trains with on a CPU with native bf16;
+- ``ours-unshared`` (``--sides``): the same trainer with ``share_prefixes`` off. With ``--group G`` the
+  plays come in groups of G with one prompt, as an env's G plays do: ``ours`` computes each group's
+  prompt once (``core.collate.pack``), ``ours-unshared`` and TRL once per play;
 - ``trl``: a real ``GRPOTrainer`` (its ``compute_loss`` + backward + its optimizer and clipping) on
   inputs built the way it builds them (``tool_mask`` = the untrained observation tokens), without
   generation, with its own gradient accumulation over K chunks of ``batch / K`` plays (each padded
@@ -28,7 +31,7 @@ every side (padding is work, not throughput).
 Usage::
 
     .venv/bin/python bench/learner_bench.py [--batch 8] [--min-len 256] [--max-len 1024] [--steps 1]
-        [--micro-batches 2] [--rounds 1] [--sides ours,trl] [--threads 1] [--json]
+        [--micro-batches 2] [--group 1] [--rounds 1] [--sides ours,trl] [--threads 1] [--json]
 
 ``--json`` prints one object: the settings, ``os.getloadavg()`` at start, our figures, the
 baseline's (TRL's) figures and the ratios. Sides alternate over rounds (the machine is shared);
@@ -52,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDES = ("ours", "ours-padded", "ours-bf16", "trl")
+SIDES = ("ours", "ours-padded", "ours-bf16", "ours-unshared", "trl")
 
 
 def _status_kib(field: str) -> int:
@@ -90,9 +93,12 @@ def plays(args: argparse.Namespace, vocab: int, sizes: list[int] | None = None) 
     import torch
 
     g = torch.Generator().manual_seed(0)
-    out = []
+    out: list[Play] = []
     for n in sizes if sizes is not None else lengths(args):
         ids = torch.randint(10, vocab, (n,), generator=g).tolist()
+        if len(out) % args.group:  # a group's plays share their first play's prompt
+            leader = out[len(out) - len(out) % args.group].ids
+            ids[: args.prompt] = leader[: args.prompt]
         mask = [False] * min(args.prompt, n)
         while len(mask) < n:
             mask += [True] * min(args.turn, n - len(mask))
@@ -102,7 +108,9 @@ def plays(args: argparse.Namespace, vocab: int, sizes: list[int] | None = None) 
     return out
 
 
-def run_ours(args: argparse.Namespace, model_dir: Path, packed: bool, bf16: bool = False) -> dict[str, float]:
+def run_ours(
+    args: argparse.Namespace, model_dir: Path, packed: bool, bf16: bool = False, share: bool = True
+) -> dict[str, float]:
     import torch
 
     from services.learner.core.batching import Role, TrainSample
@@ -125,7 +133,15 @@ def run_ours(args: argparse.Namespace, model_dir: Path, packed: bool, bf16: bool
     trainer = Trainer(
         model,
         build_loss(GrpoLossConfig(tis=args.tis)),
-        OptimConfig(lr=1e-6, grad_clip=1.0, micro_batch_tokens=budget, temperature=1.0, packed=packed, cpu_bf16=bf16),
+        OptimConfig(
+            lr=1e-6,
+            grad_clip=1.0,
+            micro_batch_tokens=budget,
+            temperature=1.0,
+            packed=packed,
+            cpu_bf16=bf16,
+            share_prefixes=share,
+        ),
         pad_id=0,
     )
     return _time(lambda: trainer.train_step(warm), lambda: trainer.train_step(batch), args)
@@ -235,6 +251,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=128, help="untrained prompt tokens at the start of each play")
     parser.add_argument("--turn", type=int, default=48, help="trained tokens per model turn")
     parser.add_argument("--obs", type=int, default=32, help="untrained tokens per observation")
+    parser.add_argument("--group", type=int, default=1, help="plays per prompt (an env's G plays share theirs)")
     parser.add_argument(
         "--micro-batches",
         type=int,
@@ -257,6 +274,8 @@ def main() -> None:
     args = parser.parse_args()
     if not 2 <= args.prompt + 1 < args.min_len <= args.max_len:
         parser.error("need 2 <= prompt + 1 < min-len <= max-len: every play needs trained tokens after its prompt")
+    if args.group < 1:
+        parser.error(f"--group must be at least 1, got {args.group}")
     if args.micro_batches < 1 or args.batch % args.micro_batches:
         parser.error(f"--micro-batches must divide --batch ({args.batch}), got {args.micro_batches}")
 
@@ -271,7 +290,8 @@ def main() -> None:
         if args.side == "trl":
             result = run_trl(args, model_dir)
         else:
-            result = run_ours(args, model_dir, packed=args.side != "ours-padded", bf16=args.side == "ours-bf16")
+            packed, bf16, share = args.side != "ours-padded", args.side == "ours-bf16", args.side != "ours-unshared"
+            result = run_ours(args, model_dir, packed=packed, bf16=bf16, share=share)
         print(json.dumps(result))
         return
 
@@ -321,6 +341,13 @@ def main() -> None:
         ratios["packed_vs_padded_tokens_per_s"] = results["ours"]["tokens_per_s"] / padded["tokens_per_s"]
         ratios["packed_vs_padded_tokens_per_cpu_s"] = results["ours"]["tokens_per_cpu_s"] / padded["tokens_per_cpu_s"]
         ratios["packed_vs_padded_peak_mib"] = results["ours"]["peak_mib"] / max(padded["peak_mib"], 1e-9)
+    if "ours" in results and "ours-unshared" in results:
+        unshared = results["ours-unshared"]
+        ratios["shared_vs_unshared_tokens_per_s"] = results["ours"]["tokens_per_s"] / unshared["tokens_per_s"]
+        ratios["shared_vs_unshared_tokens_per_cpu_s"] = (
+            results["ours"]["tokens_per_cpu_s"] / unshared["tokens_per_cpu_s"]
+        )
+        ratios["shared_vs_unshared_peak_mib"] = results["ours"]["peak_mib"] / max(unshared["peak_mib"], 1e-9)
     if "ours" in results and "ours-bf16" in results:
         bf16 = results["ours-bf16"]
         ratios["bf16_vs_fp32_tokens_per_s"] = bf16["tokens_per_s"] / results["ours"]["tokens_per_s"]
@@ -338,6 +365,7 @@ def main() -> None:
         "prompt": args.prompt,
         "turn": args.turn,
         "obs": args.obs,
+        "group": args.group,
         "micro_batches": args.micro_batches,
         "micro_batch_tokens": args.batch // args.micro_batches * args.max_len,
         "steps": args.steps,

@@ -34,6 +34,9 @@ from spade import cpu_linear
 SEGMENT_ATTENTION = "spade_segments"
 """Name under which :func:`segment_attention` is registered in ``transformers``' ``AttentionInterface``."""
 
+SHARED_PREFIXES = "spade_parents"
+"""The forward's keyword argument that carries ``Collated.parents`` down to :func:`segment_attention`."""
+
 
 def segment_attention(
     module: nn.Module,
@@ -64,18 +67,26 @@ def segment_attention(
         )
     gqa = query.shape[1] != key.shape[1]
     cuts = [int(b) for b in bounds.tolist()]
-    parts = [
-        nn.functional.scaled_dot_product_attention(
-            query[:, :, a:b],
-            key[:, :, a:b],
-            value[:, :, a:b],
-            dropout_p=dropout,
-            scale=scaling,
-            is_causal=True,
-            enable_gqa=gqa,
+    parents = kwargs.get(SHARED_PREFIXES) or (-1,) * (len(cuts) - 1)
+    parts = []
+    for (a, b), parent in zip(itertools.pairwise(cuts), parents, strict=True):
+        if parent < 0:
+            causal = nn.functional.scaled_dot_product_attention(
+                query[:, :, a:b], key[:, :, a:b], value[:, :, a:b],
+                dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=gqa,
+            )  # fmt: skip
+            parts.append(causal)
+            continue
+        # A member of a shared prefix: its queries see the whole shared segment, then causally its own.
+        pa, pb = cuts[parent], cuts[parent + 1]
+        keys = torch.cat([key[:, :, pa:pb], key[:, :, a:b]], dim=2)
+        values = torch.cat([value[:, :, pa:pb], value[:, :, a:b]], dim=2)
+        visible = torch.ones(b - a, keys.shape[2], dtype=torch.bool, device=query.device).tril(pb - pa)
+        parts.append(
+            nn.functional.scaled_dot_product_attention(
+                query[:, :, a:b], keys, values, attn_mask=visible, dropout_p=dropout, scale=scaling, enable_gqa=gqa
+            )
         )
-        for a, b in itertools.pairwise(cuts)
-    ]
     out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
     return out.transpose(1, 2).contiguous(), None
 
@@ -219,10 +230,17 @@ def _model_inputs(model: nn.Module, batch: Collated) -> tuple[dict[str, Any], bo
     # cache (a cache disables that detection).
     inputs: dict[str, Any] = {"input_ids": batch.input_ids, "position_ids": batch.position_ids, "use_cache": False}
     segments = segment_attention_applies(model)
+    if batch.parents is not None and not segments:
+        raise ValueError(
+            "a row packed with shared prefixes needs segment attention, which this model's attention does not "
+            "allow (segment_attention_applies): pack it without share_prefixes"
+        )
     if segments:
         assert batch.cu_seqlens is not None
         inputs["cu_seq_lens_q"] = inputs["cu_seq_lens_k"] = batch.cu_seqlens
         inputs["max_length_q"] = inputs["max_length_k"] = batch.max_length
+        if batch.parents is not None:
+            inputs[SHARED_PREFIXES] = batch.parents
     return inputs, segments
 
 

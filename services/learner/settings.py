@@ -148,6 +148,12 @@ class LearnerSettings(ServiceSettings):
         "a CPU with native bf16 (AVX-512 BF16 or AMX), where a training step is ~1.8x as fast; the learner's "
         "logprobs then differ from an fp32 rollout's by ~1e-2, which truncated importance sampling corrects.",
     )
+    share_prefixes: bool = Field(
+        default=True,
+        description="Compute once the tokens a micro-batch's samples begin with alike (the G plays of an env "
+        "share their prompt): the same logprobs, 34-50% fewer tokens a step in the default embedded run. Only "
+        "where the model's attention is plain causal (segment attention); false lays every sample out whole.",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Training device.")
     seed: int = Field(default=0, ge=0, description="torch seed.")
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from services.learner import logprobs
 from services.learner.core.batching import TrainSample, pack_by_tokens, pad_by_tokens
 from services.learner.core.collate import Collated, collate, pack
 from services.learner.core.losses import LossInputs, PolicyLoss
@@ -48,6 +49,10 @@ class OptimConfig:
     packed: bool = True
     """Pack each micro-batch into one row without padding (``False``: one right-padded row per
     sample, the budget then counting padded tokens; kept to measure what packing buys)."""
+    share_prefixes: bool = True
+    """Packed rows compute the tokens that samples begin with alike once (``core.collate.pack``), where
+    the model runs segment attention (``logprobs.segment_attention_applies``); the logprobs are the
+    same. ``False`` lays every sample out whole (to measure what sharing buys)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,7 @@ class Trainer:
             ref_model.eval()
             ref_model.requires_grad_(False)
         self.optimizer = _adamw([p for p in model.parameters() if p.requires_grad], optim)
+        self.share_prefixes = optim.packed and optim.share_prefixes and logprobs.segment_attention_applies(model)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         on_cuda = self.device.type == "cuda"
@@ -153,7 +159,7 @@ class Trainer:
 
     def _collate(self, samples: Sequence[TrainSample]) -> Collated:
         if self.optim_config.packed:
-            return pack(samples, self.device)
+            return pack(samples, self.device, share_prefixes=self.share_prefixes)
         return collate(samples, self.pad_id, self.device)
 
     def _rank_slice(self, samples: Sequence[TrainSample]) -> list[TrainSample]:

@@ -173,6 +173,7 @@ def build_trainer(
         temperature=spec.temperature,  # the rollout's and designer's: logprobs must match theirs
         bf16=settings.bf16,
         cpu_bf16=settings.cpu_bf16,
+        share_prefixes=settings.share_prefixes,
     )
     trainer = Trainer(model, build_loss(settings.loss), optim, ref_model=ref, world=world, pad_id=pad_token_id(base))
     openmp.release_threads()  # loading ran parallel regions on this thread, which trains elsewhere (spade.openmp)

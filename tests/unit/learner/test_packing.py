@@ -7,6 +7,7 @@ per forward, for both attention paths: the per-sequence SDPA calls (``segment_at
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from services.learner import logprobs as lp
-from services.learner.core.batching import BatchError, Role, TrainSample
+from services.learner.core.batching import BatchError, Role, TrainSample, prefix_groups, shareable_prefix
 from services.learner.core.collate import collate, pack
 from services.learner.core.losses import GrpoLossConfig, LossInputs, build_loss
 from services.learner.trainer import OptimConfig, Trainer, token_logprobs
@@ -214,3 +215,99 @@ def test_a_failing_forward_restores_the_attention_implementation():
     with pytest.raises((IndexError, RuntimeError)):
         token_logprobs(model, bad)
     assert model.config._attn_implementation == "sdpa"
+
+
+# -- shared prefixes ----------------------------------------------------------------------------------
+
+
+def _grouped_batch(seed: int = 0) -> list[TrainSample]:
+    """Plays as an env's group gives them: members with one prompt (one with a trained token inside
+    the others' shared span, one with a shorter prompt) and unrelated samples (``random_batch``)."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(1, VOCAB) for _ in range(24)]
+    out = []
+    for i in range(6):
+        head = prompt[: 24 - 6 * (i == 5)]
+        tail = [rng.randrange(1, VOCAB) for _ in range(rng.randint(4, 14))]
+        mask = [False] * len(head) + [rng.random() < 0.7 for _ in tail]
+        if i == 4:
+            mask[20] = True  # trains inside the prompt: nothing from there on may be shared
+        ids = tuple(head + tail)
+        lps = tuple(rng.uniform(-5.0, -3.0) if m else 0.0 for m in mask)
+        out.append(TrainSample(f"g{i}", Role.AGENT, ids, lps, tuple(mask), 0, rng.uniform(-1.5, 1.5)))
+    return out + random_batch(n=3, seed=seed + 1)
+
+
+def test_a_shared_prefix_stops_before_the_first_trained_token_and_the_first_difference():
+    samples = _grouped_batch()
+    groups = prefix_groups(samples)
+    assert sorted(i for _, members in groups for i in members) == list(range(len(samples)))
+    for shared, members in groups:
+        assert shared == shareable_prefix([samples[i] for i in members])
+        for i in members:  # every shared token and the one after it are equal and untrained in every member
+            assert samples[i].token_ids[: shared + 1] == samples[members[0]].token_ids[: shared + 1]
+            assert not any(samples[i].loss_mask[: shared + 1])
+    grouped = {i: shared for shared, members in groups for i in members}
+    assert grouped[4] <= 19 and grouped[0] > 0  # member 4's trained token 20 bounds what it shares
+    batch = pack(samples, share_prefixes=True)
+    assert batch.input_ids.shape[1] == sum(len(s.token_ids) for s in samples) - sum((len(m) - 1) * n for n, m in groups)
+    assert batch.input_ids.shape[1] < pack(samples).input_ids.shape[1]
+    plain = pack(samples)  # each sample's tokens, targets, masks and logprobs, as plain packing has them
+    for field in ("targets", "loss_mask", "rollout_logprobs"):
+        for a, b in zip(plain.split(getattr(plain, field)), batch.split(getattr(batch, field)), strict=True):
+            assert torch.equal(a, b), field
+    assert float(batch.loss_mask.sum()) == float(plain.loss_mask.sum())
+
+
+def test_samples_with_nothing_in_common_pack_as_before():
+    samples = random_batch(n=4, seed=2)
+    shared, plain = pack(samples, share_prefixes=True), pack(samples)
+    assert shared.parents is None and torch.equal(shared.input_ids, plain.input_ids)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_shared_prefixes_give_each_sample_the_logprobs_it_gets_alone(attn, fused):
+    model = _llama(seed=3, attn=attn)
+    samples = _grouped_batch(seed=5)
+    batch = pack(samples, share_prefixes=True)
+    assert batch.parents is not None and max(batch.parents) >= 0
+    with torch.no_grad():
+        shared = batch.split(token_logprobs(model, batch, 0.7, fused=fused))
+        alone = [token_logprobs(model, collate([s]), 0.7, fused=fused)[0] for s in samples]
+    for s, a, b in zip(samples, shared, alone, strict=True):
+        mask = torch.tensor(s.loss_mask[1:], dtype=torch.float32) if fused else 1.0
+        assert torch.allclose(a * mask, b * mask, atol=1e-5, rtol=0), float((a - b).abs().max())
+
+
+@pytest.mark.model
+def test_shared_prefixes_give_the_same_training_step():
+    """Loss, gradient norm and AdamW's first moments of one step equal with and without sharing: the shared
+    tokens' gradients gather every member's (each member's attention reads the shared keys and values)."""
+    samples = _grouped_batch(seed=7)
+    results = []
+    for share in (True, False):
+        model = tiny_llama(seed=1)
+        trainer = Trainer(model, build_loss(GrpoLossConfig()), OptimConfig(lr=1e-3, share_prefixes=share))
+        assert trainer.share_prefixes is share
+        m = trainer.train_step(samples)
+        results.append((m, [trainer.optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]))
+    (m_shared, g_shared), (m_plain, g_plain) = results
+    assert abs(m_plain.loss) > 1e-4 and m_shared.tokens == m_plain.tokens  # tokens: the samples', not the row's
+    assert m_shared.loss == pytest.approx(m_plain.loss, abs=1e-6)
+    assert m_shared.grad_norm == pytest.approx(m_plain.grad_norm, rel=1e-5)
+    for a, b in zip(g_shared, g_plain, strict=True):
+        assert torch.allclose(a, b, atol=1e-8, rtol=1e-4)
+
+
+@pytest.mark.model
+def test_a_model_without_segment_attention_never_gets_a_shared_row():
+    model = tiny_llama(seed=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lp, "segment_attention_applies", lambda model: False)
+        trainer = Trainer(model, build_loss(GrpoLossConfig()), OptimConfig(lr=1e-3))
+        assert not trainer.share_prefixes  # transformers' masks read restarting positions: they cannot share
+        with pytest.raises(ValueError, match="segment attention"):
+            token_logprobs(model, pack(_grouped_batch(), share_prefixes=True))
+        assert trainer.train_step(_grouped_batch()).micro_batches == 1
