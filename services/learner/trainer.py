@@ -70,6 +70,8 @@ class StepMetrics:
     samples: int
     tokens: int
     trained_tokens: int
+    row_tokens: int
+    """Tokens the forward passes computed: fewer than ``tokens`` where samples shared a prefix."""
     micro_batches: int
     step_time_s: float
     tokens_per_s: float
@@ -202,9 +204,11 @@ class Trainer:
         sums = {"loss": 0.0, "clipped": 0.0, "kl": 0.0, "diff": 0.0, "tis": 0.0, "capped": 0.0}
         diff_max = 0.0
         n_mb = 0
+        row_tokens = 0
         for mb in self._aligned_micro_batches(local, samples[0]):
             n_mb += 1
             batch = self._collate(mb)
+            row_tokens += batch.input_ids.numel()
             ref = None
             if self.ref_model is not None:
                 with torch.no_grad(), self._autocast():
@@ -236,7 +240,7 @@ class Trainer:
         keys = list(sums)
         reduced = dict(zip(keys, self.world.all_reduce_sum([sums[k] for k in keys]), strict=True))
         (diff_max,) = self.world.all_reduce_max([diff_max])
-        tokens = self.world.all_reduce_sum([float(sum(len(s.token_ids) for s in local))])[0]
+        tokens, computed = self.world.all_reduce_sum([float(sum(len(s.token_ids) for s in local)), float(row_tokens)])
         elapsed = time.perf_counter() - start
         return StepMetrics(
             loss=reduced["loss"],
@@ -250,6 +254,7 @@ class Trainer:
             samples=len(samples),
             tokens=int(tokens),
             trained_tokens=int(total_trained),
+            row_tokens=int(computed),
             micro_batches=n_mb,
             step_time_s=elapsed,
             tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0,

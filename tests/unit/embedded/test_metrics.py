@@ -72,7 +72,7 @@ def test_designer_outcomes_learner_and_memory_figures_keep_their_names() -> None
     report = StepReport(
         version=2,
         trained=True,
-        metrics=StepMetrics(0.1, 0.0, 0.0, 0.01, 0.02, 1.0, 0.0, 1.5, 12, 300, 200, 1, 2.0, 100.0),
+        metrics=StepMetrics(0.1, 0.0, 0.0, 0.01, 0.02, 1.0, 0.0, 1.5, 12, 300, 200, 300, 1, 2.0, 100.0),
         counters={"agent_groups": 3},
         designer_rewards=[ScoredAttempt(attempt, ScoreOutcome.SCORED, components)],
         staleness={"staleness/agent_mean": 0.5},

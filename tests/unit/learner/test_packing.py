@@ -294,7 +294,8 @@ def test_shared_prefixes_give_the_same_training_step():
         m = trainer.train_step(samples)
         results.append((m, [trainer.optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]))
     (m_shared, g_shared), (m_plain, g_plain) = results
-    assert abs(m_plain.loss) > 1e-4 and m_shared.tokens == m_plain.tokens  # tokens: the samples', not the row's
+    assert abs(m_plain.loss) > 1e-4 and m_shared.tokens == m_plain.tokens == m_plain.row_tokens
+    assert m_shared.row_tokens < m_shared.tokens  # the shared prompts were computed once
     assert m_shared.loss == pytest.approx(m_plain.loss, abs=1e-6)
     assert m_shared.grad_norm == pytest.approx(m_plain.grad_norm, rel=1e-5)
     for a, b in zip(g_shared, g_plain, strict=True):
