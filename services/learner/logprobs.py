@@ -13,6 +13,10 @@ no pad token reaches the model. Two things keep the sequences independent:
   ``attention_mask=None`` its masking utilities detect the restarts in ``position_ids``
   (``find_packed_sequence_indices``) and build the block-diagonal causal mask for ``sdpa``/``eager``.
 
+A row packed with shared prefixes (``pack(..., share_prefixes=True)``) holds a group's common tokens
+once; segment attention runs each member's queries against them and then, causally, its own tokens
+(``Collated.parents``, passed down as ``spade_parents``). Only segment attention can run such a row.
+
 The LM head is patched to return the logprobs of the trained positions only (see
 :func:`token_logprobs`).
 """
@@ -52,8 +56,9 @@ def segment_attention(
 
     Same signature as ``transformers``' attention functions: ``query`` is ``(1, heads, N, d)``,
     ``key``/``value`` ``(1, kv_heads, N, d)``; the sequence boundaries come as ``cu_seq_lens_q``
-    (cumulative lengths, ``(S + 1,)``, as flash-attention's varlen kernels take them). Returns
-    ``((1, N, heads, d), None)``.
+    (cumulative lengths, ``(S + 1,)``, as flash-attention's varlen kernels take them), and, for a row
+    with shared prefixes, ``spade_parents``: the segment each segment continues (−1: none), whose keys
+    and values its queries see in full before its own. Returns ``((1, N, heads, d), None)``.
 
     Raises:
         ValueError: No ``cu_seq_lens_q`` was passed (the model was not called by
