@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
 from services.learner.core.collate import Collated
@@ -40,6 +42,11 @@ SEGMENT_ATTENTION = "spade_segments"
 
 SHARED_PREFIXES = "spade_parents"
 """The forward's keyword argument that carries ``Collated.parents`` down to :func:`segment_attention`."""
+
+_shared_calls = threading.local()
+"""How many member segments :func:`segment_attention` ran against a shared prefix in this thread's
+current forward: :func:`token_logprobs` checks that a shared row's parents reached the attention (a
+model that dropped the keyword would attend each member from the wrong place, silently)."""
 
 
 def segment_attention(
@@ -82,16 +89,18 @@ def segment_attention(
             )  # fmt: skip
             parts.append(causal)
             continue
-        # A member of a shared prefix: its queries see the whole shared segment, then causally its own.
+        # A member of a shared prefix: its queries see the whole shared segment, then causally its own
+        # (a causal mask aligned to the last key: no mask tensor, and kernels that take it may run).
         pa, pb = cuts[parent], cuts[parent + 1]
         keys = torch.cat([key[:, :, pa:pb], key[:, :, a:b]], dim=2)
         values = torch.cat([value[:, :, pa:pb], value[:, :, a:b]], dim=2)
-        visible = torch.ones(b - a, keys.shape[2], dtype=torch.bool, device=query.device).tril(pb - pa)
+        visible = causal_lower_right(b - a, keys.shape[2])
         parts.append(
             nn.functional.scaled_dot_product_attention(
                 query[:, :, a:b], keys, values, attn_mask=visible, dropout_p=dropout, scale=scaling, enable_gqa=gqa
             )
         )
+        _shared_calls.count += 1
     out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
     return out.transpose(1, 2).contiguous(), None
 
@@ -249,6 +258,15 @@ def _model_inputs(model: nn.Module, batch: Collated) -> tuple[dict[str, Any], bo
     return inputs, segments
 
 
+def _check_shared(batch: Collated) -> None:
+    """Raise unless a shared-prefix row's members were attended to their shared segments."""
+    if batch.parents is not None and any(p >= 0 for p in batch.parents) and _shared_calls.count == 0:
+        raise RuntimeError(
+            f"the model's forward did not pass {SHARED_PREFIXES} down to its attention, so a row packed with "
+            "shared prefixes was attended wrongly: train this model with share_prefixes off"
+        )
+
+
 def token_logprobs(
     model: nn.Module, batch: Collated, temperature: float = 1.0, *, logits_budget: int = 1 << 24, fused: bool = True
 ) -> torch.Tensor:
@@ -267,6 +285,7 @@ def token_logprobs(
         fused: Use the fused head when the model allows it (``False``: full logits, every position).
     """
     inputs, segments = _model_inputs(model, batch)
+    _shared_calls.count = 0
     with _attention(model, segments):
         if fused and _fusable(model):
             head = _output_head(model)
@@ -274,8 +293,10 @@ def token_logprobs(
             rows = max(1, logits_budget // head.weight.shape[0])
             with _logprob_head(model, batch.targets, batch.loss_mask, temperature, rows):
                 out: torch.Tensor = model(**inputs).logits
+            _check_shared(batch)
             return out
         logits = model(**inputs).logits[:, :-1]
+    _check_shared(batch)
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     if temperature != 1.0:

@@ -150,9 +150,9 @@ class LearnerSettings(ServiceSettings):
     )
     share_prefixes: bool = Field(
         default=True,
-        description="Compute once the tokens a micro-batch's samples begin with alike (the G plays of an env "
-        "share their prompt): the same logprobs, 34-50% fewer tokens a step in the default embedded run. Only "
-        "where the model's attention is plain causal (segment attention); false lays every sample out whole.",
+        description="Compute once the tokens a step's samples begin with alike (the G plays of an env share "
+        "their prompt): the same logprobs, 27-50% fewer tokens a step in the default embedded run (docs/learner.md). "
+        "Only where the model's attention is plain causal (segment attention); false lays every sample out whole.",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Training device.")
     seed: int = Field(default=0, ge=0, description="torch seed.")

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from services.learner import logprobs
-from services.learner.core.batching import TrainSample, pack_by_tokens, pad_by_tokens
+from services.learner.core.batching import TrainSample, pack_by_prefixes, pack_by_tokens, pad_by_tokens
 from services.learner.core.collate import Collated, collate, pack
 from services.learner.core.losses import LossInputs, PolicyLoss
 from services.learner.distributed import World
@@ -153,7 +153,9 @@ class Trainer:
 
     def _micro_batches(self, samples: Sequence[TrainSample]) -> list[list[TrainSample]]:
         budget = self.optim_config.micro_batch_tokens
-        if self.optim_config.packed:
+        if self.share_prefixes:  # an env's plays in one micro-batch, to share their prompt there
+            bins = pack_by_prefixes(samples, budget)
+        elif self.optim_config.packed:
             bins = pack_by_tokens([len(s.token_ids) for s in samples], budget)
         else:
             bins = pad_by_tokens([len(s.token_ids) for s in samples], budget)

@@ -9,6 +9,7 @@ with ``loss_mask`` true train; ``rollout_logprobs[i]`` is the inference engine's
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -332,33 +333,91 @@ def shareable_prefix(members: Sequence[TrainSample]) -> int:
         return 0
     first = members[0].token_ids
     common = min(_common_prefix(first, m.token_ids) for m in members[1:])
-    untrained = min(next((i for i, m in enumerate(s.loss_mask) if m), len(s.loss_mask)) for s in members)
+    untrained = min(_first_trained(s) for s in members)
     return max(0, min(common - 1, untrained - 1))
+
+
+def _first_trained(sample: TrainSample) -> int:
+    return next((i for i, m in enumerate(sample.loss_mask) if m), len(sample.loss_mask))
 
 
 def prefix_groups(samples: Sequence[TrainSample]) -> list[tuple[int, list[int]]]:
     """Sample indices grouped to share prompts: ``(shared tokens, members)``, every index once.
 
     The G plays of an env, and the designer's answers to one prompt template, begin alike; a micro-batch
-    packed by these groups computes each group's shared tokens once (the default embedded run's steps
-    held 34-50% fewer tokens so). Samples are taken in token order (equal prefixes are neighbours) and a
-    sample joins the group before it while that does not lower the tokens saved: ``k`` members sharing
-    ``n`` tokens save ``(k − 1) · n``. A group of one shares nothing (``n = 0``).
+    packed by these groups computes each group's shared tokens once (the default embedded run's steps:
+    27-50% fewer tokens). In token order equal prefixes are neighbours, and a run of neighbours shares
+    what ``shareable_prefix`` allows; ``k`` members sharing ``n`` tokens save ``(k − 1) · n``. The runs
+    are chosen to save the most tokens in all (dynamic programming over the sorted order, O(n²) after
+    one common-prefix length per neighbour pair), so a lone sample that shares only a chat template's
+    header never drags a group that shares a whole prompt down to that header. A group of one shares
+    nothing (``n = 0``).
 
     >>> def s(*ids): return TrainSample("x", Role.AGENT, ids, (0.0,) * len(ids), (False,) * (len(ids) - 1) + (True,), 0)
     >>> prefix_groups([s(1, 2, 3, 9), s(5, 6), s(1, 2, 3, 8), s(1, 2, 7)])
-    [(1, [2, 0, 3]), (0, [1])]
+    [(2, [2, 0]), (0, [3]), (0, [1])]
     >>> prefix_groups([s(1, 2, 3, 4, 9), s(1, 2, 3, 4, 8), s(1, 7)])
     [(3, [1, 0]), (0, [2])]
     """
     order = sorted(range(len(samples)), key=lambda i: (samples[i].token_ids, i))
+    ordered = [samples[i] for i in order]
+    n = len(ordered)
+    # In token order the common prefix of a run is the least of its neighbours' common prefixes.
+    neighbours = [_common_prefix(a.token_ids, b.token_ids) for a, b in itertools.pairwise(ordered)]
+    trained = [_first_trained(x) for x in ordered]
+    best = [0] * (n + 1)  # best[j]: the most tokens saved by grouping the first j samples
+    cut = [0] * (n + 1)  # where the last group of that best grouping starts
+    for j in range(1, n + 1):
+        best[j], cut[j] = best[j - 1], j - 1  # sample j-1 alone
+        common, untrained = len(ordered[j - 1].token_ids) + 1, trained[j - 1]
+        for i in range(j - 2, -1, -1):  # the group ordered[i:j]
+            common, untrained = min(common, neighbours[i]), min(untrained, trained[i])
+            shared = max(0, min(common - 1, untrained - 1))
+            if shared == 0:
+                break  # a longer run shares no more
+            if best[i] + (j - 1 - i) * shared > best[j]:
+                best[j], cut[j] = best[i] + (j - 1 - i) * shared, i
     groups: list[tuple[int, list[int]]] = []
-    for i in order:
-        if groups:
-            shared, members = groups[-1]
-            joined = shareable_prefix([samples[j] for j in (*members, i)])
-            if joined > 0 and len(members) * joined >= (len(members) - 1) * shared:
-                groups[-1] = (joined, [*members, i])
-                continue
-        groups.append((0, [i]))
-    return groups
+    j = n
+    while j > 0:
+        i = cut[j]
+        members = [order[k] for k in range(i, j)]
+        groups.append((shareable_prefix([samples[m] for m in members]), members))
+        j = i
+    return groups[::-1]
+
+
+def pack_by_prefixes(samples: Sequence[TrainSample], budget: int) -> list[list[int]]:
+    """``pack_by_tokens`` for rows with shared prefixes: an env's plays go into one micro-batch.
+
+    Binning samples by their own lengths scatters a group's members over micro-batches, and each
+    micro-batch then computes the shared tokens again (in the default embedded run, with 2,048-token
+    micro-batches, 54-76% of a step's tokens were computed instead of 50-66%). Here each
+    ``prefix_groups`` group is one unit costing its shared tokens once plus each member's own; a group
+    too large for ``budget`` is cut into units that fit, each sharing the prefix again. Units are then
+    packed longest first, first fit, as ``pack_by_tokens`` does.
+
+    >>> def s(n, p=0):
+    ...     ids = (7,) * p + tuple(range(1, n - p + 1))
+    ...     return TrainSample("x", Role.AGENT, ids, (0.0,) * n, (False,) * (n - 1) + (True,), 0)
+    >>> pack_by_prefixes([s(10, 6), s(4), s(10, 6), s(10, 6)], 16)
+    [[0, 2, 3], [1]]
+    >>> pack_by_prefixes([s(10, 6), s(10, 6), s(10, 6)], 12)
+    [[0, 1], [2]]
+    """
+    if budget < 1:
+        raise BatchError(f"micro-batch token budget must be >= 1, got {budget}")
+    units: list[tuple[int, list[int]]] = []
+    for shared, members in prefix_groups(samples):
+        chunk: list[int] = []
+        cost = shared
+        for i in members:
+            own = len(samples[i].token_ids) - shared
+            if chunk and cost + own > budget:
+                units.append((cost, chunk))
+                chunk, cost = [], shared
+            chunk.append(i)
+            cost += own
+        units.append((cost, chunk))
+    bins = pack_by_tokens([cost for cost, _ in units], budget)
+    return [sorted(i for u in b for i in units[u][1]) for b in bins]

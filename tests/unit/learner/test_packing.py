@@ -238,6 +238,49 @@ def _grouped_batch(seed: int = 0) -> list[TrainSample]:
     return out + random_batch(n=3, seed=seed + 1)
 
 
+def _limited_batch(seed: int = 0) -> list[TrainSample]:
+    """Three plays of one 24-token prompt whose shared span only a trained token limits (member 1
+    trains token 20), member 2 constrained, and two unrelated samples."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(1, VOCAB) for _ in range(24)]
+    out = []
+    for i in range(3):
+        tail = [1 + i] + [rng.randrange(1, VOCAB) for _ in range(rng.randint(4, 10))]
+        mask = [False] * len(prompt) + [True] * len(tail)
+        if i == 1:
+            mask[20] = True
+        lps = tuple(rng.uniform(-5.0, -3.0) if m else 0.0 for m in mask)
+        ids = tuple(prompt + tail)
+        out.append(TrainSample(f"l{i}", Role.AGENT, ids, lps, tuple(mask), 0, rng.uniform(-1.5, 1.5), i == 2))
+    return out + random_batch(n=2, seed=seed + 3)
+
+
+def test_a_trained_token_inside_the_prompt_ends_the_shared_span_before_it():
+    samples = _limited_batch()
+    groups = prefix_groups(samples)
+    assert (19, [0, 1, 2]) in [(n, sorted(m)) for n, m in groups]  # 23 were common; token 20 trains in one
+    batch = pack(samples, share_prefixes=True)
+    plain = pack(samples)
+    trained = plain.split(plain.loss_mask)
+    for field in ("targets", "loss_mask", "rollout_logprobs", "constrained"):
+        pairs = zip(plain.split(getattr(plain, field)), batch.split(getattr(batch, field)), trained, strict=True)
+        for a, b, where in pairs:  # the shared span trains nothing: its flags are the first member's
+            assert torch.equal(a[where > 0], b[where > 0]), field
+
+
+def test_a_lone_sample_that_shares_only_a_header_stays_out_of_a_group():
+    """Grouping saves the most tokens in all: a sample sharing a 10-token header with a group that shares
+    30 tokens is left alone rather than bring the group down to the header."""
+    header, body = list(range(1, 11)), list(range(40, 60))
+
+    def play(ids: list[int]) -> TrainSample:
+        return TrainSample("p", Role.AGENT, tuple(ids), (0.0,) * len(ids), (False,) * 31 + (True,) * (len(ids) - 31), 0)
+
+    lone = play([*header, 1, *range(70, 100)])
+    group = [play([*header, 2, *body, i, 5, 6]) for i in (3, 4, 5)]
+    assert prefix_groups([lone, *group]) == [(0, [0]), (30, [1, 2, 3])]
+
+
 def test_a_shared_prefix_stops_before_the_first_trained_token_and_the_first_difference():
     samples = _grouped_batch()
     groups = prefix_groups(samples)
@@ -282,10 +325,12 @@ def test_shared_prefixes_give_each_sample_the_logprobs_it_gets_alone(attn, fused
 
 
 @pytest.mark.model
-def test_shared_prefixes_give_the_same_training_step():
+@pytest.mark.parametrize("batch", ["grouped", "limited"])
+def test_shared_prefixes_give_the_same_training_step(batch):
     """Loss, gradient norm and AdamW's first moments of one step equal with and without sharing: the shared
-    tokens' gradients gather every member's (each member's attention reads the shared keys and values)."""
-    samples = _grouped_batch(seed=7)
+    tokens' gradients gather every member's (each member's attention reads the shared keys and values).
+    ``limited``: the shared span ends where a member trains, and one member is constrained."""
+    samples = _grouped_batch(seed=7) if batch == "grouped" else _limited_batch(seed=7)
     results = []
     for share in (True, False):
         model = tiny_llama(seed=1)
@@ -312,3 +357,43 @@ def test_a_model_without_segment_attention_never_gets_a_shared_row():
         with pytest.raises(ValueError, match="segment attention"):
             token_logprobs(model, pack(_grouped_batch(), share_prefixes=True))
         assert trainer.train_step(_grouped_batch()).micro_batches == 1
+
+
+@pytest.mark.model
+def test_a_forward_that_drops_the_parents_fails_loudly(monkeypatch):
+    """A model whose forward did not hand ``spade_parents`` to its attention would attend each member from
+    the wrong place: the logprobs are refused instead."""
+    model = _llama(seed=0)
+    kept = lp._model_inputs
+
+    def dropping(model, batch):
+        inputs, segments = kept(model, batch)
+        inputs.pop(lp.SHARED_PREFIXES, None)
+        return inputs, segments
+
+    monkeypatch.setattr(lp, "_model_inputs", dropping)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="did not pass spade_parents"):
+        token_logprobs(model, pack(_grouped_batch(), share_prefixes=True))
+    with torch.no_grad():  # a row without shared prefixes needs no parents
+        token_logprobs(model, pack(random_batch(n=2, seed=1), share_prefixes=True))
+
+
+@pytest.mark.model
+def test_small_micro_batches_keep_a_group_together():
+    """With a budget that forces several micro-batches but holds the group (97 tokens shared, 240 not),
+    the group still shares its prompt in one of them: the step computes as many tokens as one micro-batch
+    would, and makes the same update as without sharing."""
+    samples = _grouped_batch(seed=3)
+    one = pack(samples, share_prefixes=True).input_ids.shape[1]
+    results = []
+    for share in (True, False):
+        model = tiny_llama(seed=1)
+        optim = OptimConfig(lr=1e-3, share_prefixes=share, micro_batch_tokens=110)
+        trainer = Trainer(model, build_loss(GrpoLossConfig()), optim)
+        m = trainer.train_step(samples)
+        results.append((m, [trainer.optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]))
+    (m_shared, g_shared), (m_plain, g_plain) = results
+    assert m_shared.micro_batches > 1 and m_shared.row_tokens == one < m_plain.row_tokens
+    assert m_shared.loss == pytest.approx(m_plain.loss, abs=1e-6)
+    for a, b in zip(g_shared, g_plain, strict=True):
+        assert torch.allclose(a, b, atol=1e-8, rtol=1e-4)
