@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
 from services.learner.core.collate import Collated
@@ -89,12 +88,13 @@ def segment_attention(
             )  # fmt: skip
             parts.append(causal)
             continue
-        # A member of a shared prefix: its queries see the whole shared segment, then causally its own
-        # (a causal mask aligned to the last key: no mask tensor, and kernels that take it may run).
+        # A member of a shared prefix: its queries see the whole shared segment, then causally its own.
+        # A boolean mask: torch's causal_lower_right bias would spare the tensor, but it checks the
+        # dtypes before autocast casts them, and under bf16 autocast the query and value differ.
         pa, pb = cuts[parent], cuts[parent + 1]
         keys = torch.cat([key[:, :, pa:pb], key[:, :, a:b]], dim=2)
         values = torch.cat([value[:, :, pa:pb], value[:, :, a:b]], dim=2)
-        visible = causal_lower_right(b - a, keys.shape[2])
+        visible = torch.ones(b - a, keys.shape[2], dtype=torch.bool, device=query.device).tril(pb - pa)
         parts.append(
             nn.functional.scaled_dot_product_attention(
                 query[:, :, a:b], keys, values, attn_mask=visible, dropout_p=dropout, scale=scaling, enable_gqa=gqa

@@ -325,6 +325,23 @@ def test_shared_prefixes_give_each_sample_the_logprobs_it_gets_alone(attn, fused
 
 
 @pytest.mark.model
+def test_shared_prefixes_run_under_bf16_autocast():
+    """The embedded learner trains under bf16 autocast where the CPU has bf16: there the shared row's
+    attention gets a float32 query and a bf16 value, and must still run and agree with whole samples."""
+    from spade import training
+
+    model = _llama(seed=3)
+    samples = _grouped_batch(seed=5)
+    with torch.no_grad(), training.autocast(torch.device("cpu"), True):
+        shared = pack(samples, share_prefixes=True)
+        plain = pack(samples)
+        a = shared.split(token_logprobs(model, shared))
+        b = plain.split(token_logprobs(model, plain))
+    for x, y, where in zip(a, b, plain.split(plain.loss_mask), strict=True):
+        assert torch.allclose(x[where > 0], y[where > 0], atol=0.1), float((x - y).abs().max())
+
+
+@pytest.mark.model
 @pytest.mark.parametrize("batch", ["grouped", "limited"])
 def test_shared_prefixes_give_the_same_training_step(batch):
     """Loss, gradient norm and AdamW's first moments of one step equal with and without sharing: the shared
