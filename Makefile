@@ -23,7 +23,10 @@ run: $(STAMP)
 # out costliest first (tests/conftest.py: longest_first), not xdist's most-tests-first order. A worker
 # that dies (a crash in native code) ends the run at once with that test failed: xdist 3.8 replaces a
 # dead worker and then, under --dist loadfile, waits forever (reproduced with a test that aborts).
-TEST_WORKERS ?= 3
+# 3 workers ran out of memory too (2026-12-05): two CI runs had several tests hang at once, and the
+# kernel's log showed a global OOM kill of an 8.9 GB worker while end-to-end runs (a `spade run` peaks
+# at 9-13 GB) and the quantized engines' module (7.2 GB) ran side by side. Two workers fit.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --max-worker-restart=0 --durations=25 $(PYTEST_ARGS)
 
