@@ -89,34 +89,11 @@ def pack(
     """
     if not samples:
         raise BatchError("cannot pack an empty micro-batch")
-    if share_prefixes:
-        groups = prefix_groups(samples)
-        if any(shared > 0 for shared, _ in groups):
-            return _pack_shared(samples, groups, device)
-    ids = torch.tensor([t for s in samples for t in s.token_ids], dtype=torch.long)
-    positions = torch.cat([torch.arange(len(s.token_ids), dtype=torch.long) for s in samples])
-    mask = torch.tensor([float(m) for s in samples for m in s.loss_mask], dtype=torch.float32)
-    lps = torch.tensor([x for s in samples for x in s.rollout_logprobs], dtype=torch.float32)
-    adv = torch.tensor([s.advantage for s in samples for _ in s.token_ids], dtype=torch.float32)
-    lengths = [len(s.token_ids) for s in samples]
-    cu = torch.zeros(len(samples) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
-    constrained = None
-    if any(s.constrained for s in samples):
-        flags = torch.tensor([s.constrained for s in samples for _ in s.token_ids], dtype=torch.bool)
-        constrained = flags[None, 1:].to(device)
-    return Collated(
-        input_ids=ids[None].to(device),
-        attention_mask=None,
-        targets=ids[None, 1:].to(device),
-        loss_mask=mask[None, 1:].to(device),
-        rollout_logprobs=lps[None, 1:].to(device),
-        advantages=adv[None, 1:].to(device),
-        position_ids=positions[None].to(device),
-        cu_seqlens=cu.to(device),
-        max_length=max(lengths),
-        constrained=constrained,
-    )
+    # One builder for both layouts: whole samples, in the order given, are groups of one sharing nothing.
+    groups = prefix_groups(samples) if share_prefixes else []
+    if not any(shared > 0 for shared, _ in groups):
+        groups = [(0, [i]) for i in range(len(samples))]
+    return _pack_groups(samples, groups, device)
 
 
 def collate(samples: Sequence[TrainSample], pad_id: int = 0, device: torch.device | str = "cpu") -> Collated:
@@ -149,10 +126,10 @@ def collate(samples: Sequence[TrainSample], pad_id: int = 0, device: torch.devic
     )
 
 
-def _pack_shared(
+def _pack_groups(
     samples: Sequence[TrainSample], groups: list[tuple[int, list[int]]], device: torch.device | str
 ) -> Collated:
-    """``pack`` with each group's shared tokens laid out once (``Collated.parents``).
+    """``pack``'s row: each group's shared tokens once (``Collated.parents``), then each member's own.
 
     A shared segment carries its first member's tokens, which no member trains on (``shareable_prefix``);
     its targets, masks and logprobs are those of every member. The target of its last position is the
@@ -187,6 +164,7 @@ def _pack_shared(
         for i in members:
             sample_segments[i] = len(lengths)
             segment(samples[i], shared, len(samples[i].token_ids), parent)
+    shares = any(p >= 0 for p in parents)
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
     ids_t = torch.tensor(ids, dtype=torch.long)
@@ -202,6 +180,6 @@ def _pack_shared(
         cu_seqlens=cu.to(device),
         max_length=max(n + (lengths[p] if p >= 0 else 0) for n, p in zip(lengths, parents, strict=True)),
         constrained=constrained,
-        parents=tuple(parents),
-        sample_segments=tuple(sample_segments),
+        parents=tuple(parents) if shares else None,
+        sample_segments=tuple(sample_segments) if shares else None,
     )

@@ -137,21 +137,28 @@ def test_chunked_head_on_a_packed_row_equals_full_logits():
         assert torch.allclose(a, b, atol=1e-6)
 
 
+def _same_update(samples, *configs: OptimConfig):
+    """One training step per config, each on a fresh copy of the same model: asserts the loss, gradient
+    norm and AdamW first moments agree, and returns each step's metrics."""
+    runs = []
+    for optim in configs:
+        model = tiny_llama(seed=1)
+        trainer = Trainer(model, build_loss(GrpoLossConfig()), optim)
+        m = trainer.train_step(samples)
+        runs.append((m, [trainer.optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]))
+    (first, moments), *rest = runs
+    for m, other in rest:
+        assert m.loss == pytest.approx(first.loss, abs=1e-6)
+        assert m.grad_norm == pytest.approx(first.grad_norm, rel=1e-5)
+        for a, b in zip(moments, other, strict=True):
+            assert torch.allclose(a, b, atol=1e-8, rtol=1e-4)
+    return [m for m, _ in runs]
+
+
 @pytest.mark.model
 def test_packed_and_padded_training_steps_give_the_same_update():
-    batch = random_batch(n=7, seed=4)
-    results = []
-    for packed in (True, False):
-        model = tiny_llama(seed=1)
-        trainer = Trainer(model, build_loss(GrpoLossConfig()), OptimConfig(lr=1e-3, packed=packed))
-        m = trainer.train_step(batch)
-        results.append((m, [trainer.optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]))
-    (m_packed, g_packed), (m_padded, g_padded) = results
-    assert m_packed.micro_batches == m_padded.micro_batches == 1
-    assert m_packed.loss == pytest.approx(m_padded.loss, abs=1e-6)
-    assert m_packed.grad_norm == pytest.approx(m_padded.grad_norm, rel=1e-5)
-    for a, b in zip(g_packed, g_padded, strict=True):
-        assert torch.allclose(a, b, atol=1e-8, rtol=1e-4)
+    packed, padded = _same_update(random_batch(n=7, seed=4), OptimConfig(lr=1e-3), OptimConfig(lr=1e-3, packed=False))
+    assert packed.micro_batches == padded.micro_batches == 1
 
 
 @pytest.mark.model
@@ -348,20 +355,9 @@ def test_shared_prefixes_give_the_same_training_step(batch):
     tokens' gradients gather every member's (each member's attention reads the shared keys and values).
     ``limited``: the shared span ends where a member trains, and one member is constrained."""
     samples = _grouped_batch(seed=7) if batch == "grouped" else _limited_batch(seed=7)
-    results = []
-    for share in (True, False):
-        model = tiny_llama(seed=1)
-        trainer = Trainer(model, build_loss(GrpoLossConfig()), OptimConfig(lr=1e-3, share_prefixes=share))
-        assert trainer.share_prefixes is share
-        m = trainer.train_step(samples)
-        results.append((m, [trainer.optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]))
-    (m_shared, g_shared), (m_plain, g_plain) = results
-    assert abs(m_plain.loss) > 1e-4 and m_shared.tokens == m_plain.tokens == m_plain.row_tokens
-    assert m_shared.row_tokens < m_shared.tokens  # the shared prompts were computed once
-    assert m_shared.loss == pytest.approx(m_plain.loss, abs=1e-6)
-    assert m_shared.grad_norm == pytest.approx(m_plain.grad_norm, rel=1e-5)
-    for a, b in zip(g_shared, g_plain, strict=True):
-        assert torch.allclose(a, b, atol=1e-8, rtol=1e-4)
+    shared, plain = _same_update(samples, OptimConfig(lr=1e-3), OptimConfig(lr=1e-3, share_prefixes=False))
+    assert abs(plain.loss) > 1e-4 and shared.tokens == plain.tokens == plain.row_tokens
+    assert shared.row_tokens < shared.tokens  # the shared prompts were computed once
 
 
 @pytest.mark.model
@@ -402,15 +398,10 @@ def test_small_micro_batches_keep_a_group_together():
     would, and makes the same update as without sharing."""
     samples = _grouped_batch(seed=3)
     one = pack(samples, share_prefixes=True).input_ids.shape[1]
-    results = []
-    for share in (True, False):
-        model = tiny_llama(seed=1)
-        optim = OptimConfig(lr=1e-3, share_prefixes=share, micro_batch_tokens=110)
-        trainer = Trainer(model, build_loss(GrpoLossConfig()), optim)
-        m = trainer.train_step(samples)
-        results.append((m, [trainer.optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]))
-    (m_shared, g_shared), (m_plain, g_plain) = results
-    assert m_shared.micro_batches > 1 and m_shared.row_tokens == one < m_plain.row_tokens
-    assert m_shared.loss == pytest.approx(m_plain.loss, abs=1e-6)
-    for a, b in zip(g_shared, g_plain, strict=True):
-        assert torch.allclose(a, b, atol=1e-8, rtol=1e-4)
+    budget = 110
+    shared, plain = _same_update(
+        samples,
+        OptimConfig(lr=1e-3, micro_batch_tokens=budget),
+        OptimConfig(lr=1e-3, micro_batch_tokens=budget, share_prefixes=False),
+    )
+    assert shared.micro_batches > 1 and shared.row_tokens == one < plain.row_tokens
