@@ -106,7 +106,9 @@ async def test_every_answer_file_gets_the_outcome_its_name_says(
     valid_ids = sorted(r.env_id for r in result.records if r.label == "valid")
     assert sorted(r.env_id for r in ready) == valid_ids and {r.spec_id for r in ready} == {spec.spec_id}
 
-    # The agent's budget reached validation: the 30-step staircase fails replay naming it.
+    # The agent's budget reached validation: the staircase (30 to 999 steps, so that its three
+    # secret seeds give one instance, failing seed_variety first, about once in a million runs; with 30
+    # to 34 they did in 1 run of 25) fails replay naming it.
     if setting == "game":
         over = by_file["invalid-solution_replay-over_budget.md"]
         detail = next(c.detail for c in over.checks if c.name == "solution_replay")
