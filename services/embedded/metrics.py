@@ -6,7 +6,9 @@ memory's ``stats()`` (which uses ``spade.pool_metrics``); advantages, staleness 
 learner's step report. This module only names and groups them:
 
 - ``step``, ``elapsed_s``, ``spec_id``, ``time/<phase>_s`` (where the step's wall time went, in
-  seconds: the loop's phases, each component's busy time, and the inference server's own busy,
+  seconds: the loop's phases (:data:`WALL_PHASES`, which add up to it: ``time/designer_s`` the
+  designer's round, ``time/rollout_s`` the plays after it, ``time/rollout_beside_designer_s`` those
+  beside it), each component's busy time, and the inference server's own busy,
   prefill and decode time during the step's generation (designer and rollout phases),
   ``time/inference_{busy,prefill,decode}_s``, which overlapping requests do not add up) and
   ``work/<component>_calls`` and ``work/<component>_tokens`` (how many calls each component served,
@@ -248,6 +250,11 @@ def console_line(record: Mapping[str, Any], steps: int) -> str:
     )
 
 
+WALL_PHASES = ("designer", "rollout", "learner", "stats", "eval")
+"""The loop's phases that follow one another: a step's wall time is the sum of their ``time/<phase>_s``
+(every other ``time/`` figure ran beside them: busy times, overlapped parts)."""
+
+
 def _seconds(record: Mapping[str, Any]) -> str:
     """The step's own wall time beside the run's so far (the latter alone read as the step's), and what
     beyond generation it waited for, when it waited for something: the learner (the last step's, which
@@ -256,7 +263,7 @@ def _seconds(record: Mapping[str, Any]) -> str:
     def took(phase: str) -> float:
         return float(record.get(f"time/{phase}_s") or 0.0)
 
-    step_s = sum(took(phase) for phase in ("designer", "rollout", "learner", "stats", "eval"))
+    step_s = sum(took(phase) for phase in WALL_PHASES)
     shown = [f"the learner {took('learner'):.0f} s"] if took("learner") >= 1.0 else []
     shown += [f"the held-out eval {took('eval'):.0f} s"] if took("eval") > 0.0 else []
     detail = f" (generating {took('designer') + took('rollout'):.0f} s, {', '.join(shown)})" if shown else ""

@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
+from services.embedded.metrics import WALL_PHASES
+
 Scale = Literal["rate", "signed", "count", "value"]
 """``rate``: [0, 1]; ``signed``: [-1, 1]; ``count`` and ``value``: from 0 (or the lowest negative value)
 to the highest value, with round ticks."""
@@ -51,6 +53,7 @@ class Chart:
         scale: See :data:`Scale`.
         lines: Line series (a line chart).
         bars_prefix: Stacked bars of every key with this prefix, per step (a bar chart).
+        bars_keys: Only these keys (each with the prefix) stacked, in this order; empty: every one.
         empty: What "no data" means for this chart (shown when nothing is plotted).
         note: One sentence under the chart on how to read it.
     """
@@ -61,6 +64,7 @@ class Chart:
     scale: Scale
     lines: tuple[Line, ...] = ()
     bars_prefix: str = ""
+    bars_keys: tuple[str, ...] = ()
     empty: str = "no value was recorded"
     note: str = ""
 
@@ -282,7 +286,10 @@ SECTIONS: tuple[tuple[str, tuple[Chart, ...]], ...] = (
                 "seconds",
                 "count",
                 bars_prefix="time/",
+                bars_keys=tuple(f"time/{phase}_s" for phase in WALL_PHASES),
                 empty="no phase was timed",
+                note="the phases that follow one another in a step; what ran beside them (plays beside the "
+                "designer's round, the learner beside the next step's generation) is in metrics.jsonl.",
             ),
         ),
     ),
@@ -539,6 +546,8 @@ def bar_plot(chart: Chart, records: Sequence[Mapping[str, Any]]) -> Plot:
     prefix = chart.bars_prefix
     keys = sorted({k for r in records for k, v in r.items() if k.startswith(prefix) and _finite(v)})
     keys.sort(key=lambda k: (k != f"{prefix}valid", k != f"{prefix}terminated", k))
+    if chart.bars_keys:
+        keys = [k for k in chart.bars_keys if k in keys]
     if not keys:
         return Plot(chart)
     steps = _steps(records)

@@ -7,7 +7,16 @@ from collections.abc import Mapping, Sequence
 from html.parser import HTMLParser
 from typing import Any
 
-from services.embedded.report import SECTIONS, Chart, Line, ReportContext, chart_ids, line_chart, render_report
+from services.embedded.report import (
+    SECTIONS,
+    Chart,
+    Line,
+    ReportContext,
+    bar_plot,
+    chart_ids,
+    line_chart,
+    render_report,
+)
 
 RECORDS = [
     {
@@ -172,3 +181,20 @@ def test_the_page_is_self_contained() -> None:
     page = _render(RECORDS)
     assert page.startswith("<!doctype html>") and "<style>" in page
     assert not re.search(r"<script|<link|<img|src=|href=|url\(|@import", page)
+
+
+def test_the_time_chart_stacks_the_phases_a_step_waits_for_not_what_ran_beside_them() -> None:
+    (chart,) = (c for _, charts in SECTIONS for c in charts if c.id == "time")
+    record = {
+        "step": 1,
+        "time/designer_s": 30.0,
+        "time/rollout_s": 12.0,
+        "time/learner_s": 3.0,
+        # Beside the phases: plays during the round, the learner during the next step, request-seconds.
+        "time/rollout_beside_designer_s": 25.0,
+        "time/learner_overlapped_s": 40.0,
+        "time/rollout_generation_busy_s": 380.0,
+    }
+    plot = bar_plot(chart, [record])
+    assert [(b.label, b.value) for b in plot.bars] == [("designer_s", 30.0), ("rollout_s", 12.0), ("learner_s", 3.0)]
+    assert sum(b.value for b in plot.bars) == 45.0  # the step's wall time, as the console says
