@@ -4,10 +4,9 @@ Runs ``spade run`` (the real model, sandbox, memory, rollout and learner, in thi
 steps and breaks each step down from its ``metrics.jsonl`` line, which the runner fills as it goes:
 
 - phases, one after another (each is the time the other roles wait for it): ``designer`` (a round:
-  generation, parsing, repair, validation, dedup, memory, queue), ``rollout`` (the plays after the
-  round: those of the envs it wrote last, and any the pool's still ran), ``learner`` (assembling the
-  batch, the GRPO step, writing weights and checkpoint, publish + reload), ``stats`` (the memory's
-  process metrics and sandbox probes of new envs);
+  generation, parsing, repair, validation, dedup, memory, queue), ``rollout`` (plays of new and
+  active envs), ``learner`` (assembling the batch, the GRPO step, writing weights and checkpoint,
+  publish + reload), ``stats`` (the memory's process metrics and sandbox probes of new envs);
 - components inside them, as busy time summed over calls (concurrent calls add up, so a component can
   be busier than its phase is long): ``designer_generation`` and ``rollout_generation`` (requests to
   the inference server), ``validation`` and ``sandbox`` (the sandbox pool: validation runs, play
@@ -15,17 +14,14 @@ steps and breaks each step down from its ``metrics.jsonl`` line, which the runne
   ``learner_train`` (the optimiser step), ``publish_reload`` (the server loading the new weights);
   the designer phase's ``other`` is what its components leave: parsing, repair, dedup and queueing
   (concurrent attempts can hide part of it);
-- the overlaps: the seconds plays ran beside the designer's round (``time/rollout_beside_designer_s``:
-  the pool's and each new env's once announced, inside the ``designer`` phase) and
-  (``overlap_learner``, on by default) the seconds of the learner's step that ran beside
+- the overlap (``overlap_learner``, on by default): the seconds of the learner's step that ran beside
   the next step's generation (``time/learner_overlapped_s``, outside the step's wall time, whose
   ``learner`` phase is what the loop still waited for) and how long its publication was held until that
   generation was done;
 - rates: generated tokens per second of busy generation time and of the phase's wall time, plays per
-  second of playing (the rollout phase and the plays beside the round), and the inference server's
-  share of the step: its own busy time (``time/inference_busy_s``: scheduler time with work, split
-  into prefill and decode) and the request-seconds of generation (overlapping requests add up, so this
-  can pass 100 %).
+  second of the rollout phase, and the inference server's share of the step: its own busy time
+  (``time/inference_busy_s``: scheduler time with work, split into prefill and decode) and the
+  request-seconds of generation (overlapping requests add up, so this can pass 100 %).
 
 The first step pays one-off costs (model load is before it; the Vendi embedding model loads at the
 first stats), so the figures of the last step are the steady state.
@@ -119,8 +115,7 @@ def breakdown(record: dict[str, Any]) -> dict[str, Any]:
         rates[f"{role}_tokens"] = tokens
         rates[f"{role}_tokens_per_busy_s"] = tokens / busy if busy else None
         rates[f"{role}_tokens_per_s"] = tokens / t[phase] if t.get(phase) else None
-    playing = t.get("rollout", 0.0) + t.get("rollout_beside_designer", 0.0)  # plays beside the round too
-    rates["plays_per_s"] = plays / playing if playing else None
+    rates["plays_per_s"] = plays / t["rollout"] if t.get("rollout") else None
     requests = t.get("designer_generation_busy", 0.0) + t.get("rollout_generation_busy", 0.0)
     rates["inference_request_s_share"] = requests / wall if wall else None  # overlapping requests add up
     busy = t.get("inference_busy")  # the server's own busy time (runs before this change lack it)
@@ -128,11 +123,7 @@ def breakdown(record: dict[str, Any]) -> dict[str, Any]:
     for part in ("prefill", "decode"):
         rates[f"inference_{part}_s"] = t.get(f"inference_{part}")
     # overlap_learner: the learner's step beside the next step's generation (not in the step's wall time)
-    overlap = {
-        "rollout_beside_designer_s": t.get("rollout_beside_designer"),
-        "learner_overlapped_s": t.get("learner_overlapped"),
-        "publish_held_s": t.get("learner_publish_held"),
-    }
+    overlap = {"learner_overlapped_s": t.get("learner_overlapped"), "publish_held_s": t.get("learner_publish_held")}
     return {"step": record["step"], "wall_s": wall, "phases": phases, "rates": rates, "overlap": overlap}
 
 
@@ -170,8 +161,6 @@ def print_table(steps: list[dict[str, Any]]) -> None:
             f"generation request-seconds {pct(r['inference_request_s_share'])} of the step"
         )
         o = step.get("overlap") or {}
-        if o.get("rollout_beside_designer_s") is not None:
-            print(f"  overlap: plays ran {o['rollout_beside_designer_s']:.2f} s beside the designer's round")
         if o.get("learner_overlapped_s") is not None:
             print(
                 f"  overlap: {o['learner_overlapped_s']:.2f} s of the learner's step ran beside the next step's "

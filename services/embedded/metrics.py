@@ -6,10 +6,9 @@ memory's ``stats()`` (which uses ``spade.pool_metrics``); advantages, staleness 
 learner's step report. This module only names and groups them:
 
 - ``step``, ``elapsed_s``, ``spec_id``, ``time/<phase>_s`` (where the step's wall time went, in
-  seconds: the loop's phases (:data:`WALL_PHASES`, which add up to it: ``time/designer_s`` the
-  designer's round, ``time/rollout_s`` the plays after it, ``time/rollout_beside_designer_s`` those
-  beside it), each component's busy time, and the inference server's own busy,
-  prefill and decode time during the step's generation (designer and rollout phases),
+  seconds: the loop's phases (:data:`WALL_PHASES`, which add up to it), each component's busy
+  time, and the inference server's own busy, prefill and decode time during the step's generation
+  (designer and rollout phases),
   ``time/inference_{busy,prefill,decode}_s``, which overlapping requests do not add up) and
   ``work/<component>_calls`` and ``work/<component>_tokens`` (how many calls each component served,
   tokens it generated), and the server's own token counts during that generation,
@@ -251,8 +250,8 @@ def console_line(record: Mapping[str, Any], steps: int) -> str:
 
 
 WALL_PHASES = ("designer", "rollout", "learner", "stats", "eval")
-"""The loop's phases that follow one another: a step's wall time is the sum of their ``time/<phase>_s``
-(every other ``time/`` figure ran beside them: busy times, overlapped parts)."""
+"""The loop's phases, one after another: a step's wall time is the sum of their ``time/<phase>_s``
+(every other ``time/`` figure ran inside or beside them: busy times, the overlapped learner)."""
 
 
 def _seconds(record: Mapping[str, Any]) -> str:

@@ -288,8 +288,8 @@ SECTIONS: tuple[tuple[str, tuple[Chart, ...]], ...] = (
                 bars_prefix="time/",
                 bars_keys=tuple(f"time/{phase}_s" for phase in WALL_PHASES),
                 empty="no phase was timed",
-                note="the phases that follow one another in a step; what ran beside them (plays beside the "
-                "designer's round, the learner beside the next step's generation) is in metrics.jsonl.",
+                note="the phases of a step, one after another; what ran inside or beside them (each "
+                "component's busy time, the learner beside the next step's generation) is in metrics.jsonl.",
             ),
         ),
     ),

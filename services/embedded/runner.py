@@ -8,11 +8,9 @@ One step of the loop, for weight version ``v``:
 
 1. the designer writes a round of environments (validated in the sandbox, deduplicated and stored in
    the memory, announced on ``envs.ready``); every attempt becomes a designer sample;
-2. the rollout plays each new env on G seeds without and with its hint (the same seeds) as soon as
-   it is announced, and the pool envs chosen for this step (``pool_choice.py``: expected signal
-   first, retiring envs that carried none) on fresh seeds beside the designer's round, so that the
-   server decodes the designer's answers and the plays in one batch; a group without variance is
-   extended with fresh seeds;
+2. the rollout plays each new env on G seeds without and with its hint (the same seeds), and the
+   pool envs chosen for this step (``pool_choice.py``: expected signal first, retiring envs that
+   carried none) on fresh seeds; a group without variance is extended with fresh seeds;
 3. the learner turns the plays into agent advantages and the closed windows into designer rewards,
    takes one GRPO step, publishes version ``v+1`` to the inference server and announces it. A step
    that trains nothing says why in words (``metrics.why_not_trained``), and the next step's choice
@@ -205,7 +203,7 @@ class Generated:
 class StepLoop:
     """The roles of one run and what a step needs between them (built by :func:`run`).
 
-    A step is :meth:`generate` (the designer's round and the plays beside it), :meth:`start_training` (the
+    A step is :meth:`generate` (the designer's round, then the plays), :meth:`start_training` (the
     learner takes the step's samples) and :meth:`finish` (the learner's step done and published, the
     step's line written). Sequentially they run one after another; overlapped, :func:`run` generates
     the next step while this one trains (see ``RunSettings.overlap_learner``).
@@ -237,84 +235,36 @@ class StepLoop:
         self.progress("designer", 1, 1)
         return batch
 
-    async def play(self, step: int, design: asyncio.Task[BatchResult | None]) -> tuple[list[str], float]:
-        """Every due slot of the pool envs chosen for this step, of earlier designed envs and of each env
-        ``design`` (the step's designer round, running) announces, each env's plays as soon as it is
-        due: the pool's beside the round, a new env's once it is announced, so that the server decodes
-        the designer's answers and the plays in one batch.
-
-        Returns the chosen pool envs and the seconds plays ran while the round was still running.
-        Raises the round's failure as soon as it ends in one.
-        """
+    async def play(self, step: int) -> list[str]:
+        """Every due slot of a designed env, and of the pool envs chosen for this step; returns those."""
         self.progress("rollout", 0, 1)
         worker = self.worker
         await worker.step_weights()
         while await worker.step_envs():
             pass
         chosen = self.choice.choose(due=await worker.store.due_envs())
-        skip = self.choice.skipped(chosen)
-        beside = 0.0
-        while True:
-            mark, running = time.perf_counter(), not design.done()
-            playing = asyncio.ensure_future(worker.play_due(skip=skip))
-            try:
-                if running:
-                    await asyncio.wait({playing, design}, return_when=asyncio.FIRST_COMPLETED)
-                    if design.done() and design.exception() is not None:
-                        raise design.exception()  # type: ignore[misc]  # the plays in flight are cancelled
-                await playing
-            finally:
-                if not playing.done():
-                    playing.cancel()  # play_due hands the slots in flight back
-                    await asyncio.gather(playing, return_exceptions=True)
-            if running:
-                beside += time.perf_counter() - mark  # the round may have ended meanwhile: the caller caps it
-            ended = design.done()  # taken before the read: an env announced before the end is read below
-            if await worker.step_envs():
-                continue
-            if ended:
-                break
+        await worker.play_due(skip=self.choice.skipped(chosen))
         returns: dict[str, list[float]] = defaultdict(list)
         for p in self.tapped.plays:
             if not p.hinted:
                 returns[p.env_id].append(p.episode_return)
         self.choice.observe(step, returns)
         self.progress("rollout", 1, 1)
-        return chosen, beside
+        return chosen
 
     async def generate(self, step: int) -> Generated:
-        """The step's designer round and its plays, on the weights the server serves now, the plays
-        beside the round (:meth:`play`).
-
-        ``time/designer_s`` is the round's wall time and ``time/rollout_s`` the plays' time after it
-        (together the generation's wall time); ``time/rollout_beside_designer_s`` is how long plays ran
-        while the round did.
-        """
+        """The step's designer round and plays, on the weights the server serves now."""
         self.tapped.plays.clear()
         engine = self.parts.server.engine.work  # the server's own work (requests overlap)
         fields = [f"{part}_s" for part in _ENGINE_SECONDS] + list(_ENGINE_COUNTERS)
         engine_mark = {name: getattr(engine, name) for name in fields}
         phases: dict[str, float] = {}
         mark = time.perf_counter()
-        ended: list[float] = []
-
-        async def design() -> BatchResult | None:
-            try:
-                return await self.design(step)
-            finally:
-                ended.append(time.perf_counter())
-
-        designing = asyncio.create_task(design())
-        try:
-            chosen, beside = await self.play(step, designing)
-            batch = await designing
-        finally:
-            if not designing.done():  # the plays failed: the round goes with them
-                designing.cancel()
-                await asyncio.gather(designing, return_exceptions=True)
-        phases["designer"] = ended[0] - mark
-        phases["rollout"] = time.perf_counter() - ended[0]
-        phases["rollout_beside_designer"] = min(beside, phases["designer"])
+        batch = await self.design(step)
+        phases["designer"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        chosen = await self.play(step)
+        phases["rollout"] = time.perf_counter() - mark
         busy, counts = self.clock.take()
         for name, before in engine_mark.items():
             grew = getattr(engine, name) - before

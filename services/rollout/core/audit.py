@@ -206,7 +206,7 @@ class AuditPlayer:
             while True:
                 action = noop_action(setting) if policy is AuditPolicy.NOOP else chooser.action(observation)
                 if self.pace is not None:
-                    await self.pace.wait(pacing, env.env_id)  # the time a real turn of this env takes
+                    await self.pace.wait(pacing)  # the time a real turn's generation takes
                 if setting is Setting.GAME:
                     action = normalize_game_action(action)  # what the env gets from a real reply
                 result = await session.step(action)

@@ -20,29 +20,6 @@ def test_draws_come_from_the_recorded_gaps_and_follow_the_recent_ones() -> None:
     assert draws == {1.0, 2.0, 3.0}
 
 
-def test_an_envs_audit_draws_its_own_real_gaps_once_it_has_any_and_every_envs_before() -> None:
-    pace = TurnPace(first_gap_wait_s=0.0)
-    for gap in (4.0, 5.0):  # another env's turns, slow beside a designer round
-        pace.record(gap, "busy-env")
-    rng = random.Random(3)
-    assert {asyncio.run(pace.gap(rng, "new-env")) for _ in range(40)} == {4.0, 5.0}  # none of its own yet
-    pace.record(0.5, "new-env")
-    pace.record(0.7, "new-env")
-    assert {asyncio.run(pace.gap(rng, "new-env")) for _ in range(40)} == {0.5, 0.7}
-    assert {asyncio.run(pace.gap(rng)) for _ in range(80)} == {4.0, 5.0, 0.5, 0.7}  # no env: every env's
-
-
-def test_only_the_most_recently_played_envs_keep_their_own_gaps() -> None:
-    pace = TurnPace(first_gap_wait_s=0.0, envs=2)
-    pace.record(1.0, "a")
-    pace.record(2.0, "b")
-    pace.record(1.5, "a")  # a is recent again
-    pace.record(3.0, "c")  # b, the least recently recorded, is forgotten
-    rng = random.Random(0)
-    assert {asyncio.run(pace.gap(rng, "a")) for _ in range(40)} == {1.0, 1.5}
-    assert {asyncio.run(pace.gap(rng, "b")) for _ in range(80)} == {1.0, 2.0, 1.5, 3.0}
-
-
 def test_a_draw_before_any_real_turn_waits_for_the_first_and_takes_its_time() -> None:
     async def main() -> tuple[float, float]:
         pace = TurnPace(first_gap_wait_s=30.0)

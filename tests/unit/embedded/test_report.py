@@ -183,16 +183,16 @@ def test_the_page_is_self_contained() -> None:
     assert not re.search(r"<script|<link|<img|src=|href=|url\(|@import", page)
 
 
-def test_the_time_chart_stacks_the_phases_a_step_waits_for_not_what_ran_beside_them() -> None:
+def test_the_time_chart_stacks_the_phases_of_a_step_not_what_ran_inside_or_beside_them() -> None:
     (chart,) = (c for _, charts in SECTIONS for c in charts if c.id == "time")
     record = {
         "step": 1,
         "time/designer_s": 30.0,
         "time/rollout_s": 12.0,
         "time/learner_s": 3.0,
-        # Beside the phases: plays during the round, the learner during the next step, request-seconds.
-        "time/rollout_beside_designer_s": 25.0,
+        # Inside or beside the phases: the learner during the next step, request-seconds that add up.
         "time/learner_overlapped_s": 40.0,
+        "time/designer_generation_busy_s": 130.0,
         "time/rollout_generation_busy_s": 380.0,
     }
     plot = bar_plot(chart, [record])
