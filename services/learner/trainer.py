@@ -22,7 +22,13 @@ import torch
 from torch import nn
 
 from services.learner import logprobs
-from services.learner.core.batching import TrainSample, pack_by_prefixes, pack_by_tokens, pad_by_tokens
+from services.learner.core.batching import (
+    TrainSample,
+    deal_by_prefixes,
+    pack_by_prefixes,
+    pack_by_tokens,
+    pad_by_tokens,
+)
 from services.learner.core.collate import Collated, collate, pack
 from services.learner.core.losses import LossInputs, PolicyLoss
 from services.learner.distributed import World
@@ -167,7 +173,15 @@ class Trainer:
         return collate(samples, self.pad_id, self.device)
 
     def _rank_slice(self, samples: Sequence[TrainSample]) -> list[TrainSample]:
-        return list(samples[self.world.rank :: self.world.size])
+        """This rank's part of the batch: with shared prefixes, whole prefix groups (``deal_by_prefixes``:
+        an env's plays share their prompt on one rank, not on every rank); else every ``size``-th sample."""
+        size = self.world.size
+        if size == 1:
+            return list(samples)
+        if self.share_prefixes:
+            mine = deal_by_prefixes(samples, size, self.optim_config.micro_batch_tokens)[self.world.rank]
+            return [samples[i] for i in mine]
+        return list(samples[self.world.rank :: size])
 
     def _aligned_micro_batches(self, local: list[TrainSample], template: TrainSample) -> Iterator[list[TrainSample]]:
         """This rank's micro-batches, padded with inert ones so every rank runs as many passes.

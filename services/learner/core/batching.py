@@ -405,6 +405,14 @@ def pack_by_prefixes(samples: Sequence[TrainSample], budget: int) -> list[list[i
     >>> pack_by_prefixes([s(10, 6), s(10, 6), s(10, 6)], 12)
     [[0, 1], [2]]
     """
+    units = _prefix_units(samples, budget)
+    bins = pack_by_tokens([cost for cost, _ in units], budget)
+    return [sorted(i for u in b for i in units[u][1]) for b in bins]
+
+
+def _prefix_units(samples: Sequence[TrainSample], budget: int) -> list[tuple[int, list[int]]]:
+    """``prefix_groups``'s groups as ``(tokens computed, members)`` units that fit ``budget``: a group
+    too large is cut, each part sharing the prefix again."""
     if budget < 1:
         raise BatchError(f"micro-batch token budget must be >= 1, got {budget}")
     units: list[tuple[int, list[int]]] = []
@@ -419,5 +427,32 @@ def pack_by_prefixes(samples: Sequence[TrainSample], budget: int) -> list[list[i
             chunk.append(i)
             cost += own
         units.append((cost, chunk))
-    bins = pack_by_tokens([cost for cost, _ in units], budget)
-    return [sorted(i for u in b for i in units[u][1]) for b in bins]
+    return units
+
+
+def deal_by_prefixes(samples: Sequence[TrainSample], ranks: int, budget: int) -> list[list[int]]:
+    """The batch's samples dealt to ``ranks`` data-parallel ranks, an env's plays to one rank.
+
+    Dealt one by one (``samples[rank::ranks]``), an env's G plays land on every rank and each rank
+    computes their shared prompt again. Here ``pack_by_prefixes``'s units (a prefix group, or a part of
+    one that fits ``budget``) go whole to a rank: largest first, each to the rank with the fewest
+    tokens to compute so far (the lowest rank on a tie), so the ranks' loads differ by at most one
+    unit. Every rank computes the same dealing from the same batch. Returns each rank's sample indices,
+    in batch order (a rank may get none).
+
+    >>> def s(n, p=0):
+    ...     ids = (7,) * p + tuple(range(1, n - p + 1))
+    ...     return TrainSample("x", Role.AGENT, ids, (0.0,) * n, (False,) * (n - 1) + (True,), 0)
+    >>> deal_by_prefixes([s(10, 6), s(4), s(10, 6), s(10, 6), s(3)], 2, 64)
+    [[0, 2, 3], [1, 4]]
+    """
+    if ranks < 1:
+        raise BatchError(f"ranks must be >= 1, got {ranks}")
+    units = sorted(_prefix_units(samples, budget), key=lambda u: (-u[0], u[1][0]))
+    loads = [0] * ranks
+    dealt: list[list[int]] = [[] for _ in range(ranks)]
+    for cost, members in units:
+        rank = min(range(ranks), key=lambda r: (loads[r], r))
+        loads[rank] += cost
+        dealt[rank].extend(members)
+    return [sorted(members) for members in dealt]

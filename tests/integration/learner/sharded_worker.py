@@ -1,4 +1,5 @@
-"""Run under ``torchrun --nproc_per_node 2``: one FSDP2-sharded step, a checkpoint, and a reload.
+"""Run under ``torchrun --nproc_per_node 2``: one FSDP2-sharded step, a checkpoint, and a reload; and
+one step on a batch whose env groups share prompts (each group dealt whole to one rank).
 
 Writes ``result.pt`` (rank 0) into the directory given as the first argument. Driven by
 ``test_sharded.py``; not a test module itself.
@@ -16,10 +17,16 @@ from services.learner.checkpoint import CheckpointManager, full_model_state
 from services.learner.core.losses import GrpoLossConfig, build_loss
 from services.learner.distributed import init_world
 from services.learner.trainer import OptimConfig, Trainer, shard_model
-from tests.unit.learner.conftest import random_batch, tiny_llama
+from tests.unit.learner.conftest import grouped_batch, random_batch, tiny_llama
 
 LOSS = GrpoLossConfig(kl_coef=0.05)
 OPTIM = OptimConfig(lr=1e-3, micro_batch_tokens=40)
+SHARED_OPTIM = OptimConfig(lr=1e-3, micro_batch_tokens=128)
+
+
+def shared_batch() -> list:
+    """Two envs' plays, each group sharing its prompt, and unrelated samples."""
+    return grouped_batch(seed=3) + grouped_batch(seed=4)
 
 
 def main(out: Path) -> None:
@@ -39,6 +46,12 @@ def main(out: Path) -> None:
     fresh_opt = Trainer(fresh, build_loss(LOSS), OPTIM, world=world).optimizer
     restored = ckpt.load(fresh, fresh_opt)
     reloaded = full_model_state(fresh)
+
+    model, ref = tiny_llama(seed=0), tiny_llama(seed=7)
+    shard_model(model)
+    shard_model(ref)
+    shared = Trainer(model, build_loss(LOSS), SHARED_OPTIM, ref_model=ref, world=world)
+    shared_metrics = shared.train_step(shared_batch())
     if world.is_main:
         optim = torch.load(out / "ckpt" / "step-00000001" / "optimizer.pt", weights_only=False)
         torch.save(
@@ -49,6 +62,8 @@ def main(out: Path) -> None:
                 "restored_step": restored.step if restored else None,
                 "optim": optim,
                 "world": world.size,
+                "shared_metrics": shared_metrics.as_dict(),
+                "shares_prefixes": shared.share_prefixes,
             },
             out / "result.pt",
         )

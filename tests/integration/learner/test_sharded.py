@@ -2,7 +2,9 @@
 
 The same batch trained by one process and by two FSDP2 ranks must give the same loss, gradient
 norm and gradients (Adam's first moment is 0.1 × the clipped gradient, compared name by name), and
-a sharded checkpoint must reload into a freshly sharded model exactly.
+a sharded checkpoint must reload into a freshly sharded model exactly. A batch whose env groups share
+prompts is dealt to the ranks a group at a time: the two ranks compute each prompt once, as one
+process does, and make the same update.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 from services.learner.trainer import Trainer
 
 from ...unit.learner.conftest import random_batch, tiny_llama
-from .sharded_worker import LOSS, OPTIM
+from .sharded_worker import LOSS, OPTIM, SHARED_OPTIM, shared_batch
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -72,6 +74,17 @@ def test_two_fsdp2_ranks_match_one_process(tmp_path):
     for name, value in model.state_dict().items():
         assert torch.allclose(result["state"][name], value, atol=1e-6), name
         assert torch.equal(result["reloaded"][name], result["state"][name]), name
+
+    # Shared prompts: each group on one rank, so the ranks together compute what one process does
+    # (dealt one sample at a time, both ranks would compute both prompts).
+    alone = Trainer(tiny_llama(seed=0), build_loss(LOSS), SHARED_OPTIM, ref_model=tiny_llama(seed=7))
+    one = alone.train_step(shared_batch())
+    two = result["shared_metrics"]
+    assert result["shares_prefixes"] and alone.share_prefixes
+    assert two["row_tokens"] == one.row_tokens < one.tokens
+    for key in ("loss", "kl", "grad_norm", "logp_diff_mean", "tis_mean"):
+        assert two[key] == pytest.approx(getattr(one, key), rel=1e-5, abs=1e-7), key
+    assert two["trained_tokens"] == one.trained_tokens and two["samples"] == one.samples
 
 
 @pytest.mark.slow

@@ -52,6 +52,24 @@ def random_batch(n: int = 6, seed: int = 1, min_len: int = 6, max_len: int = 20)
     return out
 
 
+def grouped_batch(seed: int = 0) -> list[TrainSample]:
+    """Plays as an env's group gives them: members with one prompt (one with a trained token inside
+    the others' shared span, one with a shorter prompt) and unrelated samples (``random_batch``)."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(1, VOCAB) for _ in range(24)]
+    out = []
+    for i in range(6):
+        head = prompt[: 24 - 6 * (i == 5)]
+        tail = [rng.randrange(1, VOCAB) for _ in range(rng.randint(4, 14))]
+        mask = [False] * len(head) + [rng.random() < 0.7 for _ in tail]
+        if i == 4:
+            mask[20] = True  # trains inside the prompt: nothing from there on may be shared
+        ids = tuple(head + tail)
+        lps = tuple(rng.uniform(-5.0, -3.0) if m else 0.0 for m in mask)
+        out.append(TrainSample(f"g{i}", Role.AGENT, ids, lps, tuple(mask), 0, rng.uniform(-1.5, 1.5)))
+    return out + random_batch(n=3, seed=seed + 1)
+
+
 @pytest.fixture
 def model() -> LlamaForCausalLM:
     return tiny_llama()

@@ -15,12 +15,19 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from services.learner import logprobs as lp
-from services.learner.core.batching import BatchError, Role, TrainSample, prefix_groups, shareable_prefix
+from services.learner.core.batching import (
+    BatchError,
+    Role,
+    TrainSample,
+    deal_by_prefixes,
+    prefix_groups,
+    shareable_prefix,
+)
 from services.learner.core.collate import collate, pack
 from services.learner.core.losses import GrpoLossConfig, LossInputs, build_loss
 from services.learner.trainer import OptimConfig, Trainer, token_logprobs
 
-from .conftest import VOCAB, random_batch, tiny_llama
+from .conftest import VOCAB, grouped_batch, random_batch, tiny_llama
 
 PATHS = ["segments", "transformers-mask"]
 
@@ -227,24 +234,6 @@ def test_a_failing_forward_restores_the_attention_implementation():
 # -- shared prefixes ----------------------------------------------------------------------------------
 
 
-def _grouped_batch(seed: int = 0) -> list[TrainSample]:
-    """Plays as an env's group gives them: members with one prompt (one with a trained token inside
-    the others' shared span, one with a shorter prompt) and unrelated samples (``random_batch``)."""
-    rng = random.Random(seed)
-    prompt = [rng.randrange(1, VOCAB) for _ in range(24)]
-    out = []
-    for i in range(6):
-        head = prompt[: 24 - 6 * (i == 5)]
-        tail = [rng.randrange(1, VOCAB) for _ in range(rng.randint(4, 14))]
-        mask = [False] * len(head) + [rng.random() < 0.7 for _ in tail]
-        if i == 4:
-            mask[20] = True  # trains inside the prompt: nothing from there on may be shared
-        ids = tuple(head + tail)
-        lps = tuple(rng.uniform(-5.0, -3.0) if m else 0.0 for m in mask)
-        out.append(TrainSample(f"g{i}", Role.AGENT, ids, lps, tuple(mask), 0, rng.uniform(-1.5, 1.5)))
-    return out + random_batch(n=3, seed=seed + 1)
-
-
 def _limited_batch(seed: int = 0) -> list[TrainSample]:
     """Three plays of one 24-token prompt whose shared span only a trained token limits (member 1
     trains token 20), member 2 constrained, and two unrelated samples."""
@@ -289,7 +278,7 @@ def test_a_lone_sample_that_shares_only_a_header_stays_out_of_a_group():
 
 
 def test_a_shared_prefix_stops_before_the_first_trained_token_and_the_first_difference():
-    samples = _grouped_batch()
+    samples = grouped_batch()
     groups = prefix_groups(samples)
     assert sorted(i for _, members in groups for i in members) == list(range(len(samples)))
     for shared, members in groups:
@@ -320,7 +309,7 @@ def test_samples_with_nothing_in_common_pack_as_before():
 @pytest.mark.parametrize("fused", [True, False])
 def test_shared_prefixes_give_each_sample_the_logprobs_it_gets_alone(attn, fused):
     model = _llama(seed=3, attn=attn)
-    samples = _grouped_batch(seed=5)
+    samples = grouped_batch(seed=5)
     batch = pack(samples, share_prefixes=True)
     assert batch.parents is not None and max(batch.parents) >= 0
     with torch.no_grad():
@@ -338,7 +327,7 @@ def test_shared_prefixes_run_under_bf16_autocast():
     from spade import training
 
     model = _llama(seed=3)
-    samples = _grouped_batch(seed=5)
+    samples = grouped_batch(seed=5)
     with torch.no_grad(), training.autocast(torch.device("cpu"), True):
         shared = pack(samples, share_prefixes=True)
         plain = pack(samples)
@@ -354,7 +343,7 @@ def test_shared_prefixes_give_the_same_training_step(batch):
     """Loss, gradient norm and AdamW's first moments of one step equal with and without sharing: the shared
     tokens' gradients gather every member's (each member's attention reads the shared keys and values).
     ``limited``: the shared span ends where a member trains, and one member is constrained."""
-    samples = _grouped_batch(seed=7) if batch == "grouped" else _limited_batch(seed=7)
+    samples = grouped_batch(seed=7) if batch == "grouped" else _limited_batch(seed=7)
     shared, plain = _same_update(samples, OptimConfig(lr=1e-3), OptimConfig(lr=1e-3, share_prefixes=False))
     assert abs(plain.loss) > 1e-4 and shared.tokens == plain.tokens == plain.row_tokens
     assert shared.row_tokens < shared.tokens  # the shared prompts were computed once
@@ -368,8 +357,8 @@ def test_a_model_without_segment_attention_never_gets_a_shared_row():
         trainer = Trainer(model, build_loss(GrpoLossConfig()), OptimConfig(lr=1e-3))
         assert not trainer.share_prefixes  # transformers' masks read restarting positions: they cannot share
         with pytest.raises(ValueError, match="segment attention"):
-            token_logprobs(model, pack(_grouped_batch(), share_prefixes=True))
-        assert trainer.train_step(_grouped_batch()).micro_batches == 1
+            token_logprobs(model, pack(grouped_batch(), share_prefixes=True))
+        assert trainer.train_step(grouped_batch()).micro_batches == 1
 
 
 @pytest.mark.model
@@ -386,7 +375,7 @@ def test_a_forward_that_drops_the_parents_fails_loudly(monkeypatch):
 
     monkeypatch.setattr(lp, "_model_inputs", dropping)
     with torch.no_grad(), pytest.raises(RuntimeError, match="did not pass spade_parents"):
-        token_logprobs(model, pack(_grouped_batch(), share_prefixes=True))
+        token_logprobs(model, pack(grouped_batch(), share_prefixes=True))
     with torch.no_grad():  # a row without shared prefixes needs no parents
         token_logprobs(model, pack(random_batch(n=2, seed=1), share_prefixes=True))
 
@@ -396,7 +385,7 @@ def test_small_micro_batches_keep_a_group_together():
     """With a budget that forces several micro-batches but holds the group (97 tokens shared, 240 not),
     the group still shares its prompt in one of them: the step computes as many tokens as one micro-batch
     would, and makes the same update as without sharing."""
-    samples = _grouped_batch(seed=3)
+    samples = grouped_batch(seed=3)
     one = pack(samples, share_prefixes=True).input_ids.shape[1]
     budget = 110
     shared, plain = _same_update(
@@ -405,3 +394,20 @@ def test_small_micro_batches_keep_a_group_together():
         OptimConfig(lr=1e-3, micro_batch_tokens=budget, share_prefixes=False),
     )
     assert shared.micro_batches > 1 and shared.row_tokens == one < plain.row_tokens
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 5])
+def test_ranks_get_whole_prefix_groups_and_loads_within_one_group(ranks):
+    samples = grouped_batch(seed=3) + grouped_batch(seed=4) + grouped_batch(seed=5) + random_batch(n=5, seed=9)
+    groups = [members for shared, members in prefix_groups(samples) if shared]
+    dealt = deal_by_prefixes(samples, ranks, budget=4096)
+    assert len(dealt) == ranks and sorted(i for d in dealt for i in d) == list(range(len(samples)))
+    owner = {i: r for r, d in enumerate(dealt) for i in d}
+    assert len(groups) == 3 and all(len({owner[i] for i in g}) == 1 for g in groups)
+    # Each rank's tokens to compute: its groups' shared prompts once, and every member's own tokens.
+    loads = [pack([samples[i] for i in d], share_prefixes=True).input_ids.shape[1] if d else 0 for d in dealt]
+    largest = max(pack([samples[i] for i in g], share_prefixes=True).input_ids.shape[1] for g in groups)
+    assert max(loads) - min(loads) <= largest
+    assert sum(loads) == pack(samples, share_prefixes=True).input_ids.shape[1]  # no prompt computed twice
+    with pytest.raises(BatchError, match="ranks must be >= 1"):
+        deal_by_prefixes(samples, 0, budget=4096)
