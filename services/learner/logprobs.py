@@ -100,7 +100,9 @@ def segment_attention(
                 query[:, :, a:b], keys, values, attn_mask=visible, dropout_p=dropout, scale=scaling, enable_gqa=gqa
             )
         )
-        _shared_calls.count += 1
+        # getattr: a forward recomputed in another thread (activation checkpointing on a GPU's backward
+        # thread) must not fail here; its own thread's count is not the one token_logprobs checks.
+        _shared_calls.count = getattr(_shared_calls, "count", 0) + 1
     out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
     return out.transpose(1, 2).contiguous(), None
 

@@ -175,13 +175,10 @@ class Trainer:
     def _rank_slice(self, samples: Sequence[TrainSample]) -> list[TrainSample]:
         """This rank's part of the batch: with shared prefixes, whole prefix groups (``deal_by_prefixes``:
         an env's plays share their prompt on one rank, not on every rank); else every ``size``-th sample."""
-        size = self.world.size
-        if size == 1:
-            return list(samples)
-        if self.share_prefixes:
-            mine = deal_by_prefixes(samples, size, self.optim_config.micro_batch_tokens)[self.world.rank]
-            return [samples[i] for i in mine]
-        return list(samples[self.world.rank :: size])
+        rank, size = self.world.rank, self.world.size
+        if self.share_prefixes and size > 1:
+            return [samples[i] for i in deal_by_prefixes(samples, size, self.optim_config.micro_batch_tokens)[rank]]
+        return list(samples[rank::size])
 
     def _aligned_micro_batches(self, local: list[TrainSample], template: TrainSample) -> Iterator[list[TrainSample]]:
         """This rank's micro-batches, padded with inert ones so every rank runs as many passes.

@@ -8,7 +8,9 @@ per forward, for both attention paths: the per-sequence SDPA calls (``segment_at
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -220,6 +222,21 @@ def test_segment_attention_refuses_a_call_without_boundaries():
     q = torch.zeros(1, 4, 3, 8)
     with pytest.raises(ValueError, match="cu_seq_lens_q"):
         lp.segment_attention(torch.nn.Module(), q, q, q, None)
+
+
+def test_segment_attention_runs_a_shared_row_in_a_thread_that_never_ran_token_logprobs():
+    """As a forward recomputed on another thread (activation checkpointing in a GPU's backward) does."""
+    q = torch.randn(1, 4, 7, 8)
+    bounds = torch.tensor([0, 3, 5, 7], dtype=torch.int32)  # a shared segment, then two members of it
+    out: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: out.append(
+            lp.segment_attention(torch.nn.Module(), q, q, q, None, cu_seq_lens_q=bounds, spade_parents=(-1, 0, 0))
+        )
+    )
+    thread.start()
+    thread.join()
+    assert out and out[0][0].shape == (1, 7, 4, 8)  # it ran (no error from an unset per-thread count)
 
 
 @pytest.mark.model
