@@ -103,9 +103,11 @@ class _EngineCollector(Collector):
             ("prompt_tokens", work.prompt_tokens, "Prompt tokens computed by prefills."),
             ("cached_tokens", work.cached_tokens, "Prompt tokens reused from the prefix cache."),
             ("generated_tokens", work.generated_tokens, "Tokens generated."),
-            ("decode_steps", work.decode_steps, "Decode forward passes (the batch's; each batch-invariant row's)."),
+            ("decode_steps", work.decode_steps, "Decode forward passes (the batch's; the batch-invariant rows')."),
             ("decode_rows", work.decode_rows, "Sequences summed over decode steps (over decode_steps: mean batch)."),
             ("invariant_prefills", work.invariant_prefills, "Prompts prefilled in the batch-invariant mode."),
+            ("invariant_steps", work.invariant_steps, "Decode passes of batch-invariant rows (in decode_steps too)."),
+            ("invariant_rows", work.invariant_rows, "Batch-invariant sequences summed over those passes."),
         ):
             yield CounterMetricFamily(f"spade_inference_{name}", doc, value=value)
 

@@ -56,7 +56,7 @@ from transformers.cache_utils import DynamicCache
 from services.inference.grammar import Constraint, GrammarCompiler, GrammarError
 from services.inference.invariance import CHUNK_TOKENS, canonical_prefill
 from services.inference.kv import KVBatch, layer_kv
-from services.inference.llama_decode import LlamaDecoder, llama_decoder
+from services.inference.llama_decode import APART_MOST_ROWS, LlamaDecoder, llama_decoder
 from services.inference.prefill import Prompt, cache_of, defer_shared, group_prefills, prefill_together
 from services.inference.prefix_cache import RadixPrefixCache
 from services.inference.quant import decode_step, prepare_weights
@@ -104,6 +104,11 @@ class EngineWork:
     """Sequences summed over decode steps (``decode_rows / decode_steps``: the mean batch size)."""
     invariant_prefills: int = 0
     """Prompts prefilled in the batch-invariant mode (also counted in ``prefills``)."""
+    invariant_steps: int = 0
+    """Decode passes of batch-invariant rows (also counted in ``decode_steps``): each row alone, or
+    several in one pass where the products are row-invariant (:meth:`LlamaDecoder.apart`)."""
+    invariant_rows: int = 0
+    """Batch-invariant sequences summed over those passes."""
 
 
 class EngineError(RuntimeError):
@@ -233,7 +238,8 @@ class _Lane:
     """Sequences decoded together, one forward pass per step, with their KV batch.
 
     The engine has one shared lane (continuous batching) and one lane per sequence of a
-    batch-invariant request, which therefore never shares a forward pass.
+    batch-invariant request, with a KV of its own: such rows share a pass only where no row's
+    numbers depend on it (:meth:`BatchEngine._decode_apart`), each still attending to its own KV.
     """
 
     kv: KVBatch = field(default_factory=KVBatch)
@@ -313,6 +319,9 @@ class BatchEngine:
         lean_decode: decode a Llama-family model's steps without transformers' per-call plumbing
             (:mod:`.llama_decode`; the same logits up to fp32 rounding); ``False``: transformers' forward
             decodes, as it prefills (for comparison: ``bench/inference_bench.py --hf-decode``).
+        invariant_rows_together: decode the batch-invariant rows together, each attending to its own KV,
+            where the lean step's products are row-invariant on this CPU (:meth:`.LlamaDecoder.apart`);
+            ``False``: each row in a pass of its own (for comparison: ``bench/invariant_bench.py``).
     """
 
     def __init__(
@@ -332,6 +341,7 @@ class BatchEngine:
         invariant_chunk_tokens: int = CHUNK_TOKENS,
         weights: WeightsMode = "float32",
         lean_decode: bool = True,
+        invariant_rows_together: bool = True,
     ) -> None:
         if weights != "float32" and dtype != torch.float32:
             raise ValueError(f"{weights} weights are quantized from float32 weights, not {dtype}")
@@ -352,6 +362,7 @@ class BatchEngine:
         self.tokenizer = load_tokenizer(self.model_path)
         self.weights: WeightsMode = weights
         self.lean_decode = lean_decode
+        self.invariant_rows_together = invariant_rows_together
         #: The served model, and its decode step without transformers' plumbing where it has one
         #: (:mod:`.llama_decode`; ``None``: transformers' forward decodes too).
         self.model, self.decoder = self._serve(load_model(self.model_path, dtype))
@@ -808,9 +819,39 @@ class BatchEngine:
                 row.finish = {"type": "stop", "matched": matched}
 
     def _decode_step(self) -> None:
-        """One token for every running sequence: one forward pass per lane."""
-        for lane in self._lanes():
-            self._decode_lane(lane)
+        """One token for every running sequence: one pass for the shared lane, and the batch-invariant
+        rows together in passes of their own where the products are row-invariant (else one each)."""
+        self._decode_lane(self._shared)
+        if not self._solo:
+            return
+        if not self.invariant_rows_together or self.decoder is None or self.decoder.rows_apart() is None:
+            for lane in list(self._solo):
+                self._decode_lane(lane)
+            return
+        if any(row.finish is not None or row.pending.cancelled for lane in self._solo for row in lane.rows):
+            self._retire()
+        for start in range(0, len(self._solo), APART_MOST_ROWS):
+            self._decode_apart(self._solo[start : start + APART_MOST_ROWS])
+
+    def _decode_apart(self, lanes: list[_Lane]) -> None:
+        """One token for each batch-invariant lane's row (one row a lane) in one pass, each row's
+        attention on its own KV (:meth:`LlamaDecoder.apart`): a row's numbers are those of any such pass."""
+        assert self.decoder is not None and all(len(lane.rows) == 1 for lane in lanes)
+        input_ids = torch.tensor([lane.next_tokens for lane in lanes], dtype=torch.long)
+        position_ids = torch.tensor([lane.positions for lane in lanes], dtype=torch.long)
+        caches = [lane.kv.cache for lane in lanes]
+        with decode_step():
+            logits = self.decoder.apart(input_ids, position_ids, caches)  # type: ignore[arg-type]
+        self.peak_batch_rows = max(self.peak_batch_rows, len(lanes))
+        self.work.decode_steps += 1
+        self.work.decode_rows += len(lanes)
+        self.work.invariant_steps += 1
+        self.work.invariant_rows += len(lanes)
+        for i, lane in enumerate(lanes):
+            self._append_tokens(lane.rows, logits[i : i + 1])
+            lane.next_tokens[0] = lane.rows[0].output_ids[-1]
+            lane.positions[0] += 1
+        self.last_progress = time.monotonic()
 
     def _decode_lane(self, lane: _Lane) -> None:
         live = [i for i, row in enumerate(lane.rows) if row.finish is None and not row.pending.cancelled]
@@ -832,6 +873,9 @@ class BatchEngine:
         self.peak_batch_rows = max(self.peak_batch_rows, len(lane.rows))
         self.work.decode_steps += 1
         self.work.decode_rows += len(lane.rows)
+        if lane is not self._shared:
+            self.work.invariant_steps += 1
+            self.work.invariant_rows += 1
         self._append_tokens(lane.rows, logits)
         for i, row in enumerate(lane.rows):
             lane.next_tokens[i] = row.output_ids[-1]

@@ -11,8 +11,11 @@ seeded request gives a reply that depends on the concurrency and on what the cac
 The batch-invariant mode (the engine's ``batch_invariant``, per request or for the whole server)
 removes both dependencies by computing every request the same way, whatever else runs:
 
-- **Decode alone**: each of the request's sequences is decoded in a forward pass of its own (batch of
-  one, no padding), so a step's shapes depend only on that sequence's length.
+- **Decode apart**: each of the request's sequences attends to a KV of its own (no other rows, no
+  padding), so its attention's shapes depend only on its own length. Its matrix products share a
+  pass with the other batch-invariant rows only where this CPU's kernels give a row the same bits
+  whatever rows are beside it (probed: :meth:`.llama_decode.LlamaDecoder.apart`); otherwise, and
+  without the lean decode step, each sequence decodes in a forward pass of its own.
 - **Canonical chunked prefill** (this module): the prompt is computed in chunks of
   ``chunk`` tokens at fixed positions ``[0, c), [c, 2c), ...``, each chunk attending to the KV of
   the chunks before it. Chunk ``i`` of two prompts that share their first ``(i + 1) * c`` tokens is

@@ -26,7 +26,7 @@ to fp32 rounding (``tests/integration/inference/test_llama_decode.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +34,74 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from services.inference.quant import stacked_product
+from services.inference.quant import decode_step, stacked_product
 
 Product = Callable[[torch.Tensor], torch.Tensor]
+_Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+APART_MOST_ROWS = 32
+"""Most rows of one :meth:`LlamaDecoder.apart` step: the largest row count :func:`row_invariant_from` probes."""
+
+_PROBED_ROWS = (1, 2, 3, 5, 8, 13, APART_MOST_ROWS)
+_UNPROBED = object()
+_probes: dict[tuple[Any, ...], int | None] = {}
+
+
+def row_invariant_from(kind: type, inputs: int, outputs: int) -> int | None:
+    """The fewest rows (1 or 2) from which a served layer's decode product gives a row the same bits
+    whatever else it multiplies; ``None`` if no count from 2 on does.
+
+    A CPU GEMM may block a product by its row count: oneDNN's products here sum a row of 1,536 inputs
+    in another order alone than beside other rows (every count from two on agrees), and MKL's sgemm
+    moves a row with the others' count. Bf16 and int8 outputs round most such differences away, but
+    not all (one output of a step in a few hundred flips its last bit), and a flipped bit flips a
+    sampled token sooner or later. So the probe makes any change of order show: a layer of ``kind`` and
+    this shape with weights ±1 (exact in every format; inputs ``i`` and ``i + inputs/2`` share each
+    output's), fed rows of small integers where a quarter of the inputs hold ``±2^25`` and their partners
+    the opposite: in every output the large ones cancel, but meanwhile swallow the small ones, and
+    differently in each order of summation. A row is placed first, in the middle and last among other
+    such rows, for counts up to :data:`APART_MOST_ROWS`. The answer depends on the kernel, not the
+    weights: it is kept per kind, shape and thread count for the process.
+    """
+    key = (kind, inputs, outputs, torch.get_num_threads())
+    if key not in _probes:
+        _probes[key] = _probe(kind, inputs, outputs)
+    return _probes[key]
+
+
+def _probe(kind: type, inputs: int, outputs: int) -> int | None:
+    generator = torch.Generator().manual_seed(0)
+    half = inputs // 2
+    signs = torch.randint(0, 2, (outputs, half), generator=generator).float() * 2 - 1
+    linear = nn.Linear(inputs, outputs, bias=False)
+    with torch.no_grad():  # input i and input i + half share each output's weight (±1, exact in any format)
+        linear.weight.copy_(torch.cat([signs, signs, torch.ones(outputs, inputs - 2 * half)], dim=1))
+    try:
+        layer = linear if kind is nn.Linear else kind(linear)
+    except Exception:  # a layer class the probe cannot build: decode its rows alone
+        return None
+
+    def rows(count: int) -> torch.Tensor:
+        x = torch.randint(1, 4, (count, 1, inputs), generator=generator).float()
+        for row in x:
+            big = torch.randperm(half, generator=generator)[: half // 2]
+            sign = torch.randint(0, 2, (big.numel(),), generator=generator).float() * 2 - 1
+            row[0, big] = sign * 2.0**25
+            row[0, big + half] = -sign * 2.0**25
+        return x
+
+    target = rows(1)
+    outs: dict[int, list[torch.Tensor]] = {}
+    with torch.inference_mode(), decode_step():
+        for count in _PROBED_ROWS:
+            for place in sorted({0, count // 2, count - 1}):
+                x = rows(count)
+                x[place] = target[0]
+                outs.setdefault(count, []).append(layer(x)[place])
+    first = outs[_PROBED_ROWS[1]][0]
+    if not all(torch.equal(out, first) for count in _PROBED_ROWS[1:] for out in outs[count]):
+        return None
+    return 1 if torch.equal(outs[1][0], first) else 2
 
 
 def _separate(layers: list[Any]) -> Product:
@@ -54,6 +119,20 @@ class _Layer:
     eps_post: float
     gate_up: Product
     down_proj: Any
+
+
+def _kind(layer: Any) -> tuple[type, int, int]:
+    return type(layer), int(layer.in_features), int(layer.out_features)
+
+
+def _product(layers: list[Any]) -> tuple[Product, list[tuple[type, int, int]]]:
+    """The step's product of ``layers`` (stacked where :func:`.quant.stacked_product` can, else one each)
+    and its kinds: ``(layer class, inputs, outputs)`` of each product taken."""
+    shapes = [_kind(m) for m in layers]
+    stacked = stacked_product(layers)
+    if stacked is None:
+        return _separate(layers), shapes
+    return stacked, [(shapes[0][0], shapes[0][1], sum(out for _, _, out in shapes))]
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -80,23 +159,29 @@ class LlamaDecoder:
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.scaling = self.head_dim**-0.5
-        layers = []
+        layers: list[_Layer] = []
+        kinds = {_kind(self.lm_head)}
         for layer in inner.layers[: config.num_hidden_layers]:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv_layers, gate_up_layers = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
+            qkv, qkv_kinds = _product([attn.q_proj, attn.k_proj, attn.v_proj])
+            gate_up, gate_up_kinds = _product([mlp.gate_proj, mlp.up_proj])
+            kinds.update([*qkv_kinds, *gate_up_kinds, _kind(attn.o_proj), _kind(mlp.down_proj)])
             layers.append(
                 _Layer(
                     norm_in=layer.input_layernorm.weight,
                     eps_in=float(layer.input_layernorm.variance_epsilon),
-                    qkv=stacked_product(qkv_layers) or _separate(qkv_layers),
+                    qkv=qkv,
                     o_proj=attn.o_proj,
                     norm_post=layer.post_attention_layernorm.weight,
                     eps_post=float(layer.post_attention_layernorm.variance_epsilon),
-                    gate_up=stacked_product(gate_up_layers) or _separate(gate_up_layers),
+                    gate_up=gate_up,
                     down_proj=mlp.down_proj,
                 )
             )
         self.layers = layers
+        self._kinds = sorted(kinds, key=repr)
+        """Every kind of product a step takes: ``(layer class, inputs, outputs)``."""
+        self._rows_apart: object = _UNPROBED
 
     def __call__(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache
@@ -110,14 +195,101 @@ class LlamaDecoder:
             cache: the batch's KV cache (``length - 1`` positions before the step), appended to.
         """
         rows = input_ids.shape[0]
+        padded = not bool(mask.all())
+        attn_mask = mask.bool()[:, None, None, :] if padded else None
+        groups = self.heads // self.kv_heads
+
+        def attend(index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+            key, value = cache.layers[index].update(key, value)  # type: ignore[union-attr]
+            if padded or groups == 1 or self.head_dim > 256:
+                # transformers' one-token path (sdpa_attention_forward: no enable_gqa with a mask or heads
+                # wider than 256): each key/value head's query heads as its query positions.
+                return nn.functional.scaled_dot_product_attention(
+                    query.reshape(rows, self.kv_heads, groups, self.head_dim),
+                    key,
+                    value,
+                    attn_mask=attn_mask,
+                    scale=self.scaling,
+                )
+            return nn.functional.scaled_dot_product_attention(query, key, value, scale=self.scaling, enable_gqa=True)
+
+        return self._step(input_ids, position_ids, attend)
+
+    def apart(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, caches: Sequence[DynamicCache]
+    ) -> torch.Tensor:
+        """Logits ``[rows, vocab]`` of one step of rows that share no pass: batch-invariant ones.
+
+        Each row attends to its own cache alone, unpadded, exactly as a one-row step does. Only the
+        matrix products see the rows together, and :meth:`rows_apart` says at which row counts they
+        give every row the numbers it gets in any other such step. A step of fewer rows than that is
+        filled up with copies of its first row, whose logits are dropped.
+
+        Args:
+            input_ids: ``[rows, 1]``, each row's next token.
+            position_ids: ``[rows, 1]``, its position.
+            caches: each row's own one-row KV cache, appended to.
+
+        Raises:
+            ValueError: The products are not row-invariant on this CPU (``rows_apart()`` is ``None``),
+                or more rows than :data:`APART_MOST_ROWS`.
+        """
+        least = self.rows_apart()
+        rows = input_ids.shape[0]
+        if least is None or rows > APART_MOST_ROWS or rows != len(caches):
+            raise ValueError(
+                f"cannot decode {rows} rows on {len(caches)} caches apart (row-invariant from {least} rows, "
+                f"at most {APART_MOST_ROWS}); decode each alone"
+            )
+        filler = max(0, least - rows)
+        if filler:
+            input_ids = torch.cat([input_ids, input_ids[:1].expand(filler, -1)])
+            position_ids = torch.cat([position_ids, position_ids[:1].expand(filler, -1)])
+
+        def attend(index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+            outs = []
+            for row, cache in enumerate(caches):
+                k, v = cache.layers[index].update(key[row : row + 1], value[row : row + 1])  # type: ignore[union-attr]
+                outs.append(self._attend_alone(query[row : row + 1], k, v))
+            outs += outs[:1] * filler
+            return torch.cat(outs)
+
+        return self._step(input_ids, position_ids, attend)[:rows]
+
+    def _attend_alone(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """One unpadded row's attention, as :meth:`__call__` computes it for a batch of that row alone."""
+        if self.heads == self.kv_heads or self.head_dim > 256:
+            groups = self.heads // self.kv_heads
+            return nn.functional.scaled_dot_product_attention(
+                query.reshape(1, self.kv_heads, groups, self.head_dim), key, value, scale=self.scaling
+            )
+        return nn.functional.scaled_dot_product_attention(query, key, value, scale=self.scaling, enable_gqa=True)
+
+    def rows_apart(self) -> int | None:
+        """The fewest rows from which this model's products are row-invariant here, or ``None``.
+
+        Row-invariant: a row's output does not depend on the other rows of the product, their number
+        (from this count up to :data:`APART_MOST_ROWS`) or its place among them. The batch-invariant
+        mode decodes its rows together only then (:meth:`apart`); otherwise each alone. Probed once per
+        kind of product, shape and thread count in this process (:func:`row_invariant_from`), on layer
+        0's products and the LM head: every layer has the same shapes and kind.
+        """
+        if self._rows_apart is _UNPROBED:
+            least: int | None = 1
+            for kind, inputs, outputs in self._kinds:
+                found = row_invariant_from(kind, inputs, outputs)
+                least = None if found is None or least is None else max(least, found)
+            self._rows_apart = least
+        return self._rows_apart  # type: ignore[return-value]
+
+    def _step(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: _Attend) -> torch.Tensor:
+        """The step's arithmetic around ``attend(layer index, query, key, value)`` (which appends the KV)."""
+        rows = input_ids.shape[0]
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, position_ids)  # [rows, 1, head_dim]
         half = self.head_dim // 2
         cos = cos.unsqueeze(1)
         signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
-        padded = not bool(mask.all())
-        attn_mask = mask.bool()[:, None, None, :] if padded else None
-        groups = self.heads // self.kv_heads
         q_heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         for index, layer in enumerate(self.layers):
             residual = hidden
@@ -128,15 +300,7 @@ class LlamaDecoder:
             qk = qk * cos + qk.roll(half, dims=-1) * signed_sin
             query, key = qk[:, :q_heads], qk[:, q_heads:]
             value = qkv[:, q_heads + kv_heads :]
-            key, value = cache.layers[index].update(key, value)  # type: ignore[union-attr]
-            if padded or groups == 1 or dim > 256:
-                # transformers' one-token path (sdpa_attention_forward: no enable_gqa with a mask or heads
-                # wider than 256): each key/value head's query heads as its query positions.
-                out = nn.functional.scaled_dot_product_attention(
-                    query.reshape(rows, kv_heads, groups, dim), key, value, attn_mask=attn_mask, scale=self.scaling
-                )
-            else:
-                out = nn.functional.scaled_dot_product_attention(query, key, value, scale=self.scaling, enable_gqa=True)
+            out = attend(index, query, key, value)
             out = out.reshape(rows, q_heads, 1, dim).transpose(1, 2).reshape(rows, 1, q_heads * dim)
             hidden = residual + layer.o_proj(out)
             residual = hidden

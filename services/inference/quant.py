@@ -71,12 +71,13 @@ _pass = threading.local()  # each engine computes on its own scheduler thread
 
 @contextlib.contextmanager
 def decode_step() -> Iterator[None]:
-    """Within it, this thread's quantized layers multiply with their kernels (a decode step)."""
+    """Within it, this thread's quantized layers multiply with their kernels (a decode step); nests."""
+    outer = getattr(_pass, "decoding", False)
     _pass.decoding = True
     try:
         yield
     finally:
-        _pass.decoding = False
+        _pass.decoding = outer
 
 
 def through_kernel(x: torch.Tensor, kernel: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:

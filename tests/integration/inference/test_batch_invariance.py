@@ -68,26 +68,53 @@ def mean_batch(engine: BatchEngine, before: tuple[int, int]) -> float:
     return rows / max(steps, 1)
 
 
+def invariant_batch(engine: BatchEngine, before: tuple[int, int]) -> float:
+    steps, rows = engine.work.invariant_steps - before[0], engine.work.invariant_rows - before[1]
+    return rows / max(steps, 1)
+
+
 async def test_seeded_requests_give_the_same_tokens_and_logprobs_at_any_concurrency(engine: BatchEngine) -> None:
     engine.flush_cache()
     alone = await run(engine, seeded_jobs(engine, invariant=True), concurrency=1)
     engine.flush_cache()
+    before = (engine.work.invariant_steps, engine.work.invariant_rows)
     crowded = await run(engine, seeded_jobs(engine, invariant=True), concurrency=4, other_traffic=True)
+    # The invariant rows shared their passes (llama_decode.LlamaDecoder.apart), and still moved no bit.
+    assert engine.decoder is not None and engine.decoder.rows_apart() is not None
+    assert invariant_batch(engine, before) > 1.5
     for a, b in zip(alone, crowded, strict=True):
         assert a.output_ids == b.output_ids
         assert a.output_logprobs == b.output_logprobs  # bit for bit, not approximately
         assert len(a.output_ids) > 1
 
 
+async def test_rows_kept_apart_decode_one_pass_each_and_still_agree(engine: BatchEngine) -> None:
+    # The fallback where the products are not row-invariant (or invariant_rows_together is off).
+    engine.invariant_rows_together = False
+    try:
+        engine.flush_cache()
+        alone = await run(engine, seeded_jobs(engine, invariant=True, tokens=12), concurrency=1)
+        engine.flush_cache()
+        before = (engine.work.invariant_steps, engine.work.invariant_rows)
+        crowded = await run(engine, seeded_jobs(engine, invariant=True, tokens=12), concurrency=4, other_traffic=True)
+        assert invariant_batch(engine, before) == 1.0
+    finally:
+        engine.invariant_rows_together = True
+    for a, b in zip(alone, crowded, strict=True):
+        assert (a.output_ids, a.output_logprobs) == (b.output_ids, b.output_logprobs)
+
+
 async def test_bf16_weights_keep_the_mode(model_dir: Path) -> None:
     # Bf16 weights prefill with bf16 products where the CPU has them (quant.Bf16Linear.kernel_prefills):
-    # the mode's fixed chunks and one-row decode steps still give one answer at any concurrency.
+    # the mode's fixed chunks and its rows' shared decode passes still give one answer at any concurrency.
     bf16 = BatchEngine(model_dir, max_batch_size=8, torch_threads=1, weights="bf16")
     bf16.start()
     try:
         alone = await run(bf16, seeded_jobs(bf16, invariant=True, tokens=12), concurrency=1)
         bf16.flush_cache()
+        before = (bf16.work.invariant_steps, bf16.work.invariant_rows)
         crowded = await run(bf16, seeded_jobs(bf16, invariant=True, tokens=12), concurrency=4, other_traffic=True)
+        assert invariant_batch(bf16, before) > 1.5
     finally:
         bf16.close()
     for a, b in zip(alone, crowded, strict=True):

@@ -60,6 +60,19 @@ def test_a_decode_step_and_a_prefill_multiply_the_same_weights() -> None:
     torch.testing.assert_close(prefill, linear(x).detach(), rtol=5e-2, atol=5e-2)
 
 
+def test_a_decode_step_within_a_decode_step_leaves_the_outer_one_decoding() -> None:
+    # The batch-invariant probe (llama_decode.row_invariant_from) opens one inside the engine's decode
+    # step: leaving it must not turn the rest of the outer step into fp32 prefill products.
+    layer = Int8Linear(_linear(bias=False))
+    x = torch.randn(2, 1, 64, generator=torch.Generator().manual_seed(5))
+    with decode_step():
+        decoded = layer(x)
+        with decode_step():
+            pass
+        assert torch.equal(layer(x), decoded)
+    assert not torch.equal(layer(x), decoded)
+
+
 def test_every_linear_layer_is_replaced_and_nothing_else() -> None:
     inner = nn.Sequential(_linear(16, 48, seed=1), nn.ReLU())
     model = nn.Sequential(_linear(), nn.LayerNorm(48), inner)
