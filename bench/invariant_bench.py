@@ -65,7 +65,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
         jobs = _jobs(engine, args.requests, args.prompt_words, args.tokens)
         await _run(engine, jobs[:2], 2)  # warm up (and probe the products once)
         assert engine.decoder is not None
-        least = engine.decoder.rows_apart()
+        least = engine.decoder.rows_apart
         results = []
         for level in args.levels:
             times: dict[bool, list[float]] = {False: [], True: []}

@@ -76,7 +76,6 @@ from typing import Any, get_args
 from services.embedded.metrics import WALL_PHASES
 from services.inference.settings import WeightsMode
 
-PHASES = WALL_PHASES
 COMPONENTS = {
     "designer": ("designer_generation", "validation", "designer_memory"),
     "rollout": ("rollout_generation", "sandbox", "rollout_memory"),
@@ -88,8 +87,8 @@ def breakdown(record: dict[str, Any]) -> dict[str, Any]:
     """One step's phases, components, shares and rates from its ``metrics.jsonl`` line."""
     t = {k.removeprefix("time/").removesuffix("_s"): v for k, v in record.items() if k.startswith("time/")}
     work = {k.removeprefix("work/"): v for k, v in record.items() if k.startswith("work/")}
-    wall = sum(t.get(p, 0.0) for p in PHASES)
-    phases = {p: {"wall_s": t[p], "share": t[p] / wall if wall else None} for p in PHASES if p in t}
+    wall = sum(t.get(p, 0.0) for p in WALL_PHASES)
+    phases = {p: {"wall_s": t[p], "share": t[p] / wall if wall else None} for p in WALL_PHASES if p in t}
     for phase, parts in COMPONENTS.items():
         if phase not in phases:
             continue

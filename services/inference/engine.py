@@ -824,7 +824,7 @@ class BatchEngine:
         self._decode_lane(self._shared)
         if not self._solo:
             return
-        if not self.invariant_rows_together or self.decoder is None or self.decoder.rows_apart() is None:
+        if not self.invariant_rows_together or self.decoder is None or self.decoder.rows_apart is None:
             for lane in list(self._solo):
                 self._decode_lane(lane)
             return
@@ -842,16 +842,20 @@ class BatchEngine:
         caches = [lane.kv.cache for lane in lanes]
         with decode_step():
             logits = self.decoder.apart(input_ids, position_ids, caches)  # type: ignore[arg-type]
-        self.peak_batch_rows = max(self.peak_batch_rows, len(lanes))
-        self.work.decode_steps += 1
-        self.work.decode_rows += len(lanes)
-        self.work.invariant_steps += 1
-        self.work.invariant_rows += len(lanes)
+        self._count_pass(len(lanes), invariant=True)
         for i, lane in enumerate(lanes):
             self._append_tokens(lane.rows, logits[i : i + 1])
             lane.next_tokens[0] = lane.rows[0].output_ids[-1]
             lane.positions[0] += 1
         self.last_progress = time.monotonic()
+
+    def _count_pass(self, rows: int, *, invariant: bool) -> None:
+        self.peak_batch_rows = max(self.peak_batch_rows, rows)
+        self.work.decode_steps += 1
+        self.work.decode_rows += rows
+        if invariant:
+            self.work.invariant_steps += 1
+            self.work.invariant_rows += rows
 
     def _decode_lane(self, lane: _Lane) -> None:
         live = [i for i, row in enumerate(lane.rows) if row.finish is None and not row.pending.cancelled]
@@ -870,12 +874,7 @@ class BatchEngine:
                 logits = self._forward(
                     input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=lane.kv.cache
                 )[:, -1, :]
-        self.peak_batch_rows = max(self.peak_batch_rows, len(lane.rows))
-        self.work.decode_steps += 1
-        self.work.decode_rows += len(lane.rows)
-        if lane is not self._shared:
-            self.work.invariant_steps += 1
-            self.work.invariant_rows += 1
+        self._count_pass(len(lane.rows), invariant=lane is not self._shared)
         self._append_tokens(lane.rows, logits)
         for i, row in enumerate(lane.rows):
             lane.next_tokens[i] = row.output_ids[-1]

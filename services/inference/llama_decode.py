@@ -31,6 +31,7 @@ to fp32 rounding (``tests/integration/inference/test_llama_decode.py``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +49,6 @@ APART_MOST_ROWS = 32
 """Most rows of one :meth:`LlamaDecoder.apart` step: the largest row count :func:`row_invariant_from` probes."""
 
 _PROBED_ROWS = (1, 2, 3, 5, 8, 13, APART_MOST_ROWS)
-_UNPROBED = object()
 _probes: dict[tuple[Any, ...], int | None] = {}
 
 
@@ -186,7 +186,6 @@ class LlamaDecoder:
         self.layers = layers
         self._kinds = sorted(kinds, key=repr)
         """Every kind of product a step takes: ``(layer class, inputs, outputs)``."""
-        self._rows_apart: object = _UNPROBED
 
     def __call__(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache
@@ -199,24 +198,12 @@ class LlamaDecoder:
             mask: ``[rows, length]``, 1 for a real token of the cache (this step's included), 0 for padding.
             cache: the batch's KV cache (``length - 1`` positions before the step), appended to.
         """
-        rows = input_ids.shape[0]
         padded = not bool(mask.all())
         attn_mask = mask.bool()[:, None, None, :] if padded else None
-        groups = self.heads // self.kv_heads
 
         def attend(index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
             key, value = cache.layers[index].update(key, value)  # type: ignore[union-attr]
-            if padded or groups == 1 or self.head_dim > 256:
-                # transformers' one-token path (sdpa_attention_forward: no enable_gqa with a mask or heads
-                # wider than 256): each key/value head's query heads as its query positions.
-                return nn.functional.scaled_dot_product_attention(
-                    query.reshape(rows, self.kv_heads, groups, self.head_dim),
-                    key,
-                    value,
-                    attn_mask=attn_mask,
-                    scale=self.scaling,
-                )
-            return nn.functional.scaled_dot_product_attention(query, key, value, scale=self.scaling, enable_gqa=True)
+            return self._attention(query, key, value, attn_mask)
 
         return self._step(input_ids, position_ids, attend)
 
@@ -226,7 +213,7 @@ class LlamaDecoder:
         """Logits ``[rows, vocab]`` of one step of rows that share no pass: batch-invariant ones.
 
         Each row attends to its own cache alone, unpadded, exactly as a one-row step does. Only the
-        matrix products see the rows together, and :meth:`rows_apart` says at which row counts they
+        matrix products see the rows together, and :attr:`rows_apart` says at which row counts they
         give every row the numbers it gets in any other such step. A step of fewer rows than that is
         filled up with copies of its first row, whose logits are dropped.
 
@@ -236,10 +223,10 @@ class LlamaDecoder:
             caches: each row's own one-row KV cache, appended to.
 
         Raises:
-            ValueError: The products are not row-invariant on this CPU (``rows_apart()`` is ``None``),
+            ValueError: The products are not row-invariant on this CPU (:attr:`rows_apart` is ``None``),
                 or more rows than :data:`APART_MOST_ROWS`.
         """
-        least = self.rows_apart()
+        least = self.rows_apart
         rows = input_ids.shape[0]
         if least is None or rows > APART_MOST_ROWS or rows != len(caches):
             raise ValueError(
@@ -255,21 +242,30 @@ class LlamaDecoder:
             outs = []
             for row, cache in enumerate(caches):
                 k, v = cache.layers[index].update(key[row : row + 1], value[row : row + 1])  # type: ignore[union-attr]
-                outs.append(self._attend_alone(query[row : row + 1], k, v))
+                outs.append(self._attention(query[row : row + 1], k, v, None))
             outs += outs[:1] * filler
             return torch.cat(outs)
 
         return self._step(input_ids, position_ids, attend)[:rows]
 
-    def _attend_alone(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        """One unpadded row's attention, as :meth:`__call__` computes it for a batch of that row alone."""
-        if self.heads == self.kv_heads or self.head_dim > 256:
-            groups = self.heads // self.kv_heads
+    def _attention(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Attention of a one-token query as transformers' SDPA integration computes it."""
+        groups = self.heads // self.kv_heads
+        if attn_mask is not None or groups == 1 or self.head_dim > 256:
+            # transformers' one-token path (sdpa_attention_forward: no enable_gqa with a mask or heads
+            # wider than 256): each key/value head's query heads as its query positions.
             return nn.functional.scaled_dot_product_attention(
-                query.reshape(1, self.kv_heads, groups, self.head_dim), key, value, scale=self.scaling
+                query.reshape(query.shape[0], self.kv_heads, groups, self.head_dim),
+                key,
+                value,
+                attn_mask=attn_mask,
+                scale=self.scaling,
             )
         return nn.functional.scaled_dot_product_attention(query, key, value, scale=self.scaling, enable_gqa=True)
 
+    @functools.cached_property
     def rows_apart(self) -> int | None:
         """The fewest rows from which this model's products are row-invariant here, or ``None``.
 
@@ -281,13 +277,8 @@ class LlamaDecoder:
         rotary embedding, activations) compute each row on its own (``test_llama_decode.py`` checks
         whole steps bit for bit).
         """
-        if self._rows_apart is _UNPROBED:
-            least: int | None = 1
-            for kind, inputs, outputs in self._kinds:
-                found = row_invariant_from(kind, inputs, outputs)
-                least = None if found is None or least is None else max(least, found)
-            self._rows_apart = least
-        return self._rows_apart  # type: ignore[return-value]
+        found = [row_invariant_from(kind, inputs, outputs) for kind, inputs, outputs in self._kinds]
+        return None if None in found else max(f for f in found if f is not None)
 
     def _step(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: _Attend) -> torch.Tensor:
         """The step's arithmetic around ``attend(layer index, query, key, value)`` (which appends the KV)."""

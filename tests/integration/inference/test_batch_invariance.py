@@ -82,7 +82,7 @@ async def test_seeded_requests_give_the_same_tokens_and_logprobs_at_any_concurre
     # The invariant rows shared their passes (llama_decode.LlamaDecoder.apart) where this CPU's products
     # allow it (they do on the machines measured), and still moved no bit.
     assert engine.decoder is not None
-    together = engine.decoder.rows_apart() is not None
+    together = engine.decoder.rows_apart is not None
     assert invariant_batch(engine, before) > 1.5 if together else invariant_batch(engine, before) == 1.0
     for a, b in zip(alone, crowded, strict=True):
         assert a.output_ids == b.output_ids
@@ -117,7 +117,7 @@ async def test_bf16_weights_keep_the_mode(model_dir: Path) -> None:
         before = (bf16.work.invariant_steps, bf16.work.invariant_rows)
         crowded = await run(bf16, seeded_jobs(bf16, invariant=True, tokens=12), concurrency=4, other_traffic=True)
         assert bf16.decoder is not None
-        if bf16.decoder.rows_apart() is not None:
+        if bf16.decoder.rows_apart is not None:
             assert invariant_batch(bf16, before) > 1.5
     finally:
         bf16.close()

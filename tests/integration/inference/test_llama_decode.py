@@ -144,7 +144,7 @@ def test_rows_decoded_apart_get_the_bits_of_any_other_such_pass(model_dir: Path,
     decoder = llama_decoder(model)
     assert decoder is not None
     with torch.inference_mode(), decode_step():
-        least = decoder.rows_apart()
+        least = decoder.rows_apart
         if least is None:  # this CPU's products move rows: the engine decodes each alone, apart refuses
             with pytest.raises(ValueError, match="decode each alone"):
                 decoder.apart(torch.tensor([[2]]), torch.tensor([[7]]), _own_caches(model, [PROMPTS[0]]))
