@@ -213,7 +213,7 @@ class EpisodeRunner:
             builder.add_generation(gen.output_ids, gen.logprobs, gen.weight_version, cut=cut)
             turns += 1
             reply = self._template.decode_reply(gen.output_ids)
-            self.pace.record(time.monotonic() - answered)
+            self.pace.record(time.monotonic() - answered, env.env_id)
             step = await (self._tool_turn(session, reply) if tool_env else self._game_turn(session, reply))
             answered = time.monotonic()
             reason, ret, new_messages = step

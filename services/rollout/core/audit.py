@@ -175,8 +175,8 @@ class AuditPlayer:
     Args:
         sessions: Opens sandbox sessions (the same opener the real plays use).
         max_turns: The agent's turn budget (the session is opened with it, as for a real play).
-        pace: The real plays' turn gaps: each audit turn waits one drawn from them before it steps, so
-            an env that times its calls cannot tell the audit from a real play (``core/pace.py``).
+        pace: The real plays' turn gaps: each audit turn waits one drawn from its env's own before it
+            steps, so an env that times its calls cannot tell the audit from a real play (``core/pace.py``).
             ``None``: step at once (tests of the decision only).
     """
 
@@ -206,7 +206,7 @@ class AuditPlayer:
             while True:
                 action = noop_action(setting) if policy is AuditPolicy.NOOP else chooser.action(observation)
                 if self.pace is not None:
-                    await self.pace.wait(pacing)  # the time a real turn's generation takes
+                    await self.pace.wait(pacing, env.env_id)  # the time a real turn of this env's takes
                 if setting is Setting.GAME:
                     action = normalize_game_action(action)  # what the env gets from a real reply
                 result = await session.step(action)
