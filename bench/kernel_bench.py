@@ -10,8 +10,13 @@ weights prepacked for oneDNN (``fp32_packed``: what ``weights: float32`` multipl
 ``services.inference.quant.Fp32Linear``), bf16 ``x @ w.T`` (``weights: bf16`` before oneDNN), bf16
 prepacked for oneDNN (``bf16_packed``: what ``weights: bf16`` decode steps multiply), and the int8
 kernel the engine's ``weights: int8`` uses (``aten._weight_int8pack_mm``, bf16 activations and
-scales) — at 1, 2, 3, 4 and 16 rows, the median of ``--repeats`` passes, each format's ratio to fp32
-measured in the same run, and the bytes each pass reads over its time.
+scales), and the engine's own kernel for CPUs without native bf16 (``bf16_rows`` and ``int8_rows``:
+fp32 activations times bf16 or int8 weights widened in registers, ``services.inference.rows``; what
+``weights: bf16`` and ``int8`` decode steps multiply there) — at 1, 2, 3, 4, 8 and 16 rows, the
+median of ``--repeats`` passes, each format's ratio to fp32 measured in the same run, and the bytes
+each pass reads over its time. A format this CPU or build cannot run (oneDNN packs bf16 only with
+AVX-512 or AVX-NE-CONVERT; the engine's kernel needs AVX2 and a compiler) is left out with a line
+saying why.
 
 Usage::
 
@@ -30,12 +35,13 @@ from typing import Any
 
 import torch
 
+from services.inference import rows as rows_kernel
 from services.inference.quant import quantize_rows
-from spade.cpu_linear import pack, packed_linear
+from spade.cpu_linear import pack, packed_linear, packs_bf16
 
 SHAPE = (1536, 576)  # SmolLM2-135M's MLP projection (out, in)
 MATRICES = 60  # its 30 layers' gate and up projections
-ROWS = (1, 2, 3, 4, 16)
+ROWS = (1, 2, 3, 4, 8, 16)
 
 
 def _median_ms(call: Callable[[], object], repeats: int) -> float:
@@ -63,14 +69,25 @@ def _int8_products(
     return lambda: [kernel(x, q, s) for q, s in zip(weights, scales, strict=True)]
 
 
+def _rows_products(x: torch.Tensor, weights: Sequence[torch.Tensor]) -> Callable[[], object]:
+    return lambda: [rows_kernel.bf16_rows(x, w) for w in weights]
+
+
+def _int8_rows_products(
+    x: torch.Tensor, weights: Sequence[torch.Tensor], scales: Sequence[torch.Tensor]
+) -> Callable[[], object]:
+    return lambda: [rows_kernel.int8_rows(x, q, s) for q, s in zip(weights, scales, strict=True)]
+
+
 def measure(repeats: int) -> dict[str, Any]:
     """Each format's time for one pass over the matrices at each row count, and its ratio to fp32."""
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(*SHAPE, generator=gen) * 0.02 for _ in range(MATRICES)]
     packed = [pack(w) for w in weights]
     bf16 = [w.bfloat16() for w in weights]
-    bf16_packed = [pack(w, torch.bfloat16) for w in weights]
+    bf16_packed = [pack(w, torch.bfloat16) for w in weights] if packs_bf16() else None
     int8, scales = zip(*(quantize_rows(w) for w in weights), strict=True)  # the engine's int8 weights
+    int8_scales32 = [s.float() for s in scales]
     elements = MATRICES * SHAPE[0] * SHAPE[1]
     bytes_read = {
         "fp32": 4 * elements,
@@ -78,10 +95,18 @@ def measure(repeats: int) -> dict[str, Any]:
         "bf16": 2 * elements,
         "bf16_packed": 2 * elements,
         "int8": elements,
+        "bf16_rows": 2 * elements,
+        "int8_rows": elements,
     }
+    skipped: dict[str, str] = {}
+    if bf16_packed is None:
+        skipped["bf16_packed"] = "oneDNN packs no bf16 weights on this CPU"
+    if rows_kernel.kernel() is None:
+        skipped["bf16_rows"] = skipped["int8_rows"] = f"the engine's kernel: {rows_kernel.unavailable_reason()}"
     results: dict[str, Any] = {
         "capability": torch.backends.cpu.get_cpu_capability(),
         "load_average_at_start": os.getloadavg()[0],
+        "skipped": skipped,
         "rows": {},
     }
     for rows in ROWS:
@@ -91,9 +116,13 @@ def measure(repeats: int) -> dict[str, Any]:
             "fp32": _products(x, weights),
             "fp32_packed": _packed_products(x, packed),
             "bf16": _products(xb, bf16),
-            "bf16_packed": _packed_products(xb, bf16_packed),
             "int8": _int8_products(xb, int8, scales),
         }
+        if bf16_packed is not None:
+            calls["bf16_packed"] = _packed_products(xb, bf16_packed)
+        if "bf16_rows" not in skipped:
+            calls["bf16_rows"] = _rows_products(x, bf16)
+            calls["int8_rows"] = _int8_rows_products(x, int8, int8_scales32)
         ms = {name: _median_ms(call, repeats) for name, call in calls.items()}
         results["rows"][rows] = {
             name: {
@@ -120,6 +149,8 @@ def main() -> None:
     print(
         f"CPU capability: {results['capability']}; {MATRICES} matrices of {SHAPE[0]}x{SHAPE[1]}, {args.threads} threads"
     )
+    for name, why in results["skipped"].items():
+        print(f"{name}: not measured, {why}")
     for rows, formats in results["rows"].items():
         line = ", ".join(
             f"{name} {f['ms']:.2f} ms ({f['vs_fp32']:.2f}x fp32, {f['read_gb_s']:.1f} GB/s of weights)"

@@ -47,6 +47,10 @@ step "python packages into .venv (torch 2.13.0 CPU, the project and its pinned d
 # checker need only mpmath and filelock (already here) and tree-sitter for its handler utilities.
 .venv/bin/pip install -q --no-deps 'bfcl-eval==2026.3.23' 'tree-sitter==0.21.3' 'tree-sitter-java==0.21.0' \
   'tree-sitter-javascript==0.21.4' >>"$log" 2>&1
+# The inference engine's decode kernel for CPUs without native bf16 (services/inference/rows.py), compiled
+# once into ~/.cache/spade/kernels; where it cannot be built the engine uses torch's products instead.
+step "the inference engine's decode kernel (g++, under a minute) into ~/.cache/spade/kernels"
+.venv/bin/python -m services.inference.rows >>"$log" 2>&1
 # The default offline corpora (docstrings of installed packages), built once into ~/.cache/spade/.
 step "designer corpora (docstrings of the installed packages) into ~/.cache/spade/corpus"
 .venv/bin/python -m services.designer.corpus.builder >>"$log" 2>&1

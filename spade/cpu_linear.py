@@ -13,6 +13,7 @@ at training sizes, differing only by fp32 rounding (~1e-6; ``bench/kernel_bench.
   oneDNN does not apply (not fp32 on the CPU, autocast on, or a torch without oneDNN).
 - :func:`use_onednn_linears`: every ``nn.Linear`` of a model multiplies with :func:`linear` (same
   parameters, same state dict).
+- :func:`packs_bf16`: whether oneDNN packs bf16 weights on this CPU at all.
 - :func:`native_bf16`: whether the CPU multiplies bf16 natively, where the learner and the warm
   start's SFT train with bf16 products by default in the embedded run (``cpu_bf16``).
 """
@@ -51,6 +52,19 @@ def native_bf16() -> bool:
     cpu = torch.cpu
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return available() and any(bool(getattr(cpu, check, lambda: False)()) for check in checks)
+
+
+@functools.cache
+def packs_bf16() -> bool:
+    """Whether oneDNN packs bf16 weights on this CPU (:func:`pack` with bf16 needs AVX-512 BW/VL/DQ or
+    AVX-NE-CONVERT; on an AVX2-only CPU it raises)."""
+    if not available():
+        return False
+    try:
+        pack(torch.zeros(8, 8), torch.bfloat16)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -95,18 +95,23 @@ class EmbeddedParts:
 
 def served_weights(settings: RunSettings) -> WeightsMode:
     """The weights the run's inference server decodes from: the run's ``inference.weights``, else bf16
-    on a CPU that multiplies bf16 natively and fp32 elsewhere.
+    where a decode step reads them faster than fp32, and fp32 elsewhere.
 
-    There bf16 decode steps take about 0.6x fp32's, and the learner multiplies in bf16 too
-    (``roles.py``, ``cpu_bf16``), so fp32 serving kept no logprob exactness (docs/inference.md). A
-    seeded run's plays then vary from run to run (bf16 rounding lets the batch's composition flip a
-    sampled token); ``inference: {weights: float32}`` (``SPADE_RUN_INFERENCE__WEIGHTS=float32``)
-    serves fp32 and repeats them.
+    bf16 serves on a CPU that multiplies bf16 natively (decode steps about 0.6x fp32's; the learner
+    multiplies in bf16 too, ``roles.py``'s ``cpu_bf16``, so fp32 serving kept no logprob exactness) and
+    on one where the engine's own decode kernel builds (:mod:`services.inference.rows`: AVX2, fp32
+    activations times bf16 weights). Its rounding of the weights moves the rollout's logprobs from
+    an fp32 learner's, which truncated importance sampling corrects (docs/inference.md).
+    ``inference: {weights: float32}`` (``SPADE_RUN_INFERENCE__WEIGHTS=float32``) serves fp32: logprobs
+    within 1e-4 of an fp32 learner's.
     """
+    from services.inference import rows
     from spade.cpu_linear import native_bf16
 
     told: WeightsMode | None = settings.inference.values().get("weights")
-    return told if told is not None else ("bf16" if native_bf16() else "float32")
+    if told is not None:
+        return told
+    return "bf16" if native_bf16() or rows.kernel() is not None else "float32"
 
 
 def inference_settings(settings: RunSettings, model: Path, admin_digest: str) -> InferenceSettings:

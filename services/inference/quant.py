@@ -27,6 +27,13 @@ back onto their own grid), multiplied by torch's CPU int4 kernel (``aten._weight
 bf16 scales and zeros). The LM head stays an :class:`Int8Linear` (the GGUF keeps it at 8 bits too:
 at 4 bits it moved logprobs several times more than all the other layers together).
 
+**On a CPU without native bf16** (no AVX-512 BF16 or AMX: AVX2 only, say) bf16 and int8 decode steps
+multiply through the engine's own kernel (:mod:`services.inference.rows`, where it builds): fp32
+activations times the weights widened to fp32 in registers, fp32 sums. torch has nothing faster for
+them there (oneDNN packs no bf16 weights on an AVX2 CPU, and the int8 kernel rounds activations to
+bf16), and the products are then the fp32 products of the rounded weights to fp32 rounding, a row's
+bits not depending on its batch.
+
 In the int8 and int4 modes, and in bf16 on a CPU without native bf16, prefills (passes without autograd
 outside a decode step) multiply the dequantized fp32 weights prepacked for oneDNN (:mod:`spade.cpu_linear`),
 another fp32 copy's memory.
@@ -59,6 +66,7 @@ from typing import Any, TypeVar, get_args
 import torch
 from torch import nn
 
+from services.inference import rows as rows_kernel
 from services.inference.settings import WeightsMode
 from spade import cpu_linear
 
@@ -138,8 +146,12 @@ class _QuantizedLinear(nn.Module):
         kernel = getattr(_pass, "decoding", False) or (self.kernel_prefills and not torch.is_grad_enabled())
         if not kernel:
             return cpu_linear.served_linear(x, self.weight, self.prefill_packed, self.bias)
-        y = through_kernel(x, self._kernel)
+        y = self._decode(x)
         return y if self.bias is None else y + self.bias
+
+    def _decode(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (``[..., in]``) times the quantized weights, in ``x``'s dtype: a decode step's product."""
+        return through_kernel(x, self._kernel)
 
     def _bias_bytes(self) -> int:
         return 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
@@ -178,6 +190,8 @@ class Int8Linear(_QuantizedLinear):
     Attributes:
         qweight: ``[out, in]`` int8 weights.
         scales: ``[out]`` bf16 per-row scales.
+        rows_scales: the same in fp32 where decode steps multiply through the engine's kernel
+            (:mod:`.rows`: fp32 activations, on a CPU without native bf16), else ``None``.
         weight: the dequantized ``[out, in]`` fp32 weights, for prefills.
         bias: the original bias (fp32) or ``None``.
     """
@@ -186,9 +200,15 @@ class Int8Linear(_QuantizedLinear):
         q, scales = quantize_rows(linear.weight)
         super().__init__(linear, q.float() * scales.float()[:, None])
         self.qweight, self.scales = q, scales
+        self.rows_scales = scales.float() if _use_rows_kernel(self.in_features) else None
 
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
         return _int8_product(rows, self.qweight, self.scales)
+
+    def _decode(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rows_scales is None:
+            return super()._decode(x)
+        return rows_kernel.int8_rows(x, self.qweight, self.rows_scales).to(x.dtype)
 
     def decode_bytes(self) -> int:
         return self.qweight.numel() + self.scales.numel() * self.scales.element_size() + self._bias_bytes()
@@ -202,8 +222,11 @@ class Bf16Linear(_QuantizedLinear):
 
     Attributes:
         packed16: ``[out, in]`` bf16 weights prepacked for oneDNN, what decode steps multiply, and
-            prefills too where the CPU multiplies bf16 natively (``kernel_prefills``).
-        weight16: the same values as a plain tensor, only where torch has no oneDNN (else ``None``).
+            prefills too where the CPU multiplies bf16 natively (``kernel_prefills``); ``None`` where
+            decode steps take the engine's kernel (``rows``) or oneDNN packs no bf16.
+        rows: whether decode steps multiply through the engine's kernel (:mod:`.rows`: fp32
+            activations, on a CPU without native bf16).
+        weight16: the same values as a plain tensor, where ``packed16`` is ``None``.
         weight: the same values in fp32 (``[out, in]``), for prefills elsewhere and for autograd.
         bias: the original bias (fp32) or ``None``.
     """
@@ -214,7 +237,8 @@ class Bf16Linear(_QuantizedLinear):
         # fp32's at prefill sizes on the AMD EPYC VM); elsewhere bf16 is converted on the way and fp32 wins.
         self.kernel_prefills = cpu_linear.native_bf16()
         super().__init__(linear, rounded.float())
-        packing = cpu_linear.available()
+        self.rows = _use_rows_kernel(self.in_features)
+        packing = cpu_linear.packs_bf16() and not self.rows
         self.packed16 = cpu_linear.pack(rounded, torch.bfloat16) if packing else None
         self.weight16 = None if packing else rounded
 
@@ -223,6 +247,12 @@ class Bf16Linear(_QuantizedLinear):
             return cpu_linear.packed_linear(rows, self.packed16)
         assert self.weight16 is not None
         return nn.functional.linear(rows, self.weight16)
+
+    def _decode(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.rows:
+            return super()._decode(x)
+        assert self.weight16 is not None
+        return rows_kernel.bf16_rows(x, self.weight16).to(x.dtype)
 
     def decode_bytes(self) -> int:
         return self.weight.numel() * 2 + self._bias_bytes()  # bf16: two bytes a weight
@@ -345,6 +375,9 @@ def stacked_product(layers: Sequence[Any]) -> Callable[[torch.Tensor], torch.Ten
     if kind is Int8Linear:
         qweight = torch.cat([m.qweight for m in layers])
         scales = torch.cat([m.scales for m in layers])
+        if all(m.rows_scales is not None for m in layers):
+            rows_scales = scales.float()
+            return lambda x: rows_kernel.int8_rows(x, qweight, rows_scales).to(x.dtype)
         return lambda x: through_kernel(x, lambda rows: _int8_product(rows, qweight, scales))
     if kind not in (Fp32Linear, Bf16Linear):
         return None
@@ -352,8 +385,19 @@ def stacked_product(layers: Sequence[Any]) -> Callable[[torch.Tensor], torch.Ten
     if kind is Fp32Linear:
         packed = cpu_linear.pack(weights)
         return lambda x: cpu_linear.packed_linear(x, packed)
+    if all(m.rows for m in layers):
+        weight16 = weights.to(torch.bfloat16)  # already rounded: exact
+        return lambda x: rows_kernel.bf16_rows(x, weight16).to(x.dtype)
+    if not cpu_linear.packs_bf16():
+        return None
     packed16 = cpu_linear.pack(weights, torch.bfloat16)
     return lambda x: through_kernel(x, lambda rows: cpu_linear.packed_linear(rows, packed16))
+
+
+def _use_rows_kernel(in_features: int) -> bool:
+    """Whether a bf16 or int8 layer of ``in_features`` inputs decodes through the engine's own kernel
+    (:mod:`services.inference.rows`): on a CPU without native bf16, where the kernel builds."""
+    return not cpu_linear.native_bf16() and rows_kernel.fits(in_features) and rows_kernel.kernel() is not None
 
 
 def _replace_linears(model: nn.Module, served: Callable[[nn.Linear], nn.Module]) -> None:

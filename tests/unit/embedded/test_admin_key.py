@@ -14,6 +14,7 @@ import pytest
 from services.embedded.roles import role_settings
 from services.embedded.settings import RunSettings
 from services.embedded.system import RUN_LEARNER, inference_settings, served_weights
+from services.inference import rows
 from spade import cpu_linear
 from spade.auth import Role, hash_key
 
@@ -49,13 +50,15 @@ def test_the_run_s_inference_server_takes_the_key_besides_any_configured(tmp_pat
     assert both is not None and both.verify("ops-key") is not None and both.verify("run-key") is not None
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_the_run_serves_bf16_weights_where_the_cpu_multiplies_bf16_unless_told_otherwise(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool
+@pytest.mark.parametrize(("native", "kernel"), [(True, False), (False, True), (False, False)])
+def test_the_run_serves_bf16_weights_where_the_cpu_multiplies_bf16_or_the_engines_kernel_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool, kernel: bool
 ) -> None:
-    monkeypatch.setattr(cpu_linear, "native_bf16", lambda: native)  # the CPU's capability, both ways
+    monkeypatch.setattr(cpu_linear, "native_bf16", lambda: native)  # the CPU's capability, every way
+    monkeypatch.setattr(rows, "kernel", lambda: object() if kernel else None)
     server = inference_settings(RunSettings(run_dir=tmp_path), tmp_path / "m", hash_key("run-key"))
-    assert server.weights == served_weights(RunSettings(run_dir=tmp_path)) == ("bf16" if native else "float32")
+    expected = "bf16" if native or kernel else "float32"
+    assert server.weights == served_weights(RunSettings(run_dir=tmp_path)) == expected
     for told in ("float32", "int8"):
         run = RunSettings(run_dir=tmp_path, inference={"weights": told})
         assert inference_settings(run, tmp_path / "m", hash_key("run-key")).weights == served_weights(run) == told

@@ -1,0 +1,132 @@
+"""Decode-step products of bf16 and int8 weights on CPUs without native bf16: the engine's own kernel.
+
+A decode step multiplies a few rows of activations by every weight of the model, so it is bound by
+how fast the weights stream from memory. On a CPU with AVX2 but no native bf16 (AMD EPYC Zen 3, for
+one), torch has no product that reads bf16 or int8 weights faster than fp32 ones: oneDNN converts
+bf16 on the way, and the weight-only int8 kernel multiplies bf16 activations. ``rows_kernel.cpp``
+(beside this module) widens the weights to fp32 in registers and multiplies fp32 activations with
+fused multiply-adds, so a step reads half (bf16) or a quarter (int8) of fp32's bytes and the
+activations keep fp32's precision.
+
+Every output sums its products in one order whatever rows are beside it, so a row's result does not
+depend on its batch (the batch-invariant mode's decode steps share passes through it,
+:func:`services.inference.llama_decode.row_invariant_from` finds that).
+
+The kernel is C++ compiled once per source and torch version (``torch.utils.cpp_extension``, about
+40 s with g++; ``make install`` builds it) into ``$SPADE_KERNEL_CACHE`` (default
+``~/.cache/spade/kernels``). Where it cannot be built or loaded (no compiler, no AVX2, another
+architecture) or ``SPADE_ROWS_KERNEL=0``, :func:`kernel` is ``None`` and the layers keep torch's
+products; :func:`unavailable_reason` says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("rows_kernel.cpp")
+#: Inputs of a product must be whole groups of this many (one AVX2 register of fp32).
+INPUT_MULTIPLE = 8
+_reason: list[str] = []
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels live (``$SPADE_KERNEL_CACHE`` or ``~/.cache/spade/kernels``)."""
+    override = os.environ.get("SPADE_KERNEL_CACHE")
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "spade" / "kernels"
+
+
+#: Compiler and linker flags: optimised, and OpenMP for ``at::parallel_for`` (at run time it resolves to
+#: the libgomp torch has already loaded, so the kernel's threads are torch's own pool).
+_CFLAGS = ("-O3", "-fopenmp")
+_LDFLAGS = ("-fopenmp",)
+
+
+def _build_name() -> str:
+    """The module's name: the source's, the flags' and torch's identity, so a change of any builds anew."""
+    identity = SOURCE.read_bytes() + repr((_CFLAGS, _LDFLAGS, torch.__version__)).encode()
+    return f"spade_rows_{hashlib.sha256(identity).hexdigest()[:16]}"
+
+
+@functools.cache
+def kernel() -> ModuleType | None:
+    """The compiled kernel module (``bf16_rows``, ``int8_rows``), built on first use; ``None`` where unavailable."""
+    if os.environ.get("SPADE_ROWS_KERNEL", "1").strip().lower() in ("0", "false", "no", "off"):
+        _reason.append("turned off by SPADE_ROWS_KERNEL")
+        return None
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        _reason.append(f"the CPU's capability is {capability}, not AVX2 or AVX-512")
+        return None
+    name = _build_name()
+    directory = cache_dir() / name
+    try:
+        from torch.utils.cpp_extension import load
+
+        _put_ninja_on_path()
+        directory.mkdir(parents=True, exist_ok=True)
+        return load(
+            name=name,
+            sources=[str(SOURCE)],
+            extra_cflags=list(_CFLAGS),
+            extra_ldflags=list(_LDFLAGS),
+            build_directory=str(directory),
+        )
+    except Exception as error:  # no compiler or ninja, a failed build: torch's products serve instead
+        _reason.append(f"building {SOURCE.name} failed: {type(error).__name__}: {str(error)[-400:]}")
+        logger.warning("rows kernel unavailable, decode steps use torch's products: %s", _reason[-1])
+        return None
+
+
+def _put_ninja_on_path() -> None:
+    """torch builds with ``ninja`` from ``PATH``; a virtualenv's (the ``ninja`` package) is there only if activated."""
+    if shutil.which("ninja") is None:
+        with contextlib.suppress(ImportError):
+            import ninja
+
+            os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`kernel` is ``None`` (after it was called), else ``None``."""
+    return _reason[-1] if _reason else None
+
+
+def fits(in_features: int) -> bool:
+    """Whether a layer of ``in_features`` inputs can multiply through the kernel (where it is available)."""
+    return in_features % INPUT_MULTIPLE == 0
+
+
+def bf16_rows(x: torch.Tensor, weight16: torch.Tensor) -> torch.Tensor:
+    """``x`` (``[..., in]``, fp32) times bf16 ``weight16`` (``[out, in]``) transposed: ``[..., out]`` fp32."""
+    module = kernel()
+    assert module is not None, "the rows kernel is unavailable"
+    rows = x.reshape(-1, x.shape[-1]).float().contiguous()
+    return module.bf16_rows(rows, weight16).reshape(*x.shape[:-1], weight16.shape[0])
+
+
+def int8_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``x`` (``[..., in]``, fp32) times int8 ``qweight`` (``[out, in]``) with fp32 ``scales`` (``[out]``)."""
+    module = kernel()
+    assert module is not None, "the rows kernel is unavailable"
+    rows = x.reshape(-1, x.shape[-1]).float().contiguous()
+    return module.int8_rows(rows, qweight, scales).reshape(*x.shape[:-1], qweight.shape[0])
+
+
+if __name__ == "__main__":  # make install: build it now, not in the first server's start
+    logging.basicConfig(level=logging.INFO)
+    built = kernel()
+    print(f"rows kernel: {'built' if built is not None else 'unavailable: ' + str(unavailable_reason())}")

@@ -1,0 +1,125 @@
+// Decode-step products for x86-64 CPUs with AVX2 and FMA: a few rows of fp32 activations times
+// bf16 or int8 weights, widened to fp32 in registers, accumulated in fp32 (services/inference/rows.py).
+//
+// A decode step reads every weight once for a few rows, so it is bound by how fast the weights
+// stream from memory. Each block of 4 output rows' weights is read once from memory and, for every
+// group of activation rows, again from the L1 cache, widened to fp32 8 at a time and multiplied with
+// fused multiply-adds.
+//
+// Every output (m, n) sums its products in one order whatever the batch: lane k % 8 in k's order,
+// then one fixed horizontal sum, then the row's scale. A row's result therefore does not depend on
+// the rows beside it, the tile it falls in or the thread that computes it.
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/extension.h>
+
+#include <cstdint>
+
+namespace {
+
+#define SPADE_AVX2 __attribute__((target("avx2,fma")))
+
+SPADE_AVX2 inline float horizontal_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  __m128 h = _mm_movehdup_ps(s);
+  s = _mm_add_ps(s, h);
+  h = _mm_movehl_ps(h, s);
+  return _mm_cvtss_f32(_mm_add_ss(s, h));
+}
+
+struct Bf16 {  // the upper half of an fp32: widening is a shift
+  using T = uint16_t;
+  SPADE_AVX2 static inline __m256 load(const T* p) {
+    __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+  }
+};
+
+struct Int8 {
+  using T = int8_t;
+  SPADE_AVX2 static inline __m256 load(const T* p) {
+    __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+  }
+};
+
+// y[m, n] = scale[n] * sum_k x[m, k] w[n, k] for MT rows of x and NT rows of w (K a multiple of 8).
+template <class W, int MT, int NT>
+SPADE_AVX2 inline void tile(const float* x, const typename W::T* w, int64_t K, const float* scale, float* y,
+                            int64_t ldy) {
+  __m256 acc[MT][NT];
+  for (int m = 0; m < MT; ++m)
+    for (int n = 0; n < NT; ++n) acc[m][n] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    __m256 wv[NT];
+    for (int n = 0; n < NT; ++n) wv[n] = W::load(w + n * K + k);
+    for (int m = 0; m < MT; ++m) {
+      const __m256 xv = _mm256_loadu_ps(x + m * K + k);
+      for (int n = 0; n < NT; ++n) acc[m][n] = _mm256_fmadd_ps(xv, wv[n], acc[m][n]);
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int n = 0; n < NT; ++n) {
+      const float sum = horizontal_sum(acc[m][n]);
+      y[m * ldy + n] = scale ? sum * scale[n] : sum;
+    }
+}
+
+// Outputs [n0, n0 + NT) of every row: the weights' block stays in L1 while the rows pass over it,
+// four rows at a time by halves of the block (fewer widenings per product), then in pairs, then one.
+template <class W, int NT>
+void block(const float* x, int64_t M, const typename W::T* w, int64_t K, const float* scale, float* y, int64_t N,
+           int64_t n0) {
+  const typename W::T* wb = w + n0 * K;
+  const float* sb = scale ? scale + n0 : nullptr;
+  int64_t m = 0;
+  if constexpr (NT == 4) {
+    for (; m + 4 <= M; m += 4) {
+      tile<W, 4, 2>(x + m * K, wb, K, sb, y + m * N + n0, N);
+      tile<W, 4, 2>(x + m * K, wb + 2 * K, K, sb ? sb + 2 : nullptr, y + m * N + n0 + 2, N);
+    }
+  }
+  for (; m + 2 <= M; m += 2) tile<W, 2, NT>(x + m * K, wb, K, sb, y + m * N + n0, N);
+  for (; m < M; ++m) tile<W, 1, NT>(x + m * K, wb, K, sb, y + m * N + n0, N);
+}
+
+template <class W>
+torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const typename W::T* weights,
+                      const float* scale) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+              "activations must be a contiguous [rows, in] float32 tensor");
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "weights must be a contiguous [out, in] tensor");
+  TORCH_CHECK(w.size(1) == x.size(1), "activations have ", x.size(1), " inputs, the weights ", w.size(1));
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK(K % 8 == 0, "inputs must be a multiple of 8, not ", K);
+  auto y = torch::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t blocks = N / 4;
+  at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) block<W, 4>(xp, M, weights, K, scale, yp, N, b * 4);
+  });
+  for (int64_t n = blocks * 4; n < N; ++n) block<W, 1>(xp, M, weights, K, scale, yp, N, n);
+  return y;
+}
+
+torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == torch::kBFloat16, "weights must be bfloat16");
+  return product<Bf16>(x, w, reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), nullptr);
+}
+
+torch::Tensor int8_rows(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales) {
+  TORCH_CHECK(q.scalar_type() == torch::kInt8, "weights must be int8");
+  TORCH_CHECK(scales.dim() == 1 && scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() &&
+                  scales.size(0) == q.size(0),
+              "scales must be a contiguous float32 vector, one per output");
+  return product<Int8>(x, q, q.data_ptr<int8_t>(), scales.data_ptr<float>());
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("bf16_rows", &bf16_rows, "[rows, in] fp32 activations times bf16 [out, in] weights: [rows, out] fp32");
+  m.def("int8_rows", &int8_rows,
+        "[rows, in] fp32 activations times int8 [out, in] weights and fp32 [out] scales: [rows, out] fp32");
+}

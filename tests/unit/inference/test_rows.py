@@ -1,0 +1,165 @@
+"""The engine's own decode-step kernel (services.inference.rows): bf16 and int8 weights, fp32 activations."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from services.inference import rows
+from services.inference.llama_decode import row_invariant_from
+from services.inference.quant import Bf16Linear, Int8Linear, decode_step, stacked_product
+from spade import cpu_linear
+
+pytestmark = pytest.mark.skipif(
+    rows.kernel() is None, reason=f"the rows kernel is unavailable here: {rows.unavailable_reason()}"
+)
+
+
+def _inputs(count: int, inputs: int, seed: int) -> torch.Tensor:
+    return torch.randn(count, inputs, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 7, 16, 33])
+@pytest.mark.parametrize(("outputs", "inputs"), [(48, 64), (50, 576), (7, 8)])
+def test_bf16_rows_is_the_fp32_product_of_the_bf16_weights(count: int, outputs: int, inputs: int) -> None:
+    weight16 = (torch.randn(outputs, inputs, generator=torch.Generator().manual_seed(1)) * 0.05).bfloat16()
+    x = _inputs(count, inputs, 2)
+    exact = x.double() @ weight16.double().t()
+    y = rows.bf16_rows(x, weight16)
+    assert y.dtype == torch.float32 and y.shape == (count, outputs)
+    # fp32 activations, not rounded to bf16 on the way: within fp32's rounding of the exact sums.
+    torch.testing.assert_close(y.double(), exact, rtol=1e-5, atol=1e-5)
+    rounded_inputs = x.bfloat16().double() @ weight16.double().t()
+    assert (rounded_inputs - exact).abs().max() > 1e-4  # what torch's bf16 kernels (bf16 activations) compute
+
+
+def test_int8_rows_is_the_product_of_the_codes_times_each_rows_scale() -> None:
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randint(-127, 128, (50, 64), generator=generator, dtype=torch.int8)
+    scales = torch.rand(50, generator=generator) * 0.01
+    x = _inputs(5, 64, 4)
+    exact = (x.double() @ q.double().t()) * scales.double()
+    torch.testing.assert_close(rows.int8_rows(x, q, scales).double(), exact, rtol=1e-5, atol=1e-5)
+
+
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it() -> None:
+    weight16 = torch.randn(52, 1536, generator=torch.Generator().manual_seed(5)).bfloat16()
+    target = _inputs(1, 1536, 6)
+    alone = rows.bf16_rows(target, weight16)[0]
+    for count in (2, 3, 5, 8, 13, 32):
+        for place in {0, count // 2, count - 1}:
+            x = _inputs(count, 1536, 7 + count)
+            x[place] = target[0]
+            assert torch.equal(rows.bf16_rows(x, weight16)[place], alone), (count, place)
+
+
+def test_leading_dimensions_are_kept_and_bad_shapes_are_refused_with_a_reason() -> None:
+    weight16 = torch.randn(16, 64).bfloat16()
+    x = torch.randn(3, 2, 64)
+    assert rows.bf16_rows(x, weight16).shape == (3, 2, 16)
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        rows.kernel().bf16_rows(torch.randn(2, 60), torch.randn(16, 60).bfloat16())  # type: ignore[union-attr]
+    with pytest.raises(RuntimeError, match="inputs"):
+        rows.bf16_rows(torch.randn(2, 64), torch.randn(16, 72).bfloat16())
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        rows.kernel().bf16_rows(torch.randn(2, 64), torch.randn(16, 64))  # type: ignore[union-attr]
+    assert not rows.fits(60) and rows.fits(64)
+
+
+@pytest.fixture
+def no_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_linear, "native_bf16", lambda: False)
+
+
+@pytest.mark.usefixtures("no_native_bf16")
+@pytest.mark.parametrize("bias", [False, True])
+def test_without_native_bf16_a_bf16_layer_decodes_fp32_activations_through_the_kernel(bias: bool) -> None:
+    linear = nn.Linear(64, 48, bias=bias)
+    layer = Bf16Linear(linear)
+    assert layer.rows and layer.packed16 is None and layer.weight16 is not None
+    x = torch.randn(4, 1, 64, generator=torch.Generator().manual_seed(8))
+    fp32 = nn.functional.linear(x, layer.weight, layer.bias)  # the same rounded weights, in fp32
+    with torch.inference_mode(), decode_step():
+        decoded = layer(x)
+        torch.testing.assert_close(decoded, fp32, rtol=1e-5, atol=1e-5)
+        layer.weight16 = torch.zeros(48, 64, dtype=torch.bfloat16)  # the step reads weight16, nothing else
+        zeros = torch.zeros(4, 1, 48) if layer.bias is None else layer.bias.detach().expand(4, 1, 48)
+        assert torch.equal(layer(x), zeros)
+
+
+@pytest.mark.usefixtures("no_native_bf16")
+def test_the_engines_probe_finds_bf16_and_int8_layers_row_invariant_from_one_row() -> None:
+    # Adversarial inputs whose sums change with the order of summation (llama_decode.row_invariant_from);
+    # shapes of their own, since the probe's answers are kept per process.
+    assert row_invariant_from(Bf16Linear, 1536, 52) == 1
+    assert row_invariant_from(Int8Linear, 1536, 52) == 1
+
+
+@pytest.mark.usefixtures("no_native_bf16")
+def test_without_native_bf16_an_int8_layer_decodes_fp32_activations_through_the_kernel() -> None:
+    layer = Int8Linear(nn.Linear(64, 48, bias=False))
+    assert layer.rows_scales is not None
+    x = torch.randn(3, 1, 64, generator=torch.Generator().manual_seed(9))
+    with torch.inference_mode(), decode_step():
+        decoded = layer(x)
+    # The dequantized weights (what prefills multiply) times fp32 activations.
+    torch.testing.assert_close(decoded, nn.functional.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.usefixtures("no_native_bf16")
+@pytest.mark.parametrize("kind", [Bf16Linear, Int8Linear])
+def test_stacked_layers_decode_through_the_kernel_as_each_layer_does(kind: type[Bf16Linear] | type[Int8Linear]) -> None:
+    layers = [kind(nn.Linear(64, out, bias=False)) for out in (32, 8, 8)]
+    stacked = stacked_product(layers)
+    assert stacked is not None
+    x = torch.randn(5, 1, 64, generator=torch.Generator().manual_seed(10))
+    with torch.inference_mode(), decode_step():
+        each = torch.cat([layer(x) for layer in layers], dim=-1)
+        assert torch.equal(stacked(x), each)  # the same sums in the same order: bit for bit
+
+
+def test_turned_off_the_layers_keep_torchs_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_linear, "native_bf16", lambda: False)
+    rows.kernel.cache_clear()
+    try:
+        monkeypatch.setenv("SPADE_ROWS_KERNEL", "0")
+        assert rows.kernel() is None and "SPADE_ROWS_KERNEL" in str(rows.unavailable_reason())
+        assert not Bf16Linear(nn.Linear(64, 48)).rows
+        assert Int8Linear(nn.Linear(64, 48)).rows_scales is None
+    finally:
+        rows.kernel.cache_clear()
+        monkeypatch.delenv("SPADE_ROWS_KERNEL")
+        assert rows.kernel() is not None  # loaded again, as built, for the tests after this one
+
+
+_UNBUILDABLE = """
+from services.inference import rows
+from services.inference.quant import Int8Linear, decode_step
+from spade import cpu_linear
+import torch
+from torch import nn
+cpu_linear.native_bf16 = lambda: False
+layer = Int8Linear(nn.Linear(64, 48, bias=False))
+assert rows.kernel() is None and layer.rows_scales is None, rows.unavailable_reason()
+with torch.inference_mode(), decode_step():  # torch's weight-only int8 kernel serves instead
+    torch.testing.assert_close(layer(torch.ones(1, 64)), nn.functional.linear(torch.ones(1, 64), layer.weight),
+                               rtol=2e-2, atol=2e-2)
+print(rows.unavailable_reason())
+"""
+
+
+@pytest.mark.slow
+def test_where_the_kernel_cannot_be_built_the_layers_keep_torchs_products(tmp_path: Path) -> None:
+    # A process of its own: torch builds an extension again, under another name, once its build settings change.
+    env = {**os.environ, "SPADE_KERNEL_CACHE": str(tmp_path), "CXX": str(tmp_path / "no-compiler")}
+    done = subprocess.run(
+        [sys.executable, "-c", _UNBUILDABLE], check=False, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "building rows_kernel.cpp failed" in done.stdout and "no-compiler" in done.stdout + done.stderr
