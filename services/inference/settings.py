@@ -66,8 +66,9 @@ class InferenceSettings(ServiceSettings):
         default="float32",
         description="float32: serve the checkpoint's weights (logprobs within 1e-4 of a float32 learner); bf16: "
         "serve the weights rounded to bf16 (decode steps, and prefills where the CPU multiplies bf16 natively, "
-        "multiply bf16 activations; half fp32's bytes; about 2x fp32's matrix products on CPU at any "
-        "batch, bench/kernel_bench.py); int8: "
+        "multiply bf16 activations; on a CPU without native bf16 decode steps multiply fp32 activations through "
+        "the engine's own kernel, services/inference/rows.py; half fp32's bytes; 1.2-2x fp32's matrix products "
+        "on CPU at decode sizes, bench/kernel_bench.py); int8: "
         "decode from int8 weights with one scale per row (about 1.5x the single-stream tokens/s on CPU; the learner "
         "corrects the logprob difference by truncated importance sampling); int4: 4-bit layers in groups of 32 (the "
         "model file's own Q4_1 grid) with an int8 LM head. Every weight update is quantized the same way.",
