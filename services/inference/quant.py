@@ -27,8 +27,8 @@ back onto their own grid), multiplied by torch's CPU int4 kernel (``aten._weight
 bf16 scales and zeros). The LM head stays an :class:`Int8Linear` (the GGUF keeps it at 8 bits too:
 at 4 bits it moved logprobs several times more than all the other layers together).
 
-**On a CPU without native bf16** (no AVX-512 BF16 or AMX: AVX2 only, say) bf16 and int8 decode steps
-multiply through the engine's own kernel (:mod:`services.inference.rows`, where it builds): fp32
+**On a CPU without native bf16 or AVX-512** (AVX2 only) bf16 and int8 decode steps multiply
+through the engine's own kernel (:mod:`services.inference.rows`, where it builds): fp32
 activations times the weights widened to fp32 in registers, fp32 sums. torch has nothing faster for
 them there (oneDNN packs no bf16 weights on an AVX2 CPU, and the int8 kernel rounds activations to
 bf16), and the products are then the fp32 products of the rounded weights to fp32 rounding, a row's
@@ -396,8 +396,8 @@ def stacked_product(layers: Sequence[Any]) -> Callable[[torch.Tensor], torch.Ten
 
 def _use_rows_kernel(in_features: int) -> bool:
     """Whether a bf16 or int8 layer of ``in_features`` inputs decodes through the engine's own kernel
-    (:mod:`services.inference.rows`): on a CPU without native bf16, where the kernel builds."""
-    return not cpu_linear.native_bf16() and rows_kernel.fits(in_features) and rows_kernel.kernel() is not None
+    (:func:`services.inference.rows.decodes_here`: an AVX2 CPU without native bf16, where it builds)."""
+    return rows_kernel.fits(in_features) and rows_kernel.decodes_here()
 
 
 def _replace_linears(model: nn.Module, served: Callable[[nn.Linear], nn.Module]) -> None:

@@ -16,7 +16,7 @@ The kernel is C++ compiled once per source and torch version (``torch.utils.cpp_
 40 s with g++; ``make install`` builds it) into ``$SPADE_KERNEL_CACHE`` (default
 ``~/.cache/spade/kernels``). Where it cannot be built or loaded (no compiler, no AVX2, another
 architecture) or ``SPADE_ROWS_KERNEL=0``, :func:`kernel` is ``None`` and the layers keep torch's
-products; :func:`unavailable_reason` says why.
+products; :func:`unavailable_reason` says why. :func:`decodes_here` is where the layers use it.
 """
 
 from __future__ import annotations
@@ -27,10 +27,16 @@ import hashlib
 import logging
 import os
 import shutil
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import torch
+
+from spade import cpu_linear
 
 logger = logging.getLogger(__name__)
 
@@ -55,15 +61,27 @@ _CFLAGS = ("-O3", "-fopenmp")
 _LDFLAGS = ("-fopenmp",)
 
 
+#: A build lock (torch's ``FileBaton``, a file in the build directory) older than this was left by a
+#: build that died (a build takes under a minute): it is removed, or every later build would wait forever.
+STALE_LOCK_S = 600.0
+_building = threading.Lock()
+
+
 def _build_name() -> str:
-    """The module's name: the source's, the flags' and torch's identity, so a change of any builds anew."""
-    identity = SOURCE.read_bytes() + repr((_CFLAGS, _LDFLAGS, torch.__version__)).encode()
+    """The module's name: the source's, the flags', torch's and Python's identity, so a change of any builds anew."""
+    versions = (_CFLAGS, _LDFLAGS, torch.__version__, sys.implementation.cache_tag)
+    identity = SOURCE.read_bytes() + repr(versions).encode()
     return f"spade_rows_{hashlib.sha256(identity).hexdigest()[:16]}"
 
 
 @functools.cache
 def kernel() -> ModuleType | None:
     """The compiled kernel module (``bf16_rows``, ``int8_rows``), built on first use; ``None`` where unavailable."""
+    with _building:  # one build a process (functools.cache does not hold back a second caller)
+        return _load()
+
+
+def _load() -> ModuleType | None:
     if os.environ.get("SPADE_ROWS_KERNEL", "1").strip().lower() in ("0", "false", "no", "off"):
         _reason.append("turned off by SPADE_ROWS_KERNEL")
         return None
@@ -76,28 +94,58 @@ def kernel() -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load
 
-        _put_ninja_on_path()
         directory.mkdir(parents=True, exist_ok=True)
-        return load(
-            name=name,
-            sources=[str(SOURCE)],
-            extra_cflags=list(_CFLAGS),
-            extra_ldflags=list(_LDFLAGS),
-            build_directory=str(directory),
-        )
+        _remove_stale_lock(directory / "lock")
+        with _ninja_on_path():
+            module = load(
+                name=name,
+                sources=[str(SOURCE)],
+                extra_cflags=list(_CFLAGS),
+                extra_ldflags=list(_LDFLAGS),
+                build_directory=str(directory),
+            )
     except Exception as error:  # no compiler or ninja, a failed build: torch's products serve instead
         _reason.append(f"building {SOURCE.name} failed: {type(error).__name__}: {str(error)[-400:]}")
         logger.warning("rows kernel unavailable, decode steps use torch's products: %s", _reason[-1])
         return None
+    _reason.clear()
+    return module
 
 
-def _put_ninja_on_path() -> None:
-    """torch builds with ``ninja`` from ``PATH``; a virtualenv's (the ``ninja`` package) is there only if activated."""
+def _remove_stale_lock(lock: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        age = time.time() - lock.stat().st_mtime
+        if age > STALE_LOCK_S:
+            logger.warning("removing %s, left %.0f s ago by a build that did not finish", lock, age)
+            lock.unlink()
+
+
+@contextlib.contextmanager
+def _ninja_on_path() -> Iterator[None]:
+    """torch builds with ``ninja`` from ``PATH``; a virtualenv's (the ``ninja`` package) is there only if
+    activated, so its directory is put first for the build, and ``PATH`` restored after it."""
+    before = os.environ.get("PATH")
     if shutil.which("ninja") is None:
         with contextlib.suppress(ImportError):
             import ninja
 
-            os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+            os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, before or ""])
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = before
+
+
+def decodes_here() -> bool:
+    """Whether bf16 and int8 layers decode through the kernel on this CPU: one without native bf16 on which
+    oneDNN packs no bf16 weights either (AVX2 without AVX-512, where it was measured), and the kernel builds.
+
+    On an AVX-512 CPU without native bf16 oneDNN's bf16 product stays (`bench/kernel_bench.py` compares them).
+    """
+    return not cpu_linear.native_bf16() and not cpu_linear.packs_bf16() and kernel() is not None
 
 
 def unavailable_reason() -> str | None:

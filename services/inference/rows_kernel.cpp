@@ -86,6 +86,7 @@ void block(const float* x, int64_t M, const typename W::T* w, int64_t K, const f
 template <class W>
 torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const typename W::T* weights,
                       const float* scale) {
+  TORCH_CHECK(x.is_cpu() && w.is_cpu(), "activations and weights must be on the CPU");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
               "activations must be a contiguous [rows, in] float32 tensor");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "weights must be a contiguous [out, in] tensor");
@@ -110,16 +111,20 @@ torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w) {
 
 torch::Tensor int8_rows(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales) {
   TORCH_CHECK(q.scalar_type() == torch::kInt8, "weights must be int8");
-  TORCH_CHECK(scales.dim() == 1 && scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() &&
-                  scales.size(0) == q.size(0),
+  TORCH_CHECK(scales.is_cpu() && scales.dim() == 1 && scales.scalar_type() == torch::kFloat32 &&
+                  scales.is_contiguous() && scales.size(0) == q.size(0),
               "scales must be a contiguous float32 vector, one per output");
   return product<Int8>(x, q, q.data_ptr<int8_t>(), scales.data_ptr<float>());
 }
 
 }  // namespace
 
+// The products touch no Python object: they release the GIL, as torch's own operators do, so the
+// embedded run's other threads (its learner, its HTTP loop) run Python meanwhile.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("bf16_rows", &bf16_rows, "[rows, in] fp32 activations times bf16 [out, in] weights: [rows, out] fp32");
+  m.def("bf16_rows", &bf16_rows, "[rows, in] fp32 activations times bf16 [out, in] weights: [rows, out] fp32",
+        py::call_guard<py::gil_scoped_release>());
   m.def("int8_rows", &int8_rows,
-        "[rows, in] fp32 activations times int8 [out, in] weights and fp32 [out] scales: [rows, out] fp32");
+        "[rows, in] fp32 activations times int8 [out, in] weights and fp32 [out] scales: [rows, out] fp32",
+        py::call_guard<py::gil_scoped_release>());
 }

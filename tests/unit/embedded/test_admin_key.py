@@ -55,7 +55,7 @@ def test_the_run_serves_bf16_weights_where_the_cpu_multiplies_bf16_or_the_engine
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool, kernel: bool
 ) -> None:
     monkeypatch.setattr(cpu_linear, "native_bf16", lambda: native)  # the CPU's capability, every way
-    monkeypatch.setattr(rows, "kernel", lambda: object() if kernel else None)
+    monkeypatch.setattr(rows, "decodes_here", lambda: kernel)
     server = inference_settings(RunSettings(run_dir=tmp_path), tmp_path / "m", hash_key("run-key"))
     expected = "bf16" if native or kernel else "float32"
     assert server.weights == served_weights(RunSettings(run_dir=tmp_path)) == expected
