@@ -37,6 +37,7 @@ from types import ModuleType
 import torch
 
 from spade import cpu_linear
+from spade.inference.models import spade_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +49,7 @@ _reason: list[str] = []
 
 def cache_dir() -> Path:
     """Where compiled kernels live (``$SPADE_KERNEL_CACHE`` or ``~/.cache/spade/kernels``)."""
-    override = os.environ.get("SPADE_KERNEL_CACHE")
-    if override:
-        return Path(override)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "spade" / "kernels"
+    return spade_cache_dir("kernels", "SPADE_KERNEL_CACHE")
 
 
 #: Compiler and linker flags: optimised, and OpenMP for ``at::parallel_for`` (at run time it resolves to

@@ -54,13 +54,19 @@ def offline() -> None:
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 
-def model_cache_dir() -> Path:
-    """The directory converted checkpoints live in (``$SPADE_MODEL_CACHE`` or ``~/.cache/spade/models``)."""
-    override = os.environ.get(MODEL_CACHE_ENV)
+def spade_cache_dir(name: str, override_env: str) -> Path:
+    """``$override_env`` if set, else ``$XDG_CACHE_HOME/spade/name`` (``~/.cache/spade/name``): where the
+    project keeps what it builds once (converted models, compiled kernels)."""
+    override = os.environ.get(override_env)
     if override:
         return Path(override).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "spade" / "models"
+    return Path(base) / "spade" / name
+
+
+def model_cache_dir() -> Path:
+    """The directory converted checkpoints live in (``$SPADE_MODEL_CACHE`` or ``~/.cache/spade/models``)."""
+    return spade_cache_dir("models", MODEL_CACHE_ENV)
 
 
 def default_gguf_path() -> Path:
