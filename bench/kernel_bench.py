@@ -103,6 +103,8 @@ def measure(repeats: int) -> dict[str, Any]:
         skipped["bf16_packed"] = "oneDNN packs no bf16 weights on this CPU"
     if rows_kernel.kernel() is None:
         skipped["bf16_rows"] = skipped["int8_rows"] = f"the engine's kernel: {rows_kernel.unavailable_reason()}"
+    bf16_blocked = [rows_kernel.pack(w) for w in bf16]  # the kernel's layout
+    int8_blocked = [rows_kernel.pack(q) for q in int8]
     results: dict[str, Any] = {
         "capability": torch.backends.cpu.get_cpu_capability(),
         "load_average_at_start": os.getloadavg()[0],
@@ -121,8 +123,8 @@ def measure(repeats: int) -> dict[str, Any]:
         if bf16_packed is not None:
             calls["bf16_packed"] = _packed_products(xb, bf16_packed)
         if "bf16_rows" not in skipped:
-            calls["bf16_rows"] = _rows_products(x, bf16)
-            calls["int8_rows"] = _int8_rows_products(x, int8, int8_scales32)
+            calls["bf16_rows"] = _rows_products(x, bf16_blocked)
+            calls["int8_rows"] = _int8_rows_products(x, int8_blocked, int8_scales32)
         ms = {name: _median_ms(call, repeats) for name, call in calls.items()}
         results["rows"][rows] = {
             name: {

@@ -188,10 +188,12 @@ class Int8Linear(_QuantizedLinear):
     """A linear layer served from int8 weights, one scale per output row (see the module docstring).
 
     Attributes:
-        qweight: ``[out, in]`` int8 weights.
+        qweight: ``[out, in]`` int8 weights, for torch's int8 product; ``None`` where decode steps multiply
+            through the engine's kernel (:mod:`.rows`: fp32 activations, on a CPU without native bf16).
+        rows_qweight: the same codes in that kernel's blocked layout (:func:`.rows.pack`) where it serves,
+            else ``None``.
         scales: ``[out]`` bf16 per-row scales.
-        rows_scales: the same in fp32 where decode steps multiply through the engine's kernel
-            (:mod:`.rows`: fp32 activations, on a CPU without native bf16), else ``None``.
+        rows_scales: the same in fp32 where the kernel serves (its type), else ``None``.
         weight: the dequantized ``[out, in]`` fp32 weights, for prefills.
         bias: the original bias (fp32) or ``None``.
     """
@@ -199,19 +201,24 @@ class Int8Linear(_QuantizedLinear):
     def __init__(self, linear: nn.Linear) -> None:
         q, scales = quantize_rows(linear.weight)
         super().__init__(linear, q.float() * scales.float()[:, None])
-        self.qweight, self.scales = q, scales
-        self.rows_scales = scales.float() if _use_rows_kernel(self.in_features) else None
+        rows = _use_rows_kernel(self.in_features, self.out_features)
+        self.qweight = None if rows else q
+        self.rows_qweight = rows_kernel.pack(q) if rows else None
+        self.scales = scales
+        self.rows_scales = scales.float() if rows else None
 
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        assert self.qweight is not None
         return _int8_product(rows, self.qweight, self.scales)
 
     def _decode(self, x: torch.Tensor) -> torch.Tensor:
-        if self.rows_scales is None:
+        if self.rows_qweight is None or self.rows_scales is None:
             return super()._decode(x)
-        return rows_kernel.int8_rows(x, self.qweight, self.rows_scales).to(x.dtype)
+        return rows_kernel.int8_rows(x, self.rows_qweight, self.rows_scales).to(x.dtype)
 
     def decode_bytes(self) -> int:
-        return self.qweight.numel() + self.scales.numel() * self.scales.element_size() + self._bias_bytes()
+        codes = self.in_features * self.out_features  # one byte a weight
+        return codes + self.scales.numel() * self.scales.element_size() + self._bias_bytes()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
@@ -226,7 +233,10 @@ class Bf16Linear(_QuantizedLinear):
             decode steps take the engine's kernel (``rows``) or oneDNN packs no bf16.
         rows: whether decode steps multiply through the engine's kernel (:mod:`.rows`: fp32
             activations, on a CPU without native bf16).
-        weight16: the same values as a plain tensor, where ``packed16`` is ``None``.
+        rows16: the bf16 weights in that kernel's blocked layout (:func:`.rows.pack`) where it serves,
+            else ``None``.
+        weight16: the same values as a plain ``[out, in]`` tensor, for ``F.linear``, where neither
+            ``packed16`` nor ``rows16`` serves.
         weight: the same values in fp32 (``[out, in]``), for prefills elsewhere and for autograd.
         bias: the original bias (fp32) or ``None``.
     """
@@ -237,10 +247,11 @@ class Bf16Linear(_QuantizedLinear):
         # fp32's at prefill sizes on the AMD EPYC VM); elsewhere bf16 is converted on the way and fp32 wins.
         self.kernel_prefills = cpu_linear.native_bf16()
         super().__init__(linear, rounded.float())
-        self.rows = _use_rows_kernel(self.in_features)
+        self.rows = _use_rows_kernel(self.in_features, self.out_features)
         packing = cpu_linear.packs_bf16() and not self.rows
         self.packed16 = cpu_linear.pack(rounded, torch.bfloat16) if packing else None
-        self.weight16 = None if packing else rounded
+        self.rows16 = rows_kernel.pack(rounded) if self.rows else None
+        self.weight16 = None if packing or self.rows else rounded
 
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
         if self.packed16 is not None:
@@ -249,10 +260,9 @@ class Bf16Linear(_QuantizedLinear):
         return nn.functional.linear(rows, self.weight16)
 
     def _decode(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.rows:
+        if self.rows16 is None:
             return super()._decode(x)
-        assert self.weight16 is not None
-        return rows_kernel.bf16_rows(x, self.weight16).to(x.dtype)
+        return rows_kernel.bf16_rows(x, self.rows16).to(x.dtype)
 
     def decode_bytes(self) -> int:
         return self.weight.numel() * 2 + self._bias_bytes()  # bf16: two bytes a weight
@@ -373,11 +383,14 @@ def stacked_product(layers: Sequence[Any]) -> Callable[[torch.Tensor], torch.Ten
     if not cpu_linear.available() or any(type(m) is not kind or getattr(m, "bias", None) is not None for m in layers):
         return None
     if kind is Int8Linear:
-        qweight = torch.cat([m.qweight for m in layers])
         scales = torch.cat([m.scales for m in layers])
-        if all(m.rows_scales is not None for m in layers):
+        if all(m.rows_qweight is not None for m in layers):  # blocked codes stack as [out, in] ones do
+            rows_qweight = torch.cat([m.rows_qweight for m in layers])
             rows_scales = scales.float()
-            return lambda x: rows_kernel.int8_rows(x, qweight, rows_scales).to(x.dtype)
+            return lambda x: rows_kernel.int8_rows(x, rows_qweight, rows_scales).to(x.dtype)
+        if any(m.qweight is None for m in layers):
+            return None
+        qweight = torch.cat([m.qweight for m in layers])
         return lambda x: through_kernel(x, lambda rows: _int8_product(rows, qweight, scales))
     if kind not in (Fp32Linear, Bf16Linear):
         return None
@@ -386,18 +399,18 @@ def stacked_product(layers: Sequence[Any]) -> Callable[[torch.Tensor], torch.Ten
         packed = cpu_linear.pack(weights)
         return lambda x: cpu_linear.packed_linear(x, packed)
     if all(m.rows for m in layers):
-        weight16 = weights.to(torch.bfloat16)  # already rounded: exact
-        return lambda x: rows_kernel.bf16_rows(x, weight16).to(x.dtype)
+        rows16 = rows_kernel.pack(weights.to(torch.bfloat16))  # already rounded: exact
+        return lambda x: rows_kernel.bf16_rows(x, rows16).to(x.dtype)
     if not cpu_linear.packs_bf16():
         return None
     packed16 = cpu_linear.pack(weights, torch.bfloat16)
     return lambda x: through_kernel(x, lambda rows: cpu_linear.packed_linear(rows, packed16))
 
 
-def _use_rows_kernel(in_features: int) -> bool:
-    """Whether a bf16 or int8 layer of ``in_features`` inputs decodes through the engine's own kernel
+def _use_rows_kernel(in_features: int, out_features: int) -> bool:
+    """Whether a bf16 or int8 layer of this shape decodes through the engine's own kernel
     (:func:`services.inference.rows.decodes_here`: an AVX2 CPU without native bf16, where it builds)."""
-    return rows_kernel.fits(in_features) and rows_kernel.decodes_here()
+    return rows_kernel.fits(in_features, out_features) and rows_kernel.decodes_here()
 
 
 def _replace_linears(model: nn.Module, served: Callable[[nn.Linear], nn.Module]) -> None:

@@ -6,7 +6,8 @@ one), torch has no product that reads bf16 or int8 weights faster than fp32 ones
 bf16 on the way, and the weight-only int8 kernel multiplies bf16 activations. ``rows_kernel.cpp``
 (beside this module) widens the weights to fp32 in registers and multiplies fp32 activations with
 fused multiply-adds, so a step reads half (bf16) or a quarter (int8) of fp32's bytes and the
-activations keep fp32's precision.
+activations keep fp32's precision. The weights are kept in the kernel's blocked layout (:func:`pack`), in
+which each block of 4 outputs streams from memory in one sequential pass.
 
 Every output sums its products in one order whatever rows are beside it, so a row's result does not
 depend on its batch (the batch-invariant mode's decode steps share passes through it,
@@ -44,6 +45,8 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("rows_kernel.cpp")
 #: Inputs of a product must be whole groups of this many (one AVX2 register of fp32).
 INPUT_MULTIPLE = 8
+#: Outputs of a product must be whole blocks of this many (the weights a tile widens per group of inputs).
+BLOCK = 4
 _reason: list[str] = []
 
 
@@ -150,25 +153,52 @@ def unavailable_reason() -> str | None:
     return _reason[-1] if _reason else None
 
 
-def fits(in_features: int) -> bool:
-    """Whether a layer of ``in_features`` inputs can multiply through the kernel (where it is available)."""
-    return in_features % INPUT_MULTIPLE == 0
+def fits(in_features: int, out_features: int) -> bool:
+    """Whether a layer of this shape can multiply through the kernel (where it is available)."""
+    return in_features % INPUT_MULTIPLE == 0 and out_features % BLOCK == 0
 
 
-def bf16_rows(x: torch.Tensor, weight16: torch.Tensor) -> torch.Tensor:
-    """``x`` (``[..., in]``, fp32) times bf16 ``weight16`` (``[out, in]``) transposed: ``[..., out]`` fp32."""
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (``[out, in]``, bf16 or int8) in the kernel's blocked layout, ``[out/4, in/8, 4, 8]``: for each
+    block of 4 outputs, their 8 weights of each group of 8 inputs side by side.
+
+    A decode product streams a block's weights from memory in one pass; read from four ``[out, in]`` rows at
+    once, the same weights came at about half the memory's bandwidth (9-11 against 14-16 GB/s for one thread
+    on the AVX2 VM, 18 against 27 for two; docs/inference.md). Packed weights stack along their first
+    dimension as the ``[out, in]`` ones do: ``cat(pack(a), pack(b)) == pack(cat(a, b))``.
+
+    Raises:
+        ValueError: A shape the kernel cannot multiply (:func:`fits`).
+    """
+    out_features, in_features = weight.shape
+    if not fits(in_features, out_features):
+        raise ValueError(
+            f"the rows kernel multiplies whole blocks of {BLOCK} outputs and groups of {INPUT_MULTIPLE} inputs, "
+            f"not [{out_features}, {in_features}] weights"
+        )
+    blocks = weight.reshape(out_features // BLOCK, BLOCK, in_features // INPUT_MULTIPLE, INPUT_MULTIPLE)
+    return blocks.transpose(1, 2).contiguous()
+
+
+def out_features(packed: torch.Tensor) -> int:
+    """The outputs of weights in the blocked layout (:func:`pack`)."""
+    return packed.shape[0] * BLOCK
+
+
+def bf16_rows(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """``x`` (``[..., in]``, fp32) times bf16 ``[out, in]`` weights transposed, :func:`pack`'d: ``[..., out]`` fp32."""
     module = kernel()
     assert module is not None, "the rows kernel is unavailable"
     rows = x.reshape(-1, x.shape[-1]).float().contiguous()
-    return module.bf16_rows(rows, weight16).reshape(*x.shape[:-1], weight16.shape[0])
+    return module.bf16_rows(rows, packed).reshape(*x.shape[:-1], out_features(packed))
 
 
-def int8_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """``x`` (``[..., in]``, fp32) times int8 ``qweight`` (``[out, in]``) with fp32 ``scales`` (``[out]``)."""
+def int8_rows(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``x`` (``[..., in]``, fp32) times int8 codes (:func:`pack`'d) and fp32 ``scales`` (``[out]``): ``[..., out]``."""
     module = kernel()
     assert module is not None, "the rows kernel is unavailable"
     rows = x.reshape(-1, x.shape[-1]).float().contiguous()
-    return module.int8_rows(rows, qweight, scales).reshape(*x.shape[:-1], qweight.shape[0])
+    return module.int8_rows(rows, packed, scales).reshape(*x.shape[:-1], out_features(packed))
 
 
 if __name__ == "__main__":  # make install: build it now, not in the first server's start

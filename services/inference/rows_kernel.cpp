@@ -2,9 +2,11 @@
 // bf16 or int8 weights, widened to fp32 in registers, accumulated in fp32 (services/inference/rows.py).
 //
 // A decode step reads every weight once for a few rows, so it is bound by how fast the weights
-// stream from memory. Each block of 4 output rows' weights is read once from memory and, for every
-// group of activation rows, again from the L1 cache, widened to fp32 8 at a time and multiplied with
-// fused multiply-adds.
+// stream from memory. The weights come in the kernel's blocked layout (rows.pack: [out/4, in/8, 4, 8],
+// each block of 4 outputs with their 8 weights of every group of 8 inputs side by side), so a block is
+// one sequential stream: read once from memory (four rows' streams 1-3 KB apart reached only about
+// half the memory's bandwidth) and, for every group of activation rows, again from the L1 cache,
+// widened to fp32 8 at a time and multiplied with fused multiply-adds.
 //
 // Every output (m, n) sums its products in one order whatever the batch: lane k % 8 in k's order,
 // then one fixed horizontal sum, then the row's scale. A row's result therefore does not depend on
@@ -43,16 +45,21 @@ struct Int8 {
   }
 };
 
-// y[m, n] = scale[n] * sum_k x[m, k] w[n, k] for MT rows of x and NT rows of w (K a multiple of 8).
+// Outputs a block holds, and inputs a group (one register of fp32); rows.py's BLOCK and INPUT_MULTIPLE.
+constexpr int64_t BLOCK = 4, GROUP = 8;
+
+// y[m, n] = scale[n] * sum_k x[m, k] w[n, k] for MT rows of x and NT outputs of one block, from the
+// block's output `first` on: their weights of inputs [k, k + 8) sit at wb + k * BLOCK + n * GROUP.
 template <class W, int MT, int NT>
-SPADE_AVX2 inline void tile(const float* x, const typename W::T* w, int64_t K, const float* scale, float* y,
-                            int64_t ldy) {
+SPADE_AVX2 inline void tile(const float* x, const typename W::T* wb, int first, int64_t K, const float* scale,
+                            float* y, int64_t ldy) {
   __m256 acc[MT][NT];
   for (int m = 0; m < MT; ++m)
     for (int n = 0; n < NT; ++n) acc[m][n] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 8) {
+  for (int64_t k = 0; k < K; k += GROUP) {
+    const typename W::T* group = wb + k * BLOCK + first * GROUP;
     __m256 wv[NT];
-    for (int n = 0; n < NT; ++n) wv[n] = W::load(w + n * K + k);
+    for (int n = 0; n < NT; ++n) wv[n] = W::load(group + n * GROUP);
     for (int m = 0; m < MT; ++m) {
       const __m256 xv = _mm256_loadu_ps(x + m * K + k);
       for (int n = 0; n < NT; ++n) acc[m][n] = _mm256_fmadd_ps(xv, wv[n], acc[m][n]);
@@ -61,26 +68,24 @@ SPADE_AVX2 inline void tile(const float* x, const typename W::T* w, int64_t K, c
   for (int m = 0; m < MT; ++m)
     for (int n = 0; n < NT; ++n) {
       const float sum = horizontal_sum(acc[m][n]);
-      y[m * ldy + n] = scale ? sum * scale[n] : sum;
+      y[m * ldy + first + n] = scale ? sum * scale[first + n] : sum;
     }
 }
 
-// Outputs [n0, n0 + NT) of every row: the weights' block stays in L1 while the rows pass over it,
+// Outputs [n0, n0 + 4) of every row: the block's weights stay in L1 while the rows pass over it,
 // four rows at a time by halves of the block (fewer widenings per product), then in pairs, then one.
-template <class W, int NT>
+template <class W>
 void block(const float* x, int64_t M, const typename W::T* w, int64_t K, const float* scale, float* y, int64_t N,
            int64_t n0) {
   const typename W::T* wb = w + n0 * K;
   const float* sb = scale ? scale + n0 : nullptr;
   int64_t m = 0;
-  if constexpr (NT == 4) {
-    for (; m + 4 <= M; m += 4) {
-      tile<W, 4, 2>(x + m * K, wb, K, sb, y + m * N + n0, N);
-      tile<W, 4, 2>(x + m * K, wb + 2 * K, K, sb ? sb + 2 : nullptr, y + m * N + n0 + 2, N);
-    }
+  for (; m + 4 <= M; m += 4) {
+    tile<W, 4, 2>(x + m * K, wb, 0, K, sb, y + m * N + n0, N);
+    tile<W, 4, 2>(x + m * K, wb, 2, K, sb, y + m * N + n0, N);
   }
-  for (; m + 2 <= M; m += 2) tile<W, 2, NT>(x + m * K, wb, K, sb, y + m * N + n0, N);
-  for (; m < M; ++m) tile<W, 1, NT>(x + m * K, wb, K, sb, y + m * N + n0, N);
+  for (; m + 2 <= M; m += 2) tile<W, 2, 4>(x + m * K, wb, 0, K, sb, y + m * N + n0, N);
+  for (; m < M; ++m) tile<W, 1, 4>(x + m * K, wb, 0, K, sb, y + m * N + n0, N);
 }
 
 template <class W>
@@ -89,18 +94,19 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const type
   TORCH_CHECK(x.is_cpu() && w.is_cpu(), "activations and weights must be on the CPU");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
               "activations must be a contiguous [rows, in] float32 tensor");
-  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "weights must be a contiguous [out, in] tensor");
-  TORCH_CHECK(w.size(1) == x.size(1), "activations have ", x.size(1), " inputs, the weights ", w.size(1));
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(K % 8 == 0, "inputs must be a multiple of 8, not ", K);
+  TORCH_CHECK(x.size(1) % GROUP == 0, "inputs must be a multiple of 8, not ", x.size(1));
+  TORCH_CHECK(w.dim() == 4 && w.size(2) == BLOCK && w.size(3) == GROUP && w.is_contiguous(),
+              "weights must be in the kernel's blocked layout (rows.pack): a contiguous [out/4, in/8, 4, 8] "
+              "tensor");
+  TORCH_CHECK(w.size(1) * GROUP == x.size(1), "activations have ", x.size(1), " inputs, the weights ",
+              w.size(1) * GROUP);
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0) * BLOCK;
   auto y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const int64_t blocks = N / 4;
-  at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) block<W, 4>(xp, M, weights, K, scale, yp, N, b * 4);
+  at::parallel_for(0, w.size(0), 16, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) block<W>(xp, M, weights, K, scale, yp, N, b * BLOCK);
   });
-  for (int64_t n = blocks * 4; n < N; ++n) block<W, 1>(xp, M, weights, K, scale, yp, N, n);
   return y;
 }
 
@@ -112,7 +118,7 @@ torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w) {
 torch::Tensor int8_rows(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales) {
   TORCH_CHECK(q.scalar_type() == torch::kInt8, "weights must be int8");
   TORCH_CHECK(scales.is_cpu() && scales.dim() == 1 && scales.scalar_type() == torch::kFloat32 &&
-                  scales.is_contiguous() && scales.size(0) == q.size(0),
+                  scales.is_contiguous() && scales.size(0) == q.size(0) * BLOCK,
               "scales must be a contiguous float32 vector, one per output");
   return product<Int8>(x, q, q.data_ptr<int8_t>(), scales.data_ptr<float>());
 }
@@ -122,9 +128,10 @@ torch::Tensor int8_rows(const torch::Tensor& x, const torch::Tensor& q, const to
 // The products touch no Python object: they release the GIL, as torch's own operators do, so the
 // embedded run's other threads (its learner, its HTTP loop) run Python meanwhile.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("bf16_rows", &bf16_rows, "[rows, in] fp32 activations times bf16 [out, in] weights: [rows, out] fp32",
+  m.def("bf16_rows", &bf16_rows,
+        "[rows, in] fp32 activations times bf16 weights (blocked: [out/4, in/8, 4, 8]): [rows, out] fp32",
         py::call_guard<py::gil_scoped_release>());
   m.def("int8_rows", &int8_rows,
-        "[rows, in] fp32 activations times int8 [out, in] weights and fp32 [out] scales: [rows, out] fp32",
+        "[rows, in] fp32 activations times int8 weights (blocked) and fp32 [out] scales: [rows, out] fp32",
         py::call_guard<py::gil_scoped_release>());
 }

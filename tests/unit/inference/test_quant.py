@@ -259,7 +259,8 @@ def test_a_quantized_layers_prefill_without_autograd_multiplies_its_packed_dequa
 
 @pytest.mark.skipif(not cpu_linear.packs_bf16(), reason="oneDNN packs no bf16 weights on this CPU")
 def test_a_bf16_decode_step_multiplies_the_packed_bf16_weights(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(quant, "_use_rows_kernel", lambda inputs: False)  # torch's product, not the engine's kernel
+    # torch's product, not the engine's kernel
+    monkeypatch.setattr(quant, "_use_rows_kernel", lambda inputs, outputs: False)
     layer = Bf16Linear(_linear(seed=7))
     x = torch.randn(4, 1, 64, generator=torch.Generator().manual_seed(7))
     with torch.inference_mode(), decode_step():

@@ -25,14 +25,31 @@ def _inputs(count: int, inputs: int, seed: int) -> torch.Tensor:
     return torch.randn(count, inputs, generator=torch.Generator().manual_seed(seed))
 
 
+def test_the_blocked_layout_puts_each_blocks_weights_of_a_group_of_inputs_side_by_side() -> None:
+    weight = torch.arange(8 * 16, dtype=torch.int16).reshape(8, 16).to(torch.bfloat16)  # exact integers
+    packed = rows.pack(weight)
+    assert packed.shape == (2, 2, 4, 8) and packed.is_contiguous() and packed.dtype == torch.bfloat16
+    for out in range(8):
+        for inp in range(16):
+            assert packed[out // 4, inp // 8, out % 4, inp % 8] == weight[out, inp]
+    # Stacked layers (q, k and v; gate and up) concatenate their packed weights as their [out, in] ones.
+    other = torch.randn(12, 16).bfloat16()
+    assert torch.equal(torch.cat([packed, rows.pack(other)]), rows.pack(torch.cat([weight, other])))
+    assert rows.out_features(packed) == 8
+    for shape in ((8, 12), (6, 16)):
+        assert not rows.fits(shape[1], shape[0])
+        with pytest.raises(ValueError, match="whole blocks of 4 outputs and groups of 8 inputs"):
+            rows.pack(torch.zeros(shape, dtype=torch.bfloat16))
+
+
 @needs_kernel
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 7, 16, 33])
-@pytest.mark.parametrize(("outputs", "inputs"), [(48, 64), (50, 576), (7, 8)])
+@pytest.mark.parametrize(("outputs", "inputs"), [(48, 64), (52, 576), (8, 8)])
 def test_bf16_rows_is_the_fp32_product_of_the_bf16_weights(count: int, outputs: int, inputs: int) -> None:
     weight16 = (torch.randn(outputs, inputs, generator=torch.Generator().manual_seed(1)) * 0.05).bfloat16()
     x = _inputs(count, inputs, 2)
     exact = x.double() @ weight16.double().t()
-    y = rows.bf16_rows(x, weight16)
+    y = rows.bf16_rows(x, rows.pack(weight16))
     assert y.dtype == torch.float32 and y.shape == (count, outputs)
     # fp32 activations, not rounded to bf16 on the way: within fp32's rounding of the exact sums.
     torch.testing.assert_close(y.double(), exact, rtol=1e-5, atol=1e-5)
@@ -43,16 +60,16 @@ def test_bf16_rows_is_the_fp32_product_of_the_bf16_weights(count: int, outputs: 
 @needs_kernel
 def test_int8_rows_is_the_product_of_the_codes_times_each_rows_scale() -> None:
     generator = torch.Generator().manual_seed(3)
-    q = torch.randint(-127, 128, (50, 64), generator=generator, dtype=torch.int8)
-    scales = torch.rand(50, generator=generator) * 0.01
+    q = torch.randint(-127, 128, (52, 64), generator=generator, dtype=torch.int8)
+    scales = torch.rand(52, generator=generator) * 0.01
     x = _inputs(5, 64, 4)
     exact = (x.double() @ q.double().t()) * scales.double()
-    torch.testing.assert_close(rows.int8_rows(x, q, scales).double(), exact, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rows.int8_rows(x, rows.pack(q), scales).double(), exact, rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it() -> None:
-    weight16 = torch.randn(52, 1536, generator=torch.Generator().manual_seed(5)).bfloat16()
+    weight16 = rows.pack(torch.randn(52, 1536, generator=torch.Generator().manual_seed(5)).bfloat16())
     target = _inputs(1, 1536, 6)
     alone = rows.bf16_rows(target, weight16)[0]
     for count in (2, 3, 5, 8, 13, 32):
@@ -63,17 +80,19 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it() -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize("outputs", [1536, 1538])
+@pytest.mark.parametrize("outputs", [1536, 1540])
 def test_every_thread_count_gives_the_same_bits(outputs: int) -> None:
-    # The model's shapes split over threads (at::parallel_for in blocks of 64 outputs); a tail past the last 4.
+    # The model's shapes split over threads (at::parallel_for, at least 16 blocks of 4 outputs a thread);
+    # 1,540 outputs are 385 blocks, which no thread count splits evenly.
     weight16 = (torch.randn(outputs, 576, generator=torch.Generator().manual_seed(11)) * 0.05).bfloat16()
+    packed = rows.pack(weight16)
     x = _inputs(5, 576, 12)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = rows.bf16_rows(x, weight16)
+        one = rows.bf16_rows(x, packed)
         torch.set_num_threads(4)
-        four = rows.bf16_rows(x, weight16)
+        four = rows.bf16_rows(x, packed)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, four)
@@ -82,16 +101,22 @@ def test_every_thread_count_gives_the_same_bits(outputs: int) -> None:
 
 @needs_kernel
 def test_leading_dimensions_are_kept_and_bad_shapes_are_refused_with_a_reason() -> None:
-    weight16 = torch.randn(16, 64).bfloat16()
+    weight16 = rows.pack(torch.randn(16, 64).bfloat16())
     x = torch.randn(3, 2, 64)
     assert rows.bf16_rows(x, weight16).shape == (3, 2, 16)
+    module = rows.kernel()
+    assert module is not None
     with pytest.raises(RuntimeError, match="multiple of 8"):
-        rows.kernel().bf16_rows(torch.randn(2, 60), torch.randn(16, 60).bfloat16())  # type: ignore[union-attr]
+        module.bf16_rows(torch.randn(2, 60), weight16)
     with pytest.raises(RuntimeError, match="inputs"):
-        rows.bf16_rows(torch.randn(2, 64), torch.randn(16, 72).bfloat16())
+        rows.bf16_rows(torch.randn(2, 64), rows.pack(torch.randn(16, 72).bfloat16()))
     with pytest.raises(RuntimeError, match="bfloat16"):
-        rows.kernel().bf16_rows(torch.randn(2, 64), torch.randn(16, 64))  # type: ignore[union-attr]
-    assert not rows.fits(60) and rows.fits(64)
+        module.bf16_rows(torch.randn(2, 64), rows.pack(torch.randn(16, 64)))
+    with pytest.raises(RuntimeError, match="blocked layout"):  # [out, in] weights, not packed
+        module.bf16_rows(torch.randn(2, 64), torch.randn(16, 64).bfloat16())
+    with pytest.raises(RuntimeError, match="one per output"):
+        module.int8_rows(torch.randn(2, 64), rows.pack(torch.zeros(16, 64, dtype=torch.int8)), torch.ones(15))
+    assert not rows.fits(60, 16) and rows.fits(64, 16)
 
 
 @pytest.fixture
@@ -107,13 +132,13 @@ def no_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_without_native_bf16_a_bf16_layer_decodes_fp32_activations_through_the_kernel(bias: bool) -> None:
     linear = nn.Linear(64, 48, bias=bias)
     layer = Bf16Linear(linear)
-    assert layer.rows and layer.packed16 is None and layer.weight16 is not None
+    assert layer.rows and layer.packed16 is None and layer.weight16 is None and layer.rows16 is not None
     x = torch.randn(4, 1, 64, generator=torch.Generator().manual_seed(8))
     fp32 = nn.functional.linear(x, layer.weight, layer.bias)  # the same rounded weights, in fp32
     with torch.inference_mode(), decode_step():
         decoded = layer(x)
         torch.testing.assert_close(decoded, fp32, rtol=1e-5, atol=1e-5)
-        layer.weight16 = torch.zeros(48, 64, dtype=torch.bfloat16)  # the step reads weight16, nothing else
+        layer.rows16 = rows.pack(torch.zeros(48, 64, dtype=torch.bfloat16))  # the step reads rows16, nothing else
         zeros = torch.zeros(4, 1, 48) if layer.bias is None else layer.bias.detach().expand(4, 1, 48)
         assert torch.equal(layer(x), zeros)
 
@@ -131,12 +156,15 @@ def test_the_engines_probe_finds_bf16_and_int8_layers_row_invariant_from_one_row
 @pytest.mark.usefixtures("no_native_bf16")
 def test_without_native_bf16_an_int8_layer_decodes_fp32_activations_through_the_kernel() -> None:
     layer = Int8Linear(nn.Linear(64, 48, bias=False))
-    assert layer.rows_scales is not None
+    assert layer.rows_scales is not None and layer.rows_qweight is not None and layer.qweight is None
     x = torch.randn(3, 1, 64, generator=torch.Generator().manual_seed(9))
     with torch.inference_mode(), decode_step():
         decoded = layer(x)
-    # The dequantized weights (what prefills multiply) times fp32 activations.
-    torch.testing.assert_close(decoded, nn.functional.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+        # The dequantized weights (what prefills multiply) times fp32 activations.
+        torch.testing.assert_close(decoded, nn.functional.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+        layer.rows_qweight = rows.pack(torch.zeros(48, 64, dtype=torch.int8))  # the step reads these codes
+        assert torch.equal(layer(x), torch.zeros(3, 1, 48))
+    assert layer.decode_bytes() == 48 * 64 + 48 * 2  # a byte a weight, a bf16 scale a row
 
 
 @needs_kernel
@@ -181,7 +209,8 @@ x = torch.randn(2, 1, 64)
 int8 = Int8Linear(nn.Linear(64, 48, bias=False))
 bf16 = Bf16Linear(nn.Linear(64, 48, bias=False))
 assert rows.kernel() is None and not rows.decodes_here(), rows.unavailable_reason()
-assert int8.rows_scales is None and not bf16.rows and bf16.packed16 is None and bf16.weight16 is not None
+assert int8.rows_scales is None and int8.rows_qweight is None and int8.qweight is not None
+assert not bf16.rows and bf16.packed16 is None and bf16.rows16 is None and bf16.weight16 is not None
 assert stacked_product([bf16, Bf16Linear(nn.Linear(64, 16, bias=False))]) is None  # each layer's own product
 with torch.inference_mode(), decode_step():  # torch's products: int8's kernel, bf16's F.linear
     for layer in (int8, bf16):
