@@ -17,7 +17,14 @@ packed or quantized, are called as they are) with:
 - q, k and v multiplied by one product (their weights stacked), and gate and up by another, where the
   served layers are fp32, bf16 or int8 ones (:func:`.quant.stacked_product`); otherwise one product each;
 - attention exactly as transformers' SDPA integration computes a one-token query: grouped query
-  heads packed onto their key/value head, the boolean mask where a row has padding.
+  heads packed onto their key/value head, the boolean mask where a row has padding; or, where every
+  product of the step multiplies bf16 or int8 weights through the engine's own decode kernel
+  (:func:`.rows.decodes_here`: a CPU with AVX2 and no native bf16), the kernel's attention
+  (:func:`.rows.decode_attention`), which reads the fp32 KV at about 1.4-1.6x SDPA's rate there and
+  skips a row's padding. Its outputs differ from SDPA's by fp32 rounding (~5e-7). That moved the
+  model's logprobs by up to 5e-5 over four steps: far inside what bf16 or int8 weights move them (5e-3
+  and more), but not the 1e-5 fp32 serving keeps, so fp32 weights keep SDPA; and int4 layers, whose
+  torch kernel rounds activations to bf16, turned it into 0.26, so they keep SDPA too.
 
 :meth:`LlamaDecoder.apart` decodes the batch-invariant mode's rows (:mod:`.invariance`) together:
 each attends to its own KV, unpadded, and only the matrix products see the rows side by side, where
@@ -40,7 +47,8 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from services.inference.quant import decode_step, stacked_product
+from services.inference import rows as rows_kernel
+from services.inference.quant import Bf16Linear, Int8Linear, decode_step, stacked_product
 
 Product = Callable[[torch.Tensor], torch.Tensor]
 _Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -140,6 +148,15 @@ def _product(layers: list[Any]) -> tuple[Product, list[tuple[type, int, int]]]:
     return stacked, [(shapes[0][0], shapes[0][1], sum(out for _, _, out in shapes))]
 
 
+def _rows_kernel_layer(module: nn.Module) -> bool:
+    """Whether ``module`` is no linear layer, or one whose decode products go through the engine's kernel."""
+    if isinstance(module, Bf16Linear):
+        return module.rows16 is not None
+    if isinstance(module, Int8Linear):
+        return module.rows_qweight is not None
+    return not isinstance(module, nn.Linear) and not hasattr(module, "in_features")
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``LlamaRMSNorm`` on fp32 hidden states, operation for operation."""
     variance = x.pow(2).mean(-1, keepdim=True)
@@ -186,6 +203,11 @@ class LlamaDecoder:
         self.layers = layers
         self._kinds = sorted(kinds, key=repr)
         """Every kind of product a step takes: ``(layer class, inputs, outputs)``."""
+        through_kernel = all(_rows_kernel_layer(m) for layer in inner.layers for m in layer.modules()) and (
+            _rows_kernel_layer(self.lm_head)
+        )
+        #: Whether attention runs through the engine's kernel (else SDPA, as transformers runs it).
+        self.own_attention = through_kernel and rows_kernel.attention_fits(self.head_dim)
 
     def __call__(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache
@@ -251,7 +273,11 @@ class LlamaDecoder:
     def _attention(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """Attention of a one-token query as transformers' SDPA integration computes it."""
+        """Attention of a one-token query as transformers' SDPA integration computes it, or through the
+        engine's kernel (:attr:`own_attention`): ``[rows, heads, 1, dim]`` either way, in memory."""
+        if self.own_attention:
+            keep = None if attn_mask is None else attn_mask.reshape(attn_mask.shape[0], -1)
+            return rows_kernel.decode_attention(query, key, value, keep, self.scaling)
         groups = self.heads // self.kv_heads
         if attn_mask is not None or groups == 1 or self.head_dim > 256:
             # transformers' one-token path (sdpa_attention_forward: no enable_gqa with a mask or heads

@@ -7,7 +7,8 @@ bf16 on the way, and the weight-only int8 kernel multiplies bf16 activations. ``
 (beside this module) widens the weights to fp32 in registers and multiplies fp32 activations with
 fused multiply-adds, so a step reads half (bf16) or a quarter (int8) of fp32's bytes and the
 activations keep fp32's precision. The weights are kept in the kernel's blocked layout (:func:`pack`), in
-which each block of 4 outputs streams from memory in one sequential pass.
+which each block of 4 outputs streams from memory in one sequential pass. The same extension attends a
+decode step's one query position to the fp32 KV cache (:func:`decode_attention`), faster than SDPA there.
 
 Every output sums its products in one order whatever rows are beside it, so a row's result does not
 depend on its batch (the batch-invariant mode's decode steps share passes through it,
@@ -47,6 +48,8 @@ SOURCE = Path(__file__).with_name("rows_kernel.cpp")
 INPUT_MULTIPLE = 8
 #: Outputs of a product must be whole blocks of this many (the weights a tile widens per group of inputs).
 BLOCK = 4
+#: The attention's head dim must be a multiple of this (two AVX2 registers of fp32).
+ATTENTION_DIM_MULTIPLE = 16
 _reason: list[str] = []
 
 
@@ -178,6 +181,34 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
         )
     blocks = weight.reshape(out_features // BLOCK, BLOCK, in_features // INPUT_MULTIPLE, INPUT_MULTIPLE)
     return blocks.transpose(1, 2).contiguous()
+
+
+def attention_fits(head_dim: int) -> bool:
+    """Whether :func:`decode_attention` takes heads of ``head_dim`` (whole pairs of AVX2 registers)."""
+    return head_dim % ATTENTION_DIM_MULTIPLE == 0
+
+
+def decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keep: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """One query position's attention, in fp32: ``softmax(scale · q kᵀ) v`` over each row's kept positions.
+
+    Args:
+        query: ``[rows, heads, 1, dim]``.
+        key: ``[rows, kv_heads, length, dim]``, each position's ``dim`` values contiguous (a view of the
+            engine's KV buffer is taken as it is); ``heads`` is a multiple of ``kv_heads``, each group of
+            ``heads / kv_heads`` query heads attends to one key/value head (grouped-query attention).
+        value: shaped as ``key``.
+        keep: ``[rows, length]``, true where a row attends (its padding false), or ``None``: every position.
+        scale: the scores' factor (``dim ** -0.5`` for Llama).
+
+    Returns:
+        ``[rows, heads, 1, dim]``. Each (row, key/value head) sums over its own kept positions in their
+        order, so a row's bits do not depend on the rows beside it or on its padding.
+    """
+    module = kernel()
+    assert module is not None, "the rows kernel is unavailable"
+    return module.decode_attention(query.contiguous(), key, value, keep, scale)
 
 
 def out_features(packed: torch.Tensor) -> int:

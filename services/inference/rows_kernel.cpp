@@ -15,7 +15,10 @@
 #include <immintrin.h>
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace {
 
@@ -144,6 +147,166 @@ torch::Tensor int8_rows(const torch::Tensor& x, const torch::Tensor& q, const to
   return product<Int8>(x, q, q.data_ptr<int8_t>(), scales.data_ptr<float>());
 }
 
+
+// exp(x) for x <= 0 (softmax's shifted scores), 8 at a time: Cephes' expf, the polynomial after a
+// split into 2^n * exp(r), |r| <= ln(2) / 2; relative error about 1e-7.
+SPADE_AVX2 inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // below, exp underflows fp32's normal range
+  __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// The sums of 8 registers' lanes, as one register (lane j: the sum of a[j]'s lanes, in one fixed order).
+SPADE_AVX2 inline __m256 sum_each(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// out[d0, d0 + 8 NV) = inverse_sum * the sum over the kept positions l of p[l] * v[l], in their order.
+template <int NV>
+SPADE_AVX2 void weigh_values(const float* p, const int64_t* kept, int64_t count, const float* v, int64_t v_stride,
+                             int64_t d0, float inverse_sum, float* out) {
+  __m256 acc[NV];
+  for (int j = 0; j < NV; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t l = kept[i];
+    const float* row = v + l * v_stride + d0;
+    const __m256 w = _mm256_set1_ps(p[l]);
+    for (int j = 0; j < NV; ++j) acc[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * j), acc[j]);
+  }
+  const __m256 inv = _mm256_set1_ps(inverse_sum);
+  for (int j = 0; j < NV; ++j) _mm256_storeu_ps(out + d0 + 8 * j, _mm256_mul_ps(acc[j], inv));
+}
+
+// One query position's attention for every row and head: softmax(scale * q k^T over the row's kept
+// positions) v, each group of H / KVH query heads on its key/value head (grouped-query attention), in fp32.
+// Each (row, key/value head) is one task and sums over its own positions in their order, so a row's
+// result does not depend on the rows beside it or on its padding (masked positions are skipped).
+SPADE_AVX2 void attend_head(const float* q, const float* k, const float* v, int64_t k_stride, int64_t v_stride,
+                            const bool* keep, int64_t L, int64_t G, int64_t D, float scale, float* out,
+                            std::vector<float>& scores, std::vector<int64_t>& kept) {
+  kept.clear();
+  for (int64_t l = 0; l < L; ++l)
+    if (keep == nullptr || keep[l]) kept.push_back(l);
+  const int64_t count = static_cast<int64_t>(kept.size());
+  scores.assign(G * L, 0.0f);
+  std::vector<float> maxima(G, -INFINITY), inverse_sums(G, 0.0f);
+  // Scores, 8 positions at a time for one query head (its keys stream once from memory, then from cache for
+  // the group's other heads); each score's dim summed in one order whatever its position.
+  const __m256 scale8 = _mm256_set1_ps(scale);
+  for (int64_t g = 0; g < G; ++g) {
+    const float* qg = q + g * D;
+    float* sg = scores.data() + g * L;
+    int64_t l = 0;
+    for (; l + 8 <= L; l += 8) {
+      __m256 acc[8];
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(qg + d);
+        for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (l + j) * k_stride + d), acc[j]);
+      }
+      _mm256_storeu_ps(sg + l, _mm256_mul_ps(sum_each(acc), scale8));
+    }
+    for (; l < L; ++l) {
+      __m256 acc[8];
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8)
+        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(k + l * k_stride + d), acc[0]);
+      alignas(32) float lane[8];
+      _mm256_store_ps(lane, _mm256_mul_ps(sum_each(acc), scale8));
+      sg[l] = lane[0];
+    }
+    for (int64_t i = 0; i < count; ++i) maxima[g] = std::max(maxima[g], sg[kept[i]]);
+  }
+  for (int64_t g = 0; g < G; ++g) {  // exp(s - max) at the kept positions (masked ones stay 0), and its sum
+    float* sg = scores.data() + g * L;
+    const __m256 m = _mm256_set1_ps(maxima[g]);
+    __m256 total = _mm256_setzero_ps();
+    int64_t l = 0;
+    if (count == L) {
+      for (; l + 8 <= L; l += 8) {
+        const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sg + l), m));
+        _mm256_storeu_ps(sg + l, e);
+        total = _mm256_add_ps(total, e);
+      }
+    }
+    float sum = horizontal_sum(total);
+    for (int64_t i = 0; i < count; ++i) {  // what the vector loop left: a tail, or every kept position of a padded row
+      const int64_t p = kept[i];
+      if (p < l) continue;
+      alignas(32) float lane[8] = {sg[p] - maxima[g], 0, 0, 0, 0, 0, 0, 0};
+      const float e = _mm_cvtss_f32(_mm256_castps256_ps128(exp_nonpositive(_mm256_load_ps(lane))));
+      sg[p] = e;
+      sum += e;
+    }
+    inverse_sums[g] = count > 0 ? 1.0f / sum : 0.0f;
+  }
+  // Each query head's values, 64 dims at a time where they divide (8 registers), else 16: the first head
+  // streams them from memory, the group's other heads read them again from cache.
+  for (int64_t g = 0; g < G; ++g) {
+    const float* p = scores.data() + g * L;
+    float* o = out + g * D;
+    if (D % 64 == 0) {
+      for (int64_t d0 = 0; d0 < D; d0 += 64) weigh_values<8>(p, kept.data(), count, v, v_stride, d0, inverse_sums[g], o);
+    } else {
+      for (int64_t d0 = 0; d0 < D; d0 += 16) weigh_values<2>(p, kept.data(), count, v, v_stride, d0, inverse_sums[g], o);
+    }
+  }
+}
+
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const c10::optional<torch::Tensor>& mask, double scale) {
+  TORCH_CHECK(q.is_cpu() && k.is_cpu() && v.is_cpu(), "query, keys and values must be on the CPU");
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
+                  v.scalar_type() == torch::kFloat32,
+              "query, keys and values must be float32");
+  TORCH_CHECK(q.dim() == 4 && q.size(2) == 1 && q.is_contiguous(), "the query must be a contiguous [rows, heads, 1, dim]");
+  TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes(), "keys and values must be [rows, kv_heads, length, dim] alike");
+  const int64_t R = q.size(0), H = q.size(1), D = q.size(3), KVH = k.size(1), L = k.size(2);
+  TORCH_CHECK(k.size(0) == R && k.size(3) == D, "keys and values must have the query's rows and dim");
+  TORCH_CHECK(KVH > 0 && H % KVH == 0, "the query's heads must be a multiple of the key/value heads");
+  TORCH_CHECK(D % 16 == 0, "the head dim must be a multiple of 16, not ", D);
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "each key and value must be contiguous");
+  const bool* keep = nullptr;
+  torch::Tensor keep_tensor;
+  if (mask.has_value()) {
+    keep_tensor = mask->to(torch::kBool).contiguous();
+    TORCH_CHECK(keep_tensor.dim() == 2 && keep_tensor.size(0) == R && keep_tensor.size(1) == L,
+                "the mask must be [rows, length]");
+    keep = keep_tensor.data_ptr<bool>();
+  }
+  auto out = torch::empty({R, H, 1, D}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t G = H / KVH;
+  at::parallel_for(0, R * KVH, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    std::vector<int64_t> kept;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t r = t / KVH, h = t % KVH;
+      attend_head(qp + (r * H + h * G) * D, kp + r * k.stride(0) + h * k.stride(1),
+                  vp + r * v.stride(0) + h * v.stride(1), k.stride(2), v.stride(2),
+                  keep ? keep + r * L : nullptr, L, G, D, static_cast<float>(scale), op + (r * H + h * G) * D,
+                  scores, kept);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 // The products touch no Python object: they release the GIL, as torch's own operators do, so the
@@ -154,5 +317,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("int8_rows", &int8_rows,
         "[rows, in] fp32 activations times int8 weights (blocked) and fp32 [out] scales: [rows, out] fp32",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("decode_attention", &decode_attention,
+        "one query position's attention: q [rows, heads, 1, dim], k and v [rows, kv_heads, length, dim] fp32, "
+        "mask [rows, length] (true: attend) or None, scale: [rows, heads, 1, dim] fp32",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"),
         py::call_guard<py::gil_scoped_release>());
 }

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicCache
 
+from services.inference import rows as rows_kernel
 from services.inference.engine import BatchEngine, GenerationJob
 from services.inference.kv import KVBatch, layer_kv
 from services.inference.llama_decode import LlamaDecoder, llama_decoder
@@ -69,6 +70,9 @@ def test_lean_steps_give_transformers_logits_and_kv(
     model = prepare_weights(load_model(model_dir), weights)
     decoder = llama_decoder(model)
     assert decoder is not None, "the default model (a LlamaForCausalLM) has no lean decode step"
+    # The engine's own attention where every product goes through its kernel (fp32 activations); SDPA
+    # for fp32 weights (whose 1e-5 it would not keep) and int4 (whose bf16 activations amplify it).
+    assert decoder.own_attention is (weights in ("bf16", "int8") and rows_kernel.decodes_here())
     prompts = [PROMPTS[i] for i in rows]
     with torch.inference_mode(), decode_step():
         kv_hf, tokens, positions = _batch(model, prompts)

@@ -228,3 +228,73 @@ def test_where_the_kernel_cannot_be_built_the_layers_keep_torchs_products(tmp_pa
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "building rows_kernel.cpp failed" in done.stdout and "no-compiler" in done.stdout + done.stderr
+
+
+def _attention_case(rows_: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A one-token query of 9 heads on 3 key/value heads (SmolLM2's), keys and values views of a longer buffer."""
+    generator = torch.Generator().manual_seed(seed)
+    query = torch.randn(rows_, 9, 1, 64, generator=generator)
+    buffer = torch.randn(2, rows_, 3, length + 13, 64, generator=generator)
+    return query, buffer[0, :, :, :length], buffer[1, :, :, :length]
+
+
+def _sdpa64(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    mask = None if keep is None else keep[:, None, None, :]
+    grouped = query.double().reshape(query.shape[0], 3, 3, 64)
+    out = nn.functional.scaled_dot_product_attention(grouped, key.double(), value.double(), attn_mask=mask, scale=0.125)
+    return out.reshape(query.shape)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("count", "length"), [(1, 1), (1, 7), (2, 37), (4, 600), (3, 1031)])
+@pytest.mark.parametrize("padded", [False, True])
+def test_decode_attention_is_grouped_query_attention_over_the_kept_positions(
+    count: int, length: int, padded: bool
+) -> None:
+    query, key, value = _attention_case(count, length, 20 + length)
+    keep = None
+    if padded:  # the engine's left padding: row 0 starts a third of the way in
+        keep = torch.ones(count, length, dtype=torch.bool)
+        keep[0, : length // 3] = False
+    out = rows.decode_attention(query, key, value, keep, 0.125)
+    assert out.shape == query.shape and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), _sdpa64(query, key, value, keep), rtol=1e-5, atol=2e-6)
+    if padded and length > 3:  # what the padding holds does not reach the row
+        key[0, :, : length // 3] = 1e4
+        value[0, :, : length // 3] = float("nan")
+        assert torch.equal(rows.decode_attention(query, key, value, keep, 0.125), out)
+
+
+@needs_kernel
+def test_decode_attention_gives_a_row_the_same_bits_beside_any_rows() -> None:
+    query, key, value = _attention_case(5, 300, 31)
+    together = rows.decode_attention(query, key, value, None, 0.125)
+    for row in range(5):
+        alone = rows.decode_attention(query[row : row + 1], key[row : row + 1], value[row : row + 1], None, 0.125)
+        assert torch.equal(alone, together[row : row + 1]), row
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(rows.decode_attention(query, key, value, None, 0.125), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_decode_attention_refuses_what_it_cannot_attend_with_a_reason() -> None:
+    query, key, value = _attention_case(2, 16, 40)
+    module = rows.kernel()
+    assert module is not None
+    with pytest.raises(RuntimeError, match="float32"):
+        module.decode_attention(query, key.double(), value, None, 0.125)
+    with pytest.raises(RuntimeError, match="multiple of the key/value heads"):
+        module.decode_attention(torch.randn(2, 8, 1, 64), key, value, None, 0.125)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        module.decode_attention(
+            torch.randn(2, 9, 1, 40), torch.randn(2, 3, 16, 40), torch.randn(2, 3, 16, 40), None, 1.0
+        )
+    with pytest.raises(RuntimeError, match="contiguous"):
+        module.decode_attention(query, key.transpose(2, 3).contiguous().transpose(2, 3), value, None, 0.125)
+    with pytest.raises(RuntimeError, match=r"\[rows, length\]"):
+        module.decode_attention(query, key, value, torch.ones(2, 15, dtype=torch.bool), 0.125)
+    assert rows.attention_fits(64) and not rows.attention_fits(40)
