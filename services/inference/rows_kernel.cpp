@@ -230,27 +230,26 @@ SPADE_AVX2 void attend_head(const float* q, const float* k, const float* v, int6
     }
     for (int64_t i = 0; i < count; ++i) maxima[g] = std::max(maxima[g], sg[kept[i]]);
   }
-  for (int64_t g = 0; g < G; ++g) {  // exp(s - max) at the kept positions (masked ones stay 0), and its sum
+  // exp(s - max) at every position, 8 at a time (a padded row's too: one position at a time cost 3 ms a step
+  // for a row of 1,500), then 0 at the masked ones, and the sum over all in one order.
+  for (int64_t g = 0; g < G; ++g) {
     float* sg = scores.data() + g * L;
     const __m256 m = _mm256_set1_ps(maxima[g]);
-    __m256 total = _mm256_setzero_ps();
     int64_t l = 0;
-    if (count == L) {
-      for (; l + 8 <= L; l += 8) {
-        const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sg + l), m));
-        _mm256_storeu_ps(sg + l, e);
-        total = _mm256_add_ps(total, e);
-      }
+    for (; l + 8 <= L; l += 8) _mm256_storeu_ps(sg + l, exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sg + l), m)));
+    if (l < L) {
+      alignas(32) float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t j = l; j < L; ++j) lane[j - l] = sg[j] - maxima[g];
+      _mm256_store_ps(lane, exp_nonpositive(_mm256_load_ps(lane)));
+      for (int64_t j = l; j < L; ++j) sg[j] = lane[j - l];
     }
+    if (count != L)
+      for (int64_t j = 0; j < L; ++j)
+        if (!keep[j]) sg[j] = 0.0f;
+    __m256 total = _mm256_setzero_ps();
+    for (l = 0; l + 8 <= L; l += 8) total = _mm256_add_ps(total, _mm256_loadu_ps(sg + l));
     float sum = horizontal_sum(total);
-    for (int64_t i = 0; i < count; ++i) {  // what the vector loop left: a tail, or every kept position of a padded row
-      const int64_t p = kept[i];
-      if (p < l) continue;
-      alignas(32) float lane[8] = {sg[p] - maxima[g], 0, 0, 0, 0, 0, 0, 0};
-      const float e = _mm_cvtss_f32(_mm256_castps256_ps128(exp_nonpositive(_mm256_load_ps(lane))));
-      sg[p] = e;
-      sum += e;
-    }
+    for (; l < L; ++l) sum += sg[l];
     inverse_sums[g] = count > 0 ? 1.0f / sum : 0.0f;
   }
   // Each query head's values, 64 dims at a time where they divide (8 registers), else 16: the first head
