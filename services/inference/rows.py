@@ -204,7 +204,8 @@ def decode_attention(
 
     Returns:
         ``[rows, heads, 1, dim]``. Each (row, key/value head) sums over its own kept positions in their
-        order, so a row's bits do not depend on the rows beside it or on its padding.
+        order, so a row's bits do not depend on the rows beside it or on its padding. A row with no kept
+        position gets zeros (SDPA gives NaN); a NaN score gives NaN, as SDPA's.
     """
     module = kernel()
     assert module is not None, "the rows kernel is unavailable"

@@ -68,7 +68,8 @@ SPADE_AVX2 inline void tile(const float* x, const typename W::T* wb, int first, 
     for (int n = 0; n < NT; ++n) acc[m][n] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += GROUP) {
     const typename W::T* group = wb + k * BLOCK + first * GROUP;
-    if constexpr (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(group) + PREFETCH_BYTES, _MM_HINT_T0);
+    if constexpr (PREFETCH)  // an address past the weights' end is only formed as an integer
+      _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(group) + PREFETCH_BYTES), _MM_HINT_T0);
     __m256 wv[NT];
     for (int n = 0; n < NT; ++n) wv[n] = W::load(group + n * GROUP);
     for (int m = 0; m < MT; ++m) {
@@ -141,6 +142,8 @@ torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w) {
 
 torch::Tensor int8_rows(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales) {
   TORCH_CHECK(q.scalar_type() == torch::kInt8, "weights must be int8");
+  TORCH_CHECK(q.dim() == 4 && q.size(2) == BLOCK && q.size(3) == GROUP,
+              "weights must be in the kernel's blocked layout (rows.pack): a contiguous [out/4, in/8, 4, 8] tensor");
   TORCH_CHECK(scales.is_cpu() && scales.dim() == 1 && scales.scalar_type() == torch::kFloat32 &&
                   scales.is_contiguous() && scales.size(0) == q.size(0) * BLOCK,
               "scales must be a contiguous float32 vector, one per output");
@@ -151,7 +154,7 @@ torch::Tensor int8_rows(const torch::Tensor& x, const torch::Tensor& q, const to
 // exp(x) for x <= 0 (softmax's shifted scores), 8 at a time: Cephes' expf, the polynomial after a
 // split into 2^n * exp(r), |r| <= ln(2) / 2; relative error about 1e-7.
 SPADE_AVX2 inline __m256 exp_nonpositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // below, exp underflows fp32's normal range
+  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  // below, exp underflows fp32's normal range; NaN stays NaN
   __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
   x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
   x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
@@ -192,8 +195,9 @@ SPADE_AVX2 void weigh_values(const float* p, const int64_t* kept, int64_t count,
 
 // One query position's attention for every row and head: softmax(scale * q k^T over the row's kept
 // positions) v, each group of H / KVH query heads on its key/value head (grouped-query attention), in fp32.
-// Each (row, key/value head) is one task and sums over its own positions in their order, so a row's
-// result does not depend on the rows beside it or on its padding (masked positions are skipped).
+// Each (row, key/value head) is one task and sums over its own kept positions in their order, so a row's
+// result does not depend on the rows beside it or on its padding (masked positions are never read after
+// their scores). A row with no kept position gets zeros.
 SPADE_AVX2 void attend_head(const float* q, const float* k, const float* v, int64_t k_stride, int64_t v_stride,
                             const bool* keep, int64_t L, int64_t G, int64_t D, float scale, float* out,
                             std::vector<float>& scores, std::vector<int64_t>& kept) {
@@ -228,10 +232,14 @@ SPADE_AVX2 void attend_head(const float* q, const float* k, const float* v, int6
       _mm256_store_ps(lane, _mm256_mul_ps(sum_each(acc), scale8));
       sg[l] = lane[0];
     }
-    for (int64_t i = 0; i < count; ++i) maxima[g] = std::max(maxima[g], sg[kept[i]]);
+    for (int64_t i = 0; i < count; ++i) {  // a NaN score makes the head's output NaN, as SDPA's
+      const float score = sg[kept[i]];
+      if (score > maxima[g] || std::isnan(score)) maxima[g] = score;
+    }
   }
   // exp(s - max) at every position, 8 at a time (a padded row's too: one position at a time cost 3 ms a step
-  // for a row of 1,500), then 0 at the masked ones, and the sum over all in one order.
+  // for a row of 1,500; the masked ones are never read), then the sum over the kept positions, the i-th in
+  // lane i % 8: the same order whatever the row's padding.
   for (int64_t g = 0; g < G; ++g) {
     float* sg = scores.data() + g * L;
     const __m256 m = _mm256_set1_ps(maxima[g]);
@@ -243,14 +251,20 @@ SPADE_AVX2 void attend_head(const float* q, const float* k, const float* v, int6
       _mm256_store_ps(lane, exp_nonpositive(_mm256_load_ps(lane)));
       for (int64_t j = l; j < L; ++j) sg[j] = lane[j - l];
     }
-    if (count != L)
-      for (int64_t j = 0; j < L; ++j)
-        if (!keep[j]) sg[j] = 0.0f;
     __m256 total = _mm256_setzero_ps();
-    for (l = 0; l + 8 <= L; l += 8) total = _mm256_add_ps(total, _mm256_loadu_ps(sg + l));
+    int64_t i = 0;
+    if (count == L) {  // kept[i] == i
+      for (; i + 8 <= count; i += 8) total = _mm256_add_ps(total, _mm256_loadu_ps(sg + i));
+    } else {
+      alignas(32) float lane[8];
+      for (; i + 8 <= count; i += 8) {
+        for (int j = 0; j < 8; ++j) lane[j] = sg[kept[i + j]];
+        total = _mm256_add_ps(total, _mm256_load_ps(lane));
+      }
+    }
     float sum = horizontal_sum(total);
-    for (; l < L; ++l) sum += sg[l];
-    inverse_sums[g] = count > 0 ? 1.0f / sum : 0.0f;
+    for (; i < count; ++i) sum += sg[kept[i]];
+    inverse_sums[g] = count > 0 ? 1.0f / sum : 0.0f;  // no kept position: zeros (SDPA gives NaN)
   }
   // Each query head's values, 64 dims at a time where they divide (8 registers), else 16: the first head
   // streams them from memory, the group's other heads read them again from cache.
@@ -258,9 +272,11 @@ SPADE_AVX2 void attend_head(const float* q, const float* k, const float* v, int6
     const float* p = scores.data() + g * L;
     float* o = out + g * D;
     if (D % 64 == 0) {
-      for (int64_t d0 = 0; d0 < D; d0 += 64) weigh_values<8>(p, kept.data(), count, v, v_stride, d0, inverse_sums[g], o);
+      for (int64_t d0 = 0; d0 < D; d0 += 64)
+        weigh_values<8>(p, kept.data(), count, v, v_stride, d0, inverse_sums[g], o);
     } else {
-      for (int64_t d0 = 0; d0 < D; d0 += 16) weigh_values<2>(p, kept.data(), count, v, v_stride, d0, inverse_sums[g], o);
+      for (int64_t d0 = 0; d0 < D; d0 += 16)
+        weigh_values<2>(p, kept.data(), count, v, v_stride, d0, inverse_sums[g], o);
     }
   }
 }
@@ -271,7 +287,8 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
                   v.scalar_type() == torch::kFloat32,
               "query, keys and values must be float32");
-  TORCH_CHECK(q.dim() == 4 && q.size(2) == 1 && q.is_contiguous(), "the query must be a contiguous [rows, heads, 1, dim]");
+  TORCH_CHECK(q.dim() == 4 && q.size(2) == 1 && q.is_contiguous(),
+              "the query must be a contiguous [rows, heads, 1, dim]");
   TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes(), "keys and values must be [rows, kv_heads, length, dim] alike");
   const int64_t R = q.size(0), H = q.size(1), D = q.size(3), KVH = k.size(1), L = k.size(2);
   TORCH_CHECK(k.size(0) == R && k.size(3) == D, "keys and values must have the query's rows and dim");
@@ -281,6 +298,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   const bool* keep = nullptr;
   torch::Tensor keep_tensor;
   if (mask.has_value()) {
+    TORCH_CHECK(mask->is_cpu(), "the mask must be on the CPU");
     keep_tensor = mask->to(torch::kBool).contiguous();
     TORCH_CHECK(keep_tensor.dim() == 2 && keep_tensor.size(0) == R && keep_tensor.size(1) == L,
                 "the mask must be [rows, length]");

@@ -298,3 +298,37 @@ def test_decode_attention_refuses_what_it_cannot_attend_with_a_reason() -> None:
     with pytest.raises(RuntimeError, match=r"\[rows, length\]"):
         module.decode_attention(query, key, value, torch.ones(2, 15, dtype=torch.bool), 0.125)
     assert rows.attention_fits(64) and not rows.attention_fits(40)
+
+
+@needs_kernel
+def test_decode_attention_gives_a_row_the_same_bits_whatever_its_padding() -> None:
+    # The engine re-pads its rows as others join and leave (services.inference.kv): a row's attention,
+    # its sum of exps included, must not move with the padding in front of it.
+    query, key, value = _attention_case(1, 203, 50)
+    alone = rows.decode_attention(query, key, value, None, 0.125)
+    for padding in (1, 5, 8, 13):
+        generator = torch.Generator().manual_seed(padding)
+        pad = torch.randn(2, 1, 3, padding, 64, generator=generator)
+        keep = torch.ones(1, padding + 203, dtype=torch.bool)
+        keep[0, :padding] = False
+        padded = rows.decode_attention(
+            query, torch.cat([pad[0], key], dim=2), torch.cat([pad[1], value], dim=2), keep, 0.125
+        )
+        assert torch.equal(padded, alone), padding
+
+
+@needs_kernel
+def test_decode_attention_with_heads_of_80_dims_and_its_edges() -> None:
+    generator = torch.Generator().manual_seed(60)
+    query, key, value = (torch.randn(2, h, n, 80, generator=generator) for h, n in ((4, 1), (2, 21), (2, 21)))
+    out = rows.decode_attention(query, key, value, None, 0.1)  # 80 dims: 16 at a time, not 64
+    exact = nn.functional.scaled_dot_product_attention(
+        query.double().reshape(2, 2, 2, 80), key.double(), value.double(), scale=0.1
+    ).reshape(query.shape)
+    torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=2e-6)
+    nothing = torch.zeros(2, 21, dtype=torch.bool)  # no kept position: zeros (SDPA: NaN)
+    assert torch.equal(rows.decode_attention(query, key, value, nothing, 0.1), torch.zeros_like(query))
+    key[1, 0, 3] = float("nan")  # a NaN reaches the heads that read it, as in SDPA
+    poisoned = rows.decode_attention(query, key, value, None, 0.1)
+    assert bool(poisoned[1, :2].isnan().all()) and not bool(poisoned[0].isnan().any())
+    assert not bool(poisoned[1, 2:].isnan().any())
