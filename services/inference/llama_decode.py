@@ -20,7 +20,7 @@ packed or quantized, are called as they are) with:
   heads packed onto their key/value head, the boolean mask where a row has padding; or, where every
   product of the step multiplies bf16 or int8 weights through the engine's own decode kernel
   (:func:`.rows.decodes_here`: a CPU with AVX2 and no native bf16), the kernel's attention
-  (:func:`.rows.decode_attention`), which reads the fp32 KV at about 1.4-1.6x SDPA's rate there and
+  (:func:`.rows.decode_attention`), which reads the fp32 KV at 1.5-2.6x SDPA's rate there and
   skips a row's padding. Its outputs differ from SDPA's by fp32 rounding (~5e-7). That moved the
   model's logprobs by up to 5e-5 over four steps: far inside what bf16 or int8 weights move them (5e-3
   and more), but not the 1e-5 fp32 serving keeps, so fp32 weights keep SDPA; and int4 layers, whose
