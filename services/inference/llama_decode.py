@@ -48,7 +48,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from services.inference import rows as rows_kernel
-from services.inference.quant import Bf16Linear, Int8Linear, decode_step, stacked_product
+from services.inference.quant import decode_step, decodes_through_rows_kernel, stacked_product
 
 Product = Callable[[torch.Tensor], torch.Tensor]
 _Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -148,15 +148,6 @@ def _product(layers: list[Any]) -> tuple[Product, list[tuple[type, int, int]]]:
     return stacked, [(shapes[0][0], shapes[0][1], sum(out for _, _, out in shapes))]
 
 
-def _rows_kernel_layer(module: nn.Module) -> bool:
-    """Whether ``module`` is no linear layer, or one whose decode products go through the engine's kernel."""
-    if isinstance(module, Bf16Linear):
-        return module.rows16 is not None
-    if isinstance(module, Int8Linear):
-        return module.rows_qweight is not None
-    return not isinstance(module, nn.Linear) and not hasattr(module, "in_features")
-
-
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``LlamaRMSNorm`` on fp32 hidden states, operation for operation."""
     variance = x.pow(2).mean(-1, keepdim=True)
@@ -183,8 +174,10 @@ class LlamaDecoder:
         self.scaling = self.head_dim**-0.5
         layers: list[_Layer] = []
         kinds = {_kind(self.lm_head)}
+        served = [self.lm_head]  # every linear layer a step multiplies
         for layer in inner.layers[: config.num_hidden_layers]:
             attn, mlp = layer.self_attn, layer.mlp
+            served += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
             qkv, qkv_kinds = _product([attn.q_proj, attn.k_proj, attn.v_proj])
             gate_up, gate_up_kinds = _product([mlp.gate_proj, mlp.up_proj])
             kinds.update([*qkv_kinds, *gate_up_kinds, _kind(attn.o_proj), _kind(mlp.down_proj)])
@@ -203,11 +196,8 @@ class LlamaDecoder:
         self.layers = layers
         self._kinds = sorted(kinds, key=repr)
         """Every kind of product a step takes: ``(layer class, inputs, outputs)``."""
-        through_kernel = all(_rows_kernel_layer(m) for layer in inner.layers for m in layer.modules()) and (
-            _rows_kernel_layer(self.lm_head)
-        )
         #: Whether attention runs through the engine's kernel (else SDPA, as transformers runs it).
-        self.own_attention = through_kernel and rows_kernel.attention_fits(self.head_dim)
+        self.own_attention = all(map(decodes_through_rows_kernel, served)) and rows_kernel.attention_fits(self.head_dim)
 
     def __call__(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache

@@ -407,6 +407,13 @@ def stacked_product(layers: Sequence[Any]) -> Callable[[torch.Tensor], torch.Ten
     return lambda x: through_kernel(x, lambda rows: cpu_linear.packed_linear(rows, packed16))
 
 
+def decodes_through_rows_kernel(layer: nn.Module) -> bool:
+    """Whether ``layer``'s decode products go through the engine's own kernel (fp32 activations)."""
+    if isinstance(layer, Bf16Linear):
+        return layer.rows16 is not None
+    return isinstance(layer, Int8Linear) and layer.rows_qweight is not None
+
+
 def _use_rows_kernel(in_features: int, out_features: int) -> bool:
     """Whether a bf16 or int8 layer of this shape decodes through the engine's own kernel
     (:func:`services.inference.rows.decodes_here`: an AVX2 CPU without native bf16, where it builds)."""

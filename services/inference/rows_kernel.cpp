@@ -92,8 +92,7 @@ void block(const float* x, int64_t M, const typename W::T* w, int64_t K, const f
   const typename W::T* wb = w + n0 * K;
   const float* sb = scale ? scale + n0 : nullptr;
   int64_t m = 0;
-  if (M >= PREFETCH_ROWS) {
-    // bound by arithmetic: no tile prefetches
+  if (M >= PREFETCH_ROWS) {  // bound by arithmetic: no tile prefetches
   } else if (M >= 4) {  // the first tile streams the block from memory, the rest read it from L1
     tile<W, 4, 2, true>(x, wb, 0, K, sb, y + n0, N);
     tile<W, 4, 2, false>(x, wb, 2, K, sb, y + n0, N);
@@ -205,7 +204,7 @@ SPADE_AVX2 void attend_head(const float* q, const float* k, const float* v, int6
   for (int64_t l = 0; l < L; ++l)
     if (keep == nullptr || keep[l]) kept.push_back(l);
   const int64_t count = static_cast<int64_t>(kept.size());
-  scores.assign(G * L, 0.0f);
+  scores.resize(G * L);  // every position's score is written below
   std::vector<float> maxima(G, -INFINITY), inverse_sums(G, 0.0f);
   // Scores, 8 positions at a time for one query head (its keys stream once from memory, then from cache for
   // the group's other heads); each score's dim summed in one order whatever its position.
