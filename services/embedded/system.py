@@ -99,8 +99,9 @@ def served_weights(settings: RunSettings) -> WeightsMode:
 
     bf16 serves on a CPU that multiplies bf16 natively (decode steps about 0.6x fp32's; the learner
     multiplies in bf16 too, ``roles.py``'s ``cpu_bf16``, so fp32 serving kept no logprob exactness) and
-    on one where the engine's own decode kernel serves (:func:`services.inference.rows.decodes_here`:
-    AVX2 without AVX-512, fp32 activations times bf16 weights). Its rounding of the weights moves the
+    on one where the engine's own decode kernel takes every bf16 decode step
+    (:func:`services.inference.rows.serves_every_bf16_decode`: AVX2 without AVX-512, fp32 activations times
+    bf16 weights). Its rounding of the weights moves the
     rollout's logprobs from an fp32 learner's, which truncated importance sampling corrects
     (docs/inference.md).
     ``inference: {weights: float32}`` (``SPADE_RUN_INFERENCE__WEIGHTS=float32``) serves fp32: logprobs
@@ -112,7 +113,7 @@ def served_weights(settings: RunSettings) -> WeightsMode:
     told: WeightsMode | None = settings.inference.values().get("weights")
     if told is not None:
         return told
-    return "bf16" if native_bf16() or rows.decodes_here() else "float32"
+    return "bf16" if native_bf16() or rows.serves_every_bf16_decode() else "float32"
 
 
 def inference_settings(settings: RunSettings, model: Path, admin_digest: str) -> InferenceSettings:

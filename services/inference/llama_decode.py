@@ -19,12 +19,13 @@ packed or quantized, are called as they are) with:
 - attention exactly as transformers' SDPA integration computes a one-token query: grouped query
   heads packed onto their key/value head, the boolean mask where a row has padding; or, where every
   product of the step multiplies bf16 or int8 weights through the engine's own decode kernel
-  (:func:`.rows.decodes_here`: a CPU with AVX2 and no native bf16), the kernel's attention
-  (:func:`.rows.decode_attention`), which reads the fp32 KV at 1.5-2.6x SDPA's rate there and
-  skips a row's padding. Its outputs differ from SDPA's by fp32 rounding (~5e-7). That moved the
-  model's logprobs by up to 5e-5 over four steps: far inside what bf16 or int8 weights move them (5e-3
-  and more), but not the 1e-5 fp32 serving keeps, so fp32 weights keep SDPA; and int4 layers, whose
-  torch kernel rounds activations to bf16, turned it into 0.26, so they keep SDPA too.
+  (:func:`.rows.decodes_here`; a bf16 step of at most :func:`.rows.bf16_most_rows` rows on an AVX-512
+  CPU), the kernel's attention (:func:`.rows.decode_attention`), which reads the fp32 KV at 1.5-2.9x
+  SDPA's rate (AVX2 and AVX-512 VMs) and skips a row's padding. Its outputs differ from SDPA's by fp32
+  rounding (~5e-7). That moved the model's logprobs by up to 5e-5 over four steps: far inside what bf16
+  or int8 weights move them (5e-3 and more), but not the 1e-5 fp32 serving keeps, so fp32 weights keep
+  SDPA; and beside products that round activations to bf16 (int4's torch kernel, oneDNN's bf16 steps of
+  more rows) it turned into 0.2-0.26, so those steps keep SDPA too.
 
 :meth:`LlamaDecoder.apart` decodes the batch-invariant mode's rows (:mod:`.invariance`) together:
 each attends to its own KV, unpadded, and only the matrix products see the rows side by side, where
@@ -48,7 +49,13 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from services.inference import rows as rows_kernel
-from services.inference.quant import decode_step, decodes_through_rows_kernel, stacked_product
+from services.inference.quant import (
+    Bf16Linear,
+    bf16_rows_kernel_takes,
+    decode_step,
+    decodes_through_rows_kernel,
+    stacked_product,
+)
 
 Product = Callable[[torch.Tensor], torch.Tensor]
 _Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -105,7 +112,7 @@ def _probe(kind: type, inputs: int, outputs: int) -> int | None:
 
     target = rows(1)
     outs: dict[int, list[torch.Tensor]] = {}
-    with torch.inference_mode(), decode_step():
+    with torch.inference_mode(), decode_step(invariant=True):  # the products apart() takes
         for count in _PROBED_ROWS:
             for place in sorted({0, count // 2, count - 1}):
                 x = rows(count)
@@ -196,8 +203,12 @@ class LlamaDecoder:
         self.layers = layers
         self._kinds = sorted(kinds, key=repr)
         """Every kind of product a step takes: ``(layer class, inputs, outputs)``."""
-        #: Whether attention runs through the engine's kernel (else SDPA, as transformers runs it).
+        #: Whether attention runs through the engine's kernel (else SDPA, as transformers runs it): where every
+        #: layer decodes through the kernel, in the steps whose products all take it (:meth:`_attends_itself`).
         self.own_attention = all(map(decodes_through_rows_kernel, served)) and rows_kernel.attention_fits(self.head_dim)
+        #: Whether bf16 products take the kernel in some steps only (beside oneDNN's,
+        #: :func:`.quant.bf16_rows_kernel_takes`).
+        self._bf16_beside_onednn = any(isinstance(m, Bf16Linear) and m.packed16 is not None for m in served)
 
     def __call__(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache
@@ -225,8 +236,9 @@ class LlamaDecoder:
         """Logits ``[rows, vocab]`` of one step of rows that share no pass: batch-invariant ones.
 
         Each row attends to its own cache alone, unpadded, exactly as a one-row step does. Only the
-        matrix products see the rows together, and :attr:`rows_apart` says at which row counts they
-        give every row the numbers it gets in any other such step. A step of fewer rows than that is
+        matrix products see the rows together, each layer's of one kind at every row count (a batch-invariant
+        :func:`.quant.decode_step`), and :attr:`rows_apart` says at which row counts they give every row the
+        numbers it gets in any other such step. A step of fewer rows than that is
         filled up with copies of its first row, whose logits are dropped.
 
         Args:
@@ -258,14 +270,15 @@ class LlamaDecoder:
             outs += outs[:1] * filler
             return torch.cat(outs)
 
-        return self._step(input_ids, position_ids, attend)[:rows]
+        with decode_step(invariant=True):  # one kind of product at every row count
+            return self._step(input_ids, position_ids, attend)[:rows]
 
     def _attention(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None
     ) -> torch.Tensor:
         """Attention of a one-token query as transformers' SDPA integration computes it, or through the
-        engine's kernel (:attr:`own_attention`): ``[rows, heads, 1, dim]`` either way, in memory."""
-        if self.own_attention:
+        engine's kernel (:meth:`_attends_itself`): ``[rows, heads, 1, dim]`` either way, in memory."""
+        if self._attends_itself(query.shape[0]):
             keep = None if attn_mask is None else attn_mask.reshape(attn_mask.shape[0], -1)
             return rows_kernel.decode_attention(query, key, value, keep, self.scaling)
         groups = self.heads // self.kv_heads
@@ -280,6 +293,12 @@ class LlamaDecoder:
                 scale=self.scaling,
             )
         return nn.functional.scaled_dot_product_attention(query, key, value, scale=self.scaling, enable_gqa=True)
+
+    def _attends_itself(self, rows: int) -> bool:
+        """Whether a step's attention of ``rows`` query rows goes through the kernel: where every product of
+        the step does (fp32 activations). Beside products that round activations to bf16 (oneDNN's bf16 steps
+        of more rows, int4's) the kernel's fp32 rounding, ~5e-7 from SDPA's, moved logprobs by up to 0.2."""
+        return self.own_attention and (not self._bf16_beside_onednn or bf16_rows_kernel_takes(rows))
 
     @functools.cached_property
     def rows_apart(self) -> int | None:

@@ -27,12 +27,14 @@ back onto their own grid), multiplied by torch's CPU int4 kernel (``aten._weight
 bf16 scales and zeros). The LM head stays an :class:`Int8Linear` (the GGUF keeps it at 8 bits too:
 at 4 bits it moved logprobs several times more than all the other layers together).
 
-**On a CPU without native bf16 or AVX-512** (AVX2 only) bf16 and int8 decode steps multiply
-through the engine's own kernel (:mod:`services.inference.rows`, where it builds): fp32
-activations times the weights widened to fp32 in registers, fp32 sums. torch has nothing faster for
-them there (oneDNN packs no bf16 weights on an AVX2 CPU, and the int8 kernel rounds activations to
-bf16), and the products are then the fp32 products of the rounded weights to fp32 rounding, a row's
-bits not depending on its batch.
+**The engine's own kernel** (:mod:`services.inference.rows`, wherever it builds: AVX2 or AVX-512)
+multiplies int8 decode steps, and bf16 ones on a CPU without AVX-512 (AVX2 only): fp32 activations
+times the weights widened to fp32 in registers, fp32 sums. torch has nothing faster for them there
+(oneDNN packs no bf16 weights on an AVX2 CPU, and the int8 kernel rounds activations to bf16), and the
+products are then the fp32 products of the rounded weights to fp32 rounding, a row's bits not
+depending on its batch. Where oneDNN packs bf16 too (AVX-512), a bf16 decode step of at most
+:func:`services.inference.rows.bf16_most_rows` rows takes the kernel, a larger one, a prefill and every
+batch-invariant step (``decode_step(invariant=True)``: one product at every row count) oneDNN's.
 
 In the int8 and int4 modes, and in bf16 on a CPU without native bf16, prefills (passes without autograd
 outside a decode step) multiply the dequantized fp32 weights prepacked for oneDNN (:mod:`spade.cpu_linear`),
@@ -78,14 +80,34 @@ _pass = threading.local()  # each engine computes on its own scheduler thread
 
 
 @contextlib.contextmanager
-def decode_step() -> Iterator[None]:
-    """Within it, this thread's quantized layers multiply with their kernels (a decode step); nests."""
-    outer = getattr(_pass, "decoding", False)
-    _pass.decoding = True
+def decode_step(*, invariant: bool = False) -> Iterator[None]:
+    """Within it, this thread's quantized layers multiply with their kernels (a decode step); nests.
+
+    ``invariant``: a batch-invariant step (:meth:`services.inference.llama_decode.LlamaDecoder.apart` and its
+    probe), in which each layer takes one kind of product whatever the rows' count, so that a row's bits do
+    not depend on how many rows share its pass (a bf16 layer's choice by rows, :func:`bf16_rows_kernel_takes`,
+    is then oneDNN's wherever it packs bf16).
+    """
+    outer = (getattr(_pass, "decoding", False), getattr(_pass, "invariant", False))
+    _pass.decoding, _pass.invariant = True, invariant
     try:
         yield
     finally:
-        _pass.decoding = outer
+        _pass.decoding, _pass.invariant = outer
+
+
+def bf16_rows_kernel_takes(rows: int) -> bool:
+    """Whether a bf16 decode product of ``rows`` rows goes through the engine's kernel where oneDNN's packed
+    bf16 product serves too: in a decode step that is not batch-invariant, of at most
+    :func:`services.inference.rows.bf16_most_rows` rows. Prefills keep oneDNN's whatever their length,
+    so a prefill computes what it computes after a radix-cache hit."""
+    most = rows_kernel.bf16_most_rows()
+    fits = most is None or rows <= most
+    return fits and getattr(_pass, "decoding", False) and not getattr(_pass, "invariant", False)
+
+
+def _rows_of(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1]
 
 
 def through_kernel(x: torch.Tensor, kernel: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -228,11 +250,11 @@ class Bf16Linear(_QuantizedLinear):
     """A linear layer served from its weights rounded to bf16 (see the module docstring).
 
     Attributes:
-        packed16: ``[out, in]`` bf16 weights prepacked for oneDNN, what decode steps multiply, and
-            prefills too where the CPU multiplies bf16 natively (``kernel_prefills``); ``None`` where
-            decode steps take the engine's kernel (``rows``) or oneDNN packs no bf16.
+        packed16: ``[out, in]`` bf16 weights prepacked for oneDNN where it packs bf16 (AVX-512), what
+            decode steps of more than :func:`.rows.bf16_most_rows` rows and batch-invariant ones multiply,
+            and prefills too where the CPU multiplies bf16 natively (``kernel_prefills``); else ``None``.
         rows: whether decode steps multiply through the engine's kernel (:mod:`.rows`: fp32
-            activations, on a CPU without native bf16).
+            activations), at most :func:`.rows.bf16_most_rows` rows of them where ``packed16`` serves too.
         rows16: the bf16 weights in that kernel's blocked layout (:func:`.rows.pack`) where it serves,
             else ``None``.
         weight16: the same values as a plain ``[out, in]`` tensor, for ``F.linear``, where neither
@@ -248,7 +270,7 @@ class Bf16Linear(_QuantizedLinear):
         self.kernel_prefills = cpu_linear.native_bf16()
         super().__init__(linear, rounded.float())
         self.rows = _use_rows_kernel(self.in_features, self.out_features)
-        packing = cpu_linear.packs_bf16() and not self.rows
+        packing = cpu_linear.packs_bf16()
         self.packed16 = cpu_linear.pack(rounded, torch.bfloat16) if packing else None
         self.rows16 = rows_kernel.pack(rounded) if self.rows else None
         self.weight16 = None if packing or self.rows else rounded
@@ -260,7 +282,7 @@ class Bf16Linear(_QuantizedLinear):
         return nn.functional.linear(rows, self.weight16)
 
     def _decode(self, x: torch.Tensor) -> torch.Tensor:
-        if self.rows16 is None:
+        if self.rows16 is None or (self.packed16 is not None and not bf16_rows_kernel_takes(_rows_of(x))):
             return super()._decode(x)
         return rows_kernel.bf16_rows(x, self.rows16).to(x.dtype)
 
@@ -398,12 +420,18 @@ def stacked_product(layers: Sequence[Any]) -> Callable[[torch.Tensor], torch.Ten
     if kind is Fp32Linear:
         packed = cpu_linear.pack(weights)
         return lambda x: cpu_linear.packed_linear(x, packed)
+    packed16 = cpu_linear.pack(weights, torch.bfloat16) if cpu_linear.packs_bf16() else None
     if all(m.rows for m in layers):
         rows16 = rows_kernel.pack(weights.to(torch.bfloat16))  # already rounded: exact
-        return lambda x: rows_kernel.bf16_rows(x, rows16).to(x.dtype)
-    if not cpu_linear.packs_bf16():
+        if packed16 is None:
+            return lambda x: rows_kernel.bf16_rows(x, rows16).to(x.dtype)
+        return lambda x: (
+            rows_kernel.bf16_rows(x, rows16).to(x.dtype)
+            if bf16_rows_kernel_takes(_rows_of(x))
+            else through_kernel(x, lambda rows: cpu_linear.packed_linear(rows, packed16))
+        )
+    if packed16 is None:
         return None
-    packed16 = cpu_linear.pack(weights, torch.bfloat16)
     return lambda x: through_kernel(x, lambda rows: cpu_linear.packed_linear(rows, packed16))
 
 

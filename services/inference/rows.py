@@ -1,4 +1,4 @@
-"""Decode-step products of bf16 and int8 weights on CPUs without native bf16: the engine's own kernel.
+"""Decode-step products of bf16 and int8 weights: the engine's own kernel.
 
 A decode step multiplies a few rows of activations by every weight of the model, so it is bound by
 how fast the weights stream from memory. On a CPU with AVX2 but no native bf16 (AMD EPYC Zen 3, for
@@ -6,9 +6,13 @@ one), torch has no product that reads bf16 or int8 weights faster than fp32 ones
 bf16 on the way, and the weight-only int8 kernel multiplies bf16 activations. ``rows_kernel.cpp``
 (beside this module) widens the weights to fp32 in registers and multiplies fp32 activations with
 fused multiply-adds, so a step reads half (bf16) or a quarter (int8) of fp32's bytes and the
-activations keep fp32's precision. The weights are kept in the kernel's blocked layout (:func:`pack`), in
-which each block of 4 outputs streams from memory in one sequential pass. The same extension attends a
-decode step's one query position to the fp32 KV cache (:func:`decode_attention`), faster than SDPA there.
+activations keep fp32's precision. On an AVX-512 CPU with native bf16 (AMD EPYC Zen 4) it reads a few
+rows' weights faster than oneDNN's bf16 product and torch's int8 kernel too (1.6x at one row), so int8
+decode steps take it at every row count and bf16 ones up to :data:`BF16_MOST_ROWS_BESIDE_ONEDNN` rows
+(:func:`bf16_most_rows`), beyond which oneDNN's native bf16 arithmetic wins. The weights are kept in
+the kernel's blocked layout (:func:`pack`), in which each block of 4 outputs streams from memory in one
+sequential pass. The same extension attends a decode step's one query position to the fp32 KV cache
+(:func:`decode_attention`), faster than SDPA on both CPUs.
 
 Every output sums its products in one order whatever rows are beside it, so a row's result does not
 depend on its batch (the batch-invariant mode's decode steps share passes through it,
@@ -143,12 +147,29 @@ def _ninja_on_path() -> Iterator[None]:
 
 
 def decodes_here() -> bool:
-    """Whether bf16 and int8 layers decode through the kernel on this CPU: one without native bf16 on which
-    oneDNN packs no bf16 weights either (AVX2 without AVX-512, where it was measured), and the kernel builds.
+    """Whether bf16 and int8 layers decode through the kernel on this CPU: wherever it builds (AVX2 or
+    AVX-512). Int8 decode steps take it at every row count; bf16 ones at most :func:`bf16_most_rows` rows."""
+    return kernel() is not None
 
-    On an AVX-512 CPU without native bf16 oneDNN's bf16 product stays (`bench/kernel_bench.py` compares them).
-    """
-    return not cpu_linear.native_bf16() and not cpu_linear.packs_bf16() and kernel() is not None
+
+#: Most rows a bf16 decode step multiplies through the kernel on a CPU where oneDNN packs bf16 weights too
+#: (AVX-512): a decode product of a few rows is bound by reading the weights, which the kernel's blocked
+#: layout streams faster; from 4 rows on oneDNN's (native bf16, bf16 activations) is as fast or faster
+#: (``bench/kernel_bench.py`` on the AMD EPYC Zen 4 VM, 2 threads, the 60 MLP matrices: 1 row 3.6 against
+#: 5.8 ms, 2 rows 4.3 against 7.4, 3 rows 5.9 against 6.9, 4 rows 6.8 against 6.6, 16 rows 20.3 against 8.0).
+BF16_MOST_ROWS_BESIDE_ONEDNN = 3
+
+
+def bf16_most_rows() -> int | None:
+    """The most rows a bf16 decode step multiplies through the kernel (where :func:`decodes_here`): every
+    count (``None``) where oneDNN packs no bf16 weights (AVX2 without AVX-512), else
+    :data:`BF16_MOST_ROWS_BESIDE_ONEDNN`."""
+    return BF16_MOST_ROWS_BESIDE_ONEDNN if cpu_linear.packs_bf16() else None
+
+
+def serves_every_bf16_decode() -> bool:
+    """Whether every bf16 decode product goes through the kernel here (AVX2 without AVX-512, where it builds)."""
+    return decodes_here() and bf16_most_rows() is None
 
 
 def unavailable_reason() -> str | None:

@@ -51,11 +51,11 @@ def test_the_run_s_inference_server_takes_the_key_besides_any_configured(tmp_pat
 
 
 @pytest.mark.parametrize(("native", "kernel"), [(True, False), (False, True), (False, False)])
-def test_the_run_serves_bf16_weights_where_the_cpu_multiplies_bf16_or_the_engines_kernel_builds(
+def test_the_run_serves_bf16_weights_where_the_cpu_multiplies_bf16_or_the_engines_kernel_takes_every_decode(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool, kernel: bool
 ) -> None:
     monkeypatch.setattr(cpu_linear, "native_bf16", lambda: native)  # the CPU's capability, every way
-    monkeypatch.setattr(rows, "decodes_here", lambda: kernel)
+    monkeypatch.setattr(rows, "serves_every_bf16_decode", lambda: kernel)
     server = inference_settings(RunSettings(run_dir=tmp_path), tmp_path / "m", hash_key("run-key"))
     expected = "bf16" if native or kernel else "float32"
     assert server.weights == served_weights(RunSettings(run_dir=tmp_path)) == expected

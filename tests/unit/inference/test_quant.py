@@ -138,7 +138,7 @@ def test_a_bf16_decode_step_and_a_prefill_multiply_the_same_rounded_weights(
     else:  # torch's: bf16 activations times the bf16 weights
         assert not torch.equal(decoded, fp32[:, -1:, :])
         torch.testing.assert_close(decoded, fp32[:, -1:, :], rtol=2e-2, atol=2e-2)
-    assert layer.rows is (not native and rows_kernel.decodes_here())
+    assert layer.rows is rows_kernel.decodes_here()
     # With native bf16 a prefill is the decode step's product (bf16 activations, no fp32 copy kept for it);
     # without, the fp32 product of the same rounded weights.
     assert layer.kernel_prefills is native and (layer.prefill_packed is None) is (native or not cpu_linear.available())

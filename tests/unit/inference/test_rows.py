@@ -180,6 +180,67 @@ def test_stacked_layers_decode_through_the_kernel_as_each_layer_does(kind: type[
         assert torch.equal(stacked(x), each)  # the same sums in the same order: bit for bit
 
 
+needs_onednn_bf16 = pytest.mark.skipif(
+    not cpu_linear.packs_bf16(), reason="oneDNN packs no bf16 weights on this CPU (AVX2 without AVX-512)"
+)
+
+
+def _took(product: nn.Module, x: torch.Tensor) -> str:
+    """Which product a bf16 layer took: with its kernel's weights zeroed, the kernel gives zeros, oneDNN not."""
+    y = product(x)
+    return "kernel" if torch.equal(y, torch.zeros_like(y)) else "onednn"
+
+
+@needs_kernel
+@needs_onednn_bf16
+def test_beside_onednn_a_bf16_layer_decodes_a_few_rows_through_the_kernel_and_more_through_onednn() -> None:
+    layer = Bf16Linear(nn.Linear(64, 48, bias=False))
+    assert layer.rows and layer.rows16 is not None and layer.packed16 is not None
+    most = rows.bf16_most_rows()
+    assert most == rows.BF16_MOST_ROWS_BESIDE_ONEDNN
+    generator = torch.Generator().manual_seed(11)
+    with torch.inference_mode():
+        for count in range(1, most + 1):  # fp32 activations: within fp32 rounding of the fp32 product
+            x = torch.randn(count, 1, 64, generator=generator)
+            with decode_step():
+                torch.testing.assert_close(layer(x), nn.functional.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+        layer.rows16 = rows.pack(torch.zeros(48, 64, dtype=torch.bfloat16))
+        x = torch.randn(most + 1, 1, 64, generator=generator)
+        with decode_step():
+            assert _took(layer, x[:most]) == "kernel"
+            assert _took(layer, x) == "onednn"  # one row more: oneDNN's packed bf16
+        with decode_step(invariant=True):  # one product at every count: oneDNN's, one row too
+            assert _took(layer, x[:1]) == "onednn"
+            with decode_step():  # nested: the inner step's own kind, the outer's restored after
+                assert _took(layer, x[:1]) == "kernel"
+            assert _took(layer, x[:1]) == "onednn"
+        if layer.kernel_prefills:  # native bf16: a prefill of one token takes a prefill's product, oneDNN's
+            assert _took(layer, x[:1]) == "onednn"
+
+
+@needs_kernel
+@needs_onednn_bf16
+def test_beside_onednn_stacked_bf16_layers_choose_their_product_as_each_layer_does() -> None:
+    layers = [Bf16Linear(nn.Linear(64, out, bias=False)) for out in (32, 8, 8)]
+    stacked = stacked_product(layers)
+    assert stacked is not None
+    generator = torch.Generator().manual_seed(12)
+    with torch.inference_mode():
+        for count, invariant in ((1, False), (3, False), (4, False), (1, True), (5, True)):
+            x = torch.randn(count, 1, 64, generator=generator)
+            with decode_step(invariant=invariant):
+                assert torch.equal(stacked(x), torch.cat([layer(x) for layer in layers], dim=-1))
+
+
+@needs_kernel
+@needs_onednn_bf16
+def test_beside_onednn_the_probe_finds_bf16_rows_together_in_batch_invariant_steps() -> None:
+    # Kernel up to 3 rows and oneDNN beyond would give a row other bits at 5 rows than at 2: the probe's
+    # products are the batch-invariant steps' (oneDNN's at every count), from which rows still decode together.
+    assert row_invariant_from(Bf16Linear, 1536, 44) is not None
+    assert row_invariant_from(Int8Linear, 1536, 44) == 1  # int8: the kernel at every count
+
+
 @needs_kernel
 @pytest.mark.usefixtures("no_native_bf16")
 def test_turned_off_the_layers_keep_torchs_products(monkeypatch: pytest.MonkeyPatch) -> None:
