@@ -16,16 +16,16 @@ packed or quantized, are called as they are) with:
   negation is exact in floating point);
 - q, k and v multiplied by one product (their weights stacked), and gate and up by another, where the
   served layers are fp32, bf16 or int8 ones (:func:`.quant.stacked_product`); otherwise one product each;
-- attention exactly as transformers' SDPA integration computes a one-token query: grouped query
-  heads packed onto their key/value head, the boolean mask where a row has padding; or, where every
-  product of the step multiplies bf16 or int8 weights through the engine's own decode kernel
-  (:func:`.rows.decodes_here`; a bf16 step of at most :func:`.rows.bf16_most_rows` rows on an AVX-512
-  CPU), the kernel's attention (:func:`.rows.decode_attention`), which reads the fp32 KV at 1.5-2.9x
-  SDPA's rate (AVX2 and AVX-512 VMs) and skips a row's padding. Its outputs differ from SDPA's by fp32
-  rounding (~5e-7). That moved the model's logprobs by up to 5e-5 over four steps: far inside what bf16
-  or int8 weights move them (5e-3 and more), but not the 1e-5 fp32 serving keeps, so fp32 weights keep
-  SDPA; and beside products that round activations to bf16 (int4's torch kernel, oneDNN's bf16 steps of
-  more rows) it turned into 0.2-0.26, so those steps keep SDPA too.
+- attention exactly as transformers' SDPA integration computes a one-token query: grouped query heads packed
+  onto their key/value head, the boolean mask where a row has padding; or, where every product of the step
+  multiplies bf16 or int8 weights through the engine's own decode kernel (:func:`.rows.decodes_here`; on an
+  AVX-512 CPU a bf16 step of a few rows, or more with a long context, :func:`.rows.bf16_kernel_wins`), the
+  kernel's attention (:func:`.rows.decode_attention`), which reads the fp32 KV at 1.5-2.9x SDPA's rate (AVX2
+  and AVX-512 VMs) and skips a row's padding. Its outputs differ from SDPA's by fp32 rounding (~5e-7). That
+  moved the model's logprobs by up to 5e-5 over four steps: far inside what bf16 or int8 weights move them
+  (5e-3 and more), but not the 1e-5 fp32 serving keeps, so fp32 weights keep SDPA; and beside products that
+  round activations to bf16 (int4's torch kernel, oneDNN's bf16 steps of more rows) it turned into 0.2-0.26,
+  so those steps keep SDPA too.
 
 :meth:`LlamaDecoder.apart` decodes the batch-invariant mode's rows (:mod:`.invariance`) together:
 each attends to its own KV, unpadded, and only the matrix products see the rows side by side, where
@@ -228,7 +228,8 @@ class LlamaDecoder:
             key, value = cache.layers[index].update(key, value)  # type: ignore[union-attr]
             return self._attention(query, key, value, attn_mask)
 
-        return self._step(input_ids, position_ids, attend)
+        with decode_step(positions=mask.shape[-1]):  # how long a context the step attends to
+            return self._step(input_ids, position_ids, attend)
 
     def apart(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, caches: Sequence[DynamicCache]

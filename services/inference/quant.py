@@ -1,19 +1,20 @@
 """Bf16, int8 and int4 weights for decoding: the served model's linear layers read a half, a quarter or an eighth
 of fp32's bytes.
 
-Decoding one token per sequence is bound by reading the weights (every weight once per step; the
-default model's fp32 weights are 538 MB a token), not by arithmetic. :func:`prepare_weights`
-replaces every ``nn.Linear`` of a served model with an :class:`Int8Linear`: symmetric per-output-row
-int8 weights with one scale per row (``scale = max |w| / 127``), multiplied by torch's CPU
-weight-only int8 kernel (``aten._weight_int8pack_mm``: bf16 activations, fp32 accumulation, bf16
-out) in the engine's decode steps (inside :func:`decode_step`). Prefills are compute bound, where
-fp32 GEMM is faster; they use the dequantized weights (``int8 × scale`` in fp32), the same values,
-so prefill and decode serve one model. The choice follows the pass, not its shape: a one-token
-prefill after a radix-cache hit computes what a full prefill of the same prompt computes.
+Decoding one token per sequence is bound by reading the weights (every weight once per step; the default
+model's fp32 weights are 538 MB a token), not by arithmetic. :func:`prepare_weights` replaces every
+``nn.Linear`` of a served model with an :class:`Int8Linear`: symmetric per-output-row int8 weights with one
+scale per row (``scale = max |w| / 127``), multiplied in the engine's decode steps (inside
+:func:`decode_step`) by the engine's own kernel where it builds (below), else by torch's CPU weight-only int8
+kernel (``aten._weight_int8pack_mm``: bf16 activations, fp32 accumulation, bf16 out). Prefills are compute
+bound, where fp32 GEMM is faster; they use the dequantized weights (``int8 × scale`` in fp32), the same
+values, so prefill and decode serve one model. The choice follows the pass, not its shape: a one-token prefill
+after a radix-cache hit computes what a full prefill of the same prompt computes.
 
 **Bf16** (``weights: bf16``): every linear layer becomes a :class:`Bf16Linear`, its weights rounded
 to bf16 once; decode steps multiply them with bf16 activations (fp32 accumulation; prepacked for
-oneDNN where torch has it, ``bench/kernel_bench.py``'s ``bf16_packed``). Prefills do the same where the
+oneDNN where torch has it, ``bench/kernel_bench.py``'s ``bf16_packed``), or through the engine's own
+kernel with fp32 activations (below). Prefills do the same where the
 CPU multiplies bf16 natively (:func:`spade.cpu_linear.native_bf16`: 1.6-1.8x fp32's products at 64-900
 rows on the AMD EPYC VM), and elsewhere use the same rounded weights in fp32 (prepacked too). Half of
 fp32's bytes, and no quantization kernel: its speed depends least on the CPU (``bench/kernel_bench.py``: about 2× fp32's
@@ -32,9 +33,9 @@ multiplies int8 decode steps, and bf16 ones on a CPU without AVX-512 (AVX2 only)
 times the weights widened to fp32 in registers, fp32 sums. torch has nothing faster for them there
 (oneDNN packs no bf16 weights on an AVX2 CPU, and the int8 kernel rounds activations to bf16), and the
 products are then the fp32 products of the rounded weights to fp32 rounding, a row's bits not
-depending on its batch. Where oneDNN packs bf16 too (AVX-512), a bf16 decode step of at most
-:func:`services.inference.rows.bf16_most_rows` rows takes the kernel, a larger one, a prefill and every
-batch-invariant step (``decode_step(invariant=True)``: one product at every row count) oneDNN's.
+depending on its batch. Where oneDNN packs bf16 too (AVX-512), a bf16 decode step of a few rows, or of
+more rows with a long context, takes the kernel (:func:`bf16_rows_kernel_takes`), a larger one, a prefill and
+every batch-invariant step (``decode_step(invariant=True)``: one product at every row count) oneDNN's.
 
 In the int8 and int4 modes, and in bf16 on a CPU without native bf16, prefills (passes without autograd
 outside a decode step) multiply the dequantized fp32 weights prepacked for oneDNN (:mod:`spade.cpu_linear`),
@@ -80,30 +81,32 @@ _pass = threading.local()  # each engine computes on its own scheduler thread
 
 
 @contextlib.contextmanager
-def decode_step(*, invariant: bool = False) -> Iterator[None]:
+def decode_step(*, invariant: bool = False, positions: int = 0) -> Iterator[None]:
     """Within it, this thread's quantized layers multiply with their kernels (a decode step); nests.
 
     ``invariant``: a batch-invariant step (:meth:`services.inference.llama_decode.LlamaDecoder.apart` and its
     probe), in which each layer takes one kind of product whatever the rows' count, so that a row's bits do
-    not depend on how many rows share its pass (a bf16 layer's choice by rows, :func:`bf16_rows_kernel_takes`,
-    is then oneDNN's wherever it packs bf16).
+    not depend on how many rows share its pass (a bf16 layer's choice, :func:`bf16_rows_kernel_takes`, is
+    then oneDNN's wherever it packs bf16). A step nested in an invariant one stays invariant.
+    ``positions``: how many positions the step attends to, where the caller knows (0: unknown), for that choice.
     """
-    outer = (getattr(_pass, "decoding", False), getattr(_pass, "invariant", False))
-    _pass.decoding, _pass.invariant = True, invariant
+    outer = (getattr(_pass, "decoding", False), getattr(_pass, "invariant", False), getattr(_pass, "positions", 0))
+    _pass.decoding, _pass.invariant, _pass.positions = True, invariant or outer[1], positions
     try:
         yield
     finally:
-        _pass.decoding, _pass.invariant = outer
+        _pass.decoding, _pass.invariant, _pass.positions = outer
 
 
 def bf16_rows_kernel_takes(rows: int) -> bool:
-    """Whether a bf16 decode product of ``rows`` rows goes through the engine's kernel where oneDNN's packed
-    bf16 product serves too: in a decode step that is not batch-invariant, of at most
-    :func:`services.inference.rows.bf16_most_rows` rows. Prefills keep oneDNN's whatever their length,
-    so a prefill computes what it computes after a radix-cache hit."""
-    most = rows_kernel.bf16_most_rows()
-    fits = most is None or rows <= most
-    return fits and getattr(_pass, "decoding", False) and not getattr(_pass, "invariant", False)
+    """Beside oneDNN's packed bf16 product (AVX-512), whether a bf16 product of ``rows`` rows goes through the
+    engine's kernel instead: in a decode step that is not batch-invariant, where
+    :func:`services.inference.rows.bf16_kernel_wins` for its rows and positions. Prefills keep oneDNN's
+    whatever their length, so a prefill computes what it computes after a radix-cache hit. (Where oneDNN packs
+    no bf16, every bf16 decode product takes the kernel and this is not asked.)"""
+    if not getattr(_pass, "decoding", False) or getattr(_pass, "invariant", False):
+        return False
+    return rows_kernel.bf16_kernel_wins(rows, getattr(_pass, "positions", 0))
 
 
 def _rows_of(x: torch.Tensor) -> int:
@@ -211,7 +214,7 @@ class Int8Linear(_QuantizedLinear):
 
     Attributes:
         qweight: ``[out, in]`` int8 weights, for torch's int8 product; ``None`` where decode steps multiply
-            through the engine's kernel (:mod:`.rows`: fp32 activations, on a CPU without native bf16).
+            through the engine's kernel (:mod:`.rows`: fp32 activations, wherever it builds).
         rows_qweight: the same codes in that kernel's blocked layout (:func:`.rows.pack`) where it serves,
             else ``None``.
         scales: ``[out]`` bf16 per-row scales.
@@ -251,10 +254,11 @@ class Bf16Linear(_QuantizedLinear):
 
     Attributes:
         packed16: ``[out, in]`` bf16 weights prepacked for oneDNN where it packs bf16 (AVX-512), what
-            decode steps of more than :func:`.rows.bf16_most_rows` rows and batch-invariant ones multiply,
+            the decode steps :func:`bf16_rows_kernel_takes` leaves to it and batch-invariant ones multiply,
             and prefills too where the CPU multiplies bf16 natively (``kernel_prefills``); else ``None``.
         rows: whether decode steps multiply through the engine's kernel (:mod:`.rows`: fp32
-            activations), at most :func:`.rows.bf16_most_rows` rows of them where ``packed16`` serves too.
+            activations): every one, or those :func:`bf16_rows_kernel_takes` gives it where ``packed16``
+            serves too.
         rows16: the bf16 weights in that kernel's blocked layout (:func:`.rows.pack`) where it serves,
             else ``None``.
         weight16: the same values as a plain ``[out, in]`` tensor, for ``F.linear``, where neither
@@ -398,8 +402,10 @@ def stacked_product(layers: Sequence[Any]) -> Callable[[torch.Tensor], torch.Ten
     Their weights are stacked (``[Σ out, in]``) once, in the layers' own format and multiplied as a
     layer of that format multiplies in a decode step: fp32 (:class:`Fp32Linear`) and bf16
     (:class:`Bf16Linear`, its weights already rounded) packed for oneDNN, int8 (:class:`Int8Linear`)
-    codes and scales. ``None`` for layers of mixed or other kinds (int4, whose packed layout is the
-    kernel's own), with a bias, or where torch has no oneDNN.
+    codes and scales, and the engine's kernel's blocked weights where the layers have them (bf16 ``rows16``,
+    int8 ``rows_qweight``: stacked once, each layer's own then a view of its part). ``None`` for layers of
+    mixed or other kinds (int4, whose packed layout is the kernel's own), some with the kernel's weights
+    and some without, with a bias, or where torch has no oneDNN.
     """
     kind = type(layers[0])
     if not cpu_linear.available() or any(type(m) is not kind or getattr(m, "bias", None) is not None for m in layers):
@@ -407,7 +413,7 @@ def stacked_product(layers: Sequence[Any]) -> Callable[[torch.Tensor], torch.Ten
     if kind is Int8Linear:
         scales = torch.cat([m.scales for m in layers])
         if all(m.rows_qweight is not None for m in layers):  # blocked codes stack as [out, in] ones do
-            rows_qweight = torch.cat([m.rows_qweight for m in layers])
+            rows_qweight = _stack_shared(layers, "rows_qweight")
             rows_scales = scales.float()
             return lambda x: rows_kernel.int8_rows(x, rows_qweight, rows_scales).to(x.dtype)
         if any(m.qweight is None for m in layers):
@@ -420,9 +426,12 @@ def stacked_product(layers: Sequence[Any]) -> Callable[[torch.Tensor], torch.Ten
     if kind is Fp32Linear:
         packed = cpu_linear.pack(weights)
         return lambda x: cpu_linear.packed_linear(x, packed)
+    kernel_weights = [m.rows16 is not None for m in layers]
+    if any(kernel_weights) and not all(kernel_weights):  # each layer chooses its own product by rows
+        return None
     packed16 = cpu_linear.pack(weights, torch.bfloat16) if cpu_linear.packs_bf16() else None
-    if all(m.rows for m in layers):
-        rows16 = rows_kernel.pack(weights.to(torch.bfloat16))  # already rounded: exact
+    if all(kernel_weights):
+        rows16 = _stack_shared(layers, "rows16")
         if packed16 is None:
             return lambda x: rows_kernel.bf16_rows(x, rows16).to(x.dtype)
         return lambda x: (
@@ -435,16 +444,30 @@ def stacked_product(layers: Sequence[Any]) -> Callable[[torch.Tensor], torch.Ten
     return lambda x: through_kernel(x, lambda rows: cpu_linear.packed_linear(rows, packed16))
 
 
+def _stack_shared(layers: Sequence[Any], name: str) -> torch.Tensor:
+    """The layers' blocked weights ``name`` stacked (they stack along dim 0 as ``[out, in]`` ones do), each
+    layer's own attribute then a view of its part: one copy serves the stacked product and the layers."""
+    stacked = torch.cat([getattr(m, name) for m in layers])
+    start = 0
+    for m in layers:
+        blocks = getattr(m, name).shape[0]
+        setattr(m, name, stacked[start : start + blocks])
+        start += blocks
+    return stacked
+
+
 def decodes_through_rows_kernel(layer: nn.Module) -> bool:
-    """Whether ``layer``'s decode products go through the engine's own kernel (fp32 activations)."""
+    """Whether ``layer``'s decode products go through the engine's own kernel (fp32 activations): every one,
+    or for a bf16 layer beside oneDNN's product those :func:`bf16_rows_kernel_takes` gives it."""
     if isinstance(layer, Bf16Linear):
         return layer.rows16 is not None
     return isinstance(layer, Int8Linear) and layer.rows_qweight is not None
 
 
 def _use_rows_kernel(in_features: int, out_features: int) -> bool:
-    """Whether a bf16 or int8 layer of this shape decodes through the engine's own kernel
-    (:func:`services.inference.rows.decodes_here`: an AVX2 CPU without native bf16, where it builds)."""
+    """Whether a bf16 or int8 layer of this shape keeps the engine's own kernel's weights and decodes through
+    it (:func:`services.inference.rows.decodes_here`: wherever it builds; bf16 beside oneDNN in steps of a
+    few rows, :func:`bf16_rows_kernel_takes`)."""
     return rows_kernel.fits(in_features, out_features) and rows_kernel.decodes_here()
 
 

@@ -8,8 +8,8 @@ bf16 on the way, and the weight-only int8 kernel multiplies bf16 activations. ``
 fused multiply-adds, so a step reads half (bf16) or a quarter (int8) of fp32's bytes and the
 activations keep fp32's precision. On an AVX-512 CPU with native bf16 (AMD EPYC Zen 4) it reads a few
 rows' weights faster than oneDNN's bf16 product and torch's int8 kernel too (1.6x at one row), so int8
-decode steps take it at every row count and bf16 ones up to :data:`BF16_MOST_ROWS_BESIDE_ONEDNN` rows
-(:func:`bf16_most_rows`), beyond which oneDNN's native bf16 arithmetic wins. The weights are kept in
+decode steps take it at every row count and bf16 ones of a few rows, or of more rows with a long context
+(:func:`bf16_kernel_wins`), beyond which oneDNN's native bf16 arithmetic wins. The weights are kept in
 the kernel's blocked layout (:func:`pack`), in which each block of 4 outputs streams from memory in one
 sequential pass. The same extension attends a decode step's one query position to the fp32 KV cache
 (:func:`decode_attention`), faster than SDPA on both CPUs.
@@ -148,28 +148,40 @@ def _ninja_on_path() -> Iterator[None]:
 
 def decodes_here() -> bool:
     """Whether bf16 and int8 layers decode through the kernel on this CPU: wherever it builds (AVX2 or
-    AVX-512). Int8 decode steps take it at every row count; bf16 ones at most :func:`bf16_most_rows` rows."""
+    AVX-512). Int8 decode steps take it at every row count; bf16 ones everywhere on AVX2, and beside oneDNN
+    where :func:`bf16_kernel_wins`."""
     return kernel() is not None
 
 
-#: Most rows a bf16 decode step multiplies through the kernel on a CPU where oneDNN packs bf16 weights too
-#: (AVX-512): a decode product of a few rows is bound by reading the weights, which the kernel's blocked
-#: layout streams faster; from 4 rows on oneDNN's (native bf16, bf16 activations) is as fast or faster
-#: (``bench/kernel_bench.py`` on the AMD EPYC Zen 4 VM, 2 threads, the 60 MLP matrices: 1 row 3.6 against
-#: 5.8 ms, 2 rows 4.3 against 7.4, 3 rows 5.9 against 6.9, 4 rows 6.8 against 6.6, 16 rows 20.3 against 8.0).
-BF16_MOST_ROWS_BESIDE_ONEDNN = 3
+#: Where oneDNN packs bf16 weights too (AVX-512), a bf16 decode step takes the kernel at most this many rows
+#: whatever its context, and at most :data:`BF16_LONG_MOST_ROWS` where it attends to at least
+#: :data:`BF16_LONG_POSITIONS` positions: a step of a few rows is bound by reading the weights, which the
+#: kernel's blocked layout streams faster, and its own attention (which serves where the products take the
+#: kernel) reads the KV faster than SDPA, more so the longer the context; with more rows oneDNN's native bf16
+#: arithmetic (bf16 activations) wins the products. The default model's whole bf16 decode step on the AMD EPYC
+#: Zen 4 VM (2 threads, ms, kernel against oneDNN and SDPA; docs/inference.md): 4 rows 33.0/40.0 at 300
+#: positions, 39.7/63.3 at 1,500; 8 rows 40.1/37.6 at 100, 49.0/49.1 at 300, 75.4/104.4 at 1,500; 16 rows
+#: 58.2/48.7 at 100, 79.5/77.9 at 300, 71.9/89.2 at 500, 87.8/113.8 at 800; 32 rows 144.0/130.2 at 500.
+BF16_MOST_ROWS = 4
+BF16_LONG_MOST_ROWS = 16
+BF16_LONG_POSITIONS = 384
 
 
-def bf16_most_rows() -> int | None:
-    """The most rows a bf16 decode step multiplies through the kernel (where :func:`decodes_here`): every
-    count (``None``) where oneDNN packs no bf16 weights (AVX2 without AVX-512), else
-    :data:`BF16_MOST_ROWS_BESIDE_ONEDNN`."""
-    return BF16_MOST_ROWS_BESIDE_ONEDNN if cpu_linear.packs_bf16() else None
+def bf16_beside_onednn() -> bool:
+    """Whether bf16 decode steps choose between the kernel and oneDNN's packed bf16 product here
+    (:func:`bf16_kernel_wins`): where the kernel builds and oneDNN packs bf16 (AVX-512)."""
+    return decodes_here() and cpu_linear.packs_bf16()
+
+
+def bf16_kernel_wins(rows: int, positions: int) -> bool:
+    """Beside oneDNN (:func:`bf16_beside_onednn`), whether a bf16 decode step of ``rows`` rows attending to
+    ``positions`` positions (0: unknown) takes the kernel (:data:`BF16_MOST_ROWS`)."""
+    return rows <= BF16_MOST_ROWS or (rows <= BF16_LONG_MOST_ROWS and positions >= BF16_LONG_POSITIONS)
 
 
 def serves_every_bf16_decode() -> bool:
     """Whether every bf16 decode product goes through the kernel here (AVX2 without AVX-512, where it builds)."""
-    return decodes_here() and bf16_most_rows() is None
+    return decodes_here() and not cpu_linear.packs_bf16()
 
 
 def unavailable_reason() -> str | None:

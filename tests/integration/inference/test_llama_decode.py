@@ -65,7 +65,8 @@ def _lean_step(decoder: LlamaDecoder, kv: KVBatch, tokens: list[int], positions:
 )
 @pytest.mark.parametrize(
     "rows",
-    # Five rows: more than a bf16 step multiplies through the engine's kernel beside oneDNN (rows.bf16_most_rows).
+    # Five rows of short prompts: more than a bf16 step multiplies through the engine's kernel beside oneDNN
+    # (rows.bf16_kernel_wins).
     [[0], [0, 0], [0, 1, 2], [2, 0, 1, 2, 1]],
     ids=["one row", "rows without padding", "padded rows", "five padded rows"],
 )
@@ -79,10 +80,10 @@ def test_lean_steps_give_transformers_logits_and_kv(
     # for fp32 weights (whose 1e-5 it would not keep), int4 and oneDNN's bf16 steps of more rows (whose bf16
     # activations amplify it: 0.2 here without that rule).
     assert decoder.own_attention is (weights in ("bf16", "int8") and rows_kernel.decodes_here())
-    most = rows_kernel.bf16_most_rows()
-    kernel_products = weights == "int8" or most is None or len(rows) <= most
     prompts = [PROMPTS[i] for i in rows]
-    with torch.inference_mode(), decode_step():
+    beside = rows_kernel.bf16_beside_onednn() and weights == "bf16"
+    kernel_products = not beside or rows_kernel.bf16_kernel_wins(len(rows), max(map(len, prompts)))
+    with torch.inference_mode(), decode_step(positions=max(map(len, prompts))):
         assert decoder._attends_itself(len(rows)) is (decoder.own_attention and kernel_products)
         kv_hf, tokens, positions = _batch(model, prompts)
         kv_lean = copy.deepcopy(kv_hf)

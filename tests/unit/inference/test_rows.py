@@ -193,27 +193,32 @@ def _took(product: nn.Module, x: torch.Tensor) -> str:
 
 @needs_kernel
 @needs_onednn_bf16
-def test_beside_onednn_a_bf16_layer_decodes_a_few_rows_through_the_kernel_and_more_through_onednn() -> None:
+def test_beside_onednn_a_bf16_layer_decodes_few_rows_or_long_contexts_through_the_kernel() -> None:
     layer = Bf16Linear(nn.Linear(64, 48, bias=False))
-    assert layer.rows and layer.rows16 is not None and layer.packed16 is not None
-    most = rows.bf16_most_rows()
-    assert most == rows.BF16_MOST_ROWS_BESIDE_ONEDNN
+    assert layer.rows and layer.rows16 is not None and layer.packed16 is not None and rows.bf16_beside_onednn()
+    few, many, long = rows.BF16_MOST_ROWS, rows.BF16_LONG_MOST_ROWS, rows.BF16_LONG_POSITIONS
     generator = torch.Generator().manual_seed(11)
     with torch.inference_mode():
-        for count in range(1, most + 1):  # fp32 activations: within fp32 rounding of the fp32 product
+        for count in range(1, few + 1):  # fp32 activations: within fp32 rounding of the fp32 product
             x = torch.randn(count, 1, 64, generator=generator)
             with decode_step():
                 torch.testing.assert_close(layer(x), nn.functional.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
         layer.rows16 = rows.pack(torch.zeros(48, 64, dtype=torch.bfloat16))
-        x = torch.randn(most + 1, 1, 64, generator=generator)
-        with decode_step():
-            assert _took(layer, x[:most]) == "kernel"
-            assert _took(layer, x) == "onednn"  # one row more: oneDNN's packed bf16
+        x = torch.randn(many + 1, 1, 64, generator=generator)
+        with decode_step():  # the context unknown: a few rows only
+            assert _took(layer, x[:few]) == "kernel"
+            assert _took(layer, x[: few + 1]) == "onednn"  # one row more: oneDNN's packed bf16
+        with decode_step(positions=long - 1):
+            assert _took(layer, x[: few + 1]) == "onednn"
+        with decode_step(positions=long):  # a long context: the kernel's attention pays for more rows
+            assert _took(layer, x[:many]) == "kernel"
+            assert _took(layer, x) == "onednn"
         with decode_step(invariant=True):  # one product at every count: oneDNN's, one row too
             assert _took(layer, x[:1]) == "onednn"
-            with decode_step():  # nested: the inner step's own kind, the outer's restored after
-                assert _took(layer, x[:1]) == "kernel"
-            assert _took(layer, x[:1]) == "onednn"
+            with decode_step(positions=long):  # nested in an invariant step: still invariant
+                assert _took(layer, x[:1]) == "onednn"
+        with decode_step():
+            assert _took(layer, x[:1]) == "kernel"  # the invariant step's setting did not outlive it
         if layer.kernel_prefills:  # native bf16: a prefill of one token takes a prefill's product, oneDNN's
             assert _took(layer, x[:1]) == "onednn"
 
@@ -226,19 +231,33 @@ def test_beside_onednn_stacked_bf16_layers_choose_their_product_as_each_layer_do
     assert stacked is not None
     generator = torch.Generator().manual_seed(12)
     with torch.inference_mode():
-        for count, invariant in ((1, False), (3, False), (4, False), (1, True), (5, True)):
+        cases = ((1, False, 0), (4, False, 0), (5, False, 0), (9, False, 512), (1, True, 0), (5, True, 512))
+        for count, invariant, positions in cases:
             x = torch.randn(count, 1, 64, generator=generator)
-            with decode_step(invariant=invariant):
+            with decode_step(invariant=invariant, positions=positions):
                 assert torch.equal(stacked(x), torch.cat([layer(x) for layer in layers], dim=-1))
 
 
 @needs_kernel
 @needs_onednn_bf16
-def test_beside_onednn_the_probe_finds_bf16_rows_together_in_batch_invariant_steps() -> None:
-    # Kernel up to 3 rows and oneDNN beyond would give a row other bits at 5 rows than at 2: the probe's
-    # products are the batch-invariant steps' (oneDNN's at every count), from which rows still decode together.
-    assert row_invariant_from(Bf16Linear, 1536, 44) is not None
+def test_beside_onednn_the_probe_takes_the_products_of_batch_invariant_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The kernel for a few rows and oneDNN for more would give a row other bits at 5 rows than at 2: the
+    # probe multiplies as batch-invariant steps do, oneDNN's product at every count, never the kernel.
+    def refused(*_: object) -> torch.Tensor:
+        raise AssertionError("a batch-invariant bf16 step took the kernel beside oneDNN")
+
+    monkeypatch.setattr(rows, "bf16_rows", refused)
+    row_invariant_from(Bf16Linear, 1536, 44)
+    monkeypatch.undo()
     assert row_invariant_from(Int8Linear, 1536, 44) == 1  # int8: the kernel at every count
+
+
+@needs_kernel
+def test_the_kernel_takes_every_bf16_decode_only_where_onednn_packs_no_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the run's default weights follow (services/embedded/system.py served_weights).
+    for packs in (False, True):
+        monkeypatch.setattr(cpu_linear, "packs_bf16", lambda packs=packs: packs)
+        assert rows.serves_every_bf16_decode() is not packs and rows.bf16_beside_onednn() is packs
 
 
 @needs_kernel
