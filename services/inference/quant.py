@@ -88,10 +88,11 @@ def decode_step(*, invariant: bool = False, positions: int = 0) -> Iterator[None
     probe), in which each layer takes one kind of product whatever the rows' count, so that a row's bits do
     not depend on how many rows share its pass (a bf16 layer's choice, :func:`bf16_rows_kernel_takes`, is
     then oneDNN's wherever it packs bf16). A step nested in an invariant one stays invariant.
-    ``positions``: how many positions the step attends to, where the caller knows (0: unknown), for that choice.
+    ``positions``: how many positions the step attends to, where the caller knows (0: unknown, or the outer
+    step's), for that choice.
     """
     outer = (getattr(_pass, "decoding", False), getattr(_pass, "invariant", False), getattr(_pass, "positions", 0))
-    _pass.decoding, _pass.invariant, _pass.positions = True, invariant or outer[1], positions
+    _pass.decoding, _pass.invariant, _pass.positions = True, invariant or outer[1], positions or outer[2]
     try:
         yield
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,6 +26,11 @@ PROMPTS = [
     [1, 504, 3458, 282, 253, 1345, 30, 2],
     [1, 6049, 7352, 28, 2, 3, 314],
     [1, 45, 99, 1200, 7, 88, 913, 2048, 11, 502, 77, 5, 31, 64],
+]
+#: Past rows.BF16_LONG_POSITIONS, where steps of more rows take the engine's kernel beside oneDNN.
+LONG_PROMPTS = [
+    [1, *torch.randint(3, 40000, (length,), generator=torch.Generator().manual_seed(length)).tolist()]
+    for length in (449, 459, 469)
 ]
 
 
@@ -65,13 +71,13 @@ def _lean_step(decoder: LlamaDecoder, kv: KVBatch, tokens: list[int], positions:
 )
 @pytest.mark.parametrize(
     "rows",
-    # Five rows of short prompts: more than a bf16 step multiplies through the engine's kernel beside oneDNN
-    # (rows.bf16_kernel_wins).
-    [[0], [0, 0], [0, 1, 2], [2, 0, 1, 2, 1]],
-    ids=["one row", "rows without padding", "padded rows", "five padded rows"],
+    # Five rows: more than a bf16 step multiplies through the engine's kernel beside oneDNN with short prompts,
+    # not with long ones (rows.bf16_kernel_wins); indices from 3 on are LONG_PROMPTS'.
+    [[0], [0, 0], [0, 1, 2], [2, 0, 1, 2, 1], [3, 4, 5, 3, 4]],
+    ids=["one row", "rows without padding", "padded rows", "five padded rows", "five long padded rows"],
 )
 def test_lean_steps_give_transformers_logits_and_kv(
-    model_dir: Path, weights: WeightsMode, tolerance: float, rows: list[int]
+    model_dir: Path, weights: WeightsMode, tolerance: float, rows: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = prepare_weights(load_model(model_dir), weights)
     decoder = llama_decoder(model)
@@ -80,11 +86,21 @@ def test_lean_steps_give_transformers_logits_and_kv(
     # for fp32 weights (whose 1e-5 it would not keep), int4 and oneDNN's bf16 steps of more rows (whose bf16
     # activations amplify it: 0.2 here without that rule).
     assert decoder.own_attention is (weights in ("bf16", "int8") and rows_kernel.decodes_here())
-    prompts = [PROMPTS[i] for i in rows]
+    prompts = [(PROMPTS + LONG_PROMPTS)[i] for i in rows]
+    context = max(map(len, prompts))  # what each step attends to, within a few positions
     beside = rows_kernel.bf16_beside_onednn() and weights == "bf16"
-    kernel_products = not beside or rows_kernel.bf16_kernel_wins(len(rows), max(map(len, prompts)))
-    with torch.inference_mode(), decode_step(positions=max(map(len, prompts))):
-        assert decoder._attends_itself(len(rows)) is (decoder.own_attention and kernel_products)
+    kernel_products = not beside or rows_kernel.bf16_kernel_wins(len(rows), context)
+    attended: list[int] = []
+    own = rows_kernel.decode_attention
+
+    def counted(*args: Any) -> torch.Tensor:
+        attended.append(1)
+        return own(*args)
+
+    monkeypatch.setattr(rows_kernel, "decode_attention", counted)
+    # Transformers' forward multiplies through the same served layers: told the same context, they take the
+    # lean step's products (the lean step tells them itself).
+    with torch.inference_mode(), decode_step(positions=context):
         kv_hf, tokens, positions = _batch(model, prompts)
         kv_lean = copy.deepcopy(kv_hf)
         for _ in range(4):  # several steps: each appends to the cache the next one reads
@@ -94,6 +110,7 @@ def test_lean_steps_give_transformers_logits_and_kv(
             assert (logprobs_hf - logprobs_lean).abs().max().item() < tolerance
             tokens = hf.argmax(-1).tolist()
             positions = [p + 1 for p in positions]
+    assert len(attended) == (4 * len(decoder.layers) if decoder.own_attention and kernel_products else 0)
     assert kv_hf.cache is not None and kv_lean.cache is not None
     for hf_layer, lean_layer in zip(kv_hf.cache.layers, kv_lean.cache.layers, strict=True):
         for a, b in zip(layer_kv(hf_layer), layer_kv(lean_layer), strict=True):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from services.inference import rows
+from services.inference import llama_decode, rows
 from services.inference.llama_decode import row_invariant_from
 from services.inference.quant import Bf16Linear, Int8Linear, decode_step, stacked_product
 from spade import cpu_linear
@@ -213,6 +213,8 @@ def test_beside_onednn_a_bf16_layer_decodes_few_rows_or_long_contexts_through_th
         with decode_step(positions=long):  # a long context: the kernel's attention pays for more rows
             assert _took(layer, x[:many]) == "kernel"
             assert _took(layer, x) == "onednn"
+            with decode_step():  # nested, the context not told again: the outer step's
+                assert _took(layer, x[:many]) == "kernel"
         with decode_step(invariant=True):  # one product at every count: oneDNN's, one row too
             assert _took(layer, x[:1]) == "onednn"
             with decode_step(positions=long):  # nested in an invariant step: still invariant
@@ -246,6 +248,7 @@ def test_beside_onednn_the_probe_takes_the_products_of_batch_invariant_steps(mon
     def refused(*_: object) -> torch.Tensor:
         raise AssertionError("a batch-invariant bf16 step took the kernel beside oneDNN")
 
+    monkeypatch.setattr(llama_decode, "_probes", {})  # probed anew, not an answer kept from another test
     monkeypatch.setattr(rows, "bf16_rows", refused)
     row_invariant_from(Bf16Linear, 1536, 44)
     monkeypatch.undo()
