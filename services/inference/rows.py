@@ -167,15 +167,10 @@ BF16_LONG_MOST_ROWS = 16
 BF16_LONG_POSITIONS = 384
 
 
-def bf16_beside_onednn() -> bool:
-    """Whether bf16 decode steps choose between the kernel and oneDNN's packed bf16 product here
-    (:func:`bf16_kernel_wins`): where the kernel builds and oneDNN packs bf16 (AVX-512)."""
-    return decodes_here() and cpu_linear.packs_bf16()
-
-
 def bf16_kernel_wins(rows: int, positions: int) -> bool:
-    """Beside oneDNN (:func:`bf16_beside_onednn`), whether a bf16 decode step of ``rows`` rows attending to
-    ``positions`` positions (0: unknown) takes the kernel (:data:`BF16_MOST_ROWS`)."""
+    """Beside oneDNN's packed bf16 product (AVX-512, where not :func:`serves_every_bf16_decode`), whether a
+    bf16 decode step of ``rows`` rows attending to ``positions`` positions (0: unknown) takes the kernel
+    (:data:`BF16_MOST_ROWS`)."""
     return rows <= BF16_MOST_ROWS or (rows <= BF16_LONG_MOST_ROWS and positions >= BF16_LONG_POSITIONS)
 
 

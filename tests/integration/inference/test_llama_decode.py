@@ -88,7 +88,7 @@ def test_lean_steps_give_transformers_logits_and_kv(
     assert decoder.own_attention is (weights in ("bf16", "int8") and rows_kernel.decodes_here())
     prompts = [(PROMPTS + LONG_PROMPTS)[i] for i in rows]
     context = max(map(len, prompts))  # what each step attends to, within a few positions
-    beside = rows_kernel.bf16_beside_onednn() and weights == "bf16"
+    beside = weights == "bf16" and not rows_kernel.serves_every_bf16_decode()
     kernel_products = not beside or rows_kernel.bf16_kernel_wins(len(rows), context)
     attended: list[int] = []
     own = rows_kernel.decode_attention

@@ -195,7 +195,8 @@ def _took(product: nn.Module, x: torch.Tensor) -> str:
 @needs_onednn_bf16
 def test_beside_onednn_a_bf16_layer_decodes_few_rows_or_long_contexts_through_the_kernel() -> None:
     layer = Bf16Linear(nn.Linear(64, 48, bias=False))
-    assert layer.rows and layer.rows16 is not None and layer.packed16 is not None and rows.bf16_beside_onednn()
+    assert layer.rows and layer.rows16 is not None and layer.packed16 is not None
+    assert not rows.serves_every_bf16_decode()
     few, many, long = rows.BF16_MOST_ROWS, rows.BF16_LONG_MOST_ROWS, rows.BF16_LONG_POSITIONS
     generator = torch.Generator().manual_seed(11)
     with torch.inference_mode():
@@ -260,7 +261,7 @@ def test_the_kernel_takes_every_bf16_decode_only_where_onednn_packs_no_bf16(monk
     # What the run's default weights follow (services/embedded/system.py served_weights).
     for packs in (False, True):
         monkeypatch.setattr(cpu_linear, "packs_bf16", lambda packs=packs: packs)
-        assert rows.serves_every_bf16_decode() is not packs and rows.bf16_beside_onednn() is packs
+        assert rows.serves_every_bf16_decode() is not packs
 
 
 @needs_kernel
