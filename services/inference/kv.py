@@ -13,6 +13,12 @@ Design (the batching engine's memory layout):
   ``DynamicCache``'s ``torch.cat``); capacity grows geometrically.
 - Finished rows are dropped (:meth:`KVBatch.keep_rows`) and leading columns that became padding
   for every remaining row are trimmed, so a long finished sequence does not keep costing attention.
+- Neither copies the batch: the buffer is allocated with spare rows (:data:`_ROW_GROWTH`), a
+  newcomer no longer than the batch is written into the next free row, and dropping rows moves only
+  the rows after the first dropped one down, in place, the trimmed columns becoming a view's offset.
+  A newcomer longer than the batch re-pads every row into a new buffer, as does a column overflow.
+  (Each merge or drop used to copy the whole cache into a fresh, zero-filled buffer: 60–140 ms a
+  time at 4–8 rows of 1,500 tokens, about 3.7 s of scheduler time in a default ``make run``.)
 
 Padded key/value slots hold zeros and are masked with ``-inf`` scores, so they get exactly zero
 attention weight: batching changes a sequence's logprobs only by floating-point reassociation.
@@ -20,12 +26,18 @@ attention weight: batching changes a sequence's logprobs only by floating-point 
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 _GROWTH = 64
+"""Spare columns a new buffer holds beyond its rows' length (decode steps append in place)."""
+
+_ROW_GROWTH = 4
+"""Spare rows a new buffer holds at least (half its rows where that is more), for newcomers to move
+into without a copy. Spare rows are never written until used, so they cost address space, not memory."""
 
 
 def layer_kv(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,14 +49,23 @@ def layer_kv(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _BufferLayer(DynamicLayer):
-    """A cache layer backed by a preallocated buffer; ``keys``/``values`` are views of its prefix."""
+    """A cache layer backed by a preallocated buffer; ``keys``/``values`` are views of its prefix.
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+    ``k_all``/``v_all`` are the whole allocation, ``[row capacity, kv_heads, columns, head_dim]``;
+    ``k_buf``/``v_buf`` the batch's view of it: its first ``rows`` rows, from column ``first`` on.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int, rows: int, first: int = 0) -> None:
         super().__init__()
-        self.k_buf, self.v_buf, self.length = keys, values, length
+        self.k_all, self.v_all, self.length, self.first = keys, values, length, first
         self.device = keys.device
         self.dtype = keys.dtype
         self.is_initialized = True
+        self._view(rows)
+
+    def _view(self, rows: int) -> None:
+        self.k_buf = self.k_all[:rows, :, self.first :]
+        self.v_buf = self.v_all[:rows, :, self.first :]
         self._sync()
 
     def _sync(self) -> None:
@@ -56,12 +77,14 @@ class _BufferLayer(DynamicLayer):
         if needed <= capacity:
             return
         new_capacity = max(needed, capacity + max(_GROWTH, capacity // 2))
-        shape = (*self.k_buf.shape[:2], new_capacity, self.k_buf.shape[3])
-        k = torch.zeros(shape, dtype=self.k_buf.dtype, device=self.device)
-        v = torch.zeros(shape, dtype=self.v_buf.dtype, device=self.device)
-        k[:, :, : self.length] = self.k_buf[:, :, : self.length]
-        v[:, :, : self.length] = self.v_buf[:, :, : self.length]
-        self.k_buf, self.v_buf = k, v
+        rows = self.k_buf.shape[0]
+        shape = (self.k_all.shape[0], *self.k_buf.shape[1:2], new_capacity, self.k_buf.shape[3])
+        k = torch.empty(shape, dtype=self.k_buf.dtype, device=self.device)
+        v = torch.empty(shape, dtype=self.v_buf.dtype, device=self.device)
+        k[:rows, :, : self.length] = self.k_buf[:, :, : self.length]
+        v[:rows, :, : self.length] = self.v_buf[:, :, : self.length]
+        self.k_all, self.v_all, self.first = k, v, 0
+        self._view(rows)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -76,6 +99,20 @@ class _BufferLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         return self.length
+
+    def fits(self, rows: int) -> bool:
+        """Whether ``rows`` rows fit the allocation as it is."""
+        return rows <= self.k_all.shape[0]
+
+    def put(self, row: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write one sequence's ``[kv_heads, tokens, head_dim]`` right-aligned into ``row`` of the
+        batch's ``length`` columns, zeros before it."""
+        pad = self.length - keys.shape[1]
+        start = self.first
+        self.k_all[row, :, start : start + pad] = 0
+        self.v_all[row, :, start : start + pad] = 0
+        self.k_all[row, :, start + pad : start + self.length] = keys
+        self.v_all[row, :, start + pad : start + self.length] = values
 
 
 class KVBatch:
@@ -98,29 +135,45 @@ class KVBatch:
         return [layer for layer in self.cache.layers if isinstance(layer, _BufferLayer)]
 
     def add_rows(self, caches: list[DynamicCache]) -> None:
-        """Append prefilled sequences (one ``DynamicCache`` of batch 1 each) as new rows."""
+        """Append prefilled sequences (one ``DynamicCache`` of batch 1 each) as new rows.
+
+        Newcomers no longer than the batch go into its spare rows in place; otherwise every row is
+        re-padded into a new buffer.
+        """
         if not caches:
             return
         lengths = [c.get_seq_length() for c in caches]
         new_len = max([self.length, *lengths])
         n_old, n_total = self.rows, self.rows + len(caches)
         n_layers = len(caches[0].layers)
-        layers: list[_BufferLayer] = []
         old_layers = self._layers() if self.cache is not None and n_old else []
-        for li in range(n_layers):
-            sample, _ = layer_kv(caches[0].layers[li])
-            shape = (n_total, sample.shape[1], new_len + _GROWTH, sample.shape[3])
-            k = torch.zeros(shape, dtype=sample.dtype)
-            v = torch.zeros(shape, dtype=sample.dtype)
-            if old_layers:
-                old_k, old_v = layer_kv(old_layers[li])
-                k[:n_old, :, new_len - self.length : new_len] = old_k
-                v[:n_old, :, new_len - self.length : new_len] = old_v
-            for i, (c, length) in enumerate(zip(caches, lengths, strict=True)):
-                new_k, new_v = layer_kv(c.layers[li])
-                k[n_old + i, :, new_len - length : new_len] = new_k[0]
-                v[n_old + i, :, new_len - length : new_len] = new_v[0]
-            layers.append(_BufferLayer(k, v, new_len))
+        if old_layers and new_len == self.length and old_layers[0].fits(n_total):
+            for li, layer in enumerate(old_layers):
+                for i, c in enumerate(caches):
+                    new_k, new_v = layer_kv(c.layers[li])
+                    layer.put(n_old + i, new_k[0], new_v[0])
+                layer._view(n_total)
+            layers = old_layers
+        else:
+            layers = []
+            capacity = n_total + max(_ROW_GROWTH, n_total // 2)
+            for li in range(n_layers):
+                sample, _ = layer_kv(caches[0].layers[li])
+                shape = (capacity, sample.shape[1], new_len + _GROWTH, sample.shape[3])
+                layer = _BufferLayer(
+                    torch.empty(shape, dtype=sample.dtype), torch.empty(shape, dtype=sample.dtype), new_len, n_total
+                )
+                if old_layers:
+                    old_k, old_v = layer_kv(old_layers[li])
+                    pad = new_len - self.length
+                    layer.k_all[:n_old, :, :pad] = 0
+                    layer.v_all[:n_old, :, :pad] = 0
+                    layer.k_all[:n_old, :, pad:new_len] = old_k
+                    layer.v_all[:n_old, :, pad:new_len] = old_v
+                for i, c in enumerate(caches):
+                    new_k, new_v = layer_kv(c.layers[li])
+                    layer.put(n_old + i, new_k[0], new_v[0])
+                layers.append(layer)
         mask = torch.zeros((n_total, new_len), dtype=torch.long)
         if n_old:
             mask[:n_old, new_len - self.length :] = self.mask
@@ -131,7 +184,11 @@ class KVBatch:
         self.cache, self.mask = cache, mask
 
     def keep_rows(self, keep: list[int]) -> None:
-        """Keep only the rows at ``keep`` (in that order), then trim all-padding leading columns."""
+        """Keep only the rows at ``keep`` (in that order), then trim all-padding leading columns.
+
+        Kept in their order (``keep`` increasing, as the engine drops rows), the rows after the first
+        dropped one move down in place; another order is gathered into a new buffer.
+        """
         if not keep:
             self.cache, self.mask = None, torch.zeros((0, 0), dtype=torch.long)
             return
@@ -139,11 +196,20 @@ class KVBatch:
         mask = self.mask[index]
         used = mask.any(dim=0).nonzero()
         start = int(used[0].item()) if used.numel() else mask.shape[1]
+        in_order = all(a < b for a, b in itertools.pairwise(keep))
         for layer in self._layers():
-            layer.k_buf = layer.k_buf[index, :, start:]
-            layer.v_buf = layer.v_buf[index, :, start:]
-            layer.length -= start
-            layer._sync()
+            if in_order:
+                first, last = layer.first + start, layer.first + layer.length
+                for row, source in enumerate(keep):
+                    if row != source:
+                        layer.k_all[row, :, first:last] = layer.k_all[source, :, first:last]
+                        layer.v_all[row, :, first:last] = layer.v_all[source, :, first:last]
+                layer.first, layer.length = first, layer.length - start
+            else:
+                rows = layer.k_buf[index, :, start:]
+                layer.k_all, layer.v_all = rows, layer.v_buf[index, :, start:]
+                layer.first, layer.length = 0, layer.length - start
+            layer._view(len(keep))
         self.mask = mask[:, start:]
 
     def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -65,3 +65,60 @@ def test_dropping_rows_trims_columns_that_became_padding() -> None:
     assert keys.shape[2] == 4 and torch.all(keys[1] == 3.0)
     batch.keep_rows([])
     assert batch.rows == 0 and batch.cache is None
+
+
+def _storage(batch: KVBatch) -> int:
+    return _keys(batch, 0).untyped_storage().data_ptr()
+
+
+def test_a_newcomer_no_longer_than_the_batch_moves_into_a_spare_row_over_zeros() -> None:
+    batch = KVBatch()
+    batch.add_rows([_prefilled(6, 1.0), _prefilled(6, 2.0), _prefilled(6, 3.0)])
+    storage = _storage(batch)
+    batch.keep_rows([0, 2])  # row 2's values now also lie in the spare row beyond the batch
+    batch.add_rows([_prefilled(2, 7.0)])
+    assert _storage(batch) == storage  # written in place: the batch was not copied
+    assert batch.mask.tolist() == [[1] * 6, [1] * 6, [0, 0, 0, 0, 1, 1]]
+    for layer in range(LAYERS):
+        keys, values = layer_kv(batch.cache.layers[layer])  # type: ignore[union-attr]
+        assert torch.all(keys[0] == 1.0 + layer) and torch.all(keys[1] == 3.0 + layer)
+        # the dropped row's and the moved row's values are gone from the newcomer's padding
+        assert torch.all(keys[2, :, :4] == 0) and torch.all(values[2, :, :4] == 0)
+        assert torch.all(keys[2, :, 4:] == 7.0 + layer) and torch.all(values[2, :, 4:] == -(7.0 + layer))
+
+
+def test_dropping_rows_in_order_moves_the_later_rows_down_in_place() -> None:
+    batch = KVBatch()
+    batch.add_rows([_prefilled(6, 1.0), _prefilled(3, 2.0), _prefilled(4, 3.0), _prefilled(2, 4.0)])
+    storage = _storage(batch)
+    batch.keep_rows([1, 3])
+    assert _storage(batch) == storage
+    assert batch.mask.tolist() == [[1, 1, 1], [0, 1, 1]]
+    keys = _keys(batch, 1)
+    assert keys.shape == (2, HEADS, 3, DIM)
+    assert torch.all(keys[0] == 3.0) and torch.all(keys[1, :, 1:] == 5.0) and torch.all(keys[1, :, 0] == 0)
+
+
+def test_dropping_rows_out_of_order_gathers_them() -> None:
+    batch = KVBatch()
+    batch.add_rows([_prefilled(2, 1.0), _prefilled(5, 2.0), _prefilled(3, 3.0)])
+    batch.keep_rows([2, 0])
+    assert batch.mask.tolist() == [[1, 1, 1], [0, 1, 1]]
+    keys = _keys(batch, 0)
+    assert torch.all(keys[0] == 3.0) and torch.all(keys[1, :, 1:] == 1.0) and torch.all(keys[1, :, 0] == 0)
+
+
+def test_decoding_after_a_trim_grows_the_buffer_and_keeps_every_row() -> None:
+    batch = KVBatch()
+    batch.add_rows([_prefilled(40, 1.0), _prefilled(3, 2.0), _prefilled(5, 3.0)])
+    batch.keep_rows([1, 2])  # the long row goes: 35 leading columns become a view's offset
+    for step in range(80):  # past the buffer's end, which the offset brought nearer
+        batch.step_mask()
+        for layer in range(LAYERS):
+            new = torch.full((2, HEADS, 1, DIM), 100.0 + step)
+            batch.cache.update(new, new, layer)  # type: ignore[union-attr]
+    keys = _keys(batch, 0)
+    assert batch.length == 85 and keys.shape[2] == 85
+    assert torch.all(keys[0, :, :2] == 0) and torch.all(keys[0, :, 2:5] == 2.0)
+    assert torch.all(keys[1, :, :5] == 3.0)
+    assert torch.equal(keys[:, 0, 5:, 0], (100.0 + torch.arange(80.0)).expand(2, 80))
