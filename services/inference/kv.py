@@ -13,10 +13,12 @@ Design (the batching engine's memory layout):
   ``DynamicCache``'s ``torch.cat``); capacity grows geometrically.
 - Finished rows are dropped (:meth:`KVBatch.keep_rows`) and leading columns that became padding
   for every remaining row are trimmed, so a long finished sequence does not keep costing attention.
-- Neither copies the batch: the buffer is allocated with spare rows (:data:`_ROW_GROWTH`), a
-  newcomer no longer than the batch is written into the next free row, and dropping rows moves only
-  the rows after the first dropped one down, in place, the trimmed columns becoming a view's offset.
-  A newcomer longer than the batch re-pads every row into a new buffer, as does a column overflow.
+- Neither copies the batch: the buffer is allocated with spare rows (:data:`_ROW_GROWTH`) and spare
+  columns before the batch's (:func:`_headroom`). A newcomer goes into the next spare row; one longer
+  than the batch moves the batch's first column left, zeroing the running rows' new padding. Dropping
+  rows moves only the rows after the first dropped one down, in place, the trimmed columns becoming
+  spare columns. Only a newcomer longer than the headroom allows, or a decode step past the buffer's
+  end, re-pads every row into a new buffer.
   (Each merge or drop used to copy the whole cache into a fresh, zero-filled buffer: 60–140 ms a
   time at 4–8 rows of 1,500 tokens, about 3.7 s of scheduler time in a default ``make run``.)
 
@@ -38,6 +40,12 @@ _GROWTH = 64
 _ROW_GROWTH = 4
 """Spare rows a new buffer holds at least (half its rows where that is more), for newcomers to move
 into without a copy. Spare rows are never written until used, so they cost address space, not memory."""
+
+
+def _headroom(length: int) -> int:
+    """Spare columns a new buffer holds before its rows' ``length`` columns, for longer newcomers
+    (unwritten until used, as spare rows)."""
+    return max(_GROWTH, length // 2)
 
 
 def layer_kv(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,13 +85,13 @@ class _BufferLayer(DynamicLayer):
         if needed <= capacity:
             return
         new_capacity = max(needed, capacity + max(_GROWTH, capacity // 2))
-        rows = self.k_buf.shape[0]
-        shape = (self.k_all.shape[0], *self.k_buf.shape[1:2], new_capacity, self.k_buf.shape[3])
+        rows, first = self.k_buf.shape[0], _headroom(self.length)
+        shape = (self.k_all.shape[0], *self.k_buf.shape[1:2], first + new_capacity, self.k_buf.shape[3])
         k = torch.empty(shape, dtype=self.k_buf.dtype, device=self.device)
         v = torch.empty(shape, dtype=self.v_buf.dtype, device=self.device)
-        k[:rows, :, : self.length] = self.k_buf[:, :, : self.length]
-        v[:rows, :, : self.length] = self.v_buf[:, :, : self.length]
-        self.k_all, self.v_all, self.first = k, v, 0
+        k[:rows, :, first : first + self.length] = self.k_buf[:, :, : self.length]
+        v[:rows, :, first : first + self.length] = self.v_buf[:, :, : self.length]
+        self.k_all, self.v_all, self.first = k, v, first
         self._view(rows)
 
     def update(
@@ -100,9 +108,21 @@ class _BufferLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length
 
-    def fits(self, rows: int) -> bool:
-        """Whether ``rows`` rows fit the allocation as it is."""
-        return rows <= self.k_all.shape[0]
+    def fits(self, rows: int, length: int) -> bool:
+        """Whether ``rows`` rows of ``length`` columns fit the allocation as it is."""
+        return rows <= self.k_all.shape[0] and length - self.length <= self.first
+
+    def widen(self, length: int) -> None:
+        """Move the first column left to hold ``length`` columns (:meth:`fits`), zeroing the running
+        rows' new padding."""
+        extra = length - self.length
+        if extra:
+            rows = self.k_buf.shape[0]
+            self.first -= extra
+            self.k_all[:rows, :, self.first : self.first + extra] = 0
+            self.v_all[:rows, :, self.first : self.first + extra] = 0
+            self.length = length
+            self._view(rows)
 
     def put(self, row: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Write one sequence's ``[kv_heads, tokens, head_dim]`` right-aligned into ``row`` of the
@@ -137,8 +157,8 @@ class KVBatch:
     def add_rows(self, caches: list[DynamicCache]) -> None:
         """Append prefilled sequences (one ``DynamicCache`` of batch 1 each) as new rows.
 
-        Newcomers no longer than the batch go into its spare rows in place; otherwise every row is
-        re-padded into a new buffer.
+        Newcomers go into the buffer's spare rows in place, the batch widened into its spare columns
+        where one is longer; where the buffer lacks either, every row is re-padded into a new one.
         """
         if not caches:
             return
@@ -147,8 +167,9 @@ class KVBatch:
         n_old, n_total = self.rows, self.rows + len(caches)
         n_layers = len(caches[0].layers)
         old_layers = self._layers() if self.cache is not None and n_old else []
-        if old_layers and new_len == self.length and old_layers[0].fits(n_total):
+        if old_layers and old_layers[0].fits(n_total, new_len):
             for li, layer in enumerate(old_layers):
+                layer.widen(new_len)
                 for i, c in enumerate(caches):
                     new_k, new_v = layer_kv(c.layers[li])
                     layer.put(n_old + i, new_k[0], new_v[0])
@@ -159,17 +180,17 @@ class KVBatch:
             capacity = n_total + max(_ROW_GROWTH, n_total // 2)
             for li in range(n_layers):
                 sample, _ = layer_kv(caches[0].layers[li])
-                shape = (capacity, sample.shape[1], new_len + _GROWTH, sample.shape[3])
-                layer = _BufferLayer(
-                    torch.empty(shape, dtype=sample.dtype), torch.empty(shape, dtype=sample.dtype), new_len, n_total
-                )
+                first = _headroom(new_len)
+                shape = (capacity, sample.shape[1], first + new_len + _GROWTH, sample.shape[3])
+                k_all, v_all = torch.empty(shape, dtype=sample.dtype), torch.empty(shape, dtype=sample.dtype)
+                layer = _BufferLayer(k_all, v_all, new_len, n_total, first)
                 if old_layers:
                     old_k, old_v = layer_kv(old_layers[li])
-                    pad = new_len - self.length
-                    layer.k_all[:n_old, :, :pad] = 0
-                    layer.v_all[:n_old, :, :pad] = 0
-                    layer.k_all[:n_old, :, pad:new_len] = old_k
-                    layer.v_all[:n_old, :, pad:new_len] = old_v
+                    pad = first + new_len - self.length
+                    k_all[:n_old, :, first:pad] = 0
+                    v_all[:n_old, :, first:pad] = 0
+                    k_all[:n_old, :, pad : first + new_len] = old_k
+                    v_all[:n_old, :, pad : first + new_len] = old_v
                 for i, c in enumerate(caches):
                     new_k, new_v = layer_kv(c.layers[li])
                     layer.put(n_old + i, new_k[0], new_v[0])
@@ -206,7 +227,7 @@ class KVBatch:
                         layer.v_all[row, :, first:last] = layer.v_all[source, :, first:last]
                 layer.first, layer.length = first, layer.length - start
             else:
-                rows = layer.k_buf[index, :, start:]
+                rows = layer.k_buf[index, :, start:]  # gathered, without headroom: a longer newcomer re-pads
                 layer.k_all, layer.v_all = rows, layer.v_buf[index, :, start:]
                 layer.first, layer.length = 0, layer.length - start
             layer._view(len(keep))

@@ -122,3 +122,18 @@ def test_decoding_after_a_trim_grows_the_buffer_and_keeps_every_row() -> None:
     assert torch.all(keys[0, :, :2] == 0) and torch.all(keys[0, :, 2:5] == 2.0)
     assert torch.all(keys[1, :, :5] == 3.0)
     assert torch.equal(keys[:, 0, 5:, 0], (100.0 + torch.arange(80.0)).expand(2, 80))
+
+
+def test_a_longer_newcomer_widens_the_batch_in_place_over_zeros() -> None:
+    batch = KVBatch()
+    batch.add_rows([_prefilled(90, 1.0), _prefilled(10, 2.0)])
+    batch.keep_rows([1])  # 80 columns trimmed: the running row's old values lie before its view
+    storage = _storage(batch)
+    batch.add_rows([_prefilled(50, 5.0)])  # 40 columns longer than the batch
+    assert _storage(batch) == storage
+    assert batch.mask.tolist() == [[0] * 40 + [1] * 10, [1] * 50]
+    for layer in range(LAYERS):
+        keys, values = layer_kv(batch.cache.layers[layer])  # type: ignore[union-attr]
+        assert keys.shape == (2, HEADS, 50, DIM)
+        assert torch.all(keys[0, :, :40] == 0) and torch.all(values[0, :, :40] == 0)  # not the dropped row's
+        assert torch.all(keys[0, :, 40:] == 2.0 + layer) and torch.all(keys[1] == 5.0 + layer)
