@@ -39,7 +39,9 @@ _GROWTH = 64
 
 _ROW_GROWTH = 4
 """Spare rows a new buffer holds at least (half its rows where that is more), for newcomers to move
-into without a copy. Spare rows are never written until used, so they cost address space, not memory."""
+into without a copy. Spare rows are not written until used: where the allocator maps fresh pages (large
+buffers) they cost address space, not memory. Rows dropped in place stay resident until the buffer is
+next reallocated."""
 
 
 def _headroom(length: int) -> int:
@@ -116,6 +118,7 @@ class _BufferLayer(DynamicLayer):
         """Move the first column left to hold ``length`` columns (:meth:`fits`), zeroing the running
         rows' new padding."""
         extra = length - self.length
+        assert extra >= 0, f"widen cannot narrow the batch ({self.length} columns to {length})"
         if extra:
             rows = self.k_buf.shape[0]
             self.first -= extra

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers.cache_utils import DynamicCache
 
 from services.inference.kv import KVBatch, layer_kv
 
 LAYERS, HEADS, DIM = 2, 3, 4
+
+
+@pytest.fixture(autouse=True)
+def _poisoned_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fresh buffers hold NaN, not whatever the allocator returns: a padding slot left unwritten shows."""
+    empty = torch.empty
+
+    def poisoned(*args: object, **kwargs: object) -> torch.Tensor:
+        return empty(*args, **kwargs).fill_(float("nan"))  # type: ignore[call-overload]
+
+    monkeypatch.setattr(torch, "empty", poisoned)
 
 
 def _prefilled(length: int, fill: float) -> DynamicCache:
@@ -97,6 +109,8 @@ def test_dropping_rows_in_order_moves_the_later_rows_down_in_place() -> None:
     keys = _keys(batch, 1)
     assert keys.shape == (2, HEADS, 3, DIM)
     assert torch.all(keys[0] == 3.0) and torch.all(keys[1, :, 1:] == 5.0) and torch.all(keys[1, :, 0] == 0)
+    values = layer_kv(batch.cache.layers[1])[1]  # type: ignore[union-attr]
+    assert torch.all(values[0] == -3.0) and torch.all(values[1, :, 1:] == -5.0) and torch.all(values[1, :, 0] == 0)
 
 
 def test_dropping_rows_out_of_order_gathers_them() -> None:
@@ -137,3 +151,18 @@ def test_a_longer_newcomer_widens_the_batch_in_place_over_zeros() -> None:
         assert keys.shape == (2, HEADS, 50, DIM)
         assert torch.all(keys[0, :, :40] == 0) and torch.all(values[0, :, :40] == 0)  # not the dropped row's
         assert torch.all(keys[0, :, 40:] == 2.0 + layer) and torch.all(keys[1] == 5.0 + layer)
+
+
+def test_a_newcomer_beyond_the_headroom_repads_every_row_into_a_new_buffer() -> None:
+    batch = KVBatch()
+    batch.add_rows([_prefilled(70, 1.0), _prefilled(3, 2.0)])  # 64 spare leading columns
+    storage = _storage(batch)
+    batch.add_rows([_prefilled(140, 5.0)])  # 70 columns longer than the batch: more than the headroom
+    assert _storage(batch) != storage
+    assert batch.mask.tolist() == [[0] * 70 + [1] * 70, [0] * 137 + [1] * 3, [1] * 140]
+    for layer in range(LAYERS):
+        keys, values = layer_kv(batch.cache.layers[layer])  # type: ignore[union-attr]
+        assert torch.all(keys[0, :, :70] == 0) and torch.all(values[0, :, :70] == 0)
+        assert torch.all(keys[1, :, :137] == 0) and torch.all(values[1, :, :137] == 0)
+        assert torch.all(keys[0, :, 70:] == 1.0 + layer) and torch.all(values[1, :, 137:] == -(2.0 + layer))
+        assert torch.all(keys[2] == 5.0 + layer)
