@@ -13,8 +13,8 @@ Design (the batching engine's memory layout):
   ``DynamicCache``'s ``torch.cat``); capacity grows geometrically.
 - Finished rows are dropped (:meth:`KVBatch.keep_rows`) and leading columns that became padding
   for every remaining row are trimmed, so a long finished sequence does not keep costing attention.
-- Neither copies the batch: the buffer is allocated with spare rows (:data:`_ROW_GROWTH`) and spare
-  columns before the batch's (:func:`_headroom`). A newcomer goes into the next spare row; one longer
+- Neither copies the batch: the buffer is allocated with spare rows and spare columns before the
+  batch's (:func:`_spare`). A newcomer goes into the next spare row; one longer
   than the batch moves the batch's first column left, zeroing the running rows' new padding. Dropping
   rows moves only the rows after the first dropped one down, in place, the trimmed columns becoming
   spare columns. Only a newcomer longer than the headroom allows, or a decode step past the buffer's
@@ -35,19 +35,22 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 _GROWTH = 64
-"""Spare columns a new buffer holds beyond its rows' length (decode steps append in place)."""
+"""Spare columns a new buffer holds beyond its rows' length (decode steps append in place), and at least
+before them (:func:`_spare`)."""
 
 _ROW_GROWTH = 4
-"""Spare rows a new buffer holds at least (half its rows where that is more), for newcomers to move
-into without a copy. Spare rows are not written until used: where the allocator maps fresh pages (large
-buffers) they cost address space, not memory. Rows dropped in place stay resident until the buffer is
-next reallocated."""
+"""Spare rows a new buffer holds at least (:func:`_spare`)."""
 
 
-def _headroom(length: int) -> int:
-    """Spare columns a new buffer holds before its rows' ``length`` columns, for longer newcomers
-    (unwritten until used, as spare rows)."""
-    return max(_GROWTH, length // 2)
+def _spare(used: int, least: int) -> int:
+    """Spare room for ``used`` rows or columns: half as many again, at least ``least``.
+
+    A buffer grows its columns so (decode steps past its end) and holds as many spare rows and, before its
+    columns, spare columns, for newcomers (longer ones) to move into without a copy. Spare room is not
+    written until used: where the allocator maps fresh pages (large buffers) it costs address space, not
+    memory. Rows dropped in place stay resident until the buffer is next reallocated.
+    """
+    return max(least, used // 2)
 
 
 def layer_kv(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,7 +68,7 @@ class _BufferLayer(DynamicLayer):
     ``k_buf``/``v_buf`` the batch's view of it: its first ``rows`` rows, from column ``first`` on.
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int, rows: int, first: int = 0) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int, rows: int, first: int) -> None:
         super().__init__()
         self.k_all, self.v_all, self.length, self.first = keys, values, length, first
         self.device = keys.device
@@ -86,9 +89,9 @@ class _BufferLayer(DynamicLayer):
         capacity = self.k_buf.shape[2]
         if needed <= capacity:
             return
-        new_capacity = max(needed, capacity + max(_GROWTH, capacity // 2))
-        rows, first = self.k_buf.shape[0], _headroom(self.length)
-        shape = (self.k_all.shape[0], *self.k_buf.shape[1:2], first + new_capacity, self.k_buf.shape[3])
+        new_capacity = max(needed, capacity + _spare(capacity, _GROWTH))
+        rows, first = self.k_buf.shape[0], _spare(self.length, _GROWTH)
+        shape = (self.k_all.shape[0], self.k_buf.shape[1], first + new_capacity, self.k_buf.shape[3])
         k = torch.empty(shape, dtype=self.k_buf.dtype, device=self.device)
         v = torch.empty(shape, dtype=self.v_buf.dtype, device=self.device)
         k[:rows, :, first : first + self.length] = self.k_buf[:, :, : self.length]
@@ -128,14 +131,13 @@ class _BufferLayer(DynamicLayer):
             self._view(rows)
 
     def put(self, row: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Write one sequence's ``[kv_heads, tokens, head_dim]`` right-aligned into ``row`` of the
-        batch's ``length`` columns, zeros before it."""
-        pad = self.length - keys.shape[1]
-        start = self.first
-        self.k_all[row, :, start : start + pad] = 0
-        self.v_all[row, :, start : start + pad] = 0
-        self.k_all[row, :, start + pad : start + self.length] = keys
-        self.v_all[row, :, start + pad : start + self.length] = values
+        """Write ``[rows, kv_heads, tokens, head_dim]`` keys and values, right-aligned, into the batch's
+        ``length`` columns of the rows from ``row`` on, zeros before them."""
+        rows, pad, start = slice(row, row + keys.shape[0]), self.length - keys.shape[2], self.first
+        self.k_all[rows, :, start : start + pad] = 0
+        self.v_all[rows, :, start : start + pad] = 0
+        self.k_all[rows, :, start + pad : start + self.length] = keys
+        self.v_all[rows, :, start + pad : start + self.length] = values
 
 
 class KVBatch:
@@ -174,29 +176,21 @@ class KVBatch:
             for li, layer in enumerate(old_layers):
                 layer.widen(new_len)
                 for i, c in enumerate(caches):
-                    new_k, new_v = layer_kv(c.layers[li])
-                    layer.put(n_old + i, new_k[0], new_v[0])
+                    layer.put(n_old + i, *layer_kv(c.layers[li]))
                 layer._view(n_total)
             layers = old_layers
         else:
             layers = []
-            capacity = n_total + max(_ROW_GROWTH, n_total // 2)
+            capacity, first = n_total + _spare(n_total, _ROW_GROWTH), _spare(new_len, _GROWTH)
             for li in range(n_layers):
                 sample, _ = layer_kv(caches[0].layers[li])
-                first = _headroom(new_len)
                 shape = (capacity, sample.shape[1], first + new_len + _GROWTH, sample.shape[3])
                 k_all, v_all = torch.empty(shape, dtype=sample.dtype), torch.empty(shape, dtype=sample.dtype)
                 layer = _BufferLayer(k_all, v_all, new_len, n_total, first)
                 if old_layers:
-                    old_k, old_v = layer_kv(old_layers[li])
-                    pad = first + new_len - self.length
-                    k_all[:n_old, :, first:pad] = 0
-                    v_all[:n_old, :, first:pad] = 0
-                    k_all[:n_old, :, pad : first + new_len] = old_k
-                    v_all[:n_old, :, pad : first + new_len] = old_v
+                    layer.put(0, *layer_kv(old_layers[li]))
                 for i, c in enumerate(caches):
-                    new_k, new_v = layer_kv(c.layers[li])
-                    layer.put(n_old + i, new_k[0], new_v[0])
+                    layer.put(n_old + i, *layer_kv(c.layers[li]))
                 layers.append(layer)
         mask = torch.zeros((n_total, new_len), dtype=torch.long)
         if n_old:
