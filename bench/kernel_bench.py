@@ -12,7 +12,9 @@ prepacked for oneDNN (``bf16_packed``: what ``weights: bf16`` decode steps multi
 kernel the engine's ``weights: int8`` uses (``aten._weight_int8pack_mm``, bf16 activations and
 scales), and the engine's own kernel for CPUs without native bf16 (``bf16_rows`` and ``int8_rows``:
 fp32 activations times bf16 or int8 weights widened in registers, ``services.inference.rows``; what
-``weights: bf16`` and ``int8`` decode steps multiply there) — at 1, 2, 3, 4, 8 and 16 rows, the
+``weights: bf16`` and ``int8`` decode steps multiply there) and its native bf16 product where the CPU has
+AVX-512 BF16 (``bf16_rows_native``: activations rounded to bf16, ``VDPBF16PS``; what its bf16 decode steps
+multiply there) — at 1, 2, 3, 4, 8 and 16 rows, the
 median of ``--repeats`` passes, each format's ratio to fp32 measured in the same run, and the bytes
 each pass reads over its time. A format this CPU or build cannot run (oneDNN packs bf16 only with
 AVX-512 or AVX-NE-CONVERT; the engine's kernel needs AVX2 and a compiler) is left out with a line
@@ -69,8 +71,10 @@ def _int8_products(
     return lambda: [kernel(x, q, s) for q, s in zip(weights, scales, strict=True)]
 
 
-def _rows_products(x: torch.Tensor, weights: Sequence[torch.Tensor]) -> Callable[[], object]:
-    return lambda: [rows_kernel.bf16_rows(x, w) for w in weights]
+def _rows_products(
+    product: Callable[..., torch.Tensor], x: torch.Tensor, weights: Sequence[torch.Tensor]
+) -> Callable[[], object]:
+    return lambda: [product(x, w) for w in weights]
 
 
 def _int8_rows_products(
@@ -96,6 +100,7 @@ def measure(repeats: int) -> dict[str, Any]:
         "bf16_packed": 2 * elements,
         "int8": elements,
         "bf16_rows": 2 * elements,
+        "bf16_rows_native": 2 * elements,
         "int8_rows": elements,
     }
     skipped: dict[str, str] = {}
@@ -103,6 +108,9 @@ def measure(repeats: int) -> dict[str, Any]:
         skipped["bf16_packed"] = "oneDNN packs no bf16 weights on this CPU"
     if rows_kernel.kernel() is None:
         skipped["bf16_rows"] = skipped["int8_rows"] = f"the engine's kernel: {rows_kernel.unavailable_reason()}"
+    module = rows_kernel.kernel()
+    if module is None or not module.bf16_dot_supported():
+        skipped["bf16_rows_native"] = "the engine's kernel is unavailable or this CPU has no AVX-512 BF16"
     bf16_blocked = [rows_kernel.pack(w) for w in bf16]  # the kernel's layout
     int8_blocked = [rows_kernel.pack(q) for q in int8]
     results: dict[str, Any] = {
@@ -123,7 +131,9 @@ def measure(repeats: int) -> dict[str, Any]:
         if bf16_packed is not None:
             calls["bf16_packed"] = _packed_products(xb, bf16_packed)
         if "bf16_rows" not in skipped:
-            calls["bf16_rows"] = _rows_products(x, bf16_blocked)
+            calls["bf16_rows"] = _rows_products(module.bf16_rows, x, bf16_blocked)
+        if "bf16_rows_native" not in skipped:
+            calls["bf16_rows_native"] = _rows_products(module.bf16_dot_rows, x, bf16_blocked)
             calls["int8_rows"] = _int8_rows_products(x, int8_blocked, int8_scales32)
         ms = {name: _median_ms(call, repeats) for name, call in calls.items()}
         results["rows"][rows] = {

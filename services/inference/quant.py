@@ -14,7 +14,8 @@ after a radix-cache hit computes what a full prefill of the same prompt computes
 **Bf16** (``weights: bf16``): every linear layer becomes a :class:`Bf16Linear`, its weights rounded
 to bf16 once; decode steps multiply them with bf16 activations (fp32 accumulation; prepacked for
 oneDNN where torch has it, ``bench/kernel_bench.py``'s ``bf16_packed``), or through the engine's own
-kernel with fp32 activations (below). Prefills do the same where the
+kernel (below: bf16 activations too where the CPU multiplies bf16 natively, fp32 ones elsewhere). Prefills do
+the same where the
 CPU multiplies bf16 natively (:func:`spade.cpu_linear.native_bf16`: 1.6-1.8x fp32's products at 64-900
 rows on the AMD EPYC VM), and elsewhere use the same rounded weights in fp32 (prepacked too). Half of
 fp32's bytes, and no quantization kernel: its speed depends least on the CPU (``bench/kernel_bench.py``: about 2× fp32's
@@ -35,7 +36,10 @@ times the weights widened to fp32 in registers, fp32 sums. torch has nothing fas
 products are then the fp32 products of the rounded weights to fp32 rounding, a row's bits not
 depending on its batch. Where oneDNN packs bf16 too (AVX-512), a bf16 decode step of a few rows, or of
 more rows with a long context, takes the kernel (:func:`bf16_rows_kernel_takes`), a larger one, a prefill and
-every batch-invariant step (``decode_step(invariant=True)``: one product at every row count) oneDNN's.
+every batch-invariant step (``decode_step(invariant=True)``: one product at every row count) oneDNN's. Where
+that CPU multiplies bf16 natively (AVX-512 BF16, :func:`services.inference.rows.multiplies_bf16`) the
+kernel's bf16 products round the activations to bf16 and multiply them in pairs (``VDPBF16PS``), as oneDNN's
+and the prefills' do, so every bf16 product there has bf16 activations.
 
 In the int8 and int4 modes, and in bf16 on a CPU without native bf16, prefills (passes without autograd
 outside a decode step) multiply the dequantized fp32 weights prepacked for oneDNN (:mod:`spade.cpu_linear`),
@@ -215,7 +219,8 @@ class Int8Linear(_QuantizedLinear):
 
     Attributes:
         qweight: ``[out, in]`` int8 weights, for torch's int8 product; ``None`` where decode steps multiply
-            through the engine's kernel (:mod:`.rows`: fp32 activations, wherever it builds).
+            through the engine's kernel (:mod:`.rows`: fp32 activations times the widened codes, wherever it
+            builds).
         rows_qweight: the same codes in that kernel's blocked layout (:func:`.rows.pack`) where it serves,
             else ``None``.
         scales: ``[out]`` bf16 per-row scales.
@@ -257,9 +262,9 @@ class Bf16Linear(_QuantizedLinear):
         packed16: ``[out, in]`` bf16 weights prepacked for oneDNN where it packs bf16 (AVX-512), what
             the decode steps :func:`bf16_rows_kernel_takes` leaves to it and batch-invariant ones multiply,
             and prefills too where the CPU multiplies bf16 natively (``kernel_prefills``); else ``None``.
-        rows: whether decode steps multiply through the engine's kernel (:mod:`.rows`: fp32
-            activations): every one, or those :func:`bf16_rows_kernel_takes` gives it where ``packed16``
-            serves too.
+        rows: whether decode steps multiply through the engine's kernel (:mod:`.rows`: fp32 activations, or
+            bf16 ones where :func:`.rows.multiplies_bf16`): every one, or those :func:`bf16_rows_kernel_takes`
+            gives it where ``packed16`` serves too.
         rows16: the bf16 weights in that kernel's blocked layout (:func:`.rows.pack`) where it serves,
             else ``None``.
         weight16: the same values as a plain ``[out, in]`` tensor, for ``F.linear``, where neither
@@ -458,8 +463,8 @@ def _stack_shared(layers: Sequence[Any], name: str) -> torch.Tensor:
 
 
 def decodes_through_rows_kernel(layer: nn.Module) -> bool:
-    """Whether ``layer``'s decode products go through the engine's own kernel (fp32 activations): every one,
-    or for a bf16 layer beside oneDNN's product those :func:`bf16_rows_kernel_takes` gives it."""
+    """Whether ``layer``'s decode products go through the engine's own kernel: every one, or for a bf16 layer
+    beside oneDNN's product those :func:`bf16_rows_kernel_takes` gives it."""
     if isinstance(layer, Bf16Linear):
         return layer.rows16 is not None
     return isinstance(layer, Int8Linear) and layer.rows_qweight is not None

@@ -9,9 +9,11 @@ fused multiply-adds, so a step reads half (bf16) or a quarter (int8) of fp32's b
 activations keep fp32's precision. On an AVX-512 CPU with native bf16 (AMD EPYC Zen 4) it reads a few
 rows' weights faster than oneDNN's bf16 product and torch's int8 kernel too (1.6x at one row), so int8
 decode steps take it at every row count and bf16 ones of a few rows, or of more rows with a long context
-(:func:`bf16_kernel_wins`), beyond which oneDNN's native bf16 arithmetic wins. The weights are kept in
-the kernel's blocked layout (:func:`pack`), in which each block of 4 outputs streams from memory in one
-sequential pass. The same extension attends a decode step's one query position to the fp32 KV cache
+(:func:`bf16_kernel_wins`), beyond which oneDNN's native bf16 arithmetic wins. There its bf16 products
+multiply natively too (:func:`multiplies_bf16`: the activations rounded to bf16, as oneDNN's are, two
+products a lane with ``VDPBF16PS``), no longer bound by widening and fp32 arithmetic from a few rows on.
+The weights are kept in the kernel's blocked layout (:func:`pack`), in which each block of 4 outputs streams
+from memory in one sequential pass. The same extension attends a decode step's one query position to the fp32 KV cache
 (:func:`decode_attention`), faster than SDPA on both CPUs.
 
 Every output sums its products in one order whatever rows are beside it, so a row's result does not
@@ -162,16 +164,36 @@ def decodes_here() -> bool:
 #: Zen 4 VM (2 threads, ms, kernel against oneDNN and SDPA; docs/inference.md): 4 rows 33.0/40.0 at 300
 #: positions, 39.7/63.3 at 1,500; 8 rows 40.1/37.6 at 100, 49.0/49.1 at 300, 75.4/104.4 at 1,500; 16 rows
 #: 58.2/48.7 at 100, 79.5/77.9 at 300, 71.9/89.2 at 500, 87.8/113.8 at 800; 32 rows 144.0/130.2 at 500.
+#: These hold where the kernel widens bf16 for fp32 activations (``SPADE_ROWS_BF16_DOT=0``).
 BF16_MOST_ROWS = 4
 BF16_LONG_MOST_ROWS = 16
 BF16_LONG_POSITIONS = 384
+#: The same where the kernel multiplies bf16 natively (:func:`multiplies_bf16`): then its products match
+#: oneDNN's up to 16 rows and its attention wins the step to the engine's default batch (32 rows), and further
+#: with a long context. The whole step on the Zen 4 VM (2 threads, median of 12 steps, ms, kernel against
+#: oneDNN and SDPA): 1 row 16.3/24.7 at 100 positions; 4 rows 15.8/23.9 at 100, 27.2/39.1 at 1,000; 8 rows
+#: 23.1/31.3 at 100, 35.0/56.8 at 1,000; 16 rows 38.3/43.9 at 100, 66.7/103.6 at 1,000; 32 rows 69.6/74.3 at
+#: 100, 137.4/163.4 at 1,000; 64 rows 113.7/112.5 at 100, 167.6/227.4 at 400.
+BF16_NATIVE_MOST_ROWS = 32
+BF16_NATIVE_LONG_MOST_ROWS = 64
+
+
+def bf16_kernel_rows() -> tuple[int, int]:
+    """The most rows of a bf16 decode step that take the kernel beside oneDNN's product: whatever the context,
+    and with a long one (:data:`BF16_LONG_POSITIONS`); :data:`BF16_NATIVE_MOST_ROWS` and
+    :data:`BF16_NATIVE_LONG_MOST_ROWS` where the kernel multiplies bf16 natively, else :data:`BF16_MOST_ROWS`
+    and :data:`BF16_LONG_MOST_ROWS`."""
+    if multiplies_bf16():
+        return BF16_NATIVE_MOST_ROWS, BF16_NATIVE_LONG_MOST_ROWS
+    return BF16_MOST_ROWS, BF16_LONG_MOST_ROWS
 
 
 def bf16_kernel_wins(rows: int, positions: int) -> bool:
     """Beside oneDNN's packed bf16 product (AVX-512, where not :func:`serves_every_bf16_decode`), whether a
     bf16 decode step of ``rows`` rows attending to ``positions`` positions (0: unknown) takes the kernel
-    (:data:`BF16_MOST_ROWS`)."""
-    return rows <= BF16_MOST_ROWS or (rows <= BF16_LONG_MOST_ROWS and positions >= BF16_LONG_POSITIONS)
+    (:func:`bf16_kernel_rows`)."""
+    few, many = bf16_kernel_rows()
+    return rows <= few or (rows <= many and positions >= BF16_LONG_POSITIONS)
 
 
 def serves_every_bf16_decode() -> bool:
@@ -245,12 +267,28 @@ def out_features(packed: torch.Tensor) -> int:
     return packed.shape[0] * BLOCK
 
 
+@functools.cache
+def multiplies_bf16() -> bool:
+    """Whether the kernel's bf16 products multiply bf16 pairs natively here (AVX-512 BF16's ``VDPBF16PS``: the
+    activations rounded to bf16, two products a lane, fp32 sums) rather than widening the weights to fp32 for
+    fp32 activations. Where the CPU has the instruction, unless ``SPADE_ROWS_BF16_DOT=0``; decided once a process."""
+    module = kernel()
+    if module is None or os.environ.get("SPADE_ROWS_BF16_DOT", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return cpu_linear.native_bf16() and bool(module.bf16_dot_supported())
+
+
 def bf16_rows(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """``x`` (``[..., in]``, fp32) times bf16 ``[out, in]`` weights transposed, :func:`pack`'d: ``[..., out]`` fp32."""
+    """``x`` (``[..., in]``, fp32) times bf16 ``[out, in]`` weights transposed, :func:`pack`'d: ``[..., out]`` fp32.
+
+    The activations stay fp32, or where :func:`multiplies_bf16` are rounded to bf16 (as torch's and oneDNN's
+    bf16 products round them) and multiplied in pairs natively. Either way each output sums in one order
+    whatever the rows beside it."""
     module = kernel()
     assert module is not None, "the rows kernel is unavailable"
     rows = x.reshape(-1, x.shape[-1]).float().contiguous()
-    return module.bf16_rows(rows, packed).reshape(*x.shape[:-1], out_features(packed))
+    product = module.bf16_dot_rows if multiplies_bf16() else module.bf16_rows
+    return product(rows, packed).reshape(*x.shape[:-1], out_features(packed))
 
 
 def int8_rows(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

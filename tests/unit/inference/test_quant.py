@@ -122,7 +122,9 @@ def test_an_int4_decode_step_and_a_prefill_multiply_the_same_weights() -> None:
 def test_a_bf16_decode_step_and_a_prefill_multiply_the_same_rounded_weights(
     native: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    dot = native and rows_kernel.multiplies_bf16()  # the kernel's product where the CPU multiplies bf16 natively
     monkeypatch.setattr(cpu_linear, "native_bf16", lambda: native)
+    monkeypatch.setattr(rows_kernel, "multiplies_bf16", lambda: dot)
     linear = _linear(bias=True)
     layer = Bf16Linear(linear)
     assert torch.equal(layer.weight, linear.weight.detach().to(torch.bfloat16).float())  # rounded once
@@ -134,7 +136,10 @@ def test_a_bf16_decode_step_and_a_prefill_multiply_the_same_rounded_weights(
             decoded = layer(x[:, -1:, :])
     assert decoded.dtype == prefill.dtype == torch.float32
     kernel = layer.rows and (layer.packed16 is None or rows_kernel.bf16_kernel_wins(3, 0))  # 3 rows decoded
-    if kernel:  # the engine's kernel (services.inference.rows): fp32 activations times the bf16 weights
+    if kernel and dot:  # the engine's kernel (services.inference.rows), natively: bf16 activations, fp32 sums
+        rounded = nn.functional.linear(x[:, -1:, :].bfloat16().float(), layer.weight, layer.bias)
+        torch.testing.assert_close(decoded, rounded, rtol=1e-5, atol=1e-5)
+    elif kernel:  # the engine's kernel: fp32 activations times the bf16 weights
         torch.testing.assert_close(decoded, fp32[:, -1:, :], rtol=1e-5, atol=1e-5)
     else:  # torch's: bf16 activations times the bf16 weights
         assert not torch.equal(decoded, fp32[:, -1:, :])

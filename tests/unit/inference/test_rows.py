@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -42,6 +44,24 @@ def test_the_blocked_layout_puts_each_blocks_weights_of_a_group_of_inputs_side_b
             rows.pack(torch.zeros(shape, dtype=torch.bfloat16))
 
 
+_module = rows.kernel()
+needs_bf16_dot = pytest.mark.skipif(
+    _module is None or not _module.bf16_dot_supported(),
+    reason="this CPU has no AVX-512 BF16 (VDPBF16PS) or the rows kernel is unavailable",
+)
+#: The kernel's two bf16 products: fp32 activations (every CPU it builds on), bf16 ones multiplied natively.
+BF16_PRODUCTS = [
+    pytest.param("bf16_rows", id="fp32 activations"),
+    pytest.param("bf16_dot_rows", id="bf16 activations", marks=needs_bf16_dot),
+]
+
+
+def _product(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    module = rows.kernel()
+    assert module is not None
+    return cast(Callable[[torch.Tensor, torch.Tensor], torch.Tensor], getattr(module, name))
+
+
 @needs_kernel
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 7, 16, 33])
 @pytest.mark.parametrize(("outputs", "inputs"), [(48, 64), (52, 576), (8, 8)])
@@ -49,7 +69,7 @@ def test_bf16_rows_is_the_fp32_product_of_the_bf16_weights(count: int, outputs: 
     weight16 = (torch.randn(outputs, inputs, generator=torch.Generator().manual_seed(1)) * 0.05).bfloat16()
     x = _inputs(count, inputs, 2)
     exact = x.double() @ weight16.double().t()
-    y = rows.bf16_rows(x, rows.pack(weight16))
+    y = _product("bf16_rows")(x, rows.pack(weight16))
     assert y.dtype == torch.float32 and y.shape == (count, outputs)
     # fp32 activations, not rounded to bf16 on the way: within fp32's rounding of the exact sums.
     torch.testing.assert_close(y.double(), exact, rtol=1e-5, atol=1e-5)
@@ -57,46 +77,78 @@ def test_bf16_rows_is_the_fp32_product_of_the_bf16_weights(count: int, outputs: 
     assert (rounded_inputs - exact).abs().max() > 1e-4  # what torch's bf16 kernels (bf16 activations) compute
 
 
-@needs_kernel
-def test_int8_rows_is_the_product_of_the_codes_times_each_rows_scale() -> None:
-    generator = torch.Generator().manual_seed(3)
-    q = torch.randint(-127, 128, (52, 64), generator=generator, dtype=torch.int8)
-    scales = torch.rand(52, generator=generator) * 0.01
-    x = _inputs(5, 64, 4)
-    exact = (x.double() @ q.double().t()) * scales.double()
-    torch.testing.assert_close(rows.int8_rows(x, rows.pack(q), scales).double(), exact, rtol=1e-5, atol=1e-5)
+@needs_bf16_dot
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 7, 9, 16, 33])
+@pytest.mark.parametrize(("outputs", "inputs"), [(48, 64), (52, 576), (8, 8), (4, 1544)])
+def test_bf16_dot_rows_multiplies_the_activations_rounded_to_bf16(count: int, outputs: int, inputs: int) -> None:
+    weight16 = (torch.randn(outputs, inputs, generator=torch.Generator().manual_seed(13)) * 0.05).bfloat16()
+    x = _inputs(count, inputs, 14)
+    y = _product("bf16_dot_rows")(x, rows.pack(weight16))
+    assert y.dtype == torch.float32 and y.shape == (count, outputs)
+    # The activations rounded to bf16 as torch rounds them (to nearest, ties to even), then fp32 sums.
+    rounded_inputs = x.bfloat16().double() @ weight16.double().t()
+    torch.testing.assert_close(y.double(), rounded_inputs, rtol=1e-5, atol=1e-5)
+    assert (y.double() - x.double() @ weight16.double().t()).abs().max() > 1e-4  # not the fp32 activations'
+
+
+@needs_bf16_dot
+def test_the_kernel_multiplies_bf16_natively_where_the_cpu_can_unless_turned_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    weight16 = rows.pack(torch.randn(16, 64, generator=torch.Generator().manual_seed(15)).bfloat16())
+    x = _inputs(3, 64, 16)
+    assert rows.multiplies_bf16() is cpu_linear.native_bf16()
+    if rows.multiplies_bf16():
+        assert torch.equal(rows.bf16_rows(x, weight16), _product("bf16_dot_rows")(x, weight16))
+    try:  # decided once a process: asked again here
+        rows.multiplies_bf16.cache_clear()
+        monkeypatch.setenv("SPADE_ROWS_BF16_DOT", "0")
+        assert not rows.multiplies_bf16()
+        assert torch.equal(rows.bf16_rows(x, weight16), _product("bf16_rows")(x, weight16))
+        rows.multiplies_bf16.cache_clear()
+        monkeypatch.setattr(cpu_linear, "native_bf16", lambda: False)
+        monkeypatch.delenv("SPADE_ROWS_BF16_DOT")
+        assert not rows.multiplies_bf16()
+    finally:
+        monkeypatch.undo()
+        rows.multiplies_bf16.cache_clear()
 
 
 @needs_kernel
-def test_a_rows_result_does_not_depend_on_the_rows_beside_it() -> None:
+@pytest.mark.parametrize("product", BF16_PRODUCTS)
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(product: str) -> None:
+    multiply = _product(product)
     weight16 = rows.pack(torch.randn(52, 1536, generator=torch.Generator().manual_seed(5)).bfloat16())
     target = _inputs(1, 1536, 6)
-    alone = rows.bf16_rows(target, weight16)[0]
+    alone = multiply(target, weight16)[0]
     for count in (2, 3, 5, 8, 13, 32):
         for place in {0, count // 2, count - 1}:
             x = _inputs(count, 1536, 7 + count)
             x[place] = target[0]
-            assert torch.equal(rows.bf16_rows(x, weight16)[place], alone), (count, place)
+            assert torch.equal(multiply(x, weight16)[place], alone), (count, place)
 
 
 @needs_kernel
+@pytest.mark.parametrize("product", BF16_PRODUCTS)
 @pytest.mark.parametrize("outputs", [1536, 1540])
-def test_every_thread_count_gives_the_same_bits(outputs: int) -> None:
+def test_every_thread_count_gives_the_same_bits(outputs: int, product: str) -> None:
     # The model's shapes split over threads (at::parallel_for, at least 16 blocks of 4 outputs a thread);
     # 1,540 outputs are 385 blocks, which no thread count splits evenly.
+    multiply = _product(product)
     weight16 = (torch.randn(outputs, 576, generator=torch.Generator().manual_seed(11)) * 0.05).bfloat16()
     packed = rows.pack(weight16)
     x = _inputs(5, 576, 12)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = rows.bf16_rows(x, packed)
+        one = multiply(x, packed)
         torch.set_num_threads(4)
-        four = rows.bf16_rows(x, packed)
+        four = multiply(x, packed)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, four)
-    torch.testing.assert_close(one.double(), x.double() @ weight16.double().t(), rtol=1e-5, atol=1e-5)
+    activations = x if product == "bf16_rows" else x.bfloat16()
+    torch.testing.assert_close(one.double(), activations.double() @ weight16.double().t(), rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel
@@ -114,6 +166,15 @@ def test_leading_dimensions_are_kept_and_bad_shapes_are_refused_with_a_reason() 
         module.bf16_rows(torch.randn(2, 64), rows.pack(torch.randn(16, 64)))
     with pytest.raises(RuntimeError, match="blocked layout"):  # [out, in] weights, not packed
         module.bf16_rows(torch.randn(2, 64), torch.randn(16, 64).bfloat16())
+    if module.bf16_dot_supported():  # the native product takes what the other takes, and refuses the rest alike
+        with pytest.raises(RuntimeError, match="multiple of 8"):
+            module.bf16_dot_rows(torch.randn(2, 60), weight16)
+        with pytest.raises(RuntimeError, match="blocked layout"):
+            module.bf16_dot_rows(torch.randn(2, 64), torch.randn(16, 64).bfloat16())
+        with pytest.raises(RuntimeError, match="bfloat16"):
+            module.bf16_dot_rows(torch.randn(2, 64), rows.pack(torch.randn(16, 64)))
+        with pytest.raises(RuntimeError, match="float32"):
+            module.bf16_dot_rows(torch.randn(2, 64).double(), weight16)
     with pytest.raises(RuntimeError, match="one per output"):
         module.int8_rows(torch.randn(2, 64), rows.pack(torch.zeros(16, 64, dtype=torch.int8)), torch.ones(15))
     assert not rows.fits(60, 16) and rows.fits(64, 16)
@@ -124,6 +185,7 @@ def no_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU like the AVX2 VM's, wherever the test runs: no native bf16, and oneDNN packs no bf16."""
     monkeypatch.setattr(cpu_linear, "native_bf16", lambda: False)
     monkeypatch.setattr(cpu_linear, "packs_bf16", lambda: False)
+    monkeypatch.setattr(rows, "multiplies_bf16", lambda: False)
 
 
 @needs_kernel
@@ -197,13 +259,15 @@ def test_beside_onednn_a_bf16_layer_decodes_few_rows_or_long_contexts_through_th
     layer = Bf16Linear(nn.Linear(64, 48, bias=False))
     assert layer.rows and layer.rows16 is not None and layer.packed16 is not None
     assert not rows.serves_every_bf16_decode()
-    few, many, long = rows.BF16_MOST_ROWS, rows.BF16_LONG_MOST_ROWS, rows.BF16_LONG_POSITIONS
+    (few, many), long = rows.bf16_kernel_rows(), rows.BF16_LONG_POSITIONS
     generator = torch.Generator().manual_seed(11)
     with torch.inference_mode():
-        for count in range(1, few + 1):  # fp32 activations: within fp32 rounding of the fp32 product
+        for count in range(1, few + 1):  # within fp32 rounding of the product of the kernel's activations
             x = torch.randn(count, 1, 64, generator=generator)
+            activations = x.bfloat16().float() if rows.multiplies_bf16() else x  # native bf16: rounded
             with decode_step():
-                torch.testing.assert_close(layer(x), nn.functional.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+                expected = nn.functional.linear(activations, layer.weight)
+                torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
         layer.rows16 = rows.pack(torch.zeros(48, 64, dtype=torch.bfloat16))
         x = torch.randn(many + 1, 1, 64, generator=generator)
         with decode_step():  # the context unknown: a few rows only
@@ -226,6 +290,22 @@ def test_beside_onednn_a_bf16_layer_decodes_few_rows_or_long_contexts_through_th
             assert _took(layer, x[:1]) == "onednn"
 
 
+def test_the_kernel_takes_more_rows_beside_onednn_where_it_multiplies_bf16_natively(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    long = rows.BF16_LONG_POSITIONS
+    for native, (few, many) in (
+        (True, (rows.BF16_NATIVE_MOST_ROWS, rows.BF16_NATIVE_LONG_MOST_ROWS)),
+        (False, (rows.BF16_MOST_ROWS, rows.BF16_LONG_MOST_ROWS)),
+    ):
+        monkeypatch.setattr(rows, "multiplies_bf16", lambda native=native: native)
+        assert rows.bf16_kernel_rows() == (few, many) and few < many
+        assert rows.bf16_kernel_wins(few, 0) and not rows.bf16_kernel_wins(few + 1, 0)
+        assert rows.bf16_kernel_wins(many, long) and not rows.bf16_kernel_wins(many, long - 1)
+        assert not rows.bf16_kernel_wins(many + 1, long)
+    assert rows.BF16_NATIVE_MOST_ROWS > rows.BF16_MOST_ROWS
+
+
 @needs_kernel
 @needs_onednn_bf16
 def test_beside_onednn_stacked_bf16_layers_choose_their_product_as_each_layer_does() -> None:
@@ -234,7 +314,9 @@ def test_beside_onednn_stacked_bf16_layers_choose_their_product_as_each_layer_do
     assert stacked is not None
     generator = torch.Generator().manual_seed(12)
     with torch.inference_mode():
-        cases = ((1, False, 0), (4, False, 0), (5, False, 0), (9, False, 512), (1, True, 0), (5, True, 512))
+        few, many = rows.bf16_kernel_rows()  # the kernel's counts, then oneDNN's (rows.bf16_kernel_wins)
+        cases = ((1, False, 0), (few, False, 0), (few + 1, False, 0), (many, False, 512), (many + 1, False, 512))
+        cases += ((1, True, 0), (5, True, 512))
         for count, invariant, positions in cases:
             x = torch.randn(count, 1, 64, generator=generator)
             with decode_step(invariant=invariant, positions=positions):
