@@ -130,11 +130,11 @@ def measure(repeats: int) -> dict[str, Any]:
         }
         if bf16_packed is not None:
             calls["bf16_packed"] = _packed_products(xb, bf16_packed)
-        if "bf16_rows" not in skipped:
+        if module is not None:
             calls["bf16_rows"] = _rows_products(module.bf16_rows, x, bf16_blocked)
-        if "bf16_rows_native" not in skipped:
-            calls["bf16_rows_native"] = _rows_products(module.bf16_dot_rows, x, bf16_blocked)
             calls["int8_rows"] = _int8_rows_products(x, int8_blocked, int8_scales32)
+            if "bf16_rows_native" not in skipped:
+                calls["bf16_rows_native"] = _rows_products(module.bf16_dot_rows, x, bf16_blocked)
         ms = {name: _median_ms(call, repeats) for name, call in calls.items()}
         results["rows"][rows] = {
             name: {

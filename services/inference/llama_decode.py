@@ -25,7 +25,10 @@ packed or quantized, are called as they are) with:
   moved the model's logprobs by up to 5e-5 over four steps: far inside what bf16 or int8 weights move them
   (5e-3 and more), but not the 1e-5 fp32 serving keeps, so fp32 weights keep SDPA; and beside products that
   round activations to bf16 (int4's torch kernel, oneDNN's bf16 steps of more rows) it turned into 0.2-0.26,
-  so those steps keep SDPA too.
+  so those steps keep SDPA too. Where the kernel's own bf16 products round activations to bf16 (a CPU with
+  AVX-512 BF16, :func:`.rows.multiplies_bf16`) its attention serves beside them: every bf16 product there
+  rounds activations (prefills, oneDNN's steps, the learner's autocast), which resolve the logprobs no finer
+  than ~0.15 over the vocabulary whichever attention, and the kernel's attention is the faster one.
 
 :meth:`LlamaDecoder.apart` decodes the batch-invariant mode's rows (:mod:`.invariance`) together:
 each attends to its own KV, unpadded, and only the matrix products see the rows side by side, where
@@ -297,8 +300,9 @@ class LlamaDecoder:
 
     def _attends_itself(self, rows: int) -> bool:
         """Whether a step's attention of ``rows`` query rows goes through the kernel: where every product of
-        the step does (fp32 activations). Beside products that round activations to bf16 (oneDNN's bf16 steps
-        of more rows, int4's) the kernel's fp32 rounding, ~5e-7 from SDPA's, moved logprobs by up to 0.2."""
+        the step does (their activations fp32, or bf16 where :func:`.rows.multiplies_bf16`: see the module
+        docstring). Beside oneDNN's bf16 steps of more rows and int4's products the kernel's fp32 rounding,
+        ~5e-7 from SDPA's, moved logprobs by up to 0.2, so they keep SDPA."""
         return self.own_attention and (not self._bf16_beside_onednn or bf16_rows_kernel_takes(rows))
 
     @functools.cached_property

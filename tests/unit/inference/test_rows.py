@@ -315,8 +315,8 @@ def test_beside_onednn_stacked_bf16_layers_choose_their_product_as_each_layer_do
     generator = torch.Generator().manual_seed(12)
     with torch.inference_mode():
         few, many = rows.bf16_kernel_rows()  # the kernel's counts, then oneDNN's (rows.bf16_kernel_wins)
-        cases = ((1, False, 0), (few, False, 0), (few + 1, False, 0), (many, False, 512), (many + 1, False, 512))
-        cases += ((1, True, 0), (5, True, 512))
+        cases = [(1, False, 0), (few, False, 0), (few + 1, False, 0), (many, False, 512), (many + 1, False, 512)]
+        cases += [(1, True, 0), (5, True, 512)]
         for count, invariant, positions in cases:
             x = torch.randn(count, 1, 64, generator=generator)
             with decode_step(invariant=invariant, positions=positions):
