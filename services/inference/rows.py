@@ -85,13 +85,19 @@ def _build_name() -> str:
 
 @functools.cache
 def kernel() -> ModuleType | None:
-    """The compiled kernel module (``bf16_rows``, ``int8_rows``), built on first use; ``None`` where unavailable."""
+    """The compiled kernel module (``bf16_rows``, ``int8_rows``, ``bf16_dot_rows`` and ``bf16_dot_supported``,
+    ``decode_attention``), built on first use; ``None`` where unavailable."""
     with _building:  # one build a process (functools.cache does not hold back a second caller)
         return _load()
 
 
+def _turned_off(variable: str) -> bool:
+    """Whether the environment variable turns something off (``0``, ``false``, ``no``, ``off``; unset: on)."""
+    return os.environ.get(variable, "1").strip().lower() in ("0", "false", "no", "off")
+
+
 def _load() -> ModuleType | None:
-    if os.environ.get("SPADE_ROWS_KERNEL", "1").strip().lower() in ("0", "false", "no", "off"):
+    if _turned_off("SPADE_ROWS_KERNEL"):
         _reason.append("turned off by SPADE_ROWS_KERNEL")
         return None
     capability = torch.backends.cpu.get_cpu_capability()
@@ -273,9 +279,7 @@ def multiplies_bf16() -> bool:
     activations rounded to bf16, two products a lane, fp32 sums) rather than widening the weights to fp32 for
     fp32 activations. Where the CPU has the instruction, unless ``SPADE_ROWS_BF16_DOT=0``; decided once a process."""
     module = kernel()
-    if module is None or os.environ.get("SPADE_ROWS_BF16_DOT", "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    return cpu_linear.native_bf16() and bool(module.bf16_dot_supported())
+    return module is not None and not _turned_off("SPADE_ROWS_BF16_DOT") and bool(module.bf16_dot_supported())
 
 
 def bf16_rows(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:

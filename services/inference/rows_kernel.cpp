@@ -1,16 +1,17 @@
-// Decode-step products for x86-64 CPUs with AVX2 and FMA: a few rows of fp32 activations times
-// bf16 or int8 weights, widened to fp32 in registers, accumulated in fp32 (services/inference/rows.py).
+// Decode-step products for x86-64 CPUs: a few rows of activations times bf16 or int8 weights,
+// accumulated in fp32 (services/inference/rows.py). With AVX2 and FMA the weights are widened to fp32 in
+// registers and multiplied by fp32 activations; where the CPU has AVX-512 BF16, bf16 weights are also
+// multiplied natively by the activations rounded to bf16 (bf16_dot_rows, below).
 //
 // A decode step reads every weight once for a few rows, so it is bound by how fast the weights
 // stream from memory. The weights come in the kernel's blocked layout (rows.pack: [out/4, in/8, 4, 8],
 // each block of 4 outputs with their 8 weights of every group of 8 inputs side by side), so a block is
 // one sequential stream: read once from memory (four rows' streams 1-3 KB apart reached only about
-// half the memory's bandwidth) and, for every group of activation rows, again from the L1 cache,
-// widened to fp32 8 at a time and multiplied with fused multiply-adds.
+// half the memory's bandwidth) and, for every group of activation rows, again from the L1 cache.
 //
-// Every output (m, n) sums its products in one order whatever the batch: lane k % 8 in k's order,
-// then one fixed horizontal sum, then the row's scale. A row's result therefore does not depend on
-// the rows beside it, the tile it falls in or the thread that computes it.
+// Every output (m, n) sums its products in one order whatever the batch (the widening product: lane
+// k % 8 in k's order, then one fixed horizontal sum, then the row's scale). A row's result therefore does
+// not depend on the rows beside it, the tile it falls in or the thread that computes it.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/extension.h>
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -84,32 +86,59 @@ SPADE_AVX2 inline void tile(const float* x, const typename W::T* wb, int first, 
     }
 }
 
-// Outputs [n0, n0 + 4) of every row: the block's weights stay in L1 while the rows pass over it,
-// four rows at a time by halves of the block (fewer widenings per product), then in pairs, then one.
+// How a block's product walks its rows: the first tile streams the block's weights from memory (asking for
+// them ahead, below PREFETCH_ROWS rows), the rest read them from L1; four rows at a time, then a pair, then
+// one. rows(MT, PREFETCH, m) computes rows [m, m + MT), MT and PREFETCH as std::integral_constant.
+template <class Rows>
+inline void walk_rows(int64_t M, Rows&& rows) {
+  using Prefetch = std::true_type;
+  using FromL1 = std::false_type;
+  int64_t m = 0;
+  if (M >= PREFETCH_ROWS) {  // bound by arithmetic: no tile prefetches
+  } else if (M >= 4) {
+    rows(std::integral_constant<int, 4>{}, Prefetch{}, 0);
+    m = 4;
+  } else if (M >= 2) {
+    rows(std::integral_constant<int, 2>{}, Prefetch{}, 0);
+    m = 2;
+  } else if (M == 1) {
+    rows(std::integral_constant<int, 1>{}, Prefetch{}, 0);
+    m = 1;
+  }
+  for (; m + 4 <= M; m += 4) rows(std::integral_constant<int, 4>{}, FromL1{}, m);
+  for (; m + 2 <= M; m += 2) rows(std::integral_constant<int, 2>{}, FromL1{}, m);
+  for (; m < M; ++m) rows(std::integral_constant<int, 1>{}, FromL1{}, m);
+}
+
+// Outputs [n0, n0 + 4) of every row, widened: four rows at a time by halves of the block (fewer widenings
+// per product; only the first half's tile prefetches), pairs and single rows by the whole block.
 template <class W>
 void block(const float* x, int64_t M, const typename W::T* w, int64_t K, const float* scale, float* y, int64_t N,
            int64_t n0) {
   const typename W::T* wb = w + n0 * K;
   const float* sb = scale ? scale + n0 : nullptr;
-  int64_t m = 0;
-  if (M >= PREFETCH_ROWS) {  // bound by arithmetic: no tile prefetches
-  } else if (M >= 4) {  // the first tile streams the block from memory, the rest read it from L1
-    tile<W, 4, 2, true>(x, wb, 0, K, sb, y + n0, N);
-    tile<W, 4, 2, false>(x, wb, 2, K, sb, y + n0, N);
-    m = 4;
-  } else if (M >= 2) {
-    tile<W, 2, 4, true>(x, wb, 0, K, sb, y + n0, N);
-    m = 2;
-  } else if (M == 1) {
-    tile<W, 1, 4, true>(x, wb, 0, K, sb, y + n0, N);
-    m = 1;
-  }
-  for (; m + 4 <= M; m += 4) {
-    tile<W, 4, 2, false>(x + m * K, wb, 0, K, sb, y + m * N + n0, N);
-    tile<W, 4, 2, false>(x + m * K, wb, 2, K, sb, y + m * N + n0, N);
-  }
-  for (; m + 2 <= M; m += 2) tile<W, 2, 4, false>(x + m * K, wb, 0, K, sb, y + m * N + n0, N);
-  for (; m < M; ++m) tile<W, 1, 4, false>(x + m * K, wb, 0, K, sb, y + m * N + n0, N);
+  walk_rows(M, [&](auto rows, auto prefetch, int64_t m) {
+    constexpr int MT = decltype(rows)::value;
+    constexpr bool PREFETCH = decltype(prefetch)::value;
+    if constexpr (MT == 4) {
+      tile<W, 4, 2, PREFETCH>(x + m * K, wb, 0, K, sb, y + m * N + n0, N);
+      tile<W, 4, 2, false>(x + m * K, wb, 2, K, sb, y + m * N + n0, N);
+    } else {
+      tile<W, MT, 4, PREFETCH>(x + m * K, wb, 0, K, sb, y + m * N + n0, N);
+    }
+  });
+}
+
+// The [rows, out] fp32 product: block(y, n0) writes outputs [n0, n0 + 4) of every row, the blocks split over
+// torch's threads (at least 16 a thread).
+template <class Block>
+torch::Tensor over_blocks(const torch::Tensor& x, const torch::Tensor& w, Block&& block) {
+  auto y = torch::empty({x.size(0), w.size(0) * BLOCK}, x.options());
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, w.size(0), 16, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) block(yp, b * BLOCK);
+  });
+  return y;
 }
 
 // What every product takes: [rows, in] fp32 activations, weights in the blocked layout with as many inputs.
@@ -130,13 +159,8 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const type
                       const float* scale) {
   check_product(x, w);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0) * BLOCK;
-  auto y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, w.size(0), 16, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) block<W>(xp, M, weights, K, scale, yp, N, b * BLOCK);
-  });
-  return y;
+  return over_blocks(x, w, [&](float* y, int64_t n0) { block<W>(xp, M, weights, K, scale, y, N, n0); });
 }
 
 torch::Tensor bf16_rows(const torch::Tensor& x, const torch::Tensor& w) {
@@ -163,9 +187,12 @@ torch::Tensor int8_rows(const torch::Tensor& x, const torch::Tensor& q, const to
 #define SPADE_BF16DOT __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 bool bf16_dot_supported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  static const bool supported = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  }();
+  return supported;
 }
 
 SPADE_BF16DOT void round_to_bf16(const float* x, int64_t n, uint16_t* out) {
@@ -181,9 +208,9 @@ SPADE_BF16DOT void round_to_bf16(const float* x, int64_t n, uint16_t* out) {
 
 // y[m, n0 + n] for MT rows of bf16 x and the block of 4 outputs whose weights start at wb. A group of 8
 // inputs of a block is one 64-byte register of 4 outputs x 8 weights, so one VDPBF16PS by the row's 8 inputs
-// (broadcast to the 4 outputs' quarters) sums output n's pairs in lanes 4n..4n+3. Each lane sums its pairs
-// in k's order, then the 4 lanes are summed in one fixed order: a row's result does not depend on the rows
-// beside it or the tile it falls in.
+// (broadcast to the 4 outputs' quarters) sums output n's pairs in lanes 4n..4n+3. Each lane accumulates its
+// pairs in k's order (the instruction adds a pair's two products in its own fixed order), then the 4 lanes
+// are summed in one fixed order: a row's result does not depend on the rows beside it or the tile it falls in.
 template <int MT, bool PREFETCH>
 SPADE_BF16DOT inline void dot_tile(const uint16_t* x, const uint16_t* wb, int64_t K, float* y, int64_t ldy) {
   __m512 acc[MT];
@@ -206,28 +233,6 @@ SPADE_BF16DOT inline void dot_tile(const uint16_t* x, const uint16_t* wb, int64_
   }
 }
 
-// Outputs [n0, n0 + 4) of every row, as block() does: the first tile streams the block's weights from
-// memory, the rest read them from L1; four rows at a time, then a pair, then one.
-SPADE_BF16DOT void dot_block(const uint16_t* x, int64_t M, const uint16_t* w, int64_t K, float* y, int64_t N,
-                             int64_t n0) {
-  const uint16_t* wb = w + n0 * K;
-  int64_t m = 0;
-  if (M >= PREFETCH_ROWS) {
-  } else if (M >= 4) {
-    dot_tile<4, true>(x, wb, K, y + n0, N);
-    m = 4;
-  } else if (M >= 2) {
-    dot_tile<2, true>(x, wb, K, y + n0, N);
-    m = 2;
-  } else if (M == 1) {
-    dot_tile<1, true>(x, wb, K, y + n0, N);
-    m = 1;
-  }
-  for (; m + 4 <= M; m += 4) dot_tile<4, false>(x + m * K, wb, K, y + m * N + n0, N);
-  for (; m + 2 <= M; m += 2) dot_tile<2, false>(x + m * K, wb, K, y + m * N + n0, N);
-  for (; m < M; ++m) dot_tile<1, false>(x + m * K, wb, K, y + m * N + n0, N);
-}
-
 torch::Tensor bf16_dot_rows(const torch::Tensor& x, const torch::Tensor& w) {
   TORCH_CHECK(bf16_dot_supported(), "this CPU has no AVX-512 BF16 (VDPBF16PS)");
   TORCH_CHECK(w.scalar_type() == torch::kBFloat16, "weights must be bfloat16");
@@ -235,14 +240,14 @@ torch::Tensor bf16_dot_rows(const torch::Tensor& x, const torch::Tensor& w) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0) * BLOCK;
   std::vector<uint16_t> rounded(static_cast<size_t>(M * K));
   round_to_bf16(x.data_ptr<float>(), M * K, rounded.data());
-  auto y = torch::empty({M, N}, x.options());
   const uint16_t* xp = rounded.data();
-  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, w.size(0), 16, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) dot_block(xp, M, wp, K, yp, N, b * BLOCK);
+  const uint16_t* weights = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  return over_blocks(x, w, [&](float* y, int64_t n0) {
+    const uint16_t* wb = weights + n0 * K;
+    walk_rows(M, [&](auto rows, auto prefetch, int64_t m) {
+      dot_tile<decltype(rows)::value, decltype(prefetch)::value>(xp + m * K, wb, K, y + m * N + n0, N);
+    });
   });
-  return y;
 }
 
 // exp(x) for x <= 0 (softmax's shifted scores), 8 at a time: Cephes' expf, the polynomial after a

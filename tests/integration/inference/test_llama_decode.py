@@ -67,7 +67,9 @@ def _kernel_attention(kernel: Any, sdpa: Any) -> Any:
     ) -> Any:
         if query.shape[2] != 1:
             return sdpa(module, query, key, value, mask, **kwargs)
-        keep = None if mask is None else mask.reshape(mask.shape[0], -1)
+        # transformers' SDPA masks are boolean (True: attend); a float one would be read inverted.
+        assert mask is None or mask.dtype == torch.bool, mask.dtype
+        keep = None if mask is None else mask[..., : key.shape[-2]].reshape(mask.shape[0], -1)
         return kernel(query.contiguous(), key, value, keep, kwargs["scaling"]).transpose(1, 2).contiguous(), None
 
     return attend

@@ -1,4 +1,5 @@
-"""The engine's own decode-step kernel (services.inference.rows): bf16 and int8 weights, fp32 activations."""
+"""The engine's own decode-step kernel (services.inference.rows): bf16 and int8 weights; fp32 activations, or bf16
+ones multiplied natively where the CPU has AVX-512 BF16."""
 
 from __future__ import annotations
 
@@ -91,24 +92,44 @@ def test_bf16_dot_rows_multiplies_the_activations_rounded_to_bf16(count: int, ou
     assert (y.double() - x.double() @ weight16.double().t()).abs().max() > 1e-4  # not the fp32 activations'
 
 
+@needs_kernel
+@pytest.mark.parametrize("count", [1, 3, 4, 5, 9])
+def test_int8_rows_is_the_product_of_the_codes_times_each_rows_scale(count: int) -> None:
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randint(-127, 128, (52, 64), generator=generator, dtype=torch.int8)
+    scales = torch.rand(52, generator=generator) * 0.01
+    x = _inputs(count, 64, 4)
+    exact = (x.double() @ q.double().t()) * scales.double()
+    torch.testing.assert_close(rows.int8_rows(x, rows.pack(q), scales).double(), exact, rtol=1e-5, atol=1e-5)
+
+
+@needs_bf16_dot
+def test_the_native_product_flushes_denormal_activations_to_zero() -> None:
+    # VCVTNEPS2BF16 and VDPBF16PS treat denormals as zero (documented in rows_kernel.cpp and docs/inference.md).
+    weight16 = rows.pack(torch.randn(8, 16, generator=torch.Generator().manual_seed(17)).bfloat16())
+    x = _inputs(2, 16, 18)
+    tiny = x.clone()
+    tiny[0, 3] = tiny[1, 9] = 1e-39  # a denormal fp32 (and bf16) value
+    zeroed = x.clone()
+    zeroed[0, 3] = zeroed[1, 9] = 0.0
+    assert torch.equal(_product("bf16_dot_rows")(tiny, weight16), _product("bf16_dot_rows")(zeroed, weight16))
+
+
 @needs_bf16_dot
 def test_the_kernel_multiplies_bf16_natively_where_the_cpu_can_unless_turned_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     weight16 = rows.pack(torch.randn(16, 64, generator=torch.Generator().manual_seed(15)).bfloat16())
     x = _inputs(3, 64, 16)
-    assert rows.multiplies_bf16() is cpu_linear.native_bf16()
-    if rows.multiplies_bf16():
-        assert torch.equal(rows.bf16_rows(x, weight16), _product("bf16_dot_rows")(x, weight16))
-    try:  # decided once a process: asked again here
+    try:  # decided once a process: asked again here, whatever the environment the tests run in
+        monkeypatch.delenv("SPADE_ROWS_BF16_DOT", raising=False)
         rows.multiplies_bf16.cache_clear()
+        assert rows.multiplies_bf16()
+        assert torch.equal(rows.bf16_rows(x, weight16), _product("bf16_dot_rows")(x, weight16))
         monkeypatch.setenv("SPADE_ROWS_BF16_DOT", "0")
+        rows.multiplies_bf16.cache_clear()
         assert not rows.multiplies_bf16()
         assert torch.equal(rows.bf16_rows(x, weight16), _product("bf16_rows")(x, weight16))
-        rows.multiplies_bf16.cache_clear()
-        monkeypatch.setattr(cpu_linear, "native_bf16", lambda: False)
-        monkeypatch.delenv("SPADE_ROWS_BF16_DOT")
-        assert not rows.multiplies_bf16()
     finally:
         monkeypatch.undo()
         rows.multiplies_bf16.cache_clear()
