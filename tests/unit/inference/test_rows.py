@@ -115,6 +115,33 @@ def test_the_native_product_flushes_denormal_activations_to_zero() -> None:
     assert torch.equal(_product("bf16_dot_rows")(tiny, weight16), _product("bf16_dot_rows")(zeroed, weight16))
 
 
+_GUARDED = """
+import ctypes, mmap, torch
+from services.inference import rows
+page = mmap.PAGESIZE
+buffer = mmap.mmap(-1, 2 * page)
+libc = ctypes.CDLL(None, use_errno=True)
+start = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+assert libc.mprotect(ctypes.c_void_p(start + page), page, 0) == 0, ctypes.get_errno()  # PROT_NONE: a read faults
+weights = rows.pack(torch.randn(8, 8).bfloat16())
+for count in (1, 3):  # 8 and 24 activations: a tail of 8 after no or one whole register of 16
+    x = torch.frombuffer(buffer, dtype=torch.float32, count=8 * count, offset=page - 32 * count).view(count, 8)
+    x.copy_(torch.randn(count, 8))
+    y = rows.kernel().bf16_dot_rows(x, weights)
+    torch.testing.assert_close(y, x.bfloat16().float() @ weights.permute(0, 2, 1, 3).reshape(8, 8).float().t())
+print("read nothing past the activations")
+"""
+
+
+@needs_bf16_dot
+def test_the_native_product_reads_nothing_past_its_activations() -> None:
+    # The activations end where an unreadable page begins: rounding them reads the last few under a mask, and a
+    # read past their end would kill the process (a process of its own, so that it is a failure, not a crash).
+    done = subprocess.run([sys.executable, "-c", _GUARDED], check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "read nothing past the activations" in done.stdout
+
+
 @needs_bf16_dot
 def test_the_kernel_multiplies_bf16_natively_where_the_cpu_can_unless_turned_off(
     monkeypatch: pytest.MonkeyPatch,
