@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -129,14 +130,14 @@ void block(const float* x, int64_t M, const typename W::T* w, int64_t K, const f
   });
 }
 
-// The [rows, out] fp32 product: block(y, n0) writes outputs [n0, n0 + 4) of every row, the blocks split over
+// The [rows, out] fp32 product: outputs(y, n0) writes outputs [n0, n0 + 4) of every row, the blocks split over
 // torch's threads (at least 16 a thread).
-template <class Block>
-torch::Tensor over_blocks(const torch::Tensor& x, const torch::Tensor& w, Block&& block) {
+template <class Outputs>
+torch::Tensor over_blocks(const torch::Tensor& x, const torch::Tensor& w, Outputs&& outputs) {
   auto y = torch::empty({x.size(0), w.size(0) * BLOCK}, x.options());
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, w.size(0), 16, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) block(yp, b * BLOCK);
+    for (int64_t b = begin; b < end; ++b) outputs(yp, b * BLOCK);
   });
   return y;
 }
@@ -238,9 +239,10 @@ torch::Tensor bf16_dot_rows(const torch::Tensor& x, const torch::Tensor& w) {
   TORCH_CHECK(w.scalar_type() == torch::kBFloat16, "weights must be bfloat16");
   check_product(x, w);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0) * BLOCK;
-  std::vector<uint16_t> rounded(static_cast<size_t>(M * K));
-  round_to_bf16(x.data_ptr<float>(), M * K, rounded.data());
-  const uint16_t* xp = rounded.data();
+  // Every element is written by the rounding: no zero-filling (a std::vector's) on the decode step's path.
+  const std::unique_ptr<uint16_t[]> rounded(new uint16_t[static_cast<size_t>(M * K)]);
+  round_to_bf16(x.data_ptr<float>(), M * K, rounded.get());
+  const uint16_t* xp = rounded.get();
   const uint16_t* weights = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   return over_blocks(x, w, [&](float* y, int64_t n0) {
     const uint16_t* wb = weights + n0 * K;
