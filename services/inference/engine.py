@@ -354,7 +354,7 @@ class BatchEngine:
         self.prefill_batch_tokens = prefill_batch_tokens
         self.dtype = dtype
         self.torch_threads = torch_threads
-        self.prefix_cache = RadixPrefixCache(prefix_cache_tokens)
+        self.prefix_cache = RadixPrefixCache(prefix_cache_tokens, dtype=dtype)
         self.batch_invariant = batch_invariant
         self.invariant_chunk_tokens = invariant_chunk_tokens
         #: Only KV of whole canonical chunks (:mod:`.invariance`), so reuse equals recomputing.
@@ -379,7 +379,10 @@ class BatchEngine:
         self._waiting: collections.deque[_Pending] = collections.deque()
         self._swap: _Swap | None = None
         self._stopping = False
-        self._shared = _Lane()
+        # The shared lane's KV in bf16 where its steps attend to it so (LlamaDecoder.kv_dtype: the weights mode
+        # and the CPU decide, and neither changes with a weight update). The batch-invariant lanes keep the
+        # model's dtype: their rows' numbers must be those of any other such pass.
+        self._shared = _Lane(KVBatch(self.decoder.kv_dtype if self.decoder is not None else dtype))
         self._solo: list[_Lane] = []  # one lane per sequence of a batch-invariant request
         self._update_locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         self._thread: threading.Thread | None = None
@@ -584,6 +587,12 @@ class BatchEngine:
             self._swap = swap
             self._cond.notify_all()
         return await swap.future
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """What the shared batch keeps its keys and values in: bf16 where its steps attend to bf16 KV
+        (:attr:`.LlamaDecoder.kv_dtype`), else the model's dtype. The prefix cache keeps the model's dtype."""
+        return self._shared.kv.dtype or self.dtype
 
     def flush_cache(self) -> bool:
         """Drop the prefix cache if the server is idle (SGLang refuses while requests run)."""

@@ -141,9 +141,17 @@ class _BufferLayer(DynamicLayer):
 
 
 class KVBatch:
-    """The KV cache and attention mask of the running batch (see the module docstring)."""
+    """The KV cache and attention mask of the running batch (see the module docstring).
 
-    def __init__(self) -> None:
+    Args:
+        dtype: What the buffer keeps keys and values in, whatever the caches merged into it hold (each is
+            rounded to it once, as it is written); ``None``: the first merged cache's dtype. The engine's
+            shared lane keeps bf16 where its decode steps attend through the kernel to bf16
+            (:attr:`.LlamaDecoder.kv_dtype`): half the bytes each step's attention reads.
+    """
+
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        self.dtype = dtype
         self.cache: DynamicCache | None = None
         self.mask = torch.zeros((0, 0), dtype=torch.long)
 
@@ -185,7 +193,8 @@ class KVBatch:
             for li in range(n_layers):
                 sample, _ = layer_kv(caches[0].layers[li])
                 shape = (capacity, sample.shape[1], first + new_len + _GROWTH, sample.shape[3])
-                k_all, v_all = torch.empty(shape, dtype=sample.dtype), torch.empty(shape, dtype=sample.dtype)
+                dtype = self.dtype or sample.dtype
+                k_all, v_all = torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)
                 layer = _BufferLayer(k_all, v_all, new_len, n_total, first)
                 if old_layers:
                     layer.put(0, *layer_kv(old_layers[li]))
@@ -231,7 +240,8 @@ class KVBatch:
         self.mask = mask[:, start:]
 
     def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Views of one row's real (unpadded) KV, per layer, each ``[1, kv_heads, tokens, head_dim]``.
+        """Views of one row's real (unpadded) KV, per layer, each ``[1, kv_heads, tokens, head_dim]``, in the
+        buffer's dtype.
 
         A row's real tokens are always the contiguous tail of the buffer (rows are right-aligned and
         every decode step appends one column to all rows).

@@ -212,6 +212,17 @@ class LlamaDecoder:
         #: Whether bf16 products take the kernel in some steps only (beside oneDNN's,
         #: :func:`.quant.bf16_rows_kernel_takes`).
         self._bf16_beside_onednn = any(isinstance(m, Bf16Linear) and m.packed16 is not None for m in served)
+        #: What a decode batch's keys and values may be kept in for these steps: bf16 where bf16 products
+        #: multiply natively through the kernel (:func:`.rows.multiplies_bf16`) and its attention serves them,
+        #: which reads each key and value widened exactly (half the bytes: at 4 rows of 1,000 positions the
+        #: attention is about a third of a step, bound by the memory). The keys and values are rounded
+        #: once, as they are written; the learner's bf16 autocast computes its attention on bf16 keys and
+        #: values too. fp32 everywhere else.
+        self.kv_dtype = (
+            torch.bfloat16
+            if self.own_attention and self._bf16_beside_onednn and rows_kernel.multiplies_bf16()
+            else torch.float32
+        )
 
     def __call__(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache
@@ -285,6 +296,8 @@ class LlamaDecoder:
         if self._attends_itself(query.shape[0]):
             keep = None if attn_mask is None else attn_mask.reshape(attn_mask.shape[0], -1)
             return rows_kernel.decode_attention(query, key, value, keep, self.scaling)
+        if key.dtype != query.dtype:  # a bf16 batch (kv_dtype) in a step of more rows than the kernel takes
+            key, value = key.to(query.dtype), value.to(query.dtype)
         groups = self.heads // self.kv_heads
         if attn_mask is not None or groups == 1 or self.head_dim > 256:
             # transformers' one-token path (sdpa_attention_forward: no enable_gqa with a mask or heads

@@ -45,12 +45,14 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def _slice(kv: KV, start: int, stop: int | None = None, *, copy: bool = False) -> KV:
-    """The KV of tokens ``start:stop`` (a copy when ``copy``, so the source can be freed)."""
+def _slice(kv: KV, start: int, stop: int | None = None, *, copy: bool = False, dtype: torch.dtype | None = None) -> KV:
+    """The KV of tokens ``start:stop`` (a copy when ``copy``, in ``dtype`` if given, so the source can be freed)."""
     out: KV = []
     for k, v in kv:
         ks, vs = k[:, :, start:stop], v[:, :, start:stop]
-        out.append((ks.clone(), vs.clone()) if copy else (ks, vs))
+        if copy:
+            ks, vs = ks.to(dtype or ks.dtype, copy=True), vs.to(dtype or vs.dtype, copy=True)
+        out.append((ks, vs))
     return out
 
 
@@ -74,9 +76,12 @@ class RadixPrefixCache:
         min_match: shortest prefix worth reusing (shorter matches are reported as no match).
     """
 
-    def __init__(self, max_tokens: int, min_match: int = 4) -> None:
+    def __init__(self, max_tokens: int, min_match: int = 4, dtype: torch.dtype | None = None) -> None:
         self.max_tokens = max_tokens
         self.min_match = min_match
+        #: What the tree keeps KV in (``None``: as inserted). The engine's decode batch may keep bf16
+        #: (:class:`.kv.KVBatch`); its prefills continue from the tree's KV in the model's dtype.
+        self.dtype = dtype
         self._root = _Node((), [], None)
         self._tokens = 0
         self._clock = itertools.count(1)
@@ -144,8 +149,8 @@ class RadixPrefixCache:
     def insert(self, ids: Sequence[int], kv: KV) -> int:
         """Add the KV of sequence ``ids`` (``kv`` covers at least ``len(ids)`` tokens).
 
-        Only the tokens not yet in the tree are copied out of ``kv``, so ``kv`` may be a view of a
-        buffer that is later reused. Returns the number of tokens added.
+        Only the tokens not yet in the tree are copied out of ``kv`` (in the tree's ``dtype``), so ``kv`` may be
+        a view of a buffer that is later reused. Returns the number of tokens added.
         """
         if self.max_tokens <= 0 or not ids or len(ids) > self.max_tokens:
             return 0
@@ -163,7 +168,8 @@ class RadixPrefixCache:
                 node, pos = child, pos + used
             added = len(ids) - pos
             if added:
-                leaf = _Node(tuple(ids[pos:]), _slice(kv, pos, len(ids), copy=True), node, last_access=now)
+                added_kv = _slice(kv, pos, len(ids), copy=True, dtype=self.dtype)
+                leaf = _Node(tuple(ids[pos:]), added_kv, node, last_access=now)
                 node.children[ids[pos]] = leaf
                 self._tokens += added
             self._evict()

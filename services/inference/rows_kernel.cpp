@@ -43,6 +43,11 @@ struct Bf16 {  // the upper half of an fp32: widening is a shift
   }
 };
 
+struct F32 {  // keys and values kept in fp32
+  using T = float;
+  SPADE_AVX2 static inline __m256 load(const T* p) { return _mm256_loadu_ps(p); }
+};
+
 struct Int8 {
   using T = int8_t;
   SPADE_AVX2 static inline __m256 load(const T* p) {
@@ -278,20 +283,90 @@ SPADE_AVX2 inline __m256 sum_each(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// out[d0, d0 + 8 NV) = inverse_sum * the sum over the kept positions l of p[l] * v[l], in their order.
-template <int NV>
-SPADE_AVX2 void weigh_values(const float* p, const int64_t* kept, int64_t count, const float* v, int64_t v_stride,
-                             int64_t d0, float inverse_sum, float* out) {
-  __m256 acc[NV];
-  for (int j = 0; j < NV; ++j) acc[j] = _mm256_setzero_ps();
+// Heads a pass over a key/value head's keys or values serves at once (a group of grouped-query attention
+// larger than this takes several passes): each key and value is loaded, and widened, once for them all.
+constexpr int HEADS_AT_ONCE = 3;
+
+// How many positions ahead a pass over keys or values asks for their lines.
+constexpr int64_t AHEAD = 16;
+
+// Ask for the cache lines of `count` values of type T from p on (an address past the buffer is only formed as an
+// integer: a prefetch never faults).
+template <class T>
+SPADE_AVX2 inline void prefetch(const T* p, int64_t count) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p);
+  for (uintptr_t at = first; at < first + count * sizeof(T); at += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
+}
+
+// out[g * D + d0, + 8 NV) = inverse_sums[g] * the sum over the kept positions l of p[g * L + l] * v[l], in
+// their order, for the GB query heads g of one pass over the values.
+template <int NV, int GB, class KV>
+SPADE_AVX2 void weigh_values(const float* p, int64_t L, const int64_t* kept, int64_t count, const typename KV::T* v,
+                             int64_t v_stride, int64_t d0, const float* inverse_sums, float* out, int64_t D) {
+  __m256 acc[GB][NV];
+  for (int g = 0; g < GB; ++g)
+    for (int j = 0; j < NV; ++j) acc[g][j] = _mm256_setzero_ps();
   for (int64_t i = 0; i < count; ++i) {
     const int64_t l = kept[i];
-    const float* row = v + l * v_stride + d0;
-    const __m256 w = _mm256_set1_ps(p[l]);
-    for (int j = 0; j < NV; ++j) acc[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * j), acc[j]);
+    const typename KV::T* row = v + l * v_stride + d0;
+    if (i + AHEAD < count) prefetch(v + kept[i + AHEAD] * v_stride + d0, 8 * NV);
+    __m256 w[GB];
+    for (int g = 0; g < GB; ++g) w[g] = _mm256_set1_ps(p[g * L + l]);
+    for (int j = 0; j < NV; ++j) {
+      const __m256 values = KV::load(row + 8 * j);
+      for (int g = 0; g < GB; ++g) acc[g][j] = _mm256_fmadd_ps(w[g], values, acc[g][j]);
+    }
   }
-  const __m256 inv = _mm256_set1_ps(inverse_sum);
-  for (int j = 0; j < NV; ++j) _mm256_storeu_ps(out + d0 + 8 * j, _mm256_mul_ps(acc[j], inv));
+  for (int g = 0; g < GB; ++g) {
+    const __m256 inv = _mm256_set1_ps(inverse_sums[g]);
+    for (int j = 0; j < NV; ++j) _mm256_storeu_ps(out + g * D + d0 + 8 * j, _mm256_mul_ps(acc[g][j], inv));
+  }
+}
+
+// Every head of one pass (GB of them), their values NV registers of dims at a time.
+template <int NV, int GB, class KV>
+SPADE_AVX2 void weigh_all(const float* p, int64_t L, const int64_t* kept, int64_t count, const typename KV::T* v,
+                          int64_t v_stride, const float* inverse_sums, float* out, int64_t D) {
+  for (int64_t d0 = 0; d0 < D; d0 += 8 * NV)
+    weigh_values<NV, GB, KV>(p, L, kept, count, v, v_stride, d0, inverse_sums, out, D);
+}
+
+// The scores of GB query heads (q: their D values each, one after another) at positions [l, l + PB), PB <= 8,
+// into s[g * L + l + j], scaled. Each is its dims' products summed lane by lane in the dims' order, then by
+// sum_each's tree: a score's bits depend neither on the positions nor on the heads computed beside it.
+template <int GB, int PB, class KV>
+SPADE_AVX2 inline void score_block(const float* q, const typename KV::T* k, int64_t k_stride, int64_t l, int64_t L,
+                                   int64_t D, __m256 scale8, float* s) {
+  __m256 acc[GB][8];
+  for (int g = 0; g < GB; ++g)
+    for (int j = 0; j < 8; ++j) acc[g][j] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8) {
+    __m256 qv[GB];
+    for (int g = 0; g < GB; ++g) qv[g] = _mm256_loadu_ps(q + g * D + d);
+    for (int j = 0; j < PB; ++j) {
+      const __m256 keys = KV::load(k + (l + j) * k_stride + d);
+      for (int g = 0; g < GB; ++g) acc[g][j] = _mm256_fmadd_ps(qv[g], keys, acc[g][j]);
+    }
+  }
+  for (int g = 0; g < GB; ++g) {
+    alignas(32) float lane[8];
+    _mm256_store_ps(lane, _mm256_mul_ps(sum_each(acc[g]), scale8));
+    for (int j = 0; j < PB; ++j) s[g * L + l + j] = lane[j];
+  }
+}
+
+// Every position's score for the GB heads of one pass over the keys: 4 positions at a time (4 GB
+// accumulators, the heads' queries and one key fill the 16 registers), the rest one at a time.
+template <int GB, class KV>
+SPADE_AVX2 void score_all(const float* q, const typename KV::T* k, int64_t k_stride, int64_t L, int64_t D,
+                          __m256 scale8, float* s) {
+  int64_t l = 0;
+  for (; l + 4 <= L; l += 4) {
+    for (int64_t j = 0; j < 4; ++j) prefetch(k + (l + AHEAD + j) * k_stride, D);
+    score_block<GB, 4, KV>(q, k, k_stride, l, L, D, scale8, s);
+  }
+  for (; l < L; ++l) score_block<GB, 1, KV>(q, k, k_stride, l, L, D, scale8, s);
 }
 
 // One query position's attention for every row and head: softmax(scale * q k^T over the row's kept
@@ -299,8 +374,9 @@ SPADE_AVX2 void weigh_values(const float* p, const int64_t* kept, int64_t count,
 // Each (row, key/value head) is one task and sums over its own kept positions in their order, so a row's
 // result does not depend on the rows beside it or on its padding (masked positions are never read after
 // their scores). A row with no kept position gets zeros.
-SPADE_AVX2 void attend_head(const float* q, const float* k, const float* v, int64_t k_stride, int64_t v_stride,
-                            const bool* keep, int64_t L, int64_t G, int64_t D, float scale, float* out,
+template <class KV>
+SPADE_AVX2 void attend_head(const float* q, const typename KV::T* k, const typename KV::T* v, int64_t k_stride,
+                            int64_t v_stride, const bool* keep, int64_t L, int64_t G, int64_t D, float scale, float* out,
                             std::vector<float>& scores, std::vector<int64_t>& kept) {
   kept.clear();
   for (int64_t l = 0; l < L; ++l)
@@ -308,31 +384,19 @@ SPADE_AVX2 void attend_head(const float* q, const float* k, const float* v, int6
   const int64_t count = static_cast<int64_t>(kept.size());
   scores.resize(G * L);  // every position's score is written below
   std::vector<float> maxima(G, -INFINITY), inverse_sums(G, 0.0f);
-  // Scores, 8 positions at a time for one query head (its keys stream once from memory, then from cache for
-  // the group's other heads); each score's dim summed in one order whatever its position.
+  // Scores, every head of the group in one pass over the keys where the group has at most HEADS_AT_ONCE
+  // (each key streams from memory once and is widened once for them all).
   const __m256 scale8 = _mm256_set1_ps(scale);
+  for (int64_t g0 = 0; g0 < G; g0 += HEADS_AT_ONCE) {
+    const int64_t heads = std::min<int64_t>(HEADS_AT_ONCE, G - g0);
+    const float* qg = q + g0 * D;
+    float* sg = scores.data() + g0 * L;
+    if (heads == 3) score_all<3, KV>(qg, k, k_stride, L, D, scale8, sg);
+    else if (heads == 2) score_all<2, KV>(qg, k, k_stride, L, D, scale8, sg);
+    else score_all<1, KV>(qg, k, k_stride, L, D, scale8, sg);
+  }
   for (int64_t g = 0; g < G; ++g) {
-    const float* qg = q + g * D;
-    float* sg = scores.data() + g * L;
-    int64_t l = 0;
-    for (; l + 8 <= L; l += 8) {
-      __m256 acc[8];
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
-      for (int64_t d = 0; d < D; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(qg + d);
-        for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (l + j) * k_stride + d), acc[j]);
-      }
-      _mm256_storeu_ps(sg + l, _mm256_mul_ps(sum_each(acc), scale8));
-    }
-    for (; l < L; ++l) {
-      __m256 acc[8];
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
-      for (int64_t d = 0; d < D; d += 8)
-        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(k + l * k_stride + d), acc[0]);
-      alignas(32) float lane[8];
-      _mm256_store_ps(lane, _mm256_mul_ps(sum_each(acc), scale8));
-      sg[l] = lane[0];
-    }
+    const float* sg = scores.data() + g * L;
     for (int64_t i = 0; i < count; ++i) {  // a NaN score makes the head's output NaN, as SDPA's
       const float score = sg[kept[i]];
       if (score > maxima[g] || std::isnan(score)) maxima[g] = score;
@@ -367,27 +431,54 @@ SPADE_AVX2 void attend_head(const float* q, const float* k, const float* v, int6
     for (; i < count; ++i) sum += sg[kept[i]];
     inverse_sums[g] = count > 0 ? 1.0f / sum : 0.0f;  // no kept position: zeros (SDPA gives NaN)
   }
-  // Each query head's values, 64 dims at a time where they divide (8 registers), else 16: the first head
-  // streams them from memory, the group's other heads read them again from cache.
-  for (int64_t g = 0; g < G; ++g) {
-    const float* p = scores.data() + g * L;
-    float* o = out + g * D;
-    if (D % 64 == 0) {
-      for (int64_t d0 = 0; d0 < D; d0 += 64)
-        weigh_values<8>(p, kept.data(), count, v, v_stride, d0, inverse_sums[g], o);
+  // The values, in one pass for every head of the group where it has at most HEADS_AT_ONCE, 32 dims at a
+  // time where they divide (4 registers a head), else 16.
+  for (int64_t g0 = 0; g0 < G; g0 += HEADS_AT_ONCE) {
+    const int64_t heads = std::min<int64_t>(HEADS_AT_ONCE, G - g0);
+    const float* p = scores.data() + g0 * L;
+    const float* inv = inverse_sums.data() + g0;
+    float* o = out + g0 * D;
+    const bool wide = D % 32 == 0;
+    if (heads == 3) {
+      if (wide) weigh_all<4, 3, KV>(p, L, kept.data(), count, v, v_stride, inv, o, D);
+      else weigh_all<2, 3, KV>(p, L, kept.data(), count, v, v_stride, inv, o, D);
+    } else if (heads == 2) {
+      if (wide) weigh_all<4, 2, KV>(p, L, kept.data(), count, v, v_stride, inv, o, D);
+      else weigh_all<2, 2, KV>(p, L, kept.data(), count, v, v_stride, inv, o, D);
     } else {
-      for (int64_t d0 = 0; d0 < D; d0 += 16)
-        weigh_values<2>(p, kept.data(), count, v, v_stride, d0, inverse_sums[g], o);
+      if (wide) weigh_all<4, 1, KV>(p, L, kept.data(), count, v, v_stride, inv, o, D);
+      else weigh_all<2, 1, KV>(p, L, kept.data(), count, v, v_stride, inv, o, D);
     }
   }
 }
 
+// Every (row, key/value head) of a step, as attend_head takes them: keys and values of type KV.
+template <class KV>
+void attend_rows(const float* qp, const typename KV::T* kp, const typename KV::T* vp, const torch::Tensor& k,
+                 const torch::Tensor& v, const bool* keep, int64_t R, int64_t H, int64_t KVH, int64_t L, int64_t D,
+                 float scale, float* op) {
+  const int64_t G = H / KVH;
+  at::parallel_for(0, R * KVH, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    std::vector<int64_t> kept;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t r = t / KVH, h = t % KVH;
+      attend_head<KV>(qp + (r * H + h * G) * D, kp + r * k.stride(0) + h * k.stride(1),
+                      vp + r * v.stride(0) + h * v.stride(1), k.stride(2), v.stride(2), keep ? keep + r * L : nullptr,
+                      L, G, D, scale, op + (r * H + h * G) * D, scores, kept);
+    }
+  });
+}
+
+// Keys and values in fp32, or in bf16 (the engine's decode batch keeps them so where its bf16 steps multiply
+// natively: half the bytes a step's attention reads; each is widened exactly, the arithmetic is the same).
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const c10::optional<torch::Tensor>& mask, double scale) {
   TORCH_CHECK(q.is_cpu() && k.is_cpu() && v.is_cpu(), "query, keys and values must be on the CPU");
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
-                  v.scalar_type() == torch::kFloat32,
-              "query, keys and values must be float32");
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32, "the query must be float32");
+  TORCH_CHECK((k.scalar_type() == torch::kFloat32 || k.scalar_type() == torch::kBFloat16) &&
+                  v.scalar_type() == k.scalar_type(),
+              "keys and values must both be float32 or both bfloat16");
   TORCH_CHECK(q.dim() == 4 && q.size(2) == 1 && q.is_contiguous(),
               "the query must be a contiguous [rows, heads, 1, dim]");
   TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes(), "keys and values must be [rows, kv_heads, length, dim] alike");
@@ -406,22 +497,15 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
     keep = keep_tensor.data_ptr<bool>();
   }
   auto out = torch::empty({R, H, 1, D}, q.options());
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t G = H / KVH;
-  at::parallel_for(0, R * KVH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    std::vector<int64_t> kept;
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t r = t / KVH, h = t % KVH;
-      attend_head(qp + (r * H + h * G) * D, kp + r * k.stride(0) + h * k.stride(1),
-                  vp + r * v.stride(0) + h * v.stride(1), k.stride(2), v.stride(2),
-                  keep ? keep + r * L : nullptr, L, G, D, static_cast<float>(scale), op + (r * H + h * G) * D,
-                  scores, kept);
-    }
-  });
+  const float scale32 = static_cast<float>(scale);
+  if (k.scalar_type() == torch::kBFloat16) {
+    const auto* kp = reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>());
+    const auto* vp = reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>());
+    attend_rows<Bf16>(q.data_ptr<float>(), kp, vp, k, v, keep, R, H, KVH, L, D, scale32, out.data_ptr<float>());
+  } else {
+    attend_rows<F32>(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), k, v, keep, R, H, KVH, L, D,
+                     scale32, out.data_ptr<float>());
+  }
   return out;
 }
 
@@ -441,7 +525,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("bf16_dot_supported", &bf16_dot_supported, "whether this CPU has AVX-512 BF16 (VDPBF16PS)");
   m.def("decode_attention", &decode_attention,
-        "one query position's attention: q [rows, heads, 1, dim], k and v [rows, kv_heads, length, dim] fp32, "
+        "one query position's attention: q [rows, heads, 1, dim] fp32, k and v [rows, kv_heads, length, dim] fp32 "
+        "or bf16, "
         "mask [rows, length] (true: attend) or None, scale: [rows, heads, 1, dim] fp32",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"),
         py::call_guard<py::gil_scoped_release>());

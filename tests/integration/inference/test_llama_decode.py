@@ -15,6 +15,7 @@ from services.inference import rows as rows_kernel
 from services.inference.engine import BatchEngine, GenerationJob
 from services.inference.kv import KVBatch, layer_kv
 from services.inference.llama_decode import LlamaDecoder, llama_decoder
+from services.inference.prefill import cache_of
 from services.inference.quant import decode_step, prepare_weights
 from services.inference.settings import WeightsMode
 from spade.inference.models import load_model
@@ -145,6 +146,53 @@ def test_lean_steps_give_transformers_logits_and_kv(
         for a, b in zip(layer_kv(hf_layer), layer_kv(lean_layer), strict=True):
             assert a.shape == b.shape
             assert (a - b).abs().max().item() < tolerance
+
+
+def _rounding_appends(kv: KVBatch) -> None:
+    """Round every key and value the batch's layers append to bf16 (kept in fp32): what a bf16 batch holds."""
+    assert kv.cache is not None
+
+    def rounding(update: Any) -> Any:
+        def rounded(key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            return update(key.bfloat16().float(), value.bfloat16().float(), *args, **kwargs)
+
+        return rounded
+
+    for layer in kv.cache.layers:
+        layer.update = rounding(layer.update)  # type: ignore[method-assign,union-attr]
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2], _BESIDE], ids=["padded rows", "rows beside oneDNN"])
+def test_lean_steps_on_a_bf16_batch_give_the_bits_of_the_same_values_in_fp32(model_dir: Path, rows: list[int]) -> None:
+    # Where bf16 steps multiply natively through the kernel, the engine keeps its shared batch's KV in bf16
+    # (LlamaDecoder.kv_dtype): the kernel widens each key and value exactly, and a step of more rows than it
+    # takes widens them for SDPA. Either way a step must compute what it computes on fp32 values rounded alike.
+    model = prepare_weights(load_model(model_dir), "bf16")
+    decoder = llama_decoder(model)
+    assert decoder is not None
+    native = decoder.own_attention and rows_kernel.multiplies_bf16()
+    assert decoder.kv_dtype == (torch.bfloat16 if native else torch.float32)
+    if not native:
+        pytest.skip("this CPU's bf16 steps keep fp32 KV (no AVX-512 BF16 or no kernel)")
+    prompts = [PROMPTS[i] for i in rows]
+    with torch.inference_mode(), decode_step(positions=max(map(len, prompts))):
+        reference, tokens, positions = _batch(model, prompts)
+        assert reference.cache is not None
+        kv16 = KVBatch(torch.bfloat16)
+        kv16.add_rows([cache_of(reference.row_kv(i), model.config) for i in range(len(prompts))])
+        for layer in reference.cache.layers:  # the prefilled KV, rounded as the bf16 batch rounded it
+            for tensor in layer_kv(layer):
+                tensor.copy_(tensor.bfloat16().float())
+        _rounding_appends(reference)
+        for _ in range(3):
+            expected = _lean_step(decoder, reference, tokens, positions)
+            got = _lean_step(decoder, kv16, tokens, positions)
+            assert torch.equal(got, expected)
+            tokens, positions = expected.argmax(-1).tolist(), [p + 1 for p in positions]
+    assert kv16.cache is not None
+    for mine, theirs in zip(kv16.cache.layers, reference.cache.layers, strict=True):
+        for a, b in zip(layer_kv(mine), layer_kv(theirs), strict=True):
+            assert a.dtype == torch.bfloat16 and torch.equal(a.float(), b)
 
 
 def test_the_engine_decodes_its_served_model_with_the_lean_step(engine: BatchEngine) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from services.inference import rows as rows_kernel
 from services.inference.engine import BatchEngine, GenerationJob
 from services.inference.quant import Bf16Linear, Int4Linear, Int8Linear
 from spade.inference.models import load_model
@@ -81,3 +82,29 @@ async def test_a_weight_update_is_quantized_like_the_first_load(
     finally:
         restored = await quantized.update_weights(model_dir, "0")
         assert restored.success, restored.message
+
+
+async def test_a_conversation_continues_from_its_cached_answer_whatever_the_batch_keeps(
+    quantized: BatchEngine,
+) -> None:
+    # Where bf16 steps multiply natively through the kernel, the shared batch keeps bf16 KV; a finished answer's
+    # KV goes into the prefix cache in the model's dtype, and the next turn's prefill continues from it.
+    decoder = quantized.decoder
+    assert decoder is not None
+    native = quantized.weights == "bf16" and decoder.own_attention and rows_kernel.multiplies_bf16()
+    assert quantized.kv_dtype == (torch.bfloat16 if native else torch.float32)
+    prompt = chat_ids(quantized, "Name three colours.")
+    assert quantized.flush_cache()
+    first = await quantized.generate(_job(prompt, temperature=0.0))
+    follow = prompt + first.output_ids + chat_ids(quantized, "And three more.")[1:]
+    cached, kv = quantized.prefix_cache.match(follow)
+    assert cached == len(prompt) + len(first.output_ids) - 1  # the answer's last token was never fed back
+    assert kv is not None
+    assert all(k.dtype == v.dtype == torch.float32 for k, v in kv)
+    continued = await quantized.generate(_job(follow, temperature=0.0))
+    assert continued.cached_tokens == cached
+    fresh_ids, fresh_logprobs = await _greedy(quantized, follow)  # nothing reused
+    # The reused answer's KV is the answer's (rounded to bf16 where the batch keeps bf16): the first token and
+    # its logprob as computing the whole prompt afresh.
+    assert continued.output_ids[0] == fresh_ids[0]
+    assert abs(continued.output_logprobs[0] - fresh_logprobs[0]) < 0.05

@@ -166,3 +166,41 @@ def test_a_newcomer_beyond_the_headroom_repads_every_row_into_a_new_buffer() -> 
         assert torch.all(keys[1, :, :137] == 0) and torch.all(values[1, :, :137] == 0)
         assert torch.all(keys[0, :, 70:] == 1.0 + layer) and torch.all(values[1, :, 137:] == -(2.0 + layer))
         assert torch.all(keys[2] == 5.0 + layer)
+
+
+def test_a_bf16_batch_rounds_what_it_merges_and_appends_once_and_keeps_it_through_drops_and_growth() -> None:
+    # The engine's shared lane keeps its KV in bf16 where its steps attend to it so: every value merged or
+    # appended is rounded to bf16 on the way in, and nothing the batch does afterwards changes it.
+    exact = 1.0 + 2.0**-12  # not a bf16 value: rounds to 1.0
+    batch = KVBatch(torch.bfloat16)
+    batch.add_rows([_prefilled(3, exact), _prefilled(5, 2.0)])
+    assert batch.cache is not None
+    for layer in range(LAYERS):
+        keys, values = layer_kv(batch.cache.layers[layer])
+        assert keys.dtype == values.dtype == torch.bfloat16
+        assert torch.all(keys[0, :, 2:] == torch.tensor(exact + layer).bfloat16())
+        assert torch.all(keys[0, :, :2] == 0) and torch.all(values[0, :, :2] == 0)
+    assert torch.tensor(exact).bfloat16().item() != exact
+    # A decode step appends fp32 keys and values: rounded into the batch's columns.
+    step = torch.full((2, HEADS, 1, DIM), exact)
+    batch.step_mask()
+    for layer in range(LAYERS):
+        keys, values = batch.cache.layers[layer].update(step, -step)  # type: ignore[union-attr]
+        assert keys.dtype == torch.bfloat16 and torch.all(keys[:, :, -1] == 1.0) and torch.all(values[:, :, -1] == -1.0)
+    # A newcomer longer than the batch re-pads in place, then a drop: the dtype and values stay.
+    batch.add_rows([_prefilled(9, 7.0)])
+    batch.keep_rows([1, 2])
+    assert batch.mask.tolist() == [[0, 0, 0] + [1] * 6, [1] * 9]
+    for layer in range(LAYERS):
+        keys, values = layer_kv(batch.cache.layers[layer])
+        assert keys.dtype == torch.bfloat16
+        assert torch.all(keys[0, :, 3:8] == 2.0 + layer) and torch.all(keys[0, :, 8] == 1.0)
+        assert torch.all(values[1] == -(7.0 + layer)) and torch.all(keys[0, :, :3] == 0)
+    # A row's KV comes out as the batch holds it: the prefix cache rounds nothing further (it converts).
+    assert all(k.dtype == torch.bfloat16 for k, _ in batch.row_kv(1))
+
+
+def test_a_batch_without_a_dtype_keeps_what_it_is_given() -> None:
+    batch = KVBatch()
+    batch.add_rows([_prefilled(3, 1.0 + 2.0**-12)])
+    assert _keys(batch, 0).dtype == torch.float32 and torch.all(_keys(batch, 0) == 1.0 + 2.0**-12)

@@ -137,3 +137,19 @@ def test_many_random_sequences_always_match_their_true_longest_prefix() -> None:
         cache.insert(ids, _kv(ids))
         seen.append(ids)
     assert cache.tokens == sum(len(n.tokens) for n in cache._nodes())
+
+
+def test_the_tree_keeps_kv_in_its_dtype_whatever_it_is_given() -> None:
+    # The engine's decode batch may hold bf16 KV; its prefills continue from the tree's KV in the model's
+    # dtype, so the tree converts what it copies (and copies only: a match hands out its own tensors).
+    cache = RadixPrefixCache(max_tokens=100, min_match=1, dtype=torch.float32)
+    rounded = [(k.bfloat16(), v.bfloat16()) for k, v in _kv([1, 2, 3, 4])]
+    assert cache.insert([1, 2, 3, 4], rounded) == 4
+    length, kv = cache.match([1, 2, 3, 4, 5])
+    assert length == 4 and kv is not None
+    assert all(k.dtype == v.dtype == torch.float32 for k, v in kv)
+    assert _tokens_of(kv) == [1, 2, 3, 4]
+    as_given = RadixPrefixCache(max_tokens=100, min_match=1)
+    as_given.insert([1, 2, 3], rounded)
+    _, kept = as_given.match([1, 2, 3, 9])
+    assert kept is not None and kept[0][0].dtype == torch.bfloat16

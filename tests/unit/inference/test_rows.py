@@ -479,6 +479,49 @@ def test_decode_attention_is_grouped_query_attention_over_the_kept_positions(
 
 
 @needs_kernel
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"), [(4, 4, 64), (4, 1, 32), (5, 1, 48), (7, 1, 16), (8, 2, 64), (6, 1, 80)]
+)
+def test_decode_attention_takes_any_group_of_query_heads_and_any_head_dim(heads: int, kv_heads: int, dim: int) -> None:
+    # A pass over a key/value head's keys and values serves up to three of its query heads at once: groups of
+    # 1, 4, 5, 6 and 7 heads take one pass or several, the last with fewer heads; 16, 48 and 80 dims take the
+    # values 16 at a time, 32 and 64 32 at a time.
+    generator = torch.Generator().manual_seed(heads * 100 + dim)
+    query = torch.randn(3, heads, 1, dim, generator=generator)
+    key, value = (torch.randn(3, kv_heads, 45, dim, generator=generator) for _ in range(2))
+    keep = torch.rand(3, 45, generator=generator) > 0.2
+    out = rows.decode_attention(query, key, value, keep, dim**-0.5)
+    group = heads // kv_heads
+    exact = nn.functional.scaled_dot_product_attention(
+        query.double().reshape(3, kv_heads, group, dim),
+        key.double(),
+        value.double(),
+        attn_mask=keep[:, None, None, :],
+        scale=dim**-0.5,
+    ).reshape(query.shape)
+    torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=2e-6)
+
+
+@needs_kernel
+@pytest.mark.parametrize("padded", [False, True])
+def test_decode_attention_reads_bf16_keys_and_values_as_the_fp32_values_they_widen_to(padded: bool) -> None:
+    # The engine's shared lane keeps bf16 KV where its bf16 steps multiply natively: the kernel widens each key
+    # and value exactly, so it attends to bf16 KV bit for bit as to the same values in fp32.
+    query, key, value = _attention_case(4, 203, 70)
+    keep = None
+    if padded:
+        keep = torch.ones(4, 203, dtype=torch.bool)
+        keep[1, :50] = False
+    buffer = torch.stack([key, value]).bfloat16()
+    key16, value16 = torch.cat([buffer, buffer[..., :7, :]], dim=3)[..., :203, :]  # views of a longer buffer
+    assert key16.dtype == torch.bfloat16 and not key16.is_contiguous()
+    out = rows.decode_attention(query, key16, value16, keep, 0.125)
+    assert torch.equal(out, rows.decode_attention(query, key16.float(), value16.float(), keep, 0.125))
+    assert not torch.equal(out, rows.decode_attention(query, key, value, keep, 0.125))  # the rounding is real
+    torch.testing.assert_close(out.double(), _sdpa64(query, key16.float(), value16.float(), keep), rtol=1e-5, atol=2e-6)
+
+
+@needs_kernel
 def test_decode_attention_gives_a_row_the_same_bits_beside_any_rows() -> None:
     query, key, value = _attention_case(5, 300, 31)
     together = rows.decode_attention(query, key, value, None, 0.125)
@@ -500,6 +543,12 @@ def test_decode_attention_refuses_what_it_cannot_attend_with_a_reason() -> None:
     assert module is not None
     with pytest.raises(RuntimeError, match="float32"):
         module.decode_attention(query, key.double(), value, None, 0.125)
+    with pytest.raises(RuntimeError, match="both be float32 or both bfloat16"):
+        module.decode_attention(query, key.bfloat16(), value, None, 0.125)
+    with pytest.raises(RuntimeError, match="both be float32 or both bfloat16"):
+        module.decode_attention(query, key.half(), value.half(), None, 0.125)
+    with pytest.raises(RuntimeError, match="the query must be float32"):
+        module.decode_attention(query.bfloat16(), key, value, None, 0.125)
     with pytest.raises(RuntimeError, match="multiple of the key/value heads"):
         module.decode_attention(torch.randn(2, 8, 1, 64), key, value, None, 0.125)
     with pytest.raises(RuntimeError, match="multiple of 16"):
