@@ -54,6 +54,8 @@ from transformers.cache_utils import DynamicCache
 from services.inference import rows as rows_kernel
 from services.inference.quant import (
     Bf16Linear,
+    Int4Linear,
+    Int8Linear,
     bf16_rows_kernel_takes,
     decode_step,
     decodes_through_rows_kernel,
@@ -223,6 +225,14 @@ class LlamaDecoder:
             if self.own_attention and self._bf16_beside_onednn and rows_kernel.multiplies_bf16()
             else torch.float32
         )
+        #: The kernel whose fused norms, rotary embedding and SiLU a step of rounded (bf16, int8, int4) weights
+        #: runs (one call each where torch took several operators: at 4-8 rows their dispatch was a tenth to a
+        #: fifth of a step), or ``None``: torch's operators (fp32 weights, no kernel here, or
+        #: ``SPADE_ROWS_FUSED=0``). The same arithmetic up to the order of the norms' sums and the SiLU's exp;
+        #: each row computed alone either way. fp32 weights keep torch's, so that their steps keep giving
+        #: transformers' logits bit for bit (the fused norm's order moved them by up to 6e-5).
+        quantized = any(isinstance(m, (Bf16Linear, Int8Linear, Int4Linear)) for m in served)
+        self.fused = rows_kernel.fused_elementwise() if quantized else None
 
     def __call__(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache
@@ -335,6 +345,8 @@ class LlamaDecoder:
 
     def _step(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: _Attend) -> torch.Tensor:
         """The step's arithmetic around ``attend(layer index, query, key, value)`` (which appends the KV)."""
+        if self.fused is not None:
+            return self._fused_step(self.fused, input_ids, position_ids, attend)
         rows = input_ids.shape[0]
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, position_ids)  # [rows, 1, head_dim]
@@ -359,6 +371,31 @@ class LlamaDecoder:
             gate, up = layer.gate_up(x).chunk(2, dim=-1)  # gate and up: intermediate_size each
             hidden = residual + layer.down_proj(nn.functional.silu(gate) * up)
         hidden = _rms_norm(hidden, self.norm.weight, float(self.norm.variance_epsilon))
+        return self.lm_head(hidden[:, -1, :])
+
+    def _fused_step(
+        self, kernel: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: _Attend
+    ) -> torch.Tensor:
+        """:meth:`_step` with the kernel's fused elementwise operations: each layer's output is added to the
+        residual stream (in place) by the norm that reads it next."""
+        rows = input_ids.shape[0]
+        hidden = self.embed(input_ids).contiguous()  # [rows, 1, hidden]: a fresh tensor, the residual stream
+        cos, sin = self.rotary(hidden, position_ids)  # [rows, 1, head_dim]
+        cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
+        q_heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        heads = q_heads + 2 * kv_heads
+        pending: torch.Tensor | None = None  # the last MLP's output, added by the next norm
+        for index, layer in enumerate(self.layers):
+            x = kernel.rms_norm(hidden, pending, layer.norm_in, layer.eps_in)
+            qkv = layer.qkv(x).contiguous()  # [rows, 1, heads * dim], a fresh tensor
+            kernel.rotate(qkv, heads, q_heads + kv_heads, cos, sin)
+            qkv = qkv.view(rows, 1, heads, dim).transpose(1, 2)
+            query, key, value = qkv[:, :q_heads], qkv[:, q_heads : q_heads + kv_heads], qkv[:, q_heads + kv_heads :]
+            out = attend(index, query, key, value)
+            out = out.reshape(rows, q_heads, 1, dim).transpose(1, 2).reshape(rows, 1, q_heads * dim)
+            x = kernel.rms_norm(hidden, layer.o_proj(out).contiguous(), layer.norm_post, layer.eps_post)
+            pending = layer.down_proj(kernel.silu_mul(layer.gate_up(x).contiguous())).contiguous()
+        hidden = kernel.rms_norm(hidden, pending, self.norm.weight, float(self.norm.variance_epsilon))
         return self.lm_head(hidden[:, -1, :])
 
 

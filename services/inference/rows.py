@@ -273,6 +273,13 @@ def out_features(packed: torch.Tensor) -> int:
     return packed.shape[0] * BLOCK
 
 
+def fused_elementwise() -> ModuleType | None:
+    """The kernel, whose fused norm, rotary embedding and SiLU a lean decode step takes
+    (:class:`.llama_decode.LlamaDecoder`), or ``None``: no kernel here, or ``SPADE_ROWS_FUSED=0``."""
+    module = kernel()
+    return None if module is None or _turned_off("SPADE_ROWS_FUSED") else module
+
+
 @functools.cache
 def multiplies_bf16() -> bool:
     """Whether the kernel's bf16 products multiply bf16 pairs natively here (AVX-512 BF16's ``VDPBF16PS``: the

@@ -509,6 +509,140 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   return out;
 }
 
+// ---- The decode step's elementwise work (services/inference/llama_decode.py) ----------------------------------
+// One call for what took torch several operators on a few rows of a few hundred values each (a norm six, the
+// rotary embedding five, SiLU and its product three): at 4-8 rows their dispatch, not their arithmetic, was
+// a fifth of a step. Each row is computed alone, so a row's bits depend on no other row.
+
+// x <- x + delta where delta is given (the residual stream, in place), then y = w * (x * (1 / sqrt(mean(x^2) +
+// eps))): LlamaRMSNorm in fp32. The squares are summed 8 lanes at a time in the dims' order, then in one fixed
+// horizontal order.
+SPADE_AVX2 void norm_row(float* x, const float* delta, const float* w, int64_t D, float eps, float* y) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) {
+    __m256 v = _mm256_loadu_ps(x + d);
+    if (delta != nullptr) {
+      v = _mm256_add_ps(v, _mm256_loadu_ps(delta + d));
+      _mm256_storeu_ps(x + d, v);
+    }
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  float sum = horizontal_sum(acc);
+  for (; d < D; ++d) {
+    if (delta != nullptr) x[d] += delta[d];
+    sum += x[d] * x[d];
+  }
+  const float inverse = 1.0f / std::sqrt(sum / static_cast<float>(D) + eps);
+  const __m256 inverse8 = _mm256_set1_ps(inverse);
+  for (d = 0; d + 8 <= D; d += 8)
+    _mm256_storeu_ps(y + d, _mm256_mul_ps(_mm256_loadu_ps(w + d), _mm256_mul_ps(_mm256_loadu_ps(x + d), inverse8)));
+  for (; d < D; ++d) y[d] = w[d] * (x[d] * inverse);
+}
+
+torch::Tensor rms_norm(torch::Tensor x, const c10::optional<torch::Tensor>& delta, const torch::Tensor& weight,
+                       double eps) {
+  TORCH_CHECK(x.is_cpu() && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.dim() >= 1,
+              "the hidden states must be a contiguous float32 CPU tensor");
+  const int64_t D = x.size(-1);
+  TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && weight.is_contiguous() && weight.dim() == 1 &&
+                  weight.size(0) == D,
+              "the norm's weight must be a contiguous float32 [", D, "]");
+  const float* dp = nullptr;
+  if (delta.has_value()) {
+    TORCH_CHECK(delta->scalar_type() == torch::kFloat32 && delta->is_contiguous() && delta->sizes() == x.sizes(),
+                "what is added must be a contiguous float32 tensor of the hidden states' shape");
+    dp = delta->data_ptr<float>();
+  }
+  auto y = torch::empty_like(x);
+  const int64_t R = D > 0 ? x.numel() / D : 0;
+  float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t r = 0; r < R; ++r)
+    norm_row(xp + r * D, dp ? dp + r * D : nullptr, wp, D, static_cast<float>(eps), yp + r * D);
+  return y;
+}
+
+// The rotary embedding of the first `rotated` of each row's `heads` heads, in place: with h = D / 2,
+// x[i] cos[i] - x[i + h] sin[i] and x[i + h] cos[i + h] + x[i] sin[i + h], each product rounded and then summed, as
+// transformers' apply_rotary_pos_emb computes them in fp32: no FMA (this function's target has none), the same bits.
+__attribute__((target("avx2"))) void rotate_row(float* x, int64_t rotated, int64_t D, const float* c, const float* s) {
+  const int64_t h = D / 2;
+  for (int64_t head = 0; head < rotated; ++head) {
+    float* a = x + head * D;
+    float* b = a + h;
+    int64_t i = 0;
+    for (; i + 8 <= h; i += 8) {
+      const __m256 av = _mm256_loadu_ps(a + i), bv = _mm256_loadu_ps(b + i);
+      const __m256 first = _mm256_sub_ps(_mm256_mul_ps(av, _mm256_loadu_ps(c + i)),
+                                         _mm256_mul_ps(bv, _mm256_loadu_ps(s + i)));
+      const __m256 second = _mm256_add_ps(_mm256_mul_ps(bv, _mm256_loadu_ps(c + h + i)),
+                                          _mm256_mul_ps(av, _mm256_loadu_ps(s + h + i)));
+      _mm256_storeu_ps(a + i, first);
+      _mm256_storeu_ps(b + i, second);
+    }
+    for (; i < h; ++i) {
+      const float av = a[i], bv = b[i];
+      const float p = av * c[i], q = bv * s[i], r = bv * c[h + i], t = av * s[h + i];
+      a[i] = p - q;
+      b[i] = r + t;
+    }
+  }
+}
+
+void rotate(torch::Tensor x, int64_t heads, int64_t rotated, const torch::Tensor& cos, const torch::Tensor& sin) {
+  TORCH_CHECK(x.is_cpu() && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+              "the projections must be a contiguous float32 CPU tensor");
+  TORCH_CHECK(heads > 0 && rotated >= 0 && rotated <= heads, "rotated heads must be 0 to heads (", heads, "), not ",
+              rotated);
+  TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 && cos.is_contiguous() &&
+                  sin.is_contiguous() && cos.dim() == 2 && sin.sizes() == cos.sizes(),
+              "cos and sin must be contiguous float32 [rows, head_dim]");
+  const int64_t R = cos.size(0), D = cos.size(1);
+  TORCH_CHECK(D % 2 == 0 && x.numel() == R * heads * D, "the projections must be [rows, ", heads, " * ", D, "]");
+  float* xp = x.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  for (int64_t r = 0; r < R; ++r) rotate_row(xp + r * heads * D, rotated, D, cp + r * D, sp + r * D);
+}
+
+// exp(x) 8 at a time for x up to 88 (larger: exp(88)): exp_nonpositive's polynomial holds there too.
+SPADE_AVX2 inline __m256 exp_clamped(__m256 x) { return exp_nonpositive(_mm256_min_ps(_mm256_set1_ps(88.0f), x)); }
+
+// y[r, i] = silu(g) u = g / (1 + exp(-g)) u for g = gu[r, i], u = gu[r, I + i] (the MLP's stacked gate and up); the
+// last few of a row through the same 8 lanes as the others.
+SPADE_AVX2 inline __m256 silu_times(__m256 g, __m256 u) {
+  const __m256 e = exp_clamped(_mm256_sub_ps(_mm256_setzero_ps(), g));
+  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+SPADE_AVX2 void silu_mul_row(const float* gu, int64_t I, float* y) {
+  int64_t i = 0;
+  for (; i + 8 <= I; i += 8) _mm256_storeu_ps(y + i, silu_times(_mm256_loadu_ps(gu + i), _mm256_loadu_ps(gu + I + i)));
+  if (i < I) {
+    alignas(32) float g[8] = {0, 0, 0, 0, 0, 0, 0, 0}, u[8] = {0, 0, 0, 0, 0, 0, 0, 0}, out[8];
+    for (int64_t j = i; j < I; ++j) g[j - i] = gu[j], u[j - i] = gu[I + j];
+    _mm256_store_ps(out, silu_times(_mm256_load_ps(g), _mm256_load_ps(u)));
+    for (int64_t j = i; j < I; ++j) y[j] = out[j - i];
+  }
+}
+
+torch::Tensor silu_mul(const torch::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.is_cpu() && gate_up.scalar_type() == torch::kFloat32 && gate_up.is_contiguous() &&
+                  gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0,
+              "the gate and up projections must be a contiguous float32 [..., 2 * intermediate]");
+  const int64_t I = gate_up.size(-1) / 2;
+  auto sizes = gate_up.sizes().vec();
+  sizes.back() = I;
+  auto y = torch::empty(sizes, gate_up.options());
+  const int64_t R = I > 0 ? gate_up.numel() / (2 * I) : 0;
+  const float* gp = gate_up.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t r = 0; r < R; ++r) silu_mul_row(gp + r * 2 * I, I, yp + r * I);
+  return y;
+}
+
 }  // namespace
 
 // The products touch no Python object: they release the GIL, as torch's own operators do, so the
@@ -524,6 +658,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "[rows, in] fp32 activations rounded to bf16 times bf16 weights (blocked), VDPBF16PS: [rows, out] fp32",
         py::call_guard<py::gil_scoped_release>());
   m.def("bf16_dot_supported", &bf16_dot_supported, "whether this CPU has AVX-512 BF16 (VDPBF16PS)");
+  m.def("rms_norm", &rms_norm,
+        "LlamaRMSNorm of each row of fp32 x ([..., D]) with weight [D]; with delta, x += delta first (in place)",
+        py::arg("x"), py::arg("delta"), py::arg("weight"), py::arg("eps"), py::call_guard<py::gil_scoped_release>());
+  m.def("rotate", &rotate,
+        "the rotary embedding of the first `rotated` of each row's `heads` heads of fp32 x ([rows, heads * D]), "
+        "in place, with cos and sin [rows, D]",
+        py::arg("x"), py::arg("heads"), py::arg("rotated"), py::arg("cos"), py::arg("sin"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of fp32 [..., 2 * I] (gate first): [..., I]",
+        py::call_guard<py::gil_scoped_release>());
   m.def("decode_attention", &decode_attention,
         "one query position's attention: q [rows, heads, 1, dim] fp32, k and v [rows, kv_heads, length, dim] fp32 "
         "or bf16, "

@@ -76,6 +76,20 @@ def _kernel_attention(kernel: Any, sdpa: Any) -> Any:
     return attend
 
 
+def _fused_transformers(monkeypatch: pytest.MonkeyPatch, kernel: Any) -> None:
+    """Make transformers' Llama norms and MLPs compute with the kernel's fused operations, as the lean step does."""
+    from transformers.models.llama import modeling_llama as llama
+
+    def norm(self: Any, hidden: torch.Tensor) -> torch.Tensor:
+        return kernel.rms_norm(hidden.contiguous(), None, self.weight, self.variance_epsilon)
+
+    def mlp(self: Any, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(kernel.silu_mul(torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)))
+
+    monkeypatch.setattr(llama.LlamaRMSNorm, "forward", norm)
+    monkeypatch.setattr(llama.LlamaMLP, "forward", mlp)
+
+
 def _lean_step(decoder: LlamaDecoder, kv: KVBatch, tokens: list[int], positions: list[int]) -> torch.Tensor:
     assert kv.cache is not None
     mask = kv.step_mask()
@@ -128,6 +142,12 @@ def test_lean_steps_give_transformers_logits_and_kv(
     rounded = weights == "bf16" and kernel_products and decoder.own_attention and rows_kernel.multiplies_bf16()
     if rounded:
         monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", _kernel_attention(own, ALL_ATTENTION_FUNCTIONS["sdpa"]))
+    # Steps of rounded weights take the kernel's fused norm and SiLU (checked against torch's operators in
+    # test_rows.py); their fp32 differences flip bf16 roundings of the activations too (0.14-0.2 in logprobs),
+    # so transformers' forward takes them as well and the lean step is checked against the same arithmetic.
+    assert (decoder.fused is not None) is (weights != "float32" and rows_kernel.kernel() is not None)
+    if decoder.fused is not None:
+        _fused_transformers(monkeypatch, decoder.fused)
     # Transformers' forward multiplies through the same served layers: told the same context, they take the
     # lean step's products (the lean step tells them itself).
     with torch.inference_mode(), decode_step(positions=context):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import torch
@@ -594,3 +594,86 @@ def test_decode_attention_with_heads_of_80_dims_and_its_edges() -> None:
     poisoned = rows.decode_attention(query, key, value, None, 0.1)
     assert bool(poisoned[1, :2].isnan().all()) and not bool(poisoned[0].isnan().any())
     assert not bool(poisoned[1, 2:].isnan().any())
+
+
+def _fused() -> object:
+    module = rows.fused_elementwise()
+    assert module is not None
+    return module
+
+
+@needs_kernel
+@pytest.mark.parametrize("dim", [576, 64, 20])
+def test_the_fused_norm_is_llamas_rms_norm_and_adds_the_residual_in_place(dim: int) -> None:
+    generator = torch.Generator().manual_seed(dim)
+    hidden = torch.randn(5, 1, dim, generator=generator) * 3
+    delta = torch.randn(5, 1, dim, generator=generator)
+    weight = torch.rand(dim, generator=generator) + 0.5
+    kernel = cast(Any, _fused())
+    plain = kernel.rms_norm(hidden.clone(), None, weight, 1e-5)
+    torch.testing.assert_close(plain, llama_decode._rms_norm(hidden, weight, 1e-5), rtol=2e-6, atol=1e-6)
+    stream = hidden.clone()
+    normed = kernel.rms_norm(stream, delta, weight, 1e-5)
+    assert torch.equal(stream, hidden + delta)  # the residual stream, added in place as torch adds
+    torch.testing.assert_close(normed, llama_decode._rms_norm(hidden + delta, weight, 1e-5), rtol=2e-6, atol=1e-6)
+    for row in range(5):  # a row's bits are its own
+        alone = kernel.rms_norm(hidden[row : row + 1].clone(), delta[row : row + 1].contiguous(), weight, 1e-5)
+        assert torch.equal(alone, normed[row : row + 1])
+
+
+@needs_kernel
+@pytest.mark.parametrize(("heads", "rotated", "dim"), [(15, 12, 64), (4, 3, 20), (2, 2, 288)])
+def test_the_fused_rotary_embedding_gives_transformers_bits_and_leaves_the_values_alone(
+    heads: int, rotated: int, dim: int
+) -> None:
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    generator = torch.Generator().manual_seed(heads + dim)
+    qkv = torch.randn(3, 1, heads * dim, generator=generator)
+    angles = torch.rand(3, dim // 2, generator=generator) * 40
+    cos, sin = torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
+    expected = qkv.view(3, heads, 1, dim).clone()
+    rotated_part, _ = apply_rotary_pos_emb(
+        expected[:, :rotated], expected[:, :rotated], cos.unsqueeze(1), sin.unsqueeze(1)
+    )
+    expected[:, :rotated] = rotated_part
+    cast(Any, _fused()).rotate(qkv, heads, rotated, cos, sin)
+    assert torch.equal(qkv.view(3, heads, 1, dim), expected)
+
+
+@needs_kernel
+@pytest.mark.parametrize("intermediate", [1536, 13])
+def test_the_fused_silu_multiplies_the_gate_by_the_up_projection(intermediate: int) -> None:
+    generator = torch.Generator().manual_seed(intermediate)
+    gate_up = torch.randn(4, 1, 2 * intermediate, generator=generator) * 6
+    gate_up[0, 0, :3] = torch.tensor([-200.0, 200.0, 0.0])  # far beyond exp's range either way
+    gate, up = gate_up.chunk(2, dim=-1)
+    out = cast(Any, _fused()).silu_mul(gate_up)
+    assert out.shape == (4, 1, intermediate)
+    torch.testing.assert_close(out, nn.functional.silu(gate) * up, rtol=2e-6, atol=1e-7)
+    for row in range(4):
+        assert torch.equal(cast(Any, _fused()).silu_mul(gate_up[row : row + 1].contiguous()), out[row : row + 1])
+
+
+@needs_kernel
+def test_the_fused_operations_refuse_what_they_cannot_compute() -> None:
+    kernel = cast(Any, _fused())
+    with pytest.raises(RuntimeError, match="contiguous float32"):
+        kernel.rms_norm(torch.randn(2, 8).double(), None, torch.ones(8), 1e-5)
+    with pytest.raises(RuntimeError, match=r"weight must be a contiguous float32 \[8\]"):
+        kernel.rms_norm(torch.randn(2, 8), None, torch.ones(9), 1e-5)
+    with pytest.raises(RuntimeError, match="shape"):
+        kernel.rms_norm(torch.randn(2, 8), torch.randn(3, 8), torch.ones(8), 1e-5)
+    with pytest.raises(RuntimeError, match=r"\[rows, 3 \* 4\]"):
+        kernel.rotate(torch.randn(2, 13), 3, 2, torch.ones(2, 4), torch.ones(2, 4))
+    with pytest.raises(RuntimeError, match="rotated heads must be 0 to heads"):
+        kernel.rotate(torch.randn(2, 12), 3, 4, torch.ones(2, 4), torch.ones(2, 4))
+    with pytest.raises(RuntimeError, match="2 \\* intermediate"):
+        kernel.silu_mul(torch.randn(2, 7))
+
+
+def test_the_fused_operations_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPADE_ROWS_FUSED", "0")
+    assert rows.fused_elementwise() is None
+    monkeypatch.setenv("SPADE_ROWS_FUSED", "1")
+    assert rows.fused_elementwise() is rows.kernel()
