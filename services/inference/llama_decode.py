@@ -219,10 +219,10 @@ class LlamaDecoder:
         #: which reads each key and value widened exactly (half the bytes: at 4 rows of 1,000 positions the
         #: attention is about a third of a step, bound by the memory). The keys and values are rounded
         #: once, as they are written; the learner's bf16 autocast computes its attention on bf16 keys and
-        #: values too. fp32 everywhere else.
+        #: values too. fp32 everywhere else, or where ``SPADE_ROWS_BF16_KV=0``.
         self.kv_dtype = (
             torch.bfloat16
-            if self.own_attention and self._bf16_beside_onednn and rows_kernel.multiplies_bf16()
+            if self.own_attention and self._bf16_beside_onednn and rows_kernel.keeps_bf16_kv()
             else torch.float32
         )
         #: The kernel whose fused norms, rotary embedding and SiLU a step of rounded (bf16, int8, int4) weights

@@ -273,6 +273,13 @@ def out_features(packed: torch.Tensor) -> int:
     return packed.shape[0] * BLOCK
 
 
+def keeps_bf16_kv() -> bool:
+    """Whether a decode batch whose bf16 steps multiply natively here (:func:`multiplies_bf16`) keeps its keys and
+    values in bf16, which the kernel's attention reads (:attr:`.llama_decode.LlamaDecoder.kv_dtype`); unless
+    ``SPADE_ROWS_BF16_KV=0``."""
+    return multiplies_bf16() and not _turned_off("SPADE_ROWS_BF16_KV")
+
+
 def fused_elementwise() -> ModuleType | None:
     """The kernel, whose fused norm, rotary embedding and SiLU a lean decode step takes
     (:class:`.llama_decode.LlamaDecoder`), or ``None``: no kernel here, or ``SPADE_ROWS_FUSED=0``."""

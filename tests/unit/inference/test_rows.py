@@ -677,3 +677,11 @@ def test_the_fused_operations_can_be_turned_off(monkeypatch: pytest.MonkeyPatch)
     assert rows.fused_elementwise() is None
     monkeypatch.setenv("SPADE_ROWS_FUSED", "1")
     assert rows.fused_elementwise() is rows.kernel()
+
+
+def test_bf16_kv_is_kept_only_where_bf16_multiplies_natively_and_can_be_turned_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert rows.keeps_bf16_kv() is rows.multiplies_bf16()
+    monkeypatch.setenv("SPADE_ROWS_BF16_KV", "0")
+    assert not rows.keeps_bf16_kv()
