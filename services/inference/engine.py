@@ -379,10 +379,7 @@ class BatchEngine:
         self._waiting: collections.deque[_Pending] = collections.deque()
         self._swap: _Swap | None = None
         self._stopping = False
-        # The shared lane's KV in bf16 where its steps attend to it so (LlamaDecoder.kv_dtype: the weights mode
-        # and the CPU decide, and neither changes with a weight update). The batch-invariant lanes keep the
-        # model's dtype: their rows' numbers must be those of any other such pass.
-        self._shared = _Lane(KVBatch(self.decoder.kv_dtype if self.decoder is not None else dtype))
+        self._shared = self._shared_lane()
         self._solo: list[_Lane] = []  # one lane per sequence of a batch-invariant request
         self._update_locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         self._thread: threading.Thread | None = None
@@ -670,6 +667,7 @@ class BatchEngine:
         self.model, self.model_path, self.weight_version = swap.model, swap.path, swap.version
         self.config = swap.model.config
         self.decoder = swap.decoder
+        self._shared = self._shared_lane()  # empty (drained); the new model's step may keep its KV otherwise
         self.prefix_cache.clear()  # the cached KV was computed by the old weights
         self.invariant_cache.clear()
         del old
@@ -949,7 +947,13 @@ class BatchEngine:
         for pending in {id(p): p for p in [*admitted, *(row.pending for row in self._all_rows())]}.values():
             _resolve(pending.loop, pending.future, error)
             pending.emit(error)
-        self._shared, self._solo = _Lane(), []
+        self._shared, self._solo = self._shared_lane(), []
+
+    def _shared_lane(self) -> _Lane:
+        """An empty shared lane, its KV in bf16 where the served model's steps attend to bf16 KV
+        (:attr:`.LlamaDecoder.kv_dtype`), else in the model's dtype (transformers' forward decodes it). The
+        batch-invariant lanes keep the model's dtype: their rows' numbers must be those of any other such pass."""
+        return _Lane(KVBatch(self.decoder.kv_dtype if self.decoder is not None else self.dtype))
 
     def _shutdown(self) -> None:
         error = EngineClosed("the inference engine shut down")

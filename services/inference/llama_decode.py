@@ -20,7 +20,7 @@ packed or quantized, are called as they are) with:
   onto their key/value head, the boolean mask where a row has padding; or, where every product of the step
   multiplies bf16 or int8 weights through the engine's own decode kernel (:func:`.rows.decodes_here`; on an
   AVX-512 CPU a bf16 step of a few rows, or more with a long context, :func:`.rows.bf16_kernel_wins`), the
-  kernel's attention (:func:`.rows.decode_attention`), which reads the fp32 KV at 1.5-2.9x SDPA's rate (AVX2
+  kernel's attention (:func:`.rows.decode_attention`), which reads the KV at 1.5-2.9x SDPA's rate (AVX2
   and AVX-512 VMs) and skips a row's padding. Its outputs differ from SDPA's by fp32 rounding (~5e-7). That
   moved the model's logprobs by up to 5e-5 over four steps: far inside what bf16 or int8 weights move them
   (5e-3 and more), but not the 1e-5 fp32 serving keeps, so fp32 weights keep SDPA; and beside products that
@@ -28,7 +28,13 @@ packed or quantized, are called as they are) with:
   so those steps keep SDPA too. Where the kernel's own bf16 products round activations to bf16 (a CPU with
   AVX-512 BF16, :func:`.rows.multiplies_bf16`) its attention serves beside them: every bf16 product there
   rounds activations (prefills, oneDNN's steps, the learner's autocast), which resolve the logprobs no finer
-  than ~0.15 over the vocabulary whichever attention, and the kernel's attention is the faster one.
+  than ~0.15 over the vocabulary whichever attention, and the kernel's attention is the faster one. There the
+  batch's KV is kept in bf16 too (:attr:`LlamaDecoder.kv_dtype`), which the kernel widens exactly;
+- for rounded weights (bf16, int8, int4), the norms, the rotary embedding and SiLU times the up projection as
+  one kernel call each (:attr:`LlamaDecoder.fused`), each layer's output added to the residual stream by the
+  norm that reads it next. The rotary embedding gives transformers' bits; the norms' sums and SiLU's exp
+  have their own fixed order (within 2e-6 of torch's), which beside products that round activations to bf16
+  moves logprobs as much as the attention's rounding does. fp32 weights keep torch's operators.
 
 :meth:`LlamaDecoder.apart` decodes the batch-invariant mode's rows (:mod:`.invariance`) together:
 each attends to its own KV, unpadded, and only the matrix products see the rows side by side, where
@@ -36,8 +42,9 @@ a probe shows this CPU's kernels give a row the same bits whatever rows are besi
 (:func:`row_invariant_from`).
 
 Only a plain ``LlamaForCausalLM`` is served this way (:func:`llama_decoder` says which models qualify);
-any other model, and every prefill, keeps transformers' forward. The logits are the HF forward's up
-to fp32 rounding (``tests/integration/inference/test_llama_decode.py``).
+any other model, and every prefill, keeps transformers' forward. With fp32 weights the logits are the HF
+forward's up to fp32 rounding; with rounded weights, those of the HF forward computing with the same
+attention and fused operations (``tests/integration/inference/test_llama_decode.py``).
 """
 
 from __future__ import annotations
@@ -220,10 +227,9 @@ class LlamaDecoder:
         #: attention is about a third of a step, bound by the memory). The keys and values are rounded
         #: once, as they are written; the learner's bf16 autocast computes its attention on bf16 keys and
         #: values too. fp32 everywhere else, or where ``SPADE_ROWS_BF16_KV=0``.
+        bf16_weights = any(isinstance(m, Bf16Linear) for m in served)
         self.kv_dtype = (
-            torch.bfloat16
-            if self.own_attention and self._bf16_beside_onednn and rows_kernel.keeps_bf16_kv()
-            else torch.float32
+            torch.bfloat16 if self.own_attention and bf16_weights and rows_kernel.keeps_bf16_kv() else torch.float32
         )
         #: The kernel whose fused norms, rotary embedding and SiLU a step of rounded (bf16, int8, int4) weights
         #: runs (one call each where torch took several operators: at 4-8 rows their dispatch was a tenth to a

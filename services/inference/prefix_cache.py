@@ -74,6 +74,10 @@ class RadixPrefixCache:
         max_tokens: most tokens held in the tree (about 46 KB of KV per token for SmolLM2-135M in
             float32); 0 disables the cache.
         min_match: shortest prefix worth reusing (shorter matches are reported as no match).
+        dtype: what the tree keeps KV in (``None``: as inserted). The engine's decode batch may hold bf16 KV
+            (:class:`.kv.KVBatch`); a finished sequence's KV inserted from it has been rounded to bf16 once,
+            and a later prompt that reuses it gets those values (reuse then changes logprobs by bf16
+            rounding of the KV, not only fp32's), while prefills continue from KV of the model's dtype.
     """
 
     def __init__(self, max_tokens: int, min_match: int = 4, dtype: torch.dtype | None = None) -> None:

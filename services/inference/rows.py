@@ -251,10 +251,11 @@ def decode_attention(
 
     Args:
         query: ``[rows, heads, 1, dim]``.
-        key: ``[rows, kv_heads, length, dim]``, each position's ``dim`` values contiguous (a view of the
-            engine's KV buffer is taken as it is); ``heads`` is a multiple of ``kv_heads``, each group of
-            ``heads / kv_heads`` query heads attends to one key/value head (grouped-query attention).
-        value: shaped as ``key``.
+        key: ``[rows, kv_heads, length, dim]``, fp32 or bf16 (widened exactly), each position's ``dim`` values
+            contiguous (a view of the engine's KV buffer is taken as it is); ``heads`` is a multiple of
+            ``kv_heads``, each group of ``heads / kv_heads`` query heads attends to one key/value head
+            (grouped-query attention).
+        value: shaped as ``key``, of its dtype.
         keep: ``[rows, length]``, true where a row attends (its padding false), or ``None``: every position.
         scale: the scores' factor (``dim ** -0.5`` for Llama).
 

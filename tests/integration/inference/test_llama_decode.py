@@ -145,7 +145,7 @@ def test_lean_steps_give_transformers_logits_and_kv(
     # Steps of rounded weights take the kernel's fused norm and SiLU (checked against torch's operators in
     # test_rows.py); their fp32 differences flip bf16 roundings of the activations too (0.14-0.2 in logprobs),
     # so transformers' forward takes them as well and the lean step is checked against the same arithmetic.
-    assert (decoder.fused is not None) is (weights != "float32" and rows_kernel.kernel() is not None)
+    assert (decoder.fused is not None) is (weights != "float32" and rows_kernel.fused_elementwise() is not None)
     if decoder.fused is not None:
         _fused_transformers(monkeypatch, decoder.fused)
     # Transformers' forward multiplies through the same served layers: told the same context, they take the
@@ -190,7 +190,7 @@ def test_lean_steps_on_a_bf16_batch_give_the_bits_of_the_same_values_in_fp32(mod
     model = prepare_weights(load_model(model_dir), "bf16")
     decoder = llama_decoder(model)
     assert decoder is not None
-    native = decoder.own_attention and rows_kernel.multiplies_bf16()
+    native = decoder.own_attention and rows_kernel.keeps_bf16_kv()
     assert decoder.kv_dtype == (torch.bfloat16 if native else torch.float32)
     if not native:
         pytest.skip("this CPU's bf16 steps keep fp32 KV (no AVX-512 BF16 or no kernel)")

@@ -91,7 +91,7 @@ async def test_a_conversation_continues_from_its_cached_answer_whatever_the_batc
     # KV goes into the prefix cache in the model's dtype, and the next turn's prefill continues from it.
     decoder = quantized.decoder
     assert decoder is not None
-    native = quantized.weights == "bf16" and decoder.own_attention and rows_kernel.multiplies_bf16()
+    native = quantized.weights == "bf16" and decoder.own_attention and rows_kernel.keeps_bf16_kv()
     assert quantized.kv_dtype == (torch.bfloat16 if native else torch.float32)
     prompt = chat_ids(quantized, "Name three colours.")
     assert quantized.flush_cache()
@@ -108,3 +108,25 @@ async def test_a_conversation_continues_from_its_cached_answer_whatever_the_batc
     # its logprob as computing the whole prompt afresh.
     assert continued.output_ids[0] == fresh_ids[0]
     assert abs(continued.output_logprobs[0] - fresh_logprobs[0]) < 0.05
+
+
+async def test_a_swap_to_a_model_without_the_lean_step_gives_its_batch_the_models_dtype(
+    quantized: BatchEngine, model_dir: Path
+) -> None:
+    # The shared batch's KV dtype is the served step's: a model the lean step does not compute (a hook on a
+    # layer) decodes through transformers' forward, which attends to KV of the model's dtype.
+    prompt = chat_ids(quantized, "Name three colours.")
+    before = await _greedy(quantized, prompt)
+    hooked = load_model(model_dir)
+    hooked.model.layers[0].mlp.register_forward_hook(lambda *args: None)
+    try:
+        outcome = await quantized.swap_weights(hooked, model_dir, "7")
+        assert outcome.success, outcome.message
+        assert quantized.decoder is None and quantized.kv_dtype == torch.float32
+        ids, logprobs = await _greedy(quantized, prompt)
+        assert len(ids) == len(before[0]) and all(math.isfinite(x) for x in logprobs)
+    finally:
+        restored = await quantized.update_weights(model_dir, "0")
+        assert restored.success, restored.message
+    assert quantized.decoder is not None and quantized.kv_dtype == quantized.decoder.kv_dtype
+    assert await _greedy(quantized, prompt) == before

@@ -503,22 +503,51 @@ def test_decode_attention_takes_any_group_of_query_heads_and_any_head_dim(heads:
 
 
 @needs_kernel
-@pytest.mark.parametrize("padded", [False, True])
-def test_decode_attention_reads_bf16_keys_and_values_as_the_fp32_values_they_widen_to(padded: bool) -> None:
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "length"),
+    [(9, 3, 64, 203), (4, 4, 64, 37), (4, 1, 32, 45), (5, 1, 48, 45), (7, 1, 16, 45), (8, 2, 64, 3)],
+)
+def test_decode_attention_reads_bf16_keys_and_values_as_the_fp32_values_they_widen_to(
+    heads: int, kv_heads: int, dim: int, length: int
+) -> None:
     # The engine's shared lane keeps bf16 KV where its bf16 steps multiply natively: the kernel widens each key
-    # and value exactly, so it attends to bf16 KV bit for bit as to the same values in fp32.
-    query, key, value = _attention_case(4, 203, 70)
-    keep = None
-    if padded:
-        keep = torch.ones(4, 203, dtype=torch.bool)
-        keep[1, :50] = False
-    buffer = torch.stack([key, value]).bfloat16()
-    key16, value16 = torch.cat([buffer, buffer[..., :7, :]], dim=3)[..., :203, :]  # views of a longer buffer
+    # and value exactly, so it attends to bf16 KV bit for bit as to the same values in fp32, whatever the group
+    # (passes of 1 to 3 heads) and the head dim; row 1 has padding, row 2 no kept position at all.
+    generator = torch.Generator().manual_seed(heads * 10 + dim + length)
+    query = torch.randn(4, heads, 1, dim, generator=generator)
+    buffer = torch.randn(2, 4, kv_heads, length + 7, dim, generator=generator).bfloat16()
+    key16, value16 = buffer[..., :length, :]  # views of a longer buffer
     assert key16.dtype == torch.bfloat16 and not key16.is_contiguous()
-    out = rows.decode_attention(query, key16, value16, keep, 0.125)
-    assert torch.equal(out, rows.decode_attention(query, key16.float(), value16.float(), keep, 0.125))
-    assert not torch.equal(out, rows.decode_attention(query, key, value, keep, 0.125))  # the rounding is real
-    torch.testing.assert_close(out.double(), _sdpa64(query, key16.float(), value16.float(), keep), rtol=1e-5, atol=2e-6)
+    keep = torch.ones(4, length, dtype=torch.bool)
+    keep[1, : length // 2] = False
+    keep[2] = False
+    out = rows.decode_attention(query, key16, value16, keep, dim**-0.5)
+    assert torch.equal(out, rows.decode_attention(query, key16.float(), value16.float(), keep, dim**-0.5))
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+    unrounded = rows.decode_attention(query, key16.float() * (1 + 2**-10), value16.float(), keep, dim**-0.5)
+    assert not torch.equal(out, unrounded)  # what it reads is what the bf16 buffer holds, not something near it
+    exact = nn.functional.scaled_dot_product_attention(
+        query.double().reshape(4, kv_heads, heads // kv_heads, dim),
+        key16.double(),
+        value16.double(),
+        attn_mask=keep[:, None, None, :],
+        scale=dim**-0.5,
+    ).reshape(query.shape)
+    torch.testing.assert_close(out[[0, 1, 3]].double(), exact[[0, 1, 3]], rtol=1e-5, atol=2e-6)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_gives_a_head_the_same_bits_whichever_heads_share_its_pass(dtype: torch.dtype) -> None:
+    # A pass over the keys and values serves up to three query heads of a group: a head's bits must not depend on
+    # which heads (or how many) it is computed beside.
+    generator = torch.Generator().manual_seed(80)
+    query = torch.randn(2, 7, 1, 64, generator=generator)
+    key, value = (torch.randn(2, 1, 150, 64, generator=generator).to(dtype) for _ in range(2))
+    together = rows.decode_attention(query, key, value, None, 0.125)
+    for head in range(7):
+        alone = rows.decode_attention(query[:, head : head + 1].contiguous(), key, value, None, 0.125)
+        assert torch.equal(alone, together[:, head : head + 1]), head
 
 
 @needs_kernel
@@ -630,8 +659,8 @@ def test_the_fused_rotary_embedding_gives_transformers_bits_and_leaves_the_value
 
     generator = torch.Generator().manual_seed(heads + dim)
     qkv = torch.randn(3, 1, heads * dim, generator=generator)
-    angles = torch.rand(3, dim // 2, generator=generator) * 40
-    cos, sin = torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
+    # Each half of cos and sin its own (the model's repeat one half; a kernel that read the wrong half would pass).
+    cos, sin = (torch.rand(3, dim, generator=generator) * 2 - 1 for _ in range(2))
     expected = qkv.view(3, heads, 1, dim).clone()
     rotated_part, _ = apply_rotary_pos_emb(
         expected[:, :rotated], expected[:, :rotated], cos.unsqueeze(1), sin.unsqueeze(1)
@@ -673,15 +702,20 @@ def test_the_fused_operations_refuse_what_they_cannot_compute() -> None:
 
 
 def test_the_fused_operations_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPADE_ROWS_FUSED", raising=False)
+    assert rows.fused_elementwise() is rows.kernel()
     monkeypatch.setenv("SPADE_ROWS_FUSED", "0")
     assert rows.fused_elementwise() is None
     monkeypatch.setenv("SPADE_ROWS_FUSED", "1")
     assert rows.fused_elementwise() is rows.kernel()
 
 
+@pytest.mark.parametrize("native", [False, True])
 def test_bf16_kv_is_kept_only_where_bf16_multiplies_natively_and_can_be_turned_off(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, native: bool
 ) -> None:
-    assert rows.keeps_bf16_kv() is rows.multiplies_bf16()
+    monkeypatch.setattr(rows, "multiplies_bf16", lambda: native)
+    monkeypatch.delenv("SPADE_ROWS_BF16_KV", raising=False)
+    assert rows.keeps_bf16_kv() is native
     monkeypatch.setenv("SPADE_ROWS_BF16_KV", "0")
     assert not rows.keeps_bf16_kv()
