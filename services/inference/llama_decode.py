@@ -350,59 +350,57 @@ class LlamaDecoder:
         return None if None in found else max(f for f in found if f is not None)
 
     def _step(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: _Attend) -> torch.Tensor:
-        """The step's arithmetic around ``attend(layer index, query, key, value)`` (which appends the KV)."""
-        if self.fused is not None:
-            return self._fused_step(self.fused, input_ids, position_ids, attend)
+        """The step's arithmetic around ``attend(layer index, query, key, value)`` (which appends the KV), its
+        elementwise operations the kernel's (:attr:`fused`) or torch's (:class:`_TorchOps`): each layer's output
+        is added to the residual stream (in place) by the norm that reads it next."""
+        ops: Any = self.fused if self.fused is not None else _TorchOps
         rows = input_ids.shape[0]
-        hidden = self.embed(input_ids)
-        cos, sin = self.rotary(hidden, position_ids)  # [rows, 1, head_dim]
-        half = self.head_dim // 2
-        cos = cos.unsqueeze(1)
-        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
-        q_heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        for index, layer in enumerate(self.layers):
-            residual = hidden
-            x = _rms_norm(hidden, layer.norm_in, layer.eps_in)
-            # [rows, 1, heads + 2 kv_heads, dim] -> [rows, heads + 2 kv_heads, 1, dim]
-            qkv = layer.qkv(x).view(rows, 1, q_heads + 2 * kv_heads, dim).transpose(1, 2)
-            qk = qkv[:, : q_heads + kv_heads]
-            qk = qk * cos + qk.roll(half, dims=-1) * signed_sin
-            query, key = qk[:, :q_heads], qk[:, q_heads:]
-            value = qkv[:, q_heads + kv_heads :]
-            out = attend(index, query, key, value)
-            out = out.reshape(rows, q_heads, 1, dim).transpose(1, 2).reshape(rows, 1, q_heads * dim)
-            hidden = residual + layer.o_proj(out)
-            residual = hidden
-            x = _rms_norm(hidden, layer.norm_post, layer.eps_post)
-            gate, up = layer.gate_up(x).chunk(2, dim=-1)  # gate and up: intermediate_size each
-            hidden = residual + layer.down_proj(nn.functional.silu(gate) * up)
-        hidden = _rms_norm(hidden, self.norm.weight, float(self.norm.variance_epsilon))
-        return self.lm_head(hidden[:, -1, :])
-
-    def _fused_step(
-        self, kernel: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: _Attend
-    ) -> torch.Tensor:
-        """:meth:`_step` with the kernel's fused elementwise operations: each layer's output is added to the
-        residual stream (in place) by the norm that reads it next."""
-        rows = input_ids.shape[0]
-        hidden = self.embed(input_ids).contiguous()  # [rows, 1, hidden]: a fresh tensor, the residual stream
+        hidden = self.embed(input_ids)  # [rows, 1, hidden]: a fresh tensor, the residual stream
         cos, sin = self.rotary(hidden, position_ids)  # [rows, 1, head_dim]
         cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
         q_heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         heads = q_heads + 2 * kv_heads
         pending: torch.Tensor | None = None  # the last MLP's output, added by the next norm
         for index, layer in enumerate(self.layers):
-            x = kernel.rms_norm(hidden, pending, layer.norm_in, layer.eps_in)
-            qkv = layer.qkv(x).contiguous()  # [rows, 1, heads * dim], a fresh tensor
-            kernel.rotate(qkv, heads, q_heads + kv_heads, cos, sin)
+            x = ops.rms_norm(hidden, pending, layer.norm_in, layer.eps_in)
+            qkv = layer.qkv(x)  # [rows, 1, heads * dim], a fresh tensor: rotated in place
+            ops.rotate(qkv, heads, q_heads + kv_heads, cos, sin)
             qkv = qkv.view(rows, 1, heads, dim).transpose(1, 2)
             query, key, value = qkv[:, :q_heads], qkv[:, q_heads : q_heads + kv_heads], qkv[:, q_heads + kv_heads :]
             out = attend(index, query, key, value)
             out = out.reshape(rows, q_heads, 1, dim).transpose(1, 2).reshape(rows, 1, q_heads * dim)
-            x = kernel.rms_norm(hidden, layer.o_proj(out).contiguous(), layer.norm_post, layer.eps_post)
-            pending = layer.down_proj(kernel.silu_mul(layer.gate_up(x).contiguous())).contiguous()
-        hidden = kernel.rms_norm(hidden, pending, self.norm.weight, float(self.norm.variance_epsilon))
+            x = ops.rms_norm(hidden, layer.o_proj(out), layer.norm_post, layer.eps_post)
+            pending = layer.down_proj(ops.silu_mul(layer.gate_up(x)))
+        hidden = ops.rms_norm(hidden, pending, self.norm.weight, float(self.norm.variance_epsilon))
         return self.lm_head(hidden[:, -1, :])
+
+
+class _TorchOps:
+    """The kernel's fused elementwise operations (:attr:`LlamaDecoder.fused`) in torch's operators, as
+    transformers computes them, operation for operation: what fp32 weights' steps take, and any step where the
+    kernel is not built."""
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """``x += delta`` (in place) where given, then ``LlamaRMSNorm`` of ``x``."""
+        if delta is not None:
+            x.add_(delta)
+        return _rms_norm(x, weight, eps)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, heads: int, rotated: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """The rotary embedding of the first ``rotated`` of each row's ``heads`` heads of ``x``, in place, with the
+        rotation's sign folded into the sine (``rotate_half(x) * sin == roll(x, d/2) * signed_sin``, exactly)."""
+        rows, dim = cos.shape
+        half = dim // 2
+        part = x.view(rows, heads, dim)[:, :rotated]
+        signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None]
+        part.copy_(part * cos[:, None] + part.roll(half, dims=-1) * signed_sin)
+
+    @staticmethod
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)  # gate and up: intermediate_size each
+        return nn.functional.silu(gate) * up
 
 
 def llama_decoder(model: Any) -> LlamaDecoder | None:

@@ -558,12 +558,13 @@ torch::Tensor rms_norm(torch::Tensor x, const c10::optional<torch::Tensor>& delt
   TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && weight.is_contiguous() && weight.dim() == 1 &&
                   weight.size(0) == D,
               "the norm's weight must be a contiguous float32 [", D, "]");
-  const float* dp = nullptr;
+  torch::Tensor added;  // contiguous here (a product's output already is), not by a call from Python
   if (delta.has_value()) {
-    TORCH_CHECK(delta->scalar_type() == torch::kFloat32 && delta->is_contiguous() && delta->sizes() == x.sizes(),
-                "what is added must be a contiguous float32 tensor of the hidden states' shape");
-    dp = delta->data_ptr<float>();
+    TORCH_CHECK(delta->scalar_type() == torch::kFloat32 && delta->sizes() == x.sizes(),
+                "what is added must be a float32 tensor of the hidden states' shape");
+    added = delta->contiguous();
   }
+  const float* dp = added.defined() ? added.data_ptr<float>() : nullptr;
   auto y = torch::empty_like(x);
   const int64_t R = D > 0 ? x.numel() / D : 0;
   float* xp = x.data_ptr<float>();
@@ -638,10 +639,11 @@ SPADE_AVX2 void silu_mul_row(const float* gu, int64_t I, float* y) {
   }
 }
 
-torch::Tensor silu_mul(const torch::Tensor& gate_up) {
-  TORCH_CHECK(gate_up.is_cpu() && gate_up.scalar_type() == torch::kFloat32 && gate_up.is_contiguous() &&
-                  gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0,
-              "the gate and up projections must be a contiguous float32 [..., 2 * intermediate]");
+torch::Tensor silu_mul(const torch::Tensor& projections) {
+  TORCH_CHECK(projections.is_cpu() && projections.scalar_type() == torch::kFloat32 && projections.dim() >= 1 &&
+                  projections.size(-1) % 2 == 0,
+              "the gate and up projections must be a float32 CPU [..., 2 * intermediate]");
+  const torch::Tensor gate_up = projections.contiguous();
   const int64_t I = gate_up.size(-1) / 2;
   auto sizes = gate_up.sizes().vec();
   sizes.back() = I;

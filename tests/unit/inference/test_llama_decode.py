@@ -9,10 +9,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from services.inference import rows
+from services.inference import rows as kernel_rows
 from services.inference.kv import KVBatch
 from services.inference.llama_decode import llama_decoder
 from services.inference.quant import decode_step, prepare_weights
+
+needs_kernel = pytest.mark.skipif(
+    kernel_rows.fused_elementwise() is None, reason=f"no kernel here: {kernel_rows.unavailable_reason()}"
+)
 
 PROMPTS = [[1, 5, 9, 20, 33, 7], [2, 8, 4], [3, 3, 3, 3, 3, 3, 3, 3, 3, 40]]
 
@@ -62,10 +66,29 @@ def tiny_llama(**options: Any) -> LlamaForCausalLM:
     ids=["gqa", "mha", "mqa", "biases", "head_dim", "wide heads", "tied", "llama3 rope"],
 )
 @pytest.mark.parametrize("rows", [[0], [0, 0], [0, 1, 2]], ids=["one row", "unpadded", "padded"])
-def test_the_lean_step_gives_transformers_logits(options: dict[str, Any], rows: list[int]) -> None:
+@pytest.mark.parametrize(
+    "fused",
+    [
+        False,
+        pytest.param(True, marks=needs_kernel),
+    ],
+    ids=["torch's operators", "fused"],
+)
+def test_the_lean_step_gives_transformers_logits(options: dict[str, Any], rows: list[int], fused: bool) -> None:
+    # fp32 weights take torch's operators (transformers' logits bit for bit); rounded weights take the kernel's
+    # fused ones, the same arithmetic up to the order of the norms' sums and SiLU's exp: checked here on fp32.
     model = tiny_llama(**options)
     decoder = llama_decoder(model)
-    assert decoder is not None
+    assert decoder is not None and decoder.fused is None
+    calls: list[str] = []
+    if fused:
+
+        class Counted:
+            def __getattr__(self, name: str) -> Any:
+                calls.append(name)
+                return getattr(kernel_rows.kernel(), name)
+
+        decoder.fused = Counted()  # type: ignore[assignment]
     prompts = [PROMPTS[i] for i in rows]
     with torch.inference_mode(), decode_step():
         hf_kv = KVBatch()
@@ -81,6 +104,9 @@ def test_the_lean_step_gives_transformers_logits(options: dict[str, Any], rows: 
             lean = decoder(ids, pos, lean_kv.step_mask(), lean_kv.cache)
             assert (hf - lean).abs().max().item() < 1e-5
             tokens, positions = hf.argmax(-1).tolist(), [p + 1 for p in positions]
+    layers = len(decoder.layers)
+    assert calls.count("rms_norm") == (3 * (2 * layers + 1) if fused else 0)
+    assert calls.count("rotate") == calls.count("silu_mul") == (3 * layers if fused else 0)
 
 
 def test_only_models_it_computes_exactly_get_a_lean_step() -> None:
@@ -94,46 +120,11 @@ def test_only_models_it_computes_exactly_get_a_lean_step() -> None:
     assert llama_decoder(torch.nn.Linear(2, 2)) is None
 
 
-@pytest.mark.skipif(rows.fused_elementwise() is None, reason=f"no fused operations here: {rows.unavailable_reason()}")
-@pytest.mark.parametrize("options", [{}, {"head_dim": 32}, {"attention_bias": True, "mlp_bias": True}])
-def test_the_fused_step_computes_the_step_of_torchs_operators(options: dict[str, Any]) -> None:
-    # Where the kernel is built, a lean step's norms, rotary embedding and SiLU are its fused operations (one call
-    # each); torch's operators are the reference, up to the order of the norms' sums and the SiLU's exp.
-    model = tiny_llama(**options)
-    decoder = llama_decoder(model)
-    assert decoder is not None
-    assert decoder.fused is None  # fp32 weights keep torch's operators (transformers' logits bit for bit)
-    calls: list[str] = []
-
-    class Counted:
-        def __getattr__(self, name: str) -> Any:
-            calls.append(name)
-            return getattr(rows.kernel(), name)
-
-    prompts = [PROMPTS[i] for i in (0, 1, 2)]
-    with torch.inference_mode(), decode_step():
-        plain_kv = KVBatch()
-        plain_kv.add_rows([model(torch.tensor([ids[:-1]]), use_cache=True).cache for ids in prompts])
-        fused_kv = copy.deepcopy(plain_kv)
-        tokens, positions = [ids[-1] for ids in prompts], [len(ids) - 1 for ids in prompts]
-        for _ in range(3):
-            ids, pos = torch.tensor(tokens).unsqueeze(1), torch.tensor(positions).unsqueeze(1)
-            decoder.fused = None
-            plain = decoder(ids, pos, plain_kv.step_mask(), plain_kv.cache)  # type: ignore[arg-type]
-            decoder.fused = Counted()  # type: ignore[assignment]
-            got = decoder(ids, pos, fused_kv.step_mask(), fused_kv.cache)  # type: ignore[arg-type]
-            assert (plain - got).abs().max().item() < 1e-5
-            tokens, positions = plain.argmax(-1).tolist(), [p + 1 for p in positions]
-    layers = len(decoder.layers)
-    assert calls.count("rms_norm") == 3 * (2 * layers + 1)
-    assert calls.count("rotate") == calls.count("silu_mul") == 3 * layers
-
-
-@pytest.mark.skipif(rows.fused_elementwise() is None, reason=f"no fused operations here: {rows.unavailable_reason()}")
+@needs_kernel
 def test_steps_of_rounded_weights_take_the_fused_operations(monkeypatch: pytest.MonkeyPatch) -> None:
     model = prepare_weights(tiny_llama(), "int8")
     decoder = llama_decoder(model)
-    assert decoder is not None and decoder.fused is rows.kernel()
+    assert decoder is not None and decoder.fused is kernel_rows.kernel()
     monkeypatch.setenv("SPADE_ROWS_FUSED", "0")
     off = llama_decoder(prepare_weights(tiny_llama(), "int8"))
     assert off is not None and off.fused is None

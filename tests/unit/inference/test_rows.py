@@ -625,35 +625,43 @@ def test_decode_attention_with_heads_of_80_dims_and_its_edges() -> None:
     assert not bool(poisoned[1, 2:].isnan().any())
 
 
-def _fused() -> object:
+def _fused() -> Any:
     module = rows.fused_elementwise()
     assert module is not None
     return module
 
 
-@needs_kernel
+#: The lean step's elementwise operations: the kernel's fused ones, and torch's (fp32 weights, no kernel).
+OPS = [pytest.param("kernel", marks=needs_kernel), "torch"]
+
+
+def _ops(name: str) -> Any:
+    return _fused() if name == "kernel" else llama_decode._TorchOps
+
+
+@pytest.mark.parametrize("ops", OPS)
 @pytest.mark.parametrize("dim", [576, 64, 20])
-def test_the_fused_norm_is_llamas_rms_norm_and_adds_the_residual_in_place(dim: int) -> None:
+def test_the_norm_is_llamas_rms_norm_and_adds_the_residual_in_place(ops: str, dim: int) -> None:
     generator = torch.Generator().manual_seed(dim)
     hidden = torch.randn(5, 1, dim, generator=generator) * 3
-    delta = torch.randn(5, 1, dim, generator=generator)
+    delta = torch.randn(5, 1, 2 * dim, generator=generator)[..., ::2]  # not contiguous: taken as it is
     weight = torch.rand(dim, generator=generator) + 0.5
-    kernel = cast(Any, _fused())
-    plain = kernel.rms_norm(hidden.clone(), None, weight, 1e-5)
+    norm = _ops(ops).rms_norm
+    plain = norm(hidden.clone(), None, weight, 1e-5)
     torch.testing.assert_close(plain, llama_decode._rms_norm(hidden, weight, 1e-5), rtol=2e-6, atol=1e-6)
     stream = hidden.clone()
-    normed = kernel.rms_norm(stream, delta, weight, 1e-5)
+    normed = norm(stream, delta, weight, 1e-5)
     assert torch.equal(stream, hidden + delta)  # the residual stream, added in place as torch adds
     torch.testing.assert_close(normed, llama_decode._rms_norm(hidden + delta, weight, 1e-5), rtol=2e-6, atol=1e-6)
     for row in range(5):  # a row's bits are its own
-        alone = kernel.rms_norm(hidden[row : row + 1].clone(), delta[row : row + 1].contiguous(), weight, 1e-5)
+        alone = norm(hidden[row : row + 1].clone(), delta[row : row + 1], weight, 1e-5)
         assert torch.equal(alone, normed[row : row + 1])
 
 
-@needs_kernel
+@pytest.mark.parametrize("ops", OPS)
 @pytest.mark.parametrize(("heads", "rotated", "dim"), [(15, 12, 64), (4, 3, 20), (2, 2, 288)])
-def test_the_fused_rotary_embedding_gives_transformers_bits_and_leaves_the_values_alone(
-    heads: int, rotated: int, dim: int
+def test_the_rotary_embedding_gives_transformers_bits_and_leaves_the_values_alone(
+    ops: str, heads: int, rotated: int, dim: int
 ) -> None:
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -666,33 +674,35 @@ def test_the_fused_rotary_embedding_gives_transformers_bits_and_leaves_the_value
         expected[:, :rotated], expected[:, :rotated], cos.unsqueeze(1), sin.unsqueeze(1)
     )
     expected[:, :rotated] = rotated_part
-    cast(Any, _fused()).rotate(qkv, heads, rotated, cos, sin)
+    _ops(ops).rotate(qkv, heads, rotated, cos, sin)
     assert torch.equal(qkv.view(3, heads, 1, dim), expected)
 
 
-@needs_kernel
+@pytest.mark.parametrize("ops", OPS)
 @pytest.mark.parametrize("intermediate", [1536, 13])
-def test_the_fused_silu_multiplies_the_gate_by_the_up_projection(intermediate: int) -> None:
+def test_silu_multiplies_the_gate_by_the_up_projection(ops: str, intermediate: int) -> None:
     generator = torch.Generator().manual_seed(intermediate)
     gate_up = torch.randn(4, 1, 2 * intermediate, generator=generator) * 6
     gate_up[0, 0, :3] = torch.tensor([-200.0, 200.0, 0.0])  # far beyond exp's range either way
     gate, up = gate_up.chunk(2, dim=-1)
-    out = cast(Any, _fused()).silu_mul(gate_up)
+    out = _ops(ops).silu_mul(gate_up)
     assert out.shape == (4, 1, intermediate)
     torch.testing.assert_close(out, nn.functional.silu(gate) * up, rtol=2e-6, atol=1e-7)
     for row in range(4):
-        assert torch.equal(cast(Any, _fused()).silu_mul(gate_up[row : row + 1].contiguous()), out[row : row + 1])
+        assert torch.equal(_ops(ops).silu_mul(gate_up[row : row + 1]), out[row : row + 1])
 
 
 @needs_kernel
 def test_the_fused_operations_refuse_what_they_cannot_compute() -> None:
-    kernel = cast(Any, _fused())
+    kernel = _fused()
     with pytest.raises(RuntimeError, match="contiguous float32"):
         kernel.rms_norm(torch.randn(2, 8).double(), None, torch.ones(8), 1e-5)
     with pytest.raises(RuntimeError, match=r"weight must be a contiguous float32 \[8\]"):
         kernel.rms_norm(torch.randn(2, 8), None, torch.ones(9), 1e-5)
     with pytest.raises(RuntimeError, match="shape"):
         kernel.rms_norm(torch.randn(2, 8), torch.randn(3, 8), torch.ones(8), 1e-5)
+    with pytest.raises(RuntimeError, match="contiguous float32"):
+        kernel.rms_norm(torch.randn(8, 2).t(), None, torch.ones(8), 1e-5)  # normed in place: must be contiguous
     with pytest.raises(RuntimeError, match=r"\[rows, 3 \* 4\]"):
         kernel.rotate(torch.randn(2, 13), 3, 2, torch.ones(2, 4), torch.ones(2, 4))
     with pytest.raises(RuntimeError, match="rotated heads must be 0 to heads"):
@@ -701,6 +711,7 @@ def test_the_fused_operations_refuse_what_they_cannot_compute() -> None:
         kernel.silu_mul(torch.randn(2, 7))
 
 
+@needs_kernel
 def test_the_fused_operations_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SPADE_ROWS_FUSED", raising=False)
     assert rows.fused_elementwise() is rows.kernel()
