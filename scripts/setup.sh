@@ -51,6 +51,10 @@ step "python packages into .venv (torch 2.13.0 CPU, the project and its pinned d
 # once into ~/.cache/spade/kernels; where it cannot be built the engine uses torch's products instead.
 step "the inference engine's decode kernel (g++, under a minute) into ~/.cache/spade/kernels"
 .venv/bin/python -m services.inference.rows >>"$log" 2>&1
+# The causal attention kernel prompts and the learner share (spade/attention.py), for AVX-512 CPUs; elsewhere
+# SDPA attends.
+step "the attention kernel (g++, under a minute) into ~/.cache/spade/kernels"
+.venv/bin/python -m spade.attention >>"$log" 2>&1
 # The default offline corpora (docstrings of installed packages), built once into ~/.cache/spade/.
 step "designer corpora (docstrings of the installed packages) into ~/.cache/spade/corpus"
 .venv/bin/python -m services.designer.corpus.builder >>"$log" 2>&1

@@ -57,7 +57,14 @@ from services.inference.grammar import Constraint, GrammarCompiler, GrammarError
 from services.inference.invariance import CHUNK_TOKENS, canonical_prefill
 from services.inference.kv import KVBatch, layer_kv
 from services.inference.llama_decode import APART_MOST_ROWS, LlamaDecoder, llama_decoder
-from services.inference.prefill import Prompt, cache_of, defer_shared, group_prefills, prefill_together
+from services.inference.prefill import (
+    Prompt,
+    cache_of,
+    defer_shared,
+    group_prefills,
+    prefill_together,
+    use_prompt_attention,
+)
 from services.inference.prefix_cache import RadixPrefixCache
 from services.inference.quant import decode_step, prepare_weights
 from services.inference.sampling import (
@@ -549,6 +556,8 @@ class BatchEngine:
         """``model`` as this engine serves it (its linear layers packed or quantized, in place) and its
         lean decode step, if it has one."""
         model = prepare_weights(model, self.weights).eval()
+        if self.weights != "float32":  # fp32 prefills keep SDPA: they give transformers' logits bit for bit
+            use_prompt_attention(model)
         return model, (llama_decoder(model) if self.lean_decode else None)
 
     def _update_lock(self) -> asyncio.Lock:

@@ -59,6 +59,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from services.inference import rows as rows_kernel
+from services.inference.prefill import PROMPT_ATTENTION
 from services.inference.quant import (
     Bf16Linear,
     Int4Linear,
@@ -406,8 +407,9 @@ class _TorchOps:
 def llama_decoder(model: Any) -> LlamaDecoder | None:
     """A :class:`LlamaDecoder` for ``model``, or ``None`` where the model is not one it computes exactly.
 
-    It must be a ``LlamaForCausalLM`` with SDPA attention, fp32 hidden states, SiLU MLPs, RMS norms, and
-    layers, attention, MLPs and rotary embedding of transformers' own classes, without module hooks
+    It must be a ``LlamaForCausalLM`` with SDPA attention (or SDPA beside the prompts' kernel,
+    ``prefill.PROMPT_ATTENTION``), fp32 hidden states, SiLU MLPs, RMS norms, and layers, attention,
+    MLPs and rotary embedding of transformers' own classes, without module hooks
     (offloading, adapters) on its layers. The engine never installs hooks; a library that replaces a
     module's ``forward`` instead of hooking it is not detected.
     """
@@ -416,7 +418,7 @@ def llama_decoder(model: Any) -> LlamaDecoder | None:
     if type(model) is not llama.LlamaForCausalLM:
         return None
     config = model.config
-    if config._attn_implementation != "sdpa" or config.hidden_act != "silu":
+    if config._attn_implementation not in ("sdpa", PROMPT_ATTENTION) or config.hidden_act != "silu":
         return None
     if model.model.embed_tokens.weight.dtype != torch.float32:
         return None

@@ -13,18 +13,26 @@ exactly zero attention weight. A row whose new part is shorter than ``width`` th
 last cached tokens before it (the same values, up to float rounding), and a row shorter than ``width``
 in all cannot join: it would need padded *queries*, whose fully masked attention is undefined.
 Batching changes a prompt's logits only by floating-point reassociation, as decode batching does.
+
+A prompt prefilled alone (one row: causal, after its cached prefix) attends through
+:mod:`spade.attention`'s kernel where the engine serves rounded weights (:func:`use_prompt_attention`):
+on the AMD EPYC VM torch's SDPA was half of a 1,000-token prefill. Every other pass (several rows with
+their padding, fp32 weights, whose prefills give transformers' logits bit for bit) keeps SDPA.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from services.inference.kv import KVBatch, layer_kv
+from spade import attention
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -153,3 +161,83 @@ def prefill_together(
         kv = [(k[row : row + 1, :, start:], v[row : row + 1, :, start:]) for k, v in layers_kv]
         out.append((kv, logits[row, -1:]))
     return out
+
+
+PROMPT_ATTENTION = "spade_prompt"
+"""The name :func:`prompt_attention` is registered under in ``transformers``' ``AttentionInterface`` (with
+SDPA's masks, so every pass it does not take gets exactly what SDPA would)."""
+
+_causal_masks: list[tuple[weakref.ref[torch.Tensor], bool]] = []
+"""The last mask :func:`_causal_after_prefix` checked and its verdict: every layer of a pass gets the same one."""
+
+
+def _causal_after_prefix(mask: torch.Tensor | None, queries: int, keys: int) -> bool:
+    """Whether SDPA with ``mask`` attends query ``i`` to keys ``[0, keys - queries + i]``, as the kernel does."""
+    if mask is None:  # SDPA then attends causally (queries == keys) or to every key (a single query)
+        return queries in (keys, 1)
+    if _causal_masks:
+        ref, verdict = _causal_masks[-1]
+        if ref() is mask:
+            return verdict
+    verdict = (
+        mask.dtype == torch.bool
+        and tuple(mask.shape) == (1, 1, queries, keys)
+        and torch.equal(mask[0, 0], torch.ones(queries, keys, dtype=torch.bool).tril(keys - queries))
+    )
+    _causal_masks[:] = [(weakref.ref(mask), verdict)]
+    return verdict
+
+
+def prompt_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``transformers``' attention signature: one causal row after its cached prefix through
+    :func:`spade.attention.causal_attention`, anything else through SDPA as ``sdpa`` would."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    queries, keys = query.shape[2], key.shape[2]
+    if (
+        query.shape[0] == 1
+        and dropout == 0.0
+        and queries <= keys
+        and getattr(module, "is_causal", True)
+        and kwargs.get("is_causal") is not False
+        and not kwargs.get("softcap")
+        and not kwargs.get("output_attentions")
+        and _causal_after_prefix(attention_mask, queries, keys)
+        and attention.applies(query, key)
+    ):
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = attention.causal_attention(query[0], key[0], value[0], scale)
+        return out.unsqueeze(0).transpose(1, 2).contiguous(), None
+    result: tuple[torch.Tensor, None] = sdpa_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+    )
+    return result
+
+
+_registered: list[bool] = []
+
+
+def use_prompt_attention(model: nn.Module) -> bool:
+    """Make ``model`` (a ``transformers`` model on SDPA) prefill through :func:`prompt_attention`, where the
+    attention kernel is available (:func:`spade.attention.kernel`); returns whether it does."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or attention.kernel() is None:
+        return False
+    if not _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+        AttentionInterface.register(PROMPT_ATTENTION, prompt_attention)
+        AttentionMaskInterface.register(PROMPT_ATTENTION, sdpa_mask)
+        _registered.append(True)
+    model.set_attn_implementation(PROMPT_ATTENTION)  # type: ignore[operator]
+    return True

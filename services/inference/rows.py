@@ -20,7 +20,7 @@ Every output sums its products in one order whatever rows are beside it, so a ro
 depend on its batch (the batch-invariant mode's decode steps share passes through it,
 :func:`services.inference.llama_decode.row_invariant_from` finds that).
 
-The kernel is C++ compiled once per source and torch version (``torch.utils.cpp_extension``, about
+The kernel is C++ compiled once per source and torch version (:func:`spade.native.build`, about
 40 s with g++; ``make install`` builds it) into ``$SPADE_KERNEL_CACHE`` (default
 ``~/.cache/spade/kernels``). Where it cannot be built or loaded (no compiler, no AVX2, another
 architecture) or ``SPADE_ROWS_KERNEL=0``, :func:`kernel` is ``None`` and the layers keep torch's
@@ -29,23 +29,15 @@ products; :func:`unavailable_reason` says why. :func:`decodes_here` is where the
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
 import logging
-import os
-import shutil
-import sys
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-from spade import cpu_linear
-from spade.inference.models import spade_cache_dir
+from spade import cpu_linear, native
 
 logger = logging.getLogger(__name__)
 
@@ -59,28 +51,7 @@ ATTENTION_DIM_MULTIPLE = 16
 _reason: list[str] = []
 
 
-def cache_dir() -> Path:
-    """Where compiled kernels live (``$SPADE_KERNEL_CACHE`` or ``~/.cache/spade/kernels``)."""
-    return spade_cache_dir("kernels", "SPADE_KERNEL_CACHE")
-
-
-#: Compiler and linker flags: optimised, and OpenMP for ``at::parallel_for`` (at run time it resolves to
-#: the libgomp torch has already loaded, so the kernel's threads are torch's own pool).
-_CFLAGS = ("-O3", "-fopenmp")
-_LDFLAGS = ("-fopenmp",)
-
-
-#: A build lock (torch's ``FileBaton``, a file in the build directory) older than this was left by a
-#: build that died (a build takes under a minute): it is removed, or every later build would wait forever.
-STALE_LOCK_S = 600.0
 _building = threading.Lock()
-
-
-def _build_name() -> str:
-    """The module's name: the source's, the flags', torch's and Python's identity, so a change of any builds anew."""
-    versions = (_CFLAGS, _LDFLAGS, torch.__version__, sys.implementation.cache_tag)
-    identity = SOURCE.read_bytes() + repr(versions).encode()
-    return f"spade_rows_{hashlib.sha256(identity).hexdigest()[:16]}"
 
 
 @functools.cache
@@ -91,67 +62,22 @@ def kernel() -> ModuleType | None:
         return _load()
 
 
-def _turned_off(variable: str) -> bool:
-    """Whether the environment variable turns something off (``0``, ``false``, ``no``, ``off``; unset: on)."""
-    return os.environ.get(variable, "1").strip().lower() in ("0", "false", "no", "off")
-
-
 def _load() -> ModuleType | None:
-    if _turned_off("SPADE_ROWS_KERNEL"):
+    if native.turned_off("SPADE_ROWS_KERNEL"):
         _reason.append("turned off by SPADE_ROWS_KERNEL")
         return None
     capability = torch.backends.cpu.get_cpu_capability()
     if capability not in ("AVX2", "AVX512"):
         _reason.append(f"the CPU's capability is {capability}, not AVX2 or AVX-512")
         return None
-    name = _build_name()
-    directory = cache_dir() / name
     try:
-        from torch.utils.cpp_extension import load
-
-        directory.mkdir(parents=True, exist_ok=True)
-        _remove_stale_lock(directory / "lock")
-        with _ninja_on_path():
-            module = load(
-                name=name,
-                sources=[str(SOURCE)],
-                extra_cflags=list(_CFLAGS),
-                extra_ldflags=list(_LDFLAGS),
-                build_directory=str(directory),
-            )
+        module = native.build(SOURCE, "spade_rows")
     except Exception as error:  # no compiler or ninja, a failed build: torch's products serve instead
         _reason.append(f"building {SOURCE.name} failed: {type(error).__name__}: {str(error)[-400:]}")
         logger.warning("rows kernel unavailable, decode steps use torch's products: %s", _reason[-1])
         return None
     _reason.clear()
     return module
-
-
-def _remove_stale_lock(lock: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        age = time.time() - lock.stat().st_mtime
-        if age > STALE_LOCK_S:
-            logger.warning("removing %s, left %.0f s ago by a build that did not finish", lock, age)
-            lock.unlink()
-
-
-@contextlib.contextmanager
-def _ninja_on_path() -> Iterator[None]:
-    """torch builds with ``ninja`` from ``PATH``; a virtualenv's (the ``ninja`` package) is there only if
-    activated, so its directory is put first for the build, and ``PATH`` restored after it."""
-    before = os.environ.get("PATH")
-    if shutil.which("ninja") is None:
-        with contextlib.suppress(ImportError):
-            import ninja
-
-            os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, before or ""])
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("PATH", None)
-        else:
-            os.environ["PATH"] = before
 
 
 def decodes_here() -> bool:
@@ -278,14 +204,14 @@ def keeps_bf16_kv() -> bool:
     """Whether a decode batch whose bf16 steps multiply natively here (:func:`multiplies_bf16`) keeps its keys and
     values in bf16, which the kernel's attention reads (:attr:`.llama_decode.LlamaDecoder.kv_dtype`); unless
     ``SPADE_ROWS_BF16_KV=0``."""
-    return multiplies_bf16() and not _turned_off("SPADE_ROWS_BF16_KV")
+    return multiplies_bf16() and not native.turned_off("SPADE_ROWS_BF16_KV")
 
 
 def fused_elementwise() -> ModuleType | None:
     """The kernel, whose fused norm, rotary embedding and SiLU a lean decode step takes
     (:class:`.llama_decode.LlamaDecoder`), or ``None``: no kernel here, or ``SPADE_ROWS_FUSED=0``."""
     module = kernel()
-    return None if module is None or _turned_off("SPADE_ROWS_FUSED") else module
+    return None if module is None or native.turned_off("SPADE_ROWS_FUSED") else module
 
 
 @functools.cache
@@ -294,7 +220,7 @@ def multiplies_bf16() -> bool:
     activations rounded to bf16, two products a lane, fp32 sums) rather than widening the weights to fp32 for
     fp32 activations. Where the CPU has the instruction, unless ``SPADE_ROWS_BF16_DOT=0``; decided once a process."""
     module = kernel()
-    return module is not None and not _turned_off("SPADE_ROWS_BF16_DOT") and bool(module.bf16_dot_supported())
+    return module is not None and not native.turned_off("SPADE_ROWS_BF16_DOT") and bool(module.bf16_dot_supported())
 
 
 def bf16_rows(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:

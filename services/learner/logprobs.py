@@ -6,12 +6,14 @@ no pad token reaches the model. Two things keep the sequences independent:
 - position ids restart at 0 at every sequence start (rotary embeddings see each sequence alone);
 - the attention is block-diagonal. Where the model's attention is the plain causal kind that
   ``transformers`` dispatches through its ``AttentionInterface`` (Llama, Qwen, Mistral without a
-  sliding window, …), each sequence's block runs as its own causal SDPA call
+  sliding window, …), each sequence's block runs as its own causal attention call
   (:func:`segment_attention`, registered as ``"spade_segments"``): no mask is materialised and no
   work is spent on the blocks off the diagonal, so attention costs ``Σ len²`` instead of
-  ``(Σ len)²``. Any other model falls back to ``transformers``' own packed-sequence support: with
-  ``attention_mask=None`` its masking utilities detect the restarts in ``position_ids``
-  (``find_packed_sequence_indices``) and build the block-diagonal causal mask for ``sdpa``/``eager``.
+  ``(Σ len)²``. Each block attends through :mod:`spade.attention`'s kernel where it serves (2-3x
+  SDPA's speed forward and backward on the AMD EPYC VM, in fp32), else through SDPA. Any other
+  model falls back to ``transformers``' own packed-sequence support: with ``attention_mask=None``
+  its masking utilities detect the restarts in ``position_ids`` (``find_packed_sequence_indices``)
+  and build the block-diagonal causal mask for ``sdpa``/``eager``.
 
 A row packed with shared prefixes (``pack(..., share_prefixes=True)``) holds a group's common tokens
 once; segment attention runs each member's queries against them and then, causally, its own tokens
@@ -34,7 +36,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from services.learner.core.collate import Collated
-from spade import cpu_linear
+from spade import attention, cpu_linear
 
 SEGMENT_ATTENTION = "spade_segments"
 """Name under which :func:`segment_attention` is registered in ``transformers``' ``AttentionInterface``."""
@@ -79,8 +81,19 @@ def segment_attention(
     gqa = query.shape[1] != key.shape[1]
     cuts = [int(b) for b in bounds.tolist()]
     parents = kwargs.get(SHARED_PREFIXES) or (-1,) * (len(cuts) - 1)
+    kernel = dropout == 0.0 and attention.applies(query, key)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     parts = []
     for (a, b), parent in zip(itertools.pairwise(cuts), parents, strict=True):
+        if kernel:  # the keys before the segment's own (its shared prefix's) all seen, its own causally
+            keys, values = key[0, :, a:b], value[0, :, a:b]
+            if parent >= 0:
+                pa, pb = cuts[parent], cuts[parent + 1]
+                keys = torch.cat([key[0, :, pa:pb], keys], dim=1)
+                values = torch.cat([value[0, :, pa:pb], values], dim=1)
+                _shared_calls.count = getattr(_shared_calls, "count", 0) + 1
+            parts.append(attention.causal_attention(query[0, :, a:b], keys, values, scale).unsqueeze(0))
+            continue
         if parent < 0:
             causal = nn.functional.scaled_dot_product_attention(
                 query[:, :, a:b], key[:, :, a:b], value[:, :, a:b],

@@ -1,8 +1,29 @@
-"""Which prompts the engine prefills together, and which wait for another's KV (services.inference.prefill)."""
+"""Which prompts the engine prefills together, which wait for another's KV, and which attend through the
+attention kernel (services.inference.prefill)."""
 
 from __future__ import annotations
 
-from services.inference.prefill import PAD_SLACK, SHARED_MIN, Prompt, defer_shared, group_prefills
+from typing import Any
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.cache_utils import DynamicCache
+
+from services.inference.kv import layer_kv
+from services.inference.llama_decode import llama_decoder
+from services.inference.prefill import (
+    PAD_SLACK,
+    PROMPT_ATTENTION,
+    SHARED_MIN,
+    Prompt,
+    _causal_after_prefix,
+    defer_shared,
+    group_prefills,
+    prefill_together,
+    use_prompt_attention,
+)
+from spade import attention
 
 
 def _prompt(length: int, new: int, first: int = 0) -> Prompt:
@@ -52,3 +73,119 @@ def test_a_prefix_the_cache_already_holds_does_not_make_a_prompt_wait() -> None:
     # Sharing fewer than SHARED_MIN more tokens is not worth a wait either.
     c = Prompt([*system, *range(1000, 1000 + SHARED_MIN - 1), 5, *range(40)], 100, None)
     assert defer_shared([a, c]) == ([0, 1], [])
+
+
+# -- the prompts' attention kernel ---------------------------------------------------------------------------
+
+needs_attention_kernel = pytest.mark.skipif(
+    attention.kernel() is None, reason=f"the attention kernel is unavailable: {attention.unavailable_reason()}"
+)
+
+
+def _tiny_llama() -> LlamaForCausalLM:
+    """Heads of 16 (the kernel's multiple) in groups of 2, on SDPA, as the engine loads a model."""
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def _count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = attention.causal_attention
+
+    def counted(*args: Any) -> torch.Tensor:
+        calls.append(args[0].shape[1])
+        return real(*args)
+
+    monkeypatch.setattr(attention, "causal_attention", counted)
+    return calls
+
+
+@needs_attention_kernel
+@pytest.mark.model
+def test_a_prompt_alone_after_its_cached_prefix_attends_through_the_kernel_with_sdpas_logits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reference, model = _tiny_llama(), _tiny_llama()
+    assert use_prompt_attention(model)
+    assert model.config._attn_implementation == PROMPT_ATTENTION
+    assert llama_decoder(model) is not None  # the lean decode step still serves it
+    calls = _count_kernel_calls(monkeypatch)
+    ids = torch.randint(1, 128, (1, 90), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        for served in (reference, model):
+            cache = DynamicCache(config=served.config)
+            head = served(input_ids=ids[:, :60], cache=cache, use_cache=True).logits
+            tail = served(input_ids=ids[:, 60:], cache=cache, use_cache=True).logits
+            if served is reference:
+                expected = (head, tail)
+    # the whole prompt causally, then 30 new tokens after 60 cached: every layer through the kernel
+    assert calls == [60, 60, 30, 30]
+    torch.testing.assert_close(head, expected[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(tail, expected[1], atol=1e-5, rtol=0)
+
+
+@needs_attention_kernel
+@pytest.mark.model
+def test_prompts_prefilled_together_with_their_padding_keep_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    reference, model = _tiny_llama(), _tiny_llama()
+    use_prompt_attention(model)
+    calls = _count_kernel_calls(monkeypatch)
+    generator = torch.Generator().manual_seed(5)
+    ids = [torch.randint(1, 128, (n,), generator=generator).tolist() for n in (30, 24)]
+
+    def forward(served: LlamaForCausalLM) -> Any:
+        return lambda **kwargs: served(use_cache=True, **kwargs).logits
+
+    def prompts(served: LlamaForCausalLM) -> list[Prompt]:
+        """10 new tokens each, after cached prefixes of 20 and 14: the second row is left-padded by 6."""
+        out = []
+        for tokens in ids:
+            cache = DynamicCache(config=served.config)
+            served(input_ids=torch.tensor([tokens[:-10]]), cache=cache, use_cache=True)
+            out.append(Prompt(tokens, len(tokens) - 10, [layer_kv(layer) for layer in cache.layers]))
+        return out
+
+    with torch.inference_mode():
+        cached = prompts(reference)  # the same prefixes for both (the kernel's differ by float rounding)
+        ours = prefill_together(forward(model), model.config, cached)
+        theirs = prefill_together(forward(reference), reference.config, cached)
+    assert calls == []  # two rows, the shorter padded: SDPA's mask, as the sdpa model
+    for (_, a), (_, b) in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_only_sdpas_causal_masks_after_a_prefix_are_taken_for_the_kernels() -> None:
+    seen = torch.ones(3, 5, dtype=torch.bool).tril(2)
+    assert _causal_after_prefix(None, 4, 4) and _causal_after_prefix(None, 1, 9)
+    assert not _causal_after_prefix(None, 3, 5)  # SDPA's is_causal would align the queries to the first keys
+    assert _causal_after_prefix(seen[None, None], 3, 5)
+    padded = seen.clone()
+    padded[:, 0] = False  # a left-padded row
+    assert not _causal_after_prefix(padded[None, None], 3, 5)
+    assert not _causal_after_prefix(seen[None, None].float(), 3, 5)  # an additive mask
+    assert not _causal_after_prefix(torch.stack([seen, seen])[:, None], 3, 5)  # two rows
+
+
+@pytest.mark.model
+def test_fp32_weights_keep_sdpa_and_rounded_weights_take_the_kernel() -> None:
+    from services.inference.engine import BatchEngine
+
+    engine = BatchEngine.__new__(BatchEngine)  # only _serve's choice: no scheduler, no checkpoint
+    engine.lean_decode = True
+    engine.weights = "float32"
+    fp32, _ = engine._serve(_tiny_llama())
+    assert fp32.config._attn_implementation == "sdpa"
+    engine.weights = "bf16"
+    bf16, decoder = engine._serve(_tiny_llama())
+    expected = PROMPT_ATTENTION if attention.kernel() is not None else "sdpa"
+    assert bf16.config._attn_implementation == expected and decoder is not None

@@ -14,7 +14,8 @@ VOCAB = 64
 
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    """A randomly initialised Llama of ~40k parameters (fast on CPU, real architecture)."""
+    """A randomly initialised Llama of ~40k parameters (fast on CPU, real architecture). Its heads are 16
+    wide, so the attention kernel (``spade.attention``, head dims of whole 16s) serves it where it can."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=VOCAB,
@@ -23,6 +24,7 @@ def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=16,
         max_position_embeddings=128,
         tie_word_embeddings=False,
     )

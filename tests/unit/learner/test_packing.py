@@ -1,8 +1,9 @@
 """Sequence packing: one row per micro-batch, no padding, and each sequence still on its own.
 
 Every figure of a packed forward (logprobs, loss, gradients) must equal the same sequences run one
-per forward, for both attention paths: the per-sequence SDPA calls (``segment_attention``) and
-``transformers``' own block-diagonal mask built from restarting position ids (the fallback).
+per forward, for every attention path: the per-sequence calls (``segment_attention``) of the attention
+kernel and of SDPA, and ``transformers``' own block-diagonal mask built from restarting position ids
+(the fallback).
 """
 
 from __future__ import annotations
@@ -28,15 +29,21 @@ from services.learner.core.batching import (
 from services.learner.core.collate import collate, pack
 from services.learner.core.losses import GrpoLossConfig, LossInputs, build_loss
 from services.learner.trainer import OptimConfig, Trainer, token_logprobs
+from spade import attention
 
 from .conftest import VOCAB, grouped_batch, random_batch, tiny_llama
 
-PATHS = ["segments", "transformers-mask"]
+PATHS = ["kernel", "segments", "transformers-mask"]
 
 
 @pytest.fixture(params=PATHS)
 def attention_path(request, monkeypatch):
-    """Run the test through each packed-attention path (the fallback is forced for Llama)."""
+    """Run the test through each packed-attention path: the attention kernel's per-sequence calls, SDPA's
+    (the kernel turned off), and transformers' mask (the fallback, forced for Llama)."""
+    if request.param == "kernel" and attention.kernel() is None:
+        pytest.skip(f"the attention kernel is unavailable: {attention.unavailable_reason()}")
+    if request.param != "kernel":
+        monkeypatch.setattr(attention, "applies", lambda query, key: False)
     if request.param == "transformers-mask":
         monkeypatch.setattr(lp, "segment_attention_applies", lambda model: False)
     return request.param
