@@ -15,6 +15,8 @@ default: TRL's fp32 pass over all 8 × 1024 padded tokens needs more than the 23
   the budget counting padded tokens), to see what packing buys;
 - ``ours-bf16`` (``--sides``): the same trainer with ``cpu_bf16`` (bf16 autocast on the CPU, fp32
   weights, gradients and optimiser state), what the embedded run trains with on a CPU with native bf16;
+- ``ours-bf16-sdpa`` (``--sides``): ``ours-bf16`` with the attention kernel off (``SPADE_ATTENTION_KERNEL=0``:
+  torch's SDPA attends), to see what the kernel (``spade.attention``) buys;
 - ``ours-unshared`` (``--sides``): the same trainer with ``share_prefixes`` off. With ``--group G`` the
   plays come in groups of G with one prompt, as an env's G plays do: ``ours`` computes each group's
   prompt once (``core.collate.pack``), ``ours-unshared`` and TRL once per play;
@@ -55,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDES = ("ours", "ours-padded", "ours-bf16", "ours-unshared", "trl")
+SIDES = ("ours", "ours-padded", "ours-bf16", "ours-bf16-sdpa", "ours-unshared", "trl")
 
 
 def _status_kib(field: str) -> int:
@@ -290,7 +292,8 @@ def main() -> None:
         if args.side == "trl":
             result = run_trl(args, model_dir)
         else:
-            packed, bf16, share = args.side != "ours-padded", args.side == "ours-bf16", args.side != "ours-unshared"
+            packed, share = args.side != "ours-padded", args.side != "ours-unshared"
+            bf16 = args.side in ("ours-bf16", "ours-bf16-sdpa")
             result = run_ours(args, model_dir, packed=packed, bf16=bf16, share=share)
         print(json.dumps(result))
         return
@@ -306,6 +309,8 @@ def main() -> None:
         for side in sides:
             cmd = [sys.executable, __file__, "--side", side, *passthrough]
             env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+            if side.endswith("-sdpa"):
+                env["SPADE_ATTENTION_KERNEL"] = "0"
             out = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, cwd=ROOT)
             if out.returncode != 0:  # e.g. killed for memory: say so, keep the other sides' figures
                 failures[side] = f"exit status {out.returncode}: {out.stderr.strip()[-500:]}"

@@ -52,9 +52,11 @@ from services.embedded.system import (
     RunSetupError,
     embedded_system,
     export_pool,
+    keep_freed_memory,
     last_checkpoint,
     process_memory,
     release_freed_memory,
+    release_if_crowded,
     seed_pool,
     served_weights,
     static_pool,
@@ -326,7 +328,7 @@ class StepLoop:
         mark = time.perf_counter()
         report = await training
         phases["learner"] += time.perf_counter() - mark
-        release_freed_memory()
+        release_if_crowded()  # else what the step freed stays for the next one (keep_freed_memory)
         self.progress("learner", 1, 1)
         await self.worker.step_weights()
         if report.metrics is not None:
@@ -427,6 +429,7 @@ async def run(
     from services.rollout.wiring import rollout_worker
 
     settings = await _with_policy(settings, progress)
+    keep_freed_memory()  # after the warm start's fine-tune, whose memory release_freed_memory handed back
     spec = run_spec(settings)
     result = RunResult(run_dir=settings.run_dir, spec_id=spec.spec_id)
     settings.run_dir.mkdir(parents=True, exist_ok=True)

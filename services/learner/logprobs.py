@@ -283,7 +283,7 @@ def _check_shared(batch: Collated) -> None:
 
 
 def token_logprobs(
-    model: nn.Module, batch: Collated, temperature: float = 1.0, *, logits_budget: int = 1 << 24, fused: bool = True
+    model: nn.Module, batch: Collated, temperature: float = 1.0, *, logits_budget: int = 1 << 22, fused: bool = True
 ) -> torch.Tensor:
     """Logprob of each next token, ``(B, T−1)``, at least float32, at the sampling temperature.
 
@@ -295,8 +295,10 @@ def token_logprobs(
         model: A Hugging Face causal LM.
         batch: The micro-batch.
         temperature: Logits are divided by it (the engine reports logprobs at its sampling temperature).
-        logits_budget: Most logits elements materialised at once (fused head); models whose head
-            output is post-processed (soft-capping, scaling) compute full logits instead.
+        logits_budget: Most logits elements materialised at once (fused head: 4M, 16 MB of fp32, 85 positions
+            of SmolLM2's vocabulary; a chunk of 64 MB was mapped afresh and page-faulted at every call, as glibc
+            serves blocks of over 32 MB); models whose head output is post-processed (soft-capping,
+            scaling) compute full logits instead.
         fused: Use the fused head when the model allows it (``False``: full logits, every position).
     """
     inputs, segments = _model_inputs(model, batch)

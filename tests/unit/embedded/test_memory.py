@@ -1,0 +1,47 @@
+"""The embedded run's allocator settings (services.embedded.system): torch's freed blocks are reused, not re-faulted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+_FAULTS = """
+import resource, sys
+import torch
+from services.embedded.system import keep_freed_memory
+
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+
+def faults_of_a_block():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = torch.ones(16 * 2**20)  # 64 MiB: glibc would mmap it afresh every time
+    del block
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+faults_of_a_block()  # the first one grows the heap
+print(min(faults_of_a_block() for _ in range(3)))
+"""
+
+
+def _faults(mode: str) -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", _FAULTS, mode], check=True, capture_output=True, text=True, timeout=120
+    )
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_a_freed_block_is_reused_without_page_faults() -> None:
+    pages = 16 * 2**20 * 4 // 4096  # the block's 4 KiB pages
+    assert _faults("default") >= pages // 2  # glibc's default: a fresh mapping, every page faulted again
+    assert _faults("keep") < pages // 20  # kept in the heap: its pages are reused as they are
+
+
+def test_freed_memory_is_handed_back_only_once_the_process_holds_most_of_the_machine() -> None:
+    from services.embedded.system import release_if_crowded
+
+    assert release_if_crowded(share=0.0)  # any process holds more than nothing
+    assert not release_if_crowded(share=1.0)  # and none more than the whole machine
