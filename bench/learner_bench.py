@@ -293,8 +293,8 @@ def main() -> None:
             result = run_trl(args, model_dir)
         else:
             packed, share = args.side != "ours-padded", args.side != "ours-unshared"
-            bf16 = args.side in ("ours-bf16", "ours-bf16-sdpa")
-            result = run_ours(args, model_dir, packed=packed, bf16=bf16, share=share)
+            autocast = args.side in ("ours-bf16", "ours-bf16-sdpa")
+            result = run_ours(args, model_dir, packed=packed, bf16=autocast, share=share)
         print(json.dumps(result))
         return
 
@@ -358,6 +358,10 @@ def main() -> None:
         ratios["bf16_vs_fp32_tokens_per_s"] = bf16["tokens_per_s"] / results["ours"]["tokens_per_s"]
         ratios["bf16_vs_fp32_tokens_per_cpu_s"] = bf16["tokens_per_cpu_s"] / results["ours"]["tokens_per_cpu_s"]
         ratios["bf16_vs_fp32_peak_mib"] = bf16["peak_mib"] / max(results["ours"]["peak_mib"], 1e-9)
+    if "ours-bf16" in results and "ours-bf16-sdpa" in results:
+        sdpa = results["ours-bf16-sdpa"]
+        ratios["kernel_vs_sdpa_tokens_per_s"] = results["ours-bf16"]["tokens_per_s"] / sdpa["tokens_per_s"]
+        ratios["kernel_vs_sdpa_tokens_per_cpu_s"] = results["ours-bf16"]["tokens_per_cpu_s"] / sdpa["tokens_per_cpu_s"]
     settings = {
         "model": "SmolLM2-135M-Instruct",
         "device": "cpu",
