@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from spade import native
 
@@ -74,13 +75,21 @@ def unavailable_reason() -> str | None:
     return _reason[-1] if _reason else None
 
 
-def applies(query: torch.Tensor, key: torch.Tensor) -> bool:
-    """Whether :func:`causal_attention` can attend these (checked before the kernel is built: cheap first)."""
+def applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether :func:`causal_attention` can attend these (``[..., heads, length, dim]``; the kernel is built last):
+    CPU tensors, one head dim for all three (a multiple of 16), keys and values shaped alike, query heads a
+    multiple of the key/value heads, no more queries than keys."""
     return (
-        query.device.type == "cpu"
-        and key.device.type == "cpu"
-        and query.shape[-1] % DIM_MULTIPLE == 0
+        query.device.type == key.device.type == value.device.type == "cpu"
         and query.is_floating_point()
+        and key.shape == value.shape
+        and query.dim() == key.dim() >= 3
+        and query.shape[-1] == key.shape[-1]
+        and query.shape[-1] % DIM_MULTIPLE == 0
+        and key.shape[-3] > 0
+        and query.shape[-3] > 0
+        and query.shape[-3] % key.shape[-3] == 0
+        and query.shape[-2] <= key.shape[-2]
         and kernel() is not None
     )
 
@@ -99,6 +108,7 @@ class _CausalAttention(torch.autograd.Function):
         return out.to(query.dtype)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
         module = kernel()
         assert module is not None

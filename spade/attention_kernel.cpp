@@ -11,7 +11,8 @@
 // scores of a row are softmaxed exactly (its max, then exp and the sum), and the values weighed, a tile of
 // rows at a time. Every row sums its products in one order (dims in order for a score, keys in order for an
 // output), whatever rows or tasks are beside it: a query's result does not depend on how many queries came
-// with it. Arithmetic is fp32 throughout (bf16 inputs are widened by the caller).
+// with it. Arithmetic is fp32 throughout (bf16 inputs are widened by the caller). Both calls release Python's GIL,
+// as torch's operators do: the embedded run's inference engine works in another thread meanwhile.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/extension.h>
@@ -323,7 +324,8 @@ void check(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& 
   }
   TORCH_CHECK(k.sizes() == v.sizes(), "keys and values must have one shape");
   TORCH_CHECK(q.size(2) == k.size(2) && q.size(2) % LANES == 0, "the head dim must be the keys' and a multiple of 16");
-  TORCH_CHECK(k.size(0) > 0 && q.size(0) % k.size(0) == 0, "the query heads must be a multiple of the key/value heads");
+  TORCH_CHECK(q.size(0) > 0 && k.size(0) > 0 && q.size(0) % k.size(0) == 0,
+              "the query heads must be a positive multiple of the key/value heads");
   TORCH_CHECK(q.size(1) <= k.size(1), "there must be at least as many keys as queries (query i sees T - n + i + 1)");
 }
 
@@ -382,8 +384,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("causal_forward", &causal_forward,
         "causal grouped-query attention of q [H, n, D] on k, v [KVH, T, D] (query i sees keys [0, T - n + i]), "
         "fp32: (out [H, n, D], log-sum-exp [H, n])",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"));
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::call_guard<py::gil_scoped_release>());
   m.def("causal_backward", &causal_backward, "the gradients (dq, dk, dv) of causal_forward's output",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("dout"), py::arg("lse"), py::arg("scale"));
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("dout"), py::arg("lse"), py::arg("scale"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("causal_supported", &causal_supported, "whether this CPU runs the kernel (AVX-512 F and DQ)");
 }

@@ -52,7 +52,6 @@ from services.embedded.system import (
     RunSetupError,
     embedded_system,
     export_pool,
-    keep_freed_memory,
     last_checkpoint,
     process_memory,
     release_freed_memory,
@@ -328,7 +327,7 @@ class StepLoop:
         mark = time.perf_counter()
         report = await training
         phases["learner"] += time.perf_counter() - mark
-        release_if_crowded()  # else what the step freed stays for the next one (keep_freed_memory)
+        release_if_crowded()  # else what the step freed stays for the next one (under `spade run`: keep_freed_memory)
         self.progress("learner", 1, 1)
         await self.worker.step_weights()
         if report.metrics is not None:
@@ -429,7 +428,6 @@ async def run(
     from services.rollout.wiring import rollout_worker
 
     settings = await _with_policy(settings, progress)
-    keep_freed_memory()  # after the warm start's fine-tune, whose memory release_freed_memory handed back
     spec = run_spec(settings)
     result = RunResult(run_dir=settings.run_dir, spec_id=spec.spec_id)
     settings.run_dir.mkdir(parents=True, exist_ok=True)

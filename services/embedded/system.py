@@ -63,19 +63,23 @@ def keep_freed_memory() -> bool:
     the blocks kept in one heap and reused, 32 faults and 9-10 s (the AMD EPYC VM, 2 threads). So: one arena
     for every thread (their allocations are coarse: a tensor each), blocks up to 1 GiB from the heap, and
     no trimming; the memory stays with the process at its high-water mark.
+
+    Process-wide and for good: ``spade run`` calls it first thing, before any thread has an arena of its own
+    (a thread keeps the arena it has; in another arena a block over its 64 MiB heap is mapped afresh still).
+    The library's :func:`services.embedded.runner.run` leaves the allocator as it finds it.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
-        return all(
-            libc.mallopt(option, value) == 1
-            for option, value in ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, 2**31 - 1))
-        )
+        settings = ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, 2**31 - 1))
+        accepted = [libc.mallopt(option, value) == 1 for option, value in settings]  # each one, whatever the others
     except (OSError, AttributeError):  # not glibc: its allocator keeps memory its own way
         return False
+    return all(accepted)
 
 
 CROWDED_SHARE = 0.7
-"""The share of the machine's memory past which the run hands its freed memory back after a learner step."""
+"""The share of the machine's memory (or of the cgroup's limit, in a container) past which the run hands its freed
+memory back after a learner step."""
 
 
 def release_if_crowded(share: float = CROWDED_SHARE) -> bool:
@@ -83,14 +87,27 @@ def release_if_crowded(share: float = CROWDED_SHARE) -> bool:
     :func:`keep_freed_memory` keeps is then given back, at the cost of the next step's page faults); returns
     whether it did."""
     try:
-        resident = int(Path("/proc/self/statm").read_text().split()[1])
-        total = os.sysconf("SC_PHYS_PAGES")
+        page = os.sysconf("SC_PAGE_SIZE")
+        resident = int(Path("/proc/self/statm").read_text().split()[1]) * page
+        total = os.sysconf("SC_PHYS_PAGES") * page
     except (OSError, ValueError, IndexError):
         return False
-    if resident <= share * total:
+    limit = _cgroup_limit()
+    if resident <= share * min(total, limit if limit is not None else total):
         return False
     release_freed_memory()
     return True
+
+
+def _cgroup_limit() -> int | None:
+    """The memory limit of this process's cgroup (v2 ``memory.max``, v1 ``memory.limit_in_bytes``), if it has one:
+    in a container the machine's memory is not what the process may use."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError, ValueError):
+            text = Path(path).read_text().strip()
+            if text != "max" and int(text) < 2**60:  # v1 says "no limit" with a huge number
+                return int(text)
+    return None
 
 
 def process_memory() -> dict[str, float]:

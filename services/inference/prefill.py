@@ -211,8 +211,9 @@ def prompt_attention(
         and kwargs.get("is_causal") is not False
         and not kwargs.get("softcap")
         and not kwargs.get("output_attentions")
+        and kwargs.get("position_bias") is None
         and _causal_after_prefix(attention_mask, queries, keys)
-        and attention.applies(query, key)
+        and attention.applies(query, key, value)
     ):
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         out = attention.causal_attention(query[0], key[0], value[0], scale)

@@ -81,7 +81,7 @@ def segment_attention(
     gqa = query.shape[1] != key.shape[1]
     cuts = [int(b) for b in bounds.tolist()]
     parents = kwargs.get(SHARED_PREFIXES) or (-1,) * (len(cuts) - 1)
-    kernel = dropout == 0.0 and attention.applies(query, key)
+    kernel = dropout == 0.0 and attention.applies(query, key, value)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     parts = []
     for (a, b), parent in zip(itertools.pairwise(cuts), parents, strict=True):

@@ -6,6 +6,9 @@ Every figure is checked against float64 SDPA with the mask the kernel's semantic
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -48,6 +51,7 @@ SHAPES = [
     (6, 3, 1, 1, 16),
     (9, 3, 130, 200, 80),
     (2, 1, 7, 129, 48),
+    (12, 1, 9, 30, 32),  # 12 heads on one: a position's rows span two tiles
 ]
 
 
@@ -104,8 +108,15 @@ def test_shapes_it_cannot_attend_are_refused_with_the_reason() -> None:
         attention.causal_attention(query, key[:, :3], value[:, :3], 0.125)
     with pytest.raises(RuntimeError, match="multiple of the key/value heads"):
         attention.causal_attention(query[:8], key, value, 0.125)
-    assert not attention.applies(query[..., :24], key[..., :24])  # callers ask first, and keep SDPA
-    assert attention.applies(query, key)
+    # callers ask first, and keep SDPA: a head dim not of 16s, values of another dim (DeepSeek's MLA), more
+    # queries than keys, no query heads
+    assert not attention.applies(query[..., :24], key[..., :24], value[..., :24])
+    assert not attention.applies(query, key, value[..., :48])
+    assert not attention.applies(query, key[:, :3], value[:, :3])
+    assert not attention.applies(query[:0], key, value)
+    assert attention.applies(query, key, value)
+    with pytest.raises(RuntimeError, match="positive multiple"):
+        attention.causal_attention(query[:0], key, value, 0.125)
 
 
 def test_the_switch_turns_the_kernel_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,3 +124,85 @@ def test_the_switch_turns_the_kernel_off(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(attention, "_reason", [])
     assert attention._load() is None
     assert attention.unavailable_reason() == f"turned off by {attention.SWITCH}"
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 4, 64])
+def test_every_thread_count_gives_the_same_results(threads: int) -> None:
+    """The backward sums each thread's parts of the key and value gradients: one thread, several, more than tasks."""
+    query, key, value = (x.float() for x in _case(9, 3, 40, 70, 64, seed=11))
+    before = torch.get_num_threads()
+
+    def run() -> list[torch.Tensor]:
+        inputs = [x.clone().requires_grad_() for x in (query, key, value)]
+        out = attention.causal_attention(inputs[0], inputs[1], inputs[2], 0.125)
+        out.backward(torch.ones_like(out))
+        return [out.detach()] + [x.grad for x in inputs if x.grad is not None]
+
+    try:
+        torch.set_num_threads(1)
+        alone = run()
+        torch.set_num_threads(threads)
+        spread = run()
+    finally:
+        torch.set_num_threads(before)
+    assert len(spread) == 4
+    torch.testing.assert_close(spread[0], alone[0], atol=0, rtol=0)  # a query's output is one task's
+    for mine, reference in zip(spread[1:], alone[1:], strict=True):
+        torch.testing.assert_close(mine, reference, atol=1e-5, rtol=1e-5)  # the parts add up in another order
+
+
+@needs_kernel
+def test_views_as_transformers_passes_them_and_inputs_without_gradients() -> None:
+    """Queries are a transposed view ([heads, length, dim] of a [length, heads, dim] buffer); only the values train."""
+    query, key, value = _case(4, 2, 12, 12, 32, seed=13)
+    view = query.float().transpose(0, 1).contiguous().transpose(0, 1)
+    assert not view.is_contiguous()
+    trained = value.float().requires_grad_()
+    out = attention.causal_attention(view, key.float(), trained, 32**-0.5)
+    reference_value = value.clone().requires_grad_()
+    expected = _reference(query, key, reference_value, 32**-0.5)
+    torch.testing.assert_close(out.double(), expected.detach(), atol=1e-5, rtol=0)
+    out.sum().backward()
+    expected.sum().backward()
+    assert trained.grad is not None and reference_value.grad is not None
+    torch.testing.assert_close(trained.grad.double(), reference_value.grad, atol=1e-5, rtol=0)
+
+
+@needs_kernel
+def test_no_queries_give_an_empty_output() -> None:
+    query, key, value = (x.float() for x in _case(9, 3, 0, 5, 64, seed=2))
+    assert attention.causal_attention(query, key, value, 0.125).shape == (9, 0, 64)
+
+
+@needs_kernel
+def test_the_kernel_lets_other_python_threads_run() -> None:
+    """It releases the GIL, as torch's operators do: the embedded run's engine generates in another thread
+    while the learner attends. On one torch thread the kernel takes one core; the main thread, on the other,
+    notes the longest pause between its Python steps while the call runs. Held, the GIL would stop it for
+    the whole call."""
+    query, key, value = (x.float() for x in _case(9, 3, 2000, 2000, 64, seed=17))
+    started, done = threading.Event(), threading.Event()
+    took: list[float] = []
+
+    def attend() -> None:
+        started.set()
+        begin = time.perf_counter()
+        attention.causal_attention(query, key, value, 0.125)
+        took.append(time.perf_counter() - begin)
+        done.set()
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        worker = threading.Thread(target=attend)
+        worker.start()
+        started.wait()
+        longest, last = 0.0, time.perf_counter()
+        while not done.is_set():
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+        worker.join()
+    finally:
+        torch.set_num_threads(before)
+    assert longest < 0.5 * took[0], (longest, took[0])
