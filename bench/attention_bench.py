@@ -58,15 +58,7 @@ def prefill(new: int, prefix: int, repeats: int) -> dict[str, Any]:
         repeats,
     )
     kernel = _best(lambda: attention.causal_attention(q[0], k[0], v[0], DIM**-0.5), repeats)
-    flops = _flops(new, prefix + new)
-    return {
-        "case": f"prefill {new} after {prefix}",
-        "sdpa_ms": sdpa * 1e3,
-        "kernel_ms": kernel * 1e3,
-        "ratio": sdpa / kernel,
-        "kernel_gflops": flops / kernel / 1e9,
-        "sdpa_gflops": flops / sdpa / 1e9,
-    }
+    return _row(f"prefill {new} after {prefix}", sdpa, kernel, _flops(new, prefix + new))
 
 
 def train(length: int, dtype: torch.dtype, repeats: int) -> dict[str, Any]:
@@ -83,13 +75,18 @@ def train(length: int, dtype: torch.dtype, repeats: int) -> dict[str, Any]:
 
     theirs, ours = _best(sdpa, repeats), _best(kernel, repeats)
     flops = 3.5 * _flops(length, length)  # forward 2 products, backward 5
+    return _row(f"train {length} {str(dtype).removeprefix('torch.')}", theirs, ours, flops)
+
+
+def _row(case: str, sdpa: float, kernel: float, flops: float) -> dict[str, Any]:
+    """One case's figures: both sides' times (s in, ms out), SDPA's over the kernel's, and each side's GFLOP/s."""
     return {
-        "case": f"train {length} {str(dtype).removeprefix('torch.')}",
-        "sdpa_ms": theirs * 1e3,
-        "kernel_ms": ours * 1e3,
-        "ratio": theirs / ours,
-        "kernel_gflops": flops / ours / 1e9,
-        "sdpa_gflops": flops / theirs / 1e9,
+        "case": case,
+        "sdpa_ms": sdpa * 1e3,
+        "kernel_ms": kernel * 1e3,
+        "ratio": sdpa / kernel,
+        "kernel_gflops": flops / kernel / 1e9,
+        "sdpa_gflops": flops / sdpa / 1e9,
     }
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from services.inference.kv import KVBatch, layer_kv
 from spade import attention
@@ -200,8 +201,6 @@ def prompt_attention(
 ) -> tuple[torch.Tensor, None]:
     """``transformers``' attention signature: one causal row after its cached prefix through
     :func:`spade.attention.causal_attention`, anything else through SDPA as ``sdpa`` would."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     queries, keys = query.shape[2], key.shape[2]
     if (
         query.shape[0] == 1

@@ -85,37 +85,28 @@ def segment_attention(
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     parts = []
     for (a, b), parent in zip(itertools.pairwise(cuts), parents, strict=True):
-        if kernel:  # the keys before the segment's own (its shared prefix's) all seen, its own causally
-            keys, values = key[0, :, a:b], value[0, :, a:b]
-            if parent >= 0:
-                pa, pb = cuts[parent], cuts[parent + 1]
-                keys = torch.cat([key[0, :, pa:pb], keys], dim=1)
-                values = torch.cat([value[0, :, pa:pb], values], dim=1)
-                _shared_calls.count = getattr(_shared_calls, "count", 0) + 1
-            parts.append(attention.causal_attention(query[0, :, a:b], keys, values, scale).unsqueeze(0))
-            continue
-        if parent < 0:
-            causal = nn.functional.scaled_dot_product_attention(
-                query[:, :, a:b], key[:, :, a:b], value[:, :, a:b],
-                dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=gqa,
-            )  # fmt: skip
-            parts.append(causal)
-            continue
         # A member of a shared prefix: its queries see the whole shared segment, then causally its own.
-        # A boolean mask: torch's causal_lower_right bias would spare the tensor, but it checks the
-        # dtypes before autocast casts them, and under bf16 autocast the query and value differ.
-        pa, pb = cuts[parent], cuts[parent + 1]
-        keys = torch.cat([key[:, :, pa:pb], key[:, :, a:b]], dim=2)
-        values = torch.cat([value[:, :, pa:pb], value[:, :, a:b]], dim=2)
-        visible = torch.ones(b - a, keys.shape[2], dtype=torch.bool, device=query.device).tril(pb - pa)
-        parts.append(
-            nn.functional.scaled_dot_product_attention(
-                query[:, :, a:b], keys, values, attn_mask=visible, dropout_p=dropout, scale=scaling, enable_gqa=gqa
-            )
-        )
-        # getattr: a forward recomputed in another thread (activation checkpointing on a GPU's backward
-        # thread) must not fail here; its own thread's count is not the one token_logprobs checks.
-        _shared_calls.count = getattr(_shared_calls, "count", 0) + 1
+        keys, values, before = key[:, :, a:b], value[:, :, a:b], 0
+        if parent >= 0:
+            pa, pb = cuts[parent], cuts[parent + 1]
+            keys = torch.cat([key[:, :, pa:pb], keys], dim=2)
+            values = torch.cat([value[:, :, pa:pb], values], dim=2)
+            before = pb - pa
+            # getattr: a forward recomputed in another thread (activation checkpointing on a GPU's backward
+            # thread) must not fail here; its own thread's count is not the one token_logprobs checks.
+            _shared_calls.count = getattr(_shared_calls, "count", 0) + 1
+        if kernel:  # query i sees the `before` keys and its own first i + 1
+            parts.append(attention.causal_attention(query[0, :, a:b], keys[0], values[0], scale).unsqueeze(0))
+            continue
+        # SDPA: is_causal where nothing comes before, else a boolean mask (torch's causal_lower_right bias would
+        # spare the tensor, but it checks the dtypes before autocast casts them, and under bf16 autocast the
+        # query and value differ).
+        visible = None
+        if before:
+            visible = torch.ones(b - a, keys.shape[2], dtype=torch.bool, device=query.device).tril(before)
+        sdpa = nn.functional.scaled_dot_product_attention
+        causal = not before
+        parts.append(sdpa(query[:, :, a:b], keys, values, visible, dropout, causal, scale=scaling, enable_gqa=gqa))
     out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
     return out.transpose(1, 2).contiguous(), None
 

@@ -6,9 +6,6 @@ Every figure is checked against float64 SDPA with the mask the kernel's semantic
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 import torch
 from torch import nn
@@ -173,36 +170,3 @@ def test_views_as_transformers_passes_them_and_inputs_without_gradients() -> Non
 def test_no_queries_give_an_empty_output() -> None:
     query, key, value = (x.float() for x in _case(9, 3, 0, 5, 64, seed=2))
     assert attention.causal_attention(query, key, value, 0.125).shape == (9, 0, 64)
-
-
-@needs_kernel
-def test_the_kernel_lets_other_python_threads_run() -> None:
-    """It releases the GIL, as torch's operators do: the embedded run's engine generates in another thread
-    while the learner attends. On one torch thread the kernel takes one core; the main thread, on the other,
-    notes the longest pause between its Python steps while the call runs. Held, the GIL would stop it for
-    the whole call."""
-    query, key, value = (x.float() for x in _case(9, 3, 2000, 2000, 64, seed=17))
-    started, done = threading.Event(), threading.Event()
-    took: list[float] = []
-
-    def attend() -> None:
-        started.set()
-        begin = time.perf_counter()
-        attention.causal_attention(query, key, value, 0.125)
-        took.append(time.perf_counter() - begin)
-        done.set()
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        worker = threading.Thread(target=attend)
-        worker.start()
-        started.wait()
-        longest, last = 0.0, time.perf_counter()
-        while not done.is_set():
-            now = time.perf_counter()
-            longest, last = max(longest, now - last), now
-        worker.join()
-    finally:
-        torch.set_num_threads(before)
-    assert longest < 0.5 * took[0], (longest, took[0])

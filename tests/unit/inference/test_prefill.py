@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 from transformers.cache_utils import DynamicCache
 
 from services.inference.kv import layer_kv
@@ -24,6 +24,8 @@ from services.inference.prefill import (
     use_prompt_attention,
 )
 from spade import attention
+
+from .test_llama_decode import tiny_llama  # heads of 16 (the kernel's multiple) in groups of 2, on SDPA
 
 
 def _prompt(length: int, new: int, first: int = 0) -> Prompt:
@@ -82,22 +84,6 @@ needs_attention_kernel = pytest.mark.skipif(
 )
 
 
-def _tiny_llama() -> LlamaForCausalLM:
-    """Heads of 16 (the kernel's multiple) in groups of 2, on SDPA, as the engine loads a model."""
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
-
-
 def _count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     real = attention.causal_attention
@@ -115,7 +101,7 @@ def _count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_a_prompt_alone_after_its_cached_prefix_attends_through_the_kernel_with_sdpas_logits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    reference, model = _tiny_llama(), _tiny_llama()
+    reference, model = tiny_llama(), tiny_llama()
     assert use_prompt_attention(model)
     assert model.config._attn_implementation == PROMPT_ATTENTION
     assert llama_decoder(model) is not None  # the lean decode step still serves it
@@ -137,7 +123,7 @@ def test_a_prompt_alone_after_its_cached_prefix_attends_through_the_kernel_with_
 @needs_attention_kernel
 @pytest.mark.model
 def test_prompts_prefilled_together_with_their_padding_keep_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
-    reference, model = _tiny_llama(), _tiny_llama()
+    reference, model = tiny_llama(), tiny_llama()
     use_prompt_attention(model)
     calls = _count_kernel_calls(monkeypatch)
     generator = torch.Generator().manual_seed(5)
@@ -183,9 +169,9 @@ def test_fp32_weights_keep_sdpa_and_rounded_weights_take_the_kernel() -> None:
     engine = BatchEngine.__new__(BatchEngine)  # only _serve's choice: no scheduler, no checkpoint
     engine.lean_decode = True
     engine.weights = "float32"
-    fp32, _ = engine._serve(_tiny_llama())
+    fp32, _ = engine._serve(tiny_llama())
     assert fp32.config._attn_implementation == "sdpa"
     engine.weights = "bf16"
-    bf16, decoder = engine._serve(_tiny_llama())
+    bf16, decoder = engine._serve(tiny_llama())
     expected = PROMPT_ATTENTION if attention.kernel() is not None else "sdpa"
     assert bf16.config._attn_implementation == expected and decoder is not None
