@@ -16,6 +16,7 @@ What it gives every service, so none writes its own:
 from __future__ import annotations
 
 import contextvars
+import os
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -29,6 +30,12 @@ from pydantic_settings import (
 )
 
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("spade_config_file", default=None)
+
+
+def turned_off(variable: str) -> bool:
+    """Whether the environment variable, a switch, turns something off (``0``, ``false``, ``no``, ``off``;
+    unset: on)."""
+    return os.environ.get(variable, "1").strip().lower() in ("0", "false", "no", "off")
 
 
 class ConfigError(ValueError):

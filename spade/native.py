@@ -22,7 +22,10 @@ from types import ModuleType
 
 import torch
 
+from spade.config import turned_off
 from spade.inference.models import spade_cache_dir
+
+__all__ = ["build", "build_name", "cache_dir", "turned_off"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +42,6 @@ STALE_LOCK_S = 600.0
 def cache_dir() -> Path:
     """Where compiled kernels live (``$SPADE_KERNEL_CACHE`` or ``~/.cache/spade/kernels``)."""
     return spade_cache_dir("kernels", "SPADE_KERNEL_CACHE")
-
-
-def turned_off(variable: str) -> bool:
-    """Whether the environment variable turns something off (``0``, ``false``, ``no``, ``off``; unset: on)."""
-    return os.environ.get(variable, "1").strip().lower() in ("0", "false", "no", "off")
 
 
 def build_name(source: Path, prefix: str) -> str:

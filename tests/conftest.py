@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 POSTGRES_URL = os.environ.get("SPADE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("SPADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
+# `spade run` keeps what its process frees at its high-water mark (services.embedded.system); a test worker
+# that invoked it would keep every later test's memory too. Set here, the workers and every `spade`
+# subprocess inherit glibc's defaults; test_memory.py sets the allocator in processes of its own.
+os.environ["SPADE_KEEP_FREED_MEMORY"] = "0"
+
 NEEDS = ("db", "redis", "sandbox", "model", "slow")
 """What a fixture may declare that its users need (the markers of pyproject.toml but ``e2e``)."""
 

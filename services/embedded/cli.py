@@ -112,9 +112,11 @@ def run(
     frozen designs without training the designer; --designer-pool DIR sends designer answers from
     files through the real pipeline; --no-corpus and --no-memory are the designer's ablations.
     """
-    from services.embedded.system import keep_freed_memory
+    from services.embedded.system import KEEP_MEMORY_SWITCH, keep_freed_memory
+    from spade.config import turned_off
 
-    keep_freed_memory()  # first, before any thread has an allocator arena of its own
+    if not turned_off(KEEP_MEMORY_SWITCH):
+        keep_freed_memory()  # first, before any thread has an allocator arena of its own
     from pydantic import ValidationError
     from rich.console import Console
     from rich.markup import escape

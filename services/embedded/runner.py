@@ -54,8 +54,8 @@ from services.embedded.system import (
     export_pool,
     last_checkpoint,
     process_memory,
+    release_after_step,
     release_freed_memory,
-    release_if_crowded,
     seed_pool,
     served_weights,
     static_pool,
@@ -327,7 +327,7 @@ class StepLoop:
         mark = time.perf_counter()
         report = await training
         phases["learner"] += time.perf_counter() - mark
-        release_if_crowded()  # else what the step freed stays for the next one (under `spade run`: keep_freed_memory)
+        release_after_step()
         self.progress("learner", 1, 1)
         await self.worker.step_weights()
         if report.metrics is not None:

@@ -49,6 +49,10 @@ def release_freed_memory() -> None:
         return
 
 
+KEEP_MEMORY_SWITCH = "SPADE_KEEP_FREED_MEMORY"
+"""``0`` keeps glibc's defaults in ``spade run`` (a machine short of memory; the test suite, whose workers
+run many things in one process)."""
+
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 
@@ -74,7 +78,13 @@ def keep_freed_memory() -> bool:
         accepted = [libc.mallopt(option, value) == 1 for option, value in settings]  # each one, whatever the others
     except (OSError, AttributeError):  # not glibc: its allocator keeps memory its own way
         return False
-    return all(accepted)
+    global _kept
+    _kept = all(accepted)
+    return _kept
+
+
+_kept = False
+"""Whether :func:`keep_freed_memory` set this process's allocator to keep what it frees."""
 
 
 CROWDED_SHARE = 0.7
@@ -95,6 +105,18 @@ def release_if_crowded(share: float = CROWDED_SHARE) -> bool:
     limit = _cgroup_limit()
     if resident <= share * min(total, limit if limit is not None else total):
         return False
+    release_freed_memory()
+    return True
+
+
+def release_after_step() -> bool:
+    """After a learner step: where :func:`keep_freed_memory` keeps freed memory for the next step, hand it back
+    only once the machine gets crowded (:func:`release_if_crowded`); with glibc's defaults (the library's
+    :func:`services.embedded.runner.run`, as tests and notebooks call it), every step, or the heap grows by
+    gigabytes a step (a test worker runs it beside other tests on a 24 GB machine). Returns whether it handed
+    memory back."""
+    if _kept:
+        return release_if_crowded()
     release_freed_memory()
     return True
 

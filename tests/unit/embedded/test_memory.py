@@ -60,3 +60,17 @@ def test_freed_memory_is_handed_back_only_once_the_process_holds_most_of_its_mem
     assert not system.release_if_crowded(share=1.0)  # and none more than the whole machine
     monkeypatch.setattr(system, "_cgroup_limit", lambda: 4096)  # a container's limit, not the machine's memory
     assert system.release_if_crowded(share=1.0)
+
+
+def test_a_step_hands_memory_back_every_time_unless_the_run_keeps_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library's run (tests, notebooks) keeps glibc's defaults, whose heap grows by gigabytes a step
+    without a trim: it trims every step. Only `spade run`, which keeps freed memory, waits for a crowd."""
+    from services.embedded import system
+
+    released: list[str] = []
+    monkeypatch.setattr(system, "release_freed_memory", lambda: released.append("trim"))
+    monkeypatch.setattr(system, "_kept", False)
+    assert system.release_after_step() and released == ["trim"]
+    monkeypatch.setattr(system, "_kept", True)
+    monkeypatch.setattr(system, "release_if_crowded", lambda: False)  # a machine with room to spare
+    assert not system.release_after_step() and released == ["trim"]
