@@ -390,6 +390,7 @@ class BatchEngine:
         self._solo: list[_Lane] = []  # one lane per sequence of a batch-invariant request
         self._update_locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         self._thread: threading.Thread | None = None
+        self._dropped = False  # the weights, once closed (:meth:`close`)
         self.last_progress = time.monotonic()
         #: Most sequences ever decoded in one forward pass (observability; proves batching happens).
         self.peak_batch_rows = 0
@@ -406,13 +407,32 @@ class BatchEngine:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the scheduler; waiting and running requests fail with :class:`EngineClosed`."""
+        """Stop the scheduler; waiting and running requests fail with :class:`EngineClosed`.
+
+        A closed engine never serves again (its scheduler does not restart), so once the scheduler has
+        ended the engine drops its weights and cached KV: the engine object itself may outlive its use by
+        far. FastAPI keeps the endpoints it has seen, up to 4,096, for the life of the process, and the
+        app's endpoints close over the engine; so every embedded run a process made kept its model (and a CI
+        worker that had run several held 14 GB).
+        """
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=60)
+            if thread.is_alive():
+                return  # still in a pass: the weights are its until it ends
+        self._drop_weights()
+
+    def _drop_weights(self) -> None:
+        if self._dropped:
+            return
+        self._dropped = True
+        self._shared, self._solo = self._shared_lane(), []
+        self.prefix_cache.clear()
+        self.invariant_cache.clear()
+        del self.model, self.decoder
 
     @property
     def running(self) -> bool:
@@ -533,6 +553,8 @@ class BatchEngine:
         Failures (missing path, incompatible vocabulary) return ``success=False`` and keep the
         current weights.
         """
+        if self._stopping:
+            return WeightUpdateOutcome(False, "the inference engine is not running")
         async with self._update_lock():
             try:
                 path = resolve_model_path(Path(model_path))

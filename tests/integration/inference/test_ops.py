@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
+import weakref
 from pathlib import Path
 
 import httpx
+import pytest
 
-from services.inference.engine import BatchEngine, GenerationJob, TokenEvent
+from services.inference.app import create_app
+from services.inference.engine import BatchEngine, EngineClosed, GenerationJob, TokenEvent
 from spade.inference.protocol import SamplingParams
 
 
@@ -90,3 +94,27 @@ async def test_an_idle_scheduler_gives_its_openmp_workers_back(model_dir: Path) 
         assert _threads() == idle
     finally:
         engine.close()
+
+
+async def test_a_closed_engine_lets_its_weights_go_though_its_app_outlives_it(model_dir: Path) -> None:
+    """FastAPI keeps the endpoints it has served for the life of the process, and they close over the engine:
+    once closed, the engine must not keep its model (every embedded run in a process kept one before)."""
+    engine = BatchEngine(model_dir, torch_threads=1)
+    app = create_app(engine)
+    engine.start()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as http:
+            served = await http.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})
+            assert served.status_code == 200
+        model = weakref.ref(engine.model)
+    finally:
+        engine.close()
+    gc.collect()
+    assert model() is None  # the app and the engine object are still here; the weights are not
+    engine.close()  # closing again is harmless
+    with pytest.raises(EngineClosed):
+        await engine.generate(GenerationJob([1, 2], SamplingParams(max_new_tokens=1)))
+    outcome = await engine.update_weights(model_dir)
+    assert not outcome.success and "not running" in outcome.message
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as http:
+        assert (await http.get("/health")).status_code == 503  # the app still answers, for a closed engine
