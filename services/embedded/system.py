@@ -40,8 +40,9 @@ def release_freed_memory() -> None:
 
     Torch on CPU frees a training step's activations to the C heap, which keeps them: a default run's
     memory grew by gigabytes a step (12.4 GB after step 1, 16.8 GB after step 2, on a 24 GB machine)
-    though what it holds alive stays the same. The embedded run calls this after the warm start, then keeps
-    what it frees for reuse (:func:`keep_freed_memory`) unless the machine gets crowded (:func:`release_if_crowded`).
+    though what it holds alive stays the same. The embedded run calls this after the warm start and after every
+    learner step (:func:`release_after_step`); under ``spade run``, which keeps what it frees for reuse
+    (:func:`keep_freed_memory`), after a learner step only once the machine gets crowded (:func:`release_if_crowded`).
     """
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -79,7 +80,7 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # not glibc: its allocator keeps memory its own way
         return False
     global _kept
-    _kept = all(accepted)
+    _kept = all(accepted)  # partly set (a glibc refusing one): not kept, so every step still trims
     return _kept
 
 

@@ -400,8 +400,8 @@ class BatchEngine:
     # -- lifecycle -----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the scheduler thread (idempotent)."""
-        if self._thread is not None:
+        """Start the scheduler thread (idempotent; a closed engine stays closed)."""
+        if self._thread is not None or self._stopping:
             return
         self._thread = threading.Thread(target=self._run, name="inference-scheduler", daemon=True)
         self._thread.start()
@@ -418,17 +418,20 @@ class BatchEngine:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout=60)
-            if thread.is_alive():
-                return  # still in a pass: the weights are its until it ends
-        self._drop_weights()
+            thread = self._thread
+        if thread is None:
+            self._drop_weights()  # never started: nothing else will
+            return
+        thread.join(timeout=60)  # the scheduler drops the weights as it ends (:meth:`_run`)
+        if not thread.is_alive():
+            self._thread = None
 
     def _drop_weights(self) -> None:
-        if self._dropped:
-            return
-        self._dropped = True
+        """Called once the scheduler has ended (on its own thread) or where it never started."""
+        with self._cond:
+            if self._dropped:
+                return
+            self._dropped = True
         self._shared, self._solo = self._shared_lane(), []
         self.prefix_cache.clear()
         self.invariant_cache.clear()
@@ -553,9 +556,9 @@ class BatchEngine:
         Failures (missing path, incompatible vocabulary) return ``success=False`` and keep the
         current weights.
         """
-        if self._stopping:
-            return WeightUpdateOutcome(False, "the inference engine is not running")
         async with self._update_lock():
+            if self._stopping:  # closed, before or while this update waited for the one before it
+                return WeightUpdateOutcome(False, "the inference engine is not running")
             try:
                 path = resolve_model_path(Path(model_path))
                 model, decoder = await asyncio.to_thread(openmp.then_release, self._load, path)
@@ -660,6 +663,7 @@ class BatchEngine:
                 self._fail_all(admitted, EngineFault(f"generation failed: {type(exc).__name__}: {exc}"))
             self.work.busy_s += time.perf_counter() - start
         self._shutdown()
+        self._drop_weights()
 
     def _take_admissions(self) -> list[_Pending]:
         """Pop the requests to admit now (none while a weight swap is waiting to drain)."""

@@ -112,6 +112,8 @@ async def test_a_closed_engine_lets_its_weights_go_though_its_app_outlives_it(mo
     gc.collect()
     assert model() is None  # the app and the engine object are still here; the weights are not
     engine.close()  # closing again is harmless
+    engine.start()  # and a closed engine stays closed
+    assert not engine.running
     with pytest.raises(EngineClosed):
         await engine.generate(GenerationJob([1, 2], SamplingParams(max_new_tokens=1)))
     outcome = await engine.update_weights(model_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,28 @@ def test_a_step_hands_memory_back_every_time_unless_the_run_keeps_it(monkeypatch
     monkeypatch.setattr(system, "_kept", True)
     monkeypatch.setattr(system, "release_if_crowded", lambda: False)  # a machine with room to spare
     assert not system.release_after_step() and released == ["trim"]
+
+
+_RUN_KEEPS = """
+import sys
+from click.testing import CliRunner
+from services.embedded import system
+from services.embedded.cli import run
+
+result = CliRunner().invoke(run, ["--config", sys.argv[1]])  # refused before the run starts, after the allocator
+assert result.exit_code == 2, result.output
+print(system._kept)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.parametrize(("switch", "kept"), [(None, "True"), ("0", "False")])
+def test_spade_run_keeps_freed_memory_unless_switched_off(tmp_path: Path, switch: str | None, kept: str) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("steps: 0\n")
+    env = {k: v for k, v in os.environ.items() if k != "SPADE_KEEP_FREED_MEMORY"}  # the suite sets it to 0
+    if switch is not None:
+        env["SPADE_KEEP_FREED_MEMORY"] = switch
+    command = [sys.executable, "-c", _RUN_KEEPS, str(config)]
+    done = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120, env=env)
+    assert done.stdout.strip().splitlines()[-1] == kept
