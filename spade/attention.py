@@ -30,6 +30,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from spade import native
+from spade.config import turned_off
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def kernel() -> ModuleType | None:
 
 
 def _load() -> ModuleType | None:
-    if native.turned_off(SWITCH):
+    if turned_off(SWITCH):
         _reason.append(f"turned off by {SWITCH}")
         return None
     if torch.backends.cpu.get_cpu_capability() != "AVX512":

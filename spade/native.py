@@ -22,10 +22,7 @@ from types import ModuleType
 
 import torch
 
-from spade.config import turned_off
 from spade.inference.models import spade_cache_dir
-
-__all__ = ["build", "build_name", "cache_dir", "turned_off"]
 
 logger = logging.getLogger(__name__)
 

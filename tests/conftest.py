@@ -16,9 +16,8 @@ least automatic:
 
 from __future__ import annotations
 
-import gc
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -112,18 +111,6 @@ def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
         rank[item.path] = min(rank.get(item.path, (0.0, marker)), (-seconds, marker))
     first_seen = {path: i for i, path in reversed(list(enumerate(item.path for item in items)))}
     return sorted(items, key=lambda item: (rank[item.path], first_seen[item.path]))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _hand_back_memory_after_each_module() -> Iterator[None]:
-    """After each module, the C heap's freed pages go back to the system (``malloc_trim``). A worker runs module
-    after module in one process: what an end-to-end module freed (a model, a run's activations) would stay with
-    it, beside the next module's own servers, on a machine two workers share."""
-    yield
-    from services.embedded.system import release_freed_memory
-
-    gc.collect()
-    release_freed_memory()
 
 
 @pytest.fixture

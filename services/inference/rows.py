@@ -38,6 +38,7 @@ from types import ModuleType
 import torch
 
 from spade import cpu_linear, native
+from spade.config import turned_off
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def kernel() -> ModuleType | None:
 
 
 def _load() -> ModuleType | None:
-    if native.turned_off("SPADE_ROWS_KERNEL"):
+    if turned_off("SPADE_ROWS_KERNEL"):
         _reason.append("turned off by SPADE_ROWS_KERNEL")
         return None
     capability = torch.backends.cpu.get_cpu_capability()
@@ -204,14 +205,14 @@ def keeps_bf16_kv() -> bool:
     """Whether a decode batch whose bf16 steps multiply natively here (:func:`multiplies_bf16`) keeps its keys and
     values in bf16, which the kernel's attention reads (:attr:`.llama_decode.LlamaDecoder.kv_dtype`); unless
     ``SPADE_ROWS_BF16_KV=0``."""
-    return multiplies_bf16() and not native.turned_off("SPADE_ROWS_BF16_KV")
+    return multiplies_bf16() and not turned_off("SPADE_ROWS_BF16_KV")
 
 
 def fused_elementwise() -> ModuleType | None:
     """The kernel, whose fused norm, rotary embedding and SiLU a lean decode step takes
     (:class:`.llama_decode.LlamaDecoder`), or ``None``: no kernel here, or ``SPADE_ROWS_FUSED=0``."""
     module = kernel()
-    return None if module is None or native.turned_off("SPADE_ROWS_FUSED") else module
+    return None if module is None or turned_off("SPADE_ROWS_FUSED") else module
 
 
 @functools.cache
@@ -220,7 +221,7 @@ def multiplies_bf16() -> bool:
     activations rounded to bf16, two products a lane, fp32 sums) rather than widening the weights to fp32 for
     fp32 activations. Where the CPU has the instruction, unless ``SPADE_ROWS_BF16_DOT=0``; decided once a process."""
     module = kernel()
-    return module is not None and not native.turned_off("SPADE_ROWS_BF16_DOT") and bool(module.bf16_dot_supported())
+    return module is not None and not turned_off("SPADE_ROWS_BF16_DOT") and bool(module.bf16_dot_supported())
 
 
 def bf16_rows(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
