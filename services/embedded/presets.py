@@ -203,9 +203,10 @@ PAPER: tuple[PaperValue, ...] = (
 
 WHY: Mapping[str, str] = {
     "overlap_learner": "on a 2-core CPU a step's training runs beside the next step's generation (three default "
-    "steps 373 s -> 302 s); those plays are one weight version behind, which truncated importance sampling corrects",
+    "steps 142 and 172 s one after another -> 138 and 150 s overlapped, Zen 4 VM, 2026-12-07); those plays are one "
+    "weight version behind, which truncated importance sampling corrects",
     "steps": "a run that ends on a laptop (each step costs minutes on CPU)",
-    "envs_per_step": "CPU generation: a round of 2 envs is 10-25 s of a default step on 2 cores (2026-12-07)",
+    "envs_per_step": "CPU generation: a round of 2 envs is 10-29 s of a default step on 2 cores (2026-12-07)",
     "skills_per_round": "with 2 envs per round, one skill keeps a pair to centre each designer blend on",
     "designer_attempts": "fewer CPU generations per slot",
     "designer.attempts_at_once": "a slot's retry decodes beside its first attempt in one CPU batch instead of after it "
