@@ -14,10 +14,11 @@ last cached tokens before it (the same values, up to float rounding), and a row 
 in all cannot join: it would need padded *queries*, whose fully masked attention is undefined.
 Batching changes a prompt's logits only by floating-point reassociation, as decode batching does.
 
-A prompt prefilled alone (one row: causal, after its cached prefix) attends through
-:mod:`spade.attention`'s kernel where the engine serves rounded weights (:func:`use_prompt_attention`):
-on the AMD EPYC VM torch's SDPA was half of a 1,000-token prefill. Every other pass (several rows with
-their padding, fp32 weights, whose prefills give transformers' logits bit for bit) keeps SDPA.
+Where the engine serves rounded weights (:func:`use_prompt_attention`), a pass's attention goes through
+:mod:`spade.attention`'s kernel, one call per row on the row's keys after its padding, whenever SDPA's mask
+is causal after each row's cached prefix: a prompt alone, and the rows of :func:`prefill_together`. On the
+AMD EPYC VM torch's SDPA was half of a 1,000-token prefill. Every other pass (another mask, fp32 weights,
+whose prefills give transformers' logits bit for bit) keeps SDPA.
 """
 
 from __future__ import annotations
@@ -168,24 +169,35 @@ PROMPT_ATTENTION = "spade_prompt"
 """The name :func:`prompt_attention` is registered under in ``transformers``' ``AttentionInterface`` (with
 SDPA's masks, so every pass it does not take gets exactly what SDPA would)."""
 
-_causal_masks: list[tuple[weakref.ref[torch.Tensor], bool]] = []
-"""The last mask :func:`_causal_after_prefix` checked and its verdict: every layer of a pass gets the same one."""
+_causal_masks: list[tuple[weakref.ref[torch.Tensor], tuple[int, ...], list[int] | None]] = []
+"""The last mask :func:`_rows_padding` checked, for which shape, and its verdict: every layer of a pass gets the
+same one."""
 
 
-def _causal_after_prefix(mask: torch.Tensor | None, queries: int, keys: int) -> bool:
-    """Whether SDPA with ``mask`` attends query ``i`` to keys ``[0, keys - queries + i]``, as the kernel does."""
+def _rows_padding(mask: torch.Tensor | None, rows: int, queries: int, keys: int) -> list[int] | None:
+    """Each row's left padding ``p`` where SDPA with ``mask`` attends the row's query ``i`` to its keys
+    ``[p, keys - queries + i]``, as the kernel does on the row's keys from ``p`` on; ``None`` for any other mask.
+
+    Only the padding of a row's cached prefix qualifies (``p <= keys - queries``): a padded query's fully
+    masked attention is undefined, and :func:`prefill_together` never makes one.
+    """
     if mask is None:  # SDPA then attends causally (queries == keys) or to every key (a single query)
-        return queries in (keys, 1)
+        return [0] * rows if queries in (keys, 1) else None
+    shape = (rows, 1, queries, keys)
     if _causal_masks:
-        ref, verdict = _causal_masks[-1]
-        if ref() is mask:
+        ref, seen, verdict = _causal_masks[-1]
+        if ref() is mask and seen == shape:
             return verdict
-    verdict = (
-        mask.dtype == torch.bool
-        and tuple(mask.shape) == (1, 1, queries, keys)
-        and torch.equal(mask[0, 0], torch.ones(queries, keys, dtype=torch.bool).tril(keys - queries))
-    )
-    _causal_masks[:] = [(weakref.ref(mask), verdict)]
+    verdict = None
+    if mask.dtype == torch.bool and tuple(mask.shape) == shape:
+        causal = torch.ones(queries, keys, dtype=torch.bool).tril(keys - queries)
+        pads = (~mask[:, 0, -1]).sum(dim=1).tolist()  # a row's last query sees every key after its padding
+        columns = torch.arange(keys)
+        if all(pad <= keys - queries for pad in pads) and all(
+            torch.equal(mask[row, 0], causal & (columns >= pad)) for row, pad in enumerate(pads)
+        ):
+            verdict = [int(pad) for pad in pads]
+    _causal_masks[:] = [(weakref.ref(mask), shape, verdict)]
     return verdict
 
 
@@ -199,24 +211,35 @@ def prompt_attention(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """``transformers``' attention signature: one causal row after its cached prefix through
-    :func:`spade.attention.causal_attention`, anything else through SDPA as ``sdpa`` would."""
-    queries, keys = query.shape[2], key.shape[2]
-    if (
-        query.shape[0] == 1
-        and dropout == 0.0
-        and queries <= keys
-        and getattr(module, "is_causal", True)
-        and kwargs.get("is_causal") is not False
-        and not kwargs.get("softcap")
-        and not kwargs.get("output_attentions")
-        and kwargs.get("position_bias") is None
-        and _causal_after_prefix(attention_mask, queries, keys)
-        and attention.applies(query, key, value)
-    ):
+    """``transformers``' attention signature: causal rows after their cached prefixes (one prompt alone, or
+    the prompts :func:`prefill_together` pads into one pass) through :func:`spade.attention.causal_attention`,
+    each row on its keys after its padding; anything else through SDPA as ``sdpa`` would (among them a decode
+    step of several rows through transformers' forward, whose numbers the docs promise to be SDPA's)."""
+    rows, queries, keys = query.shape[0], query.shape[2], key.shape[2]
+    pads = (
+        _rows_padding(attention_mask, rows, queries, keys)
+        if (
+            (rows == 1 or queries > 1)  # several rows of one query each: a decode step, which SDPA serves
+            and dropout == 0.0
+            and queries <= keys
+            and getattr(module, "is_causal", True)
+            and kwargs.get("is_causal") is not False
+            and not kwargs.get("softcap")
+            and not kwargs.get("output_attentions")
+            and kwargs.get("position_bias") is None
+            and attention.applies(query, key, value)
+        )
+        else None
+    )
+    if pads is not None:
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        out = attention.causal_attention(query[0], key[0], value[0], scale)
-        return out.unsqueeze(0).transpose(1, 2).contiguous(), None
+        out = torch.stack(
+            [
+                attention.causal_attention(query[row], key[row, :, pad:], value[row, :, pad:], scale)
+                for row, pad in enumerate(pads)
+            ]
+        )
+        return out.transpose(1, 2).contiguous(), None
     result: tuple[torch.Tensor, None] = sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )

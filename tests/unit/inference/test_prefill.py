@@ -10,6 +10,7 @@ import torch
 from transformers import LlamaForCausalLM
 from transformers.cache_utils import DynamicCache
 
+from services.inference import prefill
 from services.inference.kv import layer_kv
 from services.inference.llama_decode import llama_decoder
 from services.inference.prefill import (
@@ -17,7 +18,7 @@ from services.inference.prefill import (
     PROMPT_ATTENTION,
     SHARED_MIN,
     Prompt,
-    _causal_after_prefix,
+    _rows_padding,
     defer_shared,
     group_prefills,
     prefill_together,
@@ -84,12 +85,13 @@ needs_attention_kernel = pytest.mark.skipif(
 )
 
 
-def _count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls: list[int] = []
+def _count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Each kernel call's (queries, keys)."""
+    calls: list[tuple[int, int]] = []
     real = attention.causal_attention
 
     def counted(*args: Any) -> torch.Tensor:
-        calls.append(args[0].shape[1])
+        calls.append((args[0].shape[1], args[1].shape[1]))
         return real(*args)
 
     monkeypatch.setattr(attention, "causal_attention", counted)
@@ -115,27 +117,32 @@ def test_a_prompt_alone_after_its_cached_prefix_attends_through_the_kernel_with_
             if served is reference:
                 expected = (head, tail)
     # the whole prompt causally, then 30 new tokens after 60 cached: every layer through the kernel
-    assert calls == [60, 60, 30, 30]
+    assert calls == [(60, 60), (60, 60), (30, 90), (30, 90)]
     torch.testing.assert_close(head, expected[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(tail, expected[1], atol=1e-5, rtol=0)
 
 
 @needs_attention_kernel
 @pytest.mark.model
-def test_prompts_prefilled_together_with_their_padding_keep_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prompts_prefilled_together_attend_through_the_kernel_each_after_its_padding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     reference, model = tiny_llama(), tiny_llama()
     use_prompt_attention(model)
     calls = _count_kernel_calls(monkeypatch)
     generator = torch.Generator().manual_seed(5)
-    ids = [torch.randint(1, 128, (n,), generator=generator).tolist() for n in (30, 24)]
+    ids = [torch.randint(1, 128, (n,), generator=generator).tolist() for n in (30, 24, 10)]
 
     def forward(served: LlamaForCausalLM) -> Any:
         return lambda **kwargs: served(use_cache=True, **kwargs).logits
 
     def prompts(served: LlamaForCausalLM) -> list[Prompt]:
-        """10 new tokens each, after cached prefixes of 20 and 14: the second row is left-padded by 6."""
+        """10 new tokens each, after cached prefixes of 20, 14 and 0: rows left-padded by 0, 6 and 20."""
         out = []
         for tokens in ids:
+            if len(tokens) == 10:
+                out.append(Prompt(tokens, 0, None))
+                continue
             cache = DynamicCache(config=served.config)
             served(input_ids=torch.tensor([tokens[:-10]]), cache=cache, use_cache=True)
             out.append(Prompt(tokens, len(tokens) - 10, [layer_kv(layer) for layer in cache.layers]))
@@ -145,21 +152,69 @@ def test_prompts_prefilled_together_with_their_padding_keep_sdpa(monkeypatch: py
         cached = prompts(reference)  # the same prefixes for both (the kernel's differ by float rounding)
         ours = prefill_together(forward(model), model.config, cached)
         theirs = prefill_together(forward(reference), reference.config, cached)
-    assert calls == []  # two rows, the shorter padded: SDPA's mask, as the sdpa model
-    for (_, a), (_, b) in zip(ours, theirs, strict=True):
-        assert torch.equal(a, b)
+        alone = [prefill_together(forward(reference), reference.config, [p])[0] for p in cached]
+    layers = model.config.num_hidden_layers
+    assert calls == [(10, 30), (10, 24), (10, 10)] * layers  # every row of every layer, on its keys after its padding
+    for (kv_a, a), (kv_b, b), (_, c) in zip(ours, theirs, alone, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)  # SDPA's logits, up to float rounding
+        torch.testing.assert_close(a, c, atol=1e-5, rtol=0)  # and the prompt's own, prefilled alone
+        for (k_a, v_a), (k_b, v_b) in zip(kv_a, kv_b, strict=True):
+            torch.testing.assert_close(k_a, k_b, atol=1e-5, rtol=0)
+            torch.testing.assert_close(v_a, v_b, atol=1e-5, rtol=0)
 
 
-def test_only_sdpas_causal_masks_after_a_prefix_are_taken_for_the_kernels() -> None:
+@needs_attention_kernel
+@pytest.mark.model
+def test_a_decode_step_of_several_padded_rows_through_transformers_forward_keeps_sdpa(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reference, model = tiny_llama(), tiny_llama()
+    use_prompt_attention(model)
+    calls = _count_kernel_calls(monkeypatch)
+    masks: list[torch.Tensor] = []  # what SDPA was given in its place
+    sdpa = prefill.sdpa_attention_forward
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        masks.append(args[4])
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(prefill, "sdpa_attention_forward", recorded)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])  # the first row left-padded by 2
+    ids = torch.randint(1, 128, (2, 5), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        for served in (reference, model):
+            cache = DynamicCache(config=served.config)
+            served(input_ids=ids[:, :4], attention_mask=mask[:, :4], cache=cache, use_cache=True)
+            step = served(input_ids=ids[:, 4:], attention_mask=mask, cache=cache, use_cache=True).logits
+            if served is reference:
+                expected = step
+    # The prompts' pass pads the first row's queries (SDPA's), and the one-token step of two rows, whose mask
+    # is causal after each row's padding, keeps SDPA too: transformers' logits bit for bit.
+    assert calls == []
+    assert torch.equal(step, expected)
+    assert _rows_padding(masks[-1], 2, 1, 5) == [2, 0]  # the step's mask, which the kernel would have served
+
+
+def test_only_sdpas_causal_masks_after_left_padding_are_taken_for_the_kernel() -> None:
     seen = torch.ones(3, 5, dtype=torch.bool).tril(2)
-    assert _causal_after_prefix(None, 4, 4) and _causal_after_prefix(None, 1, 9)
-    assert not _causal_after_prefix(None, 3, 5)  # SDPA's is_causal would align the queries to the first keys
-    assert _causal_after_prefix(seen[None, None], 3, 5)
+    assert _rows_padding(None, 1, 4, 4) == [0] and _rows_padding(None, 2, 1, 9) == [0, 0]
+    assert _rows_padding(None, 1, 3, 5) is None  # SDPA's is_causal would align the queries to the first keys
+    assert _rows_padding(seen[None, None], 1, 3, 5) == [0]
     padded = seen.clone()
-    padded[:, 0] = False  # a left-padded row
-    assert not _causal_after_prefix(padded[None, None], 3, 5)
-    assert not _causal_after_prefix(seen[None, None].float(), 3, 5)  # an additive mask
-    assert not _causal_after_prefix(torch.stack([seen, seen])[:, None], 3, 5)  # two rows
+    padded[:, :2] = False  # a row left-padded by 2 (all of its cached prefix)
+    assert _rows_padding(padded[None, None], 1, 3, 5) == [2]
+    assert _rows_padding(torch.stack([seen, padded])[:, None], 2, 3, 5) == [0, 2]
+    too_far = seen.clone()
+    too_far[:, :3] = False  # the first query's own key padded: a fully masked query
+    assert _rows_padding(too_far[None, None], 1, 3, 5) is None
+    holed = seen.clone()
+    holed[:, 1] = False  # a hole after a real key
+    assert _rows_padding(holed[None, None], 1, 3, 5) is None
+    assert _rows_padding(seen[None, None].float(), 1, 3, 5) is None  # an additive mask
+    one = seen[None, None]
+    assert _rows_padding(one, 1, 3, 5) == [0]
+    assert _rows_padding(one, 2, 3, 5) is None  # the same mask object broadcast over two rows: not its verdict
+    assert _rows_padding(torch.ones(1, 1, 3, 5, dtype=torch.bool), 1, 3, 5) is None  # not causal
 
 
 @pytest.mark.model
