@@ -427,12 +427,12 @@ class BatchEngine:
             self._thread = None
 
     def _drop_weights(self) -> None:
-        """Called once the scheduler has ended (on its own thread) or where it never started."""
+        """Called once the scheduler has ended (on its own thread) or where it never started: the lanes are empty
+        then (the scheduler's :meth:`_shutdown` emptied them), so what is left is the caches and the model."""
         with self._cond:
             if self._dropped:
                 return
             self._dropped = True
-        self._shared, self._solo = self._shared_lane(), []
         self.prefix_cache.clear()
         self.invariant_cache.clear()
         del self.model, self.decoder

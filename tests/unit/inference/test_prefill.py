@@ -98,16 +98,23 @@ def _count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]
     return calls
 
 
-@needs_attention_kernel
-@pytest.mark.model
-def test_a_prompt_alone_after_its_cached_prefix_attends_through_the_kernel_with_sdpas_logits(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+Twins = tuple[LlamaForCausalLM, LlamaForCausalLM, list[tuple[int, int]]]
+
+
+@pytest.fixture
+def twins(monkeypatch: pytest.MonkeyPatch) -> Twins:
+    """The same tiny Llama twice, on SDPA and on the prompts' attention, and the kernel's calls (queries, keys)."""
     reference, model = tiny_llama(), tiny_llama()
     assert use_prompt_attention(model)
+    return reference, model, _count_kernel_calls(monkeypatch)
+
+
+@needs_attention_kernel
+@pytest.mark.model
+def test_a_prompt_alone_after_its_cached_prefix_attends_through_the_kernel_with_sdpas_logits(twins: Twins) -> None:
+    reference, model, calls = twins
     assert model.config._attn_implementation == PROMPT_ATTENTION
     assert llama_decoder(model) is not None  # the lean decode step still serves it
-    calls = _count_kernel_calls(monkeypatch)
     ids = torch.randint(1, 128, (1, 90), generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
         for served in (reference, model):
@@ -124,12 +131,8 @@ def test_a_prompt_alone_after_its_cached_prefix_attends_through_the_kernel_with_
 
 @needs_attention_kernel
 @pytest.mark.model
-def test_prompts_prefilled_together_attend_through_the_kernel_each_after_its_padding(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    reference, model = tiny_llama(), tiny_llama()
-    use_prompt_attention(model)
-    calls = _count_kernel_calls(monkeypatch)
+def test_prompts_prefilled_together_attend_through_the_kernel_each_after_its_padding(twins: Twins) -> None:
+    reference, model, calls = twins
     generator = torch.Generator().manual_seed(5)
     ids = [torch.randint(1, 128, (n,), generator=generator).tolist() for n in (30, 24, 10)]
 
@@ -166,11 +169,9 @@ def test_prompts_prefilled_together_attend_through_the_kernel_each_after_its_pad
 @needs_attention_kernel
 @pytest.mark.model
 def test_a_decode_step_of_several_padded_rows_through_transformers_forward_keeps_sdpa(
-    monkeypatch: pytest.MonkeyPatch,
+    twins: Twins, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    reference, model = tiny_llama(), tiny_llama()
-    use_prompt_attention(model)
-    calls = _count_kernel_calls(monkeypatch)
+    reference, model, calls = twins
     masks: list[torch.Tensor] = []  # what SDPA was given in its place
     sdpa = prefill.sdpa_attention_forward
 
