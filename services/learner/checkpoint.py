@@ -14,11 +14,16 @@ copies nothing it need not: an unsharded model's state is its own tensors (no ga
 safetensors file is written straight from them, and the tokenizer files are hard-linked from the
 base checkpoint. Every file and the directory are fsynced before the rename, so a crash of the
 machine never leaves a renamed directory with torn files.
+
+A checkpoint's optimizer state (twice the model in fp32: 1.1 GB for the default model) is read back only
+on resume, so it is written past the page cache (:func:`save_uncached`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import mmap
 import os
 import re
 import shutil
@@ -127,6 +132,98 @@ def save_model_files(model: nn.Module, state: dict[str, Any], directory: Path) -
     generation = getattr(model, "generation_config", None)
     if generation is not None and model.can_generate():
         generation.save_pretrained(str(directory))
+
+
+UNCACHED_BUFFER_BYTES = 32 << 20
+"""The page-aligned buffer :func:`save_uncached` gathers whole blocks in before each write."""
+
+
+def save_uncached(obj: Any, path: Path, *, buffer_bytes: int = UNCACHED_BUFFER_BYTES) -> bool:
+    """``torch.save(obj)`` into ``path`` past the page cache (``O_DIRECT``), fsynced; returns whether it was.
+
+    Written through the cache, each checkpoint's optimizer state took 1.1 GB of fresh cache pages, and
+    the learner waited for them: on the AMD EPYC VMs, which hand freed memory back to their host (the
+    balloon's free page reporting), a fresh page costs a fault on the host, and ``torch.save`` wrote the
+    default model's state in 2.7 s inside a run against 0.7 s this way (with a 10 GB process beside it,
+    best of 4: 0.7-3.0 s through the cache). Elsewhere it keeps a file read only on resume out of the
+    cache. The bytes are those of ``torch.save`` into a buffer.
+
+    Where the platform or the filesystem refuses ``O_DIRECT`` (``EINVAL``), the same bytes go through the
+    cache and are fsynced.
+    """
+    direct = getattr(os, "O_DIRECT", None)
+    if direct is not None:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
+        except OSError as error:
+            if error.errno != errno.EINVAL:
+                raise
+        else:
+            writer = _DirectWriter(fd, buffer_bytes)
+            try:
+                torch.save(obj, writer)  # type: ignore[arg-type]  # a writable file object, all torch needs
+                writer.finish()
+                return True
+            except OSError as error:
+                if error.errno != errno.EINVAL:  # a block size the device refuses: through the cache
+                    raise
+            finally:
+                writer.close()
+    with open(path, "wb") as fh:
+        torch.save(obj, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return False
+
+
+class _DirectWriter:
+    """A file opened with ``O_DIRECT``, written whole blocks at a time from one page-aligned buffer (what
+    ``O_DIRECT`` asks of the memory, the offsets and the lengths); the last block's padding is cut off."""
+
+    def __init__(self, fd: int, buffer_bytes: int) -> None:
+        self.fd = fd
+        self.block = max(4096, os.fstat(fd).st_blksize)
+        self.buffer = mmap.mmap(-1, max(self.block, buffer_bytes // self.block * self.block))
+        self.view = memoryview(self.buffer)
+        self.filled = 0
+        self.size = 0
+        """Bytes written so far: the file's size once finished."""
+
+    def write(self, data: Any) -> int:
+        source = memoryview(data).cast("B")
+        taken = 0
+        while taken < len(source):
+            count = min(len(source) - taken, len(self.buffer) - self.filled)
+            self.view[self.filled : self.filled + count] = source[taken : taken + count]
+            self.filled += count
+            taken += count
+            if self.filled == len(self.buffer):
+                self._write_blocks(self.filled)
+        self.size += taken
+        return taken
+
+    def flush(self) -> None:
+        """Nothing to do: whole blocks go out as the buffer fills, the rest in :meth:`finish`."""
+
+    def _write_blocks(self, end: int) -> None:
+        done = 0
+        while done < end:
+            done += os.write(self.fd, self.view[done:end])
+        self.filled = 0
+
+    def finish(self) -> None:
+        """Write what is left (padded to a whole block), cut the file to its size and fsync it."""
+        if self.filled:
+            end = -(-self.filled // self.block) * self.block
+            self.view[self.filled : end] = bytes(end - self.filled)
+            self._write_blocks(end)
+        os.ftruncate(self.fd, self.size)
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        self.view.release()
+        self.buffer.close()
+        os.close(self.fd)
 
 
 def link_tokenizer_files(base_model_dir: Path | None, directory: Path) -> None:
@@ -292,7 +389,7 @@ class CheckpointManager:
         try:
             tmp.mkdir(parents=True)
             os.replace(tmp_model, tmp / "model")
-            torch.save(optim_state, tmp / "optimizer.pt")
+            save_uncached(optim_state, tmp / "optimizer.pt")
             torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
             write_json_atomic(tmp / "state.json", {"step": step, **state})
             fsync_tree(tmp)

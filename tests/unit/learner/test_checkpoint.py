@@ -1,15 +1,21 @@
-"""Checkpoints: exact round trip (tied weights included), atomic writes, retention."""
+"""Checkpoints: exact round trip (tied weights included), atomic writes, retention, the optimizer state written
+past the page cache."""
 
 from __future__ import annotations
 
+import ctypes
+import io
 import json
+import mmap
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from services.learner.checkpoint import CheckpointError, CheckpointManager, write_json_atomic
+from services.learner.checkpoint import CheckpointError, CheckpointManager, save_uncached, write_json_atomic
 from services.learner.core.losses import GrpoLossConfig, build_loss
 from services.learner.trainer import OptimConfig, Trainer
 
@@ -117,3 +123,84 @@ def test_write_json_atomic(tmp_path):
     write_json_atomic(target, {"a": 2})
     assert json.loads(target.read_text()) == {"a": 2}
     assert [p.name for p in target.parent.iterdir()] == ["state.json"]
+
+
+def _state() -> dict[str, Any]:
+    """An optimizer-like state whose tensors and total size are no multiple of a block."""
+    generator = torch.Generator().manual_seed(0)
+    return {
+        "state": {
+            "w": {"step": torch.tensor(3.0), "exp_avg": torch.randn(250_007, generator=generator)},
+            "b": {"step": torch.tensor(3.0), "exp_avg": torch.randn(17, generator=generator).bfloat16()},
+        },
+        "param_groups": [{"lr": 1e-6, "params": ["w", "b"]}],
+    }
+
+
+def _saved_bytes(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _o_direct_accepted(directory: Path) -> bool:
+    try:
+        fd = os.open(directory / ".probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+    except OSError:
+        return False
+    os.close(fd)
+    (directory / ".probe").unlink()
+    return True
+
+
+def _cached_fraction(path: Path) -> float:
+    """The share of ``path``'s pages in the page cache (``mincore`` over a read-only map: reads nothing)."""
+    size = path.stat().st_size
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    pages = -(-size // mmap.PAGESIZE)
+    vector = (ctypes.c_ubyte * pages)()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+        try:
+            assert libc.mincore(ctypes.c_void_p(address), size, vector) == 0, ctypes.get_errno()
+        finally:
+            libc.munmap(ctypes.c_void_p(address), size)
+    finally:
+        os.close(fd)
+    return sum(v & 1 for v in vector) / pages
+
+
+def test_the_optimizer_state_is_written_past_the_page_cache_with_torch_saves_bytes(tmp_path):
+    state = _state()
+    # A small buffer: the tensors' bytes span many buffer fills, and the file ends inside a block.
+    direct = save_uncached(state, tmp_path / "optimizer.pt", buffer_bytes=64 << 10)
+    assert direct == _o_direct_accepted(tmp_path)
+    written = (tmp_path / "optimizer.pt").read_bytes()
+    assert written == _saved_bytes(state) and len(written) % 4096 != 0
+    loaded = torch.load(tmp_path / "optimizer.pt", weights_only=False)
+    assert torch.equal(loaded["state"]["w"]["exp_avg"], state["state"]["w"]["exp_avg"])
+    assert loaded["state"]["b"]["exp_avg"].dtype == torch.bfloat16 and loaded["param_groups"] == state["param_groups"]
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this platform")
+def test_an_uncached_save_leaves_the_file_out_of_the_page_cache(tmp_path):
+    state = _state()
+    torch.save(state, tmp_path / "cached.pt")
+    if _cached_fraction(tmp_path / "cached.pt") < 0.9 or not _o_direct_accepted(tmp_path):
+        pytest.skip(f"{tmp_path}'s filesystem does not cache a written file, or refuses O_DIRECT")
+    assert save_uncached(state, tmp_path / "optimizer.pt")
+    assert _cached_fraction(tmp_path / "optimizer.pt") < 0.1
+
+
+def test_without_o_direct_the_same_bytes_go_through_the_cache(tmp_path, monkeypatch):
+    # A platform without O_DIRECT (macOS): the attribute is absent.
+    monkeypatch.delattr(os, "O_DIRECT", raising=False)
+    state = _state()
+    assert not save_uncached(state, tmp_path / "optimizer.pt")
+    assert (tmp_path / "optimizer.pt").read_bytes() == _saved_bytes(state)
