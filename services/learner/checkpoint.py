@@ -141,11 +141,11 @@ UNCACHED_BUFFER_BYTES = 32 << 20
 def save_uncached(obj: Any, path: Path, *, buffer_bytes: int = UNCACHED_BUFFER_BYTES) -> bool:
     """``torch.save(obj)`` into ``path`` past the page cache (``O_DIRECT``), fsynced; returns whether it was.
 
-    Written through the cache, each checkpoint's optimizer state took 1.1 GB of fresh cache pages, and
-    the learner waited for them: on the AMD EPYC VMs, which hand freed memory back to their host (the
-    balloon's free page reporting), a fresh page costs a fault on the host, and ``torch.save`` wrote the
-    default model's state in 2.7 s inside a run against 0.7 s this way (with a 10 GB process beside it,
-    best of 4: 0.7-3.0 s through the cache). Elsewhere it keeps a file read only on resume out of the
+    Written through the cache, each checkpoint's optimizer state took 1.1 GB of fresh cache pages while
+    the learner waited. On the AMD EPYC VMs this project is measured on, freed memory goes back to the host
+    (the balloon's free page reporting), so every fresh page faults on the host: inside a default run
+    ``torch.save`` wrote the default model's state in 2.7-3.5 s and its fsync took 0.3-0.4 s, against
+    0.8-0.9 s in all this way. Elsewhere it keeps a file read only on resume out of the page
     cache. The bytes are those of ``torch.save`` into a buffer.
 
     Where the platform or the filesystem refuses ``O_DIRECT`` (``EINVAL``), the same bytes go through the
