@@ -44,6 +44,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from services.learner.distributed import World
+from spade.serving.logs import get_logger
+
+logger = get_logger(__name__)
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -146,29 +149,15 @@ def save_uncached(obj: Any, path: Path, *, buffer_bytes: int = UNCACHED_BUFFER_B
     (the balloon's free page reporting), so every fresh page faults on the host: inside a default run
     ``torch.save`` wrote the default model's state in 2.7-3.5 s and its fsync took 0.3-0.4 s, against
     0.8-0.9 s in all this way. Elsewhere it keeps a file read only on resume out of the page
-    cache. The bytes are those of ``torch.save`` into a buffer.
+    cache. The bytes are those of ``torch.save`` into a file object.
 
-    Where the platform or the filesystem refuses ``O_DIRECT`` (``EINVAL``), the same bytes go through the
-    cache and are fsynced.
+    Where the platform has no ``O_DIRECT``, or the filesystem or the device refuses it (``EINVAL``, at the
+    open or at a write), the file is written again from the start through the cache, and fsynced.
     """
-    direct = getattr(os, "O_DIRECT", None)
-    if direct is not None:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
-        except OSError as error:
-            if error.errno != errno.EINVAL:
-                raise
-        else:
-            writer = _DirectWriter(fd, buffer_bytes)
-            try:
-                torch.save(obj, writer)  # type: ignore[arg-type]  # a writable file object, all torch needs
-                writer.finish()
-                return True
-            except OSError as error:
-                if error.errno != errno.EINVAL:  # a block size the device refuses: through the cache
-                    raise
-            finally:
-                writer.close()
+    refused = _save_direct(obj, path, buffer_bytes)
+    if refused is None:
+        return True
+    logger.info("writing %s through the page cache: %s", path, refused)
     with open(path, "wb") as fh:
         torch.save(obj, fh)
         fh.flush()
@@ -176,9 +165,42 @@ def save_uncached(obj: Any, path: Path, *, buffer_bytes: int = UNCACHED_BUFFER_B
     return False
 
 
+def _save_direct(obj: Any, path: Path, buffer_bytes: int) -> OSError | None:
+    """:func:`save_uncached`'s ``O_DIRECT`` write; returns the refusal (``EINVAL``) instead of raising it."""
+    direct = getattr(os, "O_DIRECT", None)
+    if direct is None:
+        return OSError(errno.EINVAL, "this platform has no O_DIRECT")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o666)
+    except OSError as error:
+        if error.errno == errno.EINVAL:
+            return error
+        raise
+    try:
+        writer = _DirectWriter(fd, buffer_bytes)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        torch.save(obj, writer)  # type: ignore[arg-type]  # a writable file object, all torch needs
+        writer.finish()
+    except OSError as error:
+        if error.errno == errno.EINVAL:  # an alignment or a block size the device refuses
+            return error
+        raise
+    finally:
+        writer.close()
+    return None
+
+
 class _DirectWriter:
     """A file opened with ``O_DIRECT``, written whole blocks at a time from one page-aligned buffer (what
-    ``O_DIRECT`` asks of the memory, the offsets and the lengths); the last block's padding is cut off."""
+    ``O_DIRECT`` asks of the memory, the offsets and the lengths); the last block's padding is cut off.
+
+    A write the system refuses is kept in :attr:`error` and raised by :meth:`finish`, the data after it
+    dropped: raised inside ``torch.save``, it would leave torch's archive writer out of step, and torch
+    would report that instead.
+    """
 
     def __init__(self, fd: int, buffer_bytes: int) -> None:
         self.fd = fd
@@ -186,44 +208,59 @@ class _DirectWriter:
         self.buffer = mmap.mmap(-1, max(self.block, buffer_bytes // self.block * self.block))
         self.view = memoryview(self.buffer)
         self.filled = 0
-        self.size = 0
-        """Bytes written so far: the file's size once finished."""
+        self.size = 0  # bytes taken so far: the file's size once finished
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
         source = memoryview(data).cast("B")
         taken = 0
-        while taken < len(source):
+        while taken < len(source) and self.error is None:
             count = min(len(source) - taken, len(self.buffer) - self.filled)
             self.view[self.filled : self.filled + count] = source[taken : taken + count]
             self.filled += count
             taken += count
             if self.filled == len(self.buffer):
                 self._write_blocks(self.filled)
-        self.size += taken
-        return taken
+        self.size += len(source)
+        return len(source)
 
     def flush(self) -> None:
         """Nothing to do: whole blocks go out as the buffer fills, the rest in :meth:`finish`."""
 
     def _write_blocks(self, end: int) -> None:
         done = 0
-        while done < end:
-            done += os.write(self.fd, self.view[done:end])
+        try:
+            while done < end:
+                chunk = self.view[done:end]
+                try:
+                    done += os.write(self.fd, chunk)
+                finally:
+                    chunk.release()  # else a traceback holding it keeps the buffer from closing
+        except OSError as error:
+            self.error = error
         self.filled = 0
 
     def finish(self) -> None:
-        """Write what is left (padded to a whole block), cut the file to its size and fsync it."""
-        if self.filled:
+        """Write what is left (padded to a whole block), cut the file to its size and fsync it.
+
+        Raises:
+            OSError: The first write the system refused.
+        """
+        if self.filled and self.error is None:
             end = -(-self.filled // self.block) * self.block
             self.view[self.filled : end] = bytes(end - self.filled)
             self._write_blocks(end)
+        if self.error is not None:
+            raise self.error
         os.ftruncate(self.fd, self.size)
         os.fsync(self.fd)
 
     def close(self) -> None:
-        self.view.release()
-        self.buffer.close()
-        os.close(self.fd)
+        try:
+            self.view.release()
+            self.buffer.close()
+        finally:
+            os.close(self.fd)
 
 
 def link_tokenizer_files(base_model_dir: Path | None, directory: Path) -> None:

@@ -4,6 +4,7 @@ past the page cache."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import io
 import json
 import mmap
@@ -15,7 +16,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from services.learner.checkpoint import CheckpointError, CheckpointManager, save_uncached, write_json_atomic
+from services.learner.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    _DirectWriter,
+    save_uncached,
+    write_json_atomic,
+)
 from services.learner.core.losses import GrpoLossConfig, build_loss
 from services.learner.trainer import OptimConfig, Trainer
 
@@ -143,20 +150,10 @@ def _saved_bytes(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _o_direct_accepted(directory: Path) -> bool:
-    try:
-        fd = os.open(directory / ".probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
-    except OSError:
-        return False
-    os.close(fd)
-    (directory / ".probe").unlink()
-    return True
-
-
 def _cached_fraction(path: Path) -> float:
     """The share of ``path``'s pages in the page cache (``mincore`` over a read-only map: reads nothing)."""
     size = path.stat().st_size
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
@@ -176,11 +173,30 @@ def _cached_fraction(path: Path) -> float:
     return sum(v & 1 for v in vector) / pages
 
 
+def _o_direct(directory: Path) -> bool | None:
+    """Whether a block written with ``O_DIRECT`` in ``directory`` stays out of the page cache (False: the
+    filesystem takes ``O_DIRECT`` but caches anyway, as tmpfs does); None: ``O_DIRECT`` refused."""
+    probe = directory / ".probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+    except (OSError, AttributeError):
+        return None
+    block = mmap.mmap(-1, 4096)
+    try:
+        os.write(fd, block)
+    finally:
+        block.close()
+        os.close(fd)
+    uncached = _cached_fraction(probe) == 0.0
+    probe.unlink()
+    return uncached
+
+
 def test_the_optimizer_state_is_written_past_the_page_cache_with_torch_saves_bytes(tmp_path):
     state = _state()
     # A small buffer: the tensors' bytes span many buffer fills, and the file ends inside a block.
     direct = save_uncached(state, tmp_path / "optimizer.pt", buffer_bytes=64 << 10)
-    assert direct == _o_direct_accepted(tmp_path)
+    assert direct == (_o_direct(tmp_path) is not None)
     written = (tmp_path / "optimizer.pt").read_bytes()
     assert written == _saved_bytes(state) and len(written) % 4096 != 0
     loaded = torch.load(tmp_path / "optimizer.pt", weights_only=False)
@@ -188,14 +204,63 @@ def test_the_optimizer_state_is_written_past_the_page_cache_with_torch_saves_byt
     assert loaded["state"]["b"]["exp_avg"].dtype == torch.bfloat16 and loaded["param_groups"] == state["param_groups"]
 
 
-@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this platform")
 def test_an_uncached_save_leaves_the_file_out_of_the_page_cache(tmp_path):
+    if not _o_direct(tmp_path):
+        pytest.skip(f"{tmp_path}'s filesystem refuses O_DIRECT or caches what it writes")
     state = _state()
-    torch.save(state, tmp_path / "cached.pt")
-    if _cached_fraction(tmp_path / "cached.pt") < 0.9 or not _o_direct_accepted(tmp_path):
-        pytest.skip(f"{tmp_path}'s filesystem does not cache a written file, or refuses O_DIRECT")
     assert save_uncached(state, tmp_path / "optimizer.pt")
     assert _cached_fraction(tmp_path / "optimizer.pt") < 0.1
+    torch.save(state, tmp_path / "cached.pt")  # the filesystem caches a plain write
+    assert _cached_fraction(tmp_path / "cached.pt") > 0.9
+
+
+def test_the_direct_writer_writes_whole_blocks_at_block_offsets(tmp_path, monkeypatch):
+    # On a plain descriptor, so that it runs whatever the filesystem: every write O_DIRECT would see.
+    writes: list[tuple[int, int]] = []
+    real_write = os.write
+
+    def recorded(fd: int, data: Any) -> int:
+        writes.append((os.lseek(fd, 0, os.SEEK_CUR), len(data)))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", recorded)
+    state = _state()
+    writer = _DirectWriter(os.open(tmp_path / "optimizer.pt", os.O_WRONLY | os.O_CREAT, 0o644), 64 << 10)
+    try:
+        torch.save(state, writer)  # type: ignore[arg-type]
+        writer.finish()
+    finally:
+        writer.close()
+    assert len(writes) > 10 and all(offset % 4096 == 0 and length % 4096 == 0 for offset, length in writes)
+    assert (tmp_path / "optimizer.pt").read_bytes() == _saved_bytes(state)
+
+
+def test_a_write_refused_midway_is_written_again_through_the_cache(tmp_path, monkeypatch):
+    # A device that refuses O_DIRECT's alignment at the first write (EINVAL), after torch has begun.
+    opens = _o_direct(tmp_path) is not None
+    refused: list[int] = []
+
+    def refuse(fd: int, data: Any) -> int:
+        refused.append(len(data))
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(os, "write", refuse)
+    state = _state()
+    assert not save_uncached(state, tmp_path / "optimizer.pt", buffer_bytes=64 << 10)
+    assert bool(refused) == opens  # where O_DIRECT opens, the refusal came mid-stream
+    assert (tmp_path / "optimizer.pt").read_bytes() == _saved_bytes(state)
+
+
+def test_other_write_errors_are_raised(tmp_path, monkeypatch):
+    if _o_direct(tmp_path) is None:
+        pytest.skip(f"{tmp_path}'s filesystem refuses O_DIRECT")
+
+    def full(fd: int, data: Any) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError, match="No space left"):
+        save_uncached(_state(), tmp_path / "optimizer.pt", buffer_bytes=64 << 10)
 
 
 def test_without_o_direct_the_same_bytes_go_through_the_cache(tmp_path, monkeypatch):
